@@ -1,0 +1,42 @@
+# genome_lm: `make demo` and `make test` work on a fresh machine with nothing run before.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CPU machines: the CPU build of torch 2.13.0. On a GPU node pass e.g. TORCH_SPEC="torch==2.13.0"
+# with your CUDA index (PIP_EXTRA_INDEX_URL) before `make setup`.
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/python -m pip
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all bench clean
+.DEFAULT_GOAL := demo
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, so nothing later pulls a multi-GB CUDA build.
+$(VENV)/.torch: | $(BIN)/python
+	$(PIP) install -q "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e ".[test,megatron]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/python -m genome_lm.demo
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: setup
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/bench_prepare.py
+
+clean:
+	rm -rf $(VENV) data/generated shards runs evals reports

@@ -1,0 +1,5 @@
+import sys
+
+from genome_lm.cli import main
+
+sys.exit(main())

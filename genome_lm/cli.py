@@ -1,0 +1,115 @@
+"""`genome-lm`: thin subcommands. The library does the work; this file parses arguments,
+calls it, and turns `GenomeLMError` into a one-line message and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from genome_lm.errors import GenomeLMError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synth", help="write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
+    p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
+    p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_synth)
+
+
+def _run_synth(args: argparse.Namespace) -> None:
+    from genome_lm.genome.synth import write_synthetic_fasta
+
+    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite)
+
+
+def _add_fetch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fetch", help="download hg38 chromosomes from UCSC and verify their md5 sums")
+    p.add_argument("--chroms", default="chr1,chr2,chr22", help="comma-separated chromosome names")
+    p.add_argument("--out", default="data/hg38", help="directory for the .fa.gz files")
+    p.add_argument("--base-url", default=None, help="server holding chrN.fa.gz and md5sum.txt")
+    p.set_defaults(func=_run_fetch)
+
+
+def _run_fetch(args: argparse.Namespace) -> None:
+    from genome_lm.genome.fetch import DEFAULT_BASE_URL, fetch_chromosomes
+
+    chroms = [c.strip() for c in args.chroms.split(",") if c.strip()]
+    fetch_chromosomes(chroms, args.out, base_url=args.base_url or DEFAULT_BASE_URL)
+
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest")
+    p.add_argument("--fasta", action="append", required=True, help="FASTA file (plain, gzip or bgzip); repeatable")
+    p.add_argument("--train-chroms", default="chr1,chr2")
+    p.add_argument("--eval-chroms", default="chr22")
+    p.add_argument("--seq-len", default="1M", help="tokens per window: integer or 512k / 1M (powers of two)")
+    p.add_argument("--stride", default=None, help="start-to-start distance of windows (default: --seq-len)")
+    p.add_argument("--min-gap", default="1000", help="N runs at least this long split a chromosome into contigs")
+    p.add_argument("--max-n-frac", type=float, default=0.05, help="drop windows with a larger fraction of N")
+    p.add_argument("--tail", choices=["keep", "drop"], default="keep", help="the short last window of a contig")
+    p.add_argument("--min-len", default=None, help="shortest tail window kept (default: seq-len / 8)")
+    p.add_argument("--reverse-complement", action="store_true", help="add reverse-complement copies to train")
+    p.add_argument("--format", choices=["hf", "megatron"], default="hf")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> None:
+    from genome_lm.genome.prepare import PrepareParams, prepare
+
+    params = PrepareParams.from_cli(
+        fasta=args.fasta,
+        train_chroms=args.train_chroms,
+        eval_chroms=args.eval_chroms,
+        seq_len=args.seq_len,
+        stride=args.stride,
+        min_gap=args.min_gap,
+        max_n_frac=args.max_n_frac,
+        tail=args.tail,
+        min_len=args.min_len,
+        reverse_complement=args.reverse_complement,
+        format=args.format,
+    )
+    prepare(params, args.out, overwrite=args.overwrite)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from genome_lm import __version__
+
+    parser = argparse.ArgumentParser(prog="genome-lm", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_synth, _add_fetch, _add_prepare):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        args.func(args)
+    except GenomeLMError as e:
+        print(f"genome-lm {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"genome-lm {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""The one error type for problems a user can cause (bad file, bad config, missing chromosome).
+
+The message names the file or field and says what to do; the CLI prints it on one line,
+without a traceback, and exits non-zero.
+"""
+
+
+class GenomeLMError(Exception):
+    """A user-facing error: `str(err)` is a complete, one-line explanation with a fix."""
