@@ -1,0 +1,206 @@
+"""Download hg38 chromosomes from UCSC and verify them: `genome-lm fetch`.
+
+For each chromosome, `{base_url}/{chrom}.fa.gz` is downloaded to `{out_dir}/{chrom}.fa.gz.part`
+and checked against the md5 listed in `{base_url}/md5sum.txt` (lines "<md5>  <file name>");
+only a verified file is renamed to its final name. An interrupted download resumes from the
+`.part` file with an HTTP `Range: bytes=N-` request (a server that answers 200 instead of
+206 is read from the start again). A final file that is already present and verifies is
+skipped. Standard library only (urllib); progress through tqdm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tqdm import tqdm
+
+from genome_lm.errors import GenomeLMError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
+DEFAULT_CHROMS = ("chr1", "chr2", "chr22")
+CHUNK = 1 << 20
+ATTEMPTS = 3  # downloads cut short are resumed this many times in one run
+_MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
+
+
+def normalize_chrom(name: str) -> str:
+    """'22' -> 'chr22', 'chrX' -> 'chrX', 'x' -> 'chrx' (UCSC names are case-sensitive)."""
+    name = name.strip()
+    if not name:
+        raise GenomeLMError("empty chromosome name; pass e.g. --chroms chr1,chr2,chr22")
+    return name if name.startswith("chr") else f"chr{name}"
+
+
+def _network_error(url: str, err: BaseException) -> GenomeLMError:
+    if isinstance(err, urllib.error.HTTPError):
+        reason = f"HTTP {err.code} {err.reason}"
+    elif isinstance(err, urllib.error.URLError):
+        reason = str(err.reason)
+    else:
+        reason = str(err) or type(err).__name__
+    return GenomeLMError(f"cannot download {url}: {reason}; check --base-url / your connection")
+
+
+def _open(url: str, offset: int = 0, timeout: float = 60.0):
+    """urlopen with a Range header when resuming; network problems become GenomeLMError.
+    Returns None when the server says the range starts at or past the end (HTTP 416)."""
+    from genome_lm import __version__
+
+    headers = {"User-Agent": f"genome-lm/{__version__}", "Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and offset:
+            e.close()
+            return None
+        raise _network_error(url, e) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise _network_error(url, e) from None
+    except ValueError as e:  # malformed URL
+        raise GenomeLMError(f"bad URL {url!r} ({e}); check --base-url") from None
+
+
+def read_md5sums(base_url: str, timeout: float = 60.0) -> dict[str, str]:
+    """{file name: md5 hex} from `{base_url}/md5sum.txt`."""
+    url = f"{base_url}/md5sum.txt"
+    with _open(url, timeout=timeout) as resp:
+        try:
+            text = resp.read().decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException) as e:
+            raise _network_error(url, e) from None
+    sums = {m.group(2): m.group(1).lower() for line in text.splitlines() if (m := _MD5_LINE.match(line))}
+    if not sums:
+        raise GenomeLMError(f"{url} lists no '<md5>  <file>' lines; check --base-url")
+    return sums
+
+
+def md5_file(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download_once(url: str, part: Path, timeout: float) -> bool:
+    """Append the rest of `url` to `part` (resuming when it is not empty). True if the server
+    sent everything it announced; False if the body was cut short (the bytes received are kept)."""
+    offset = part.stat().st_size if part.exists() else 0
+    resp = _open(url, offset, timeout)
+    if resp is None:  # .part already holds the whole file (or more): the md5 decides
+        return True
+    with resp:
+        if resp.status == 206:
+            m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != offset:
+                raise GenomeLMError(f"{url}: the server answered a resume request with the wrong range; delete {part} and rerun")
+            mode = "ab"
+        else:
+            if offset:
+                log.info("%s: the server ignored the resume request; downloading from the start", url)
+            offset, mode = 0, "wb"
+        length = resp.headers.get("Content-Length")
+        expected = int(length) if length is not None else None
+        total = offset + expected if expected is not None else None
+        received = 0
+        with open(part, mode) as f, tqdm(
+            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name.removesuffix(".part"), leave=False
+        ) as bar:
+            while True:
+                try:
+                    chunk = resp.read(CHUNK)
+                except (OSError, http.client.HTTPException) as e:
+                    log.warning("%s: %s after %d bytes", url, e or type(e).__name__, offset + received)
+                    return False
+                if not chunk:
+                    break
+                f.write(chunk)
+                received += len(chunk)
+                bar.update(len(chunk))
+    if expected is not None and received < expected:
+        log.warning("%s: connection closed after %d of %d bytes", url, offset + received, total)
+        return False
+    return True
+
+
+def _fetch_one(url: str, final: Path, md5: str, timeout: float) -> None:
+    part = final.with_name(final.name + ".part")
+    if part.exists():
+        log.info("resuming %s from %d bytes already in %s", url, part.stat().st_size, part)
+    for attempt in range(1, ATTEMPTS + 1):
+        if _download_once(url, part, timeout):
+            break
+        if attempt < ATTEMPTS:
+            log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
+    else:
+        raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; rerun `genome-lm fetch` to resume from {part}")
+    got = md5_file(part)
+    if got != md5:
+        part.unlink()
+        raise GenomeLMError(
+            f"checksum mismatch for {url}: expected md5 {md5}, got {got}; the download was deleted, rerun `genome-lm fetch`"
+        )
+    os.replace(part, final)
+    log.info("%s: %d bytes, md5 %s verified", final, final.stat().st_size, md5)
+
+
+def _check_writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".genome-lm-write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise GenomeLMError(f"cannot write to {out_dir} ({e.strerror}); choose a writable directory with --out") from None
+
+
+def fetch_chromosomes(
+    chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL, timeout: float = 60.0
+) -> list[Path]:
+    """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir`; return the paths.
+
+    Every requested name is checked against md5sum.txt before anything is downloaded.
+    """
+    out_dir = Path(out_dir)
+    base_url = base_url.rstrip("/")
+    names = list(dict.fromkeys(normalize_chrom(c) for c in chroms))
+    if not names:
+        raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
+    _check_writable(out_dir)
+    sums = read_md5sums(base_url, timeout)
+    missing = [n for n in names if f"{n}.fa.gz" not in sums]
+    if missing:
+        present = sorted(f.removesuffix(".fa.gz") for f in sums if f.endswith(".fa.gz"))
+        shown = ", ".join(present[:30]) + (", ..." if len(present) > 30 else "")
+        raise GenomeLMError(
+            f"{', '.join(missing)} not found in {base_url}/md5sum.txt (it lists: {shown or 'no .fa.gz files'}); check --chroms"
+        )
+
+    paths = []
+    for name in names:
+        fname = f"{name}.fa.gz"
+        final = out_dir / fname
+        if final.exists():
+            if md5_file(final) == sums[fname]:
+                log.info("%s already present, md5 %s matches; skipped", final, sums[fname])
+                paths.append(final)
+                continue
+            log.warning("%s exists but its md5 does not match %s; removing it and downloading again", final, sums[fname])
+            with contextlib.suppress(FileNotFoundError):
+                final.unlink()
+        log.info("downloading %s/%s -> %s", base_url, fname, final)
+        _fetch_one(f"{base_url}/{fname}", final, sums[fname], timeout)
+        paths.append(final)
+    return paths

@@ -1,0 +1,423 @@
+"""A deterministic synthetic genome for demos and tests: `genome-lm synth`.
+
+This genome is SYNTHETIC. No base of it comes from a real organism. It imitates the large-
+scale structure of hg38 (records chr1, chr2, chr22; soft-masked repeats; N gaps) at a few
+Mbp so that the whole pipeline runs in seconds, and it plants information that only long
+context can use, so that a model trained with longer context must reach a lower loss on
+tokens that have long preceding context. What it plants, in the order it is built:
+
+1. N runs (uppercase N): telomeres at both ends, a centromere in the middle, an acrocentric
+   short arm on chr22 (its first ~17%), and a few short runs (100-500 bp) inside the arms.
+2. Background (uppercase): isochore-like segments of 20-300 kbp, each with its own GC
+   content in 35-60%, bases drawn independently, then CpG depleted (most CG -> TG or CA).
+3. Repeat copies (lowercase, i.e. soft-masked): `n_families` consensus sequences of 200 bp
+   to 6 kbp. A copy *cluster* starts with a founder that diverges ~10% from its family's
+   consensus; each later copy is the previous one mutated ~3% (substitutions plus small
+   indels), possibly reverse-complemented, and starts `d` bases after it, with `d` log-
+   uniform between max(`min_distance`, source length) and `max_distance` (default 64 kbp).
+   A model that sees the source copy in its context can predict ~97% of the copy; a model
+   that does not, cannot. About 40% of the non-N bases are repeat copies.
+4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
+
+Same parameters and seed -> the same bytes: numpy's PCG64 seeded per record, and gzip with
+mtime 0 and no file name. Coordinates are 0-based, half-open, on the forward strand.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import gzip
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from genome_lm.errors import GenomeLMError
+
+log = logging.getLogger(__name__)
+
+LINE_WIDTH = 60
+SPACER = 20  # at least this many bases between two repeat copies, or a copy and an N run
+IUPAC = np.frombuffer(b"RYKMSWBDHV", dtype=np.uint8)
+_UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code
+_LOWER = np.frombuffer(b"acgt", dtype=np.uint8)
+_N = ord("N")
+TSV_HEADER = "chrom\tstart\tend\tstrand\tfamily\tsource_start\n"
+
+
+@dataclass(frozen=True)
+class ChromSpec:
+    """One record of the synthetic genome."""
+
+    name: str
+    length: int  #: bases at scale 1.0
+    centromere: float  #: centre of the centromere N run, as a fraction of the length
+    short_arm: float = 0.0  #: leading fraction that is one N block (acrocentric short arm)
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    """Everything that shapes the synthetic genome; `synthesize(**overrides)` replaces fields."""
+
+    chroms: tuple[ChromSpec, ...] = (
+        ChromSpec("chr1", 1_800_000, centromere=0.45),
+        ChromSpec("chr2", 1_500_000, centromere=0.38),
+        ChromSpec("chr22", 700_000, centromere=0.27, short_arm=0.17),
+    )
+    gc_min: float = 0.35  #: lowest GC fraction of an isochore
+    gc_max: float = 0.60  #: highest GC fraction of an isochore
+    isochore_min: int = 20_000  #: shortest isochore (bases; log-uniform lengths)
+    isochore_max: int = 300_000  #: longest isochore
+    cpg_depletion: float = 0.75  #: probability that a background CG is mutated to TG or CA
+    n_families: int = 40  #: number of repeat families (consensus sequences)
+    family_min_len: int = 200  #: shortest consensus (log-uniform lengths)
+    family_max_len: int = 6_000  #: longest consensus
+    founder_divergence: float = 0.10  #: substitution rate of a cluster's founder vs consensus
+    substitution_rate: float = 0.03  #: per-base substitution rate of a copy vs its source
+    indel_rate: float = 0.002  #: per-base rate of 1-3 bp insertions or deletions, copy vs source
+    reverse_fraction: float = 0.3  #: probability that a copy lies on the minus strand
+    mean_copies: float = 4.0  #: mean copies per cluster, founder included (at least 2 planned)
+    repeat_fraction: float = 0.40  #: target share of non-N bases that are repeat copies
+    min_distance: int = 1_000  #: shortest start-to-start distance from a copy to its source
+    max_distance: int = 65_536  #: longest start-to-start distance from a copy to its source
+    telomere: int = 10_000  #: N run at each end (bases at scale 1.0)
+    centromere_frac: float = 0.03  #: centromere N run as a fraction of the length
+    inner_gap_every: int = 400_000  #: one short inner N run per this many bases (at least one)
+    inner_gap_min: int = 100  #: shortest inner N run
+    inner_gap_max: int = 500  #: longest inner N run
+    iupac_every: int = 200_000  #: one IUPAC code per this many bases (at least one)
+
+    def validate(self) -> None:
+        checks = [
+            (0 <= self.gc_min <= self.gc_max <= 1, "gc_min <= gc_max within [0, 1]"),
+            (0 < self.isochore_min <= self.isochore_max, "0 < isochore_min <= isochore_max"),
+            (0 < self.family_min_len <= self.family_max_len, "0 < family_min_len <= family_max_len"),
+            (0 < self.min_distance <= self.max_distance, "0 < min_distance <= max_distance"),
+            (self.family_max_len + SPACER <= self.max_distance, "family_max_len + 20 <= max_distance"),
+            (0 <= self.repeat_fraction < 0.9, "0 <= repeat_fraction < 0.9"),
+            (self.mean_copies >= 2, "mean_copies >= 2"),
+            (self.n_families >= 1, "n_families >= 1"),
+            (0 < self.inner_gap_min <= self.inner_gap_max, "0 < inner_gap_min <= inner_gap_max"),
+        ]
+        for ok, what in checks:
+            if not ok:
+                raise GenomeLMError(f"synthetic genome parameters: need {what}; fix the value passed to synthesize()")
+
+
+@dataclass(frozen=True)
+class RepeatCopy:
+    """One planted copy: genome[start:end] (reverse-complemented if strand '-') is the copy in
+    its family's orientation; `source_start` is the start of the copy it was mutated from, or
+    -1 for a cluster founder (mutated from the family consensus)."""
+
+    chrom: str
+    start: int
+    end: int
+    strand: str
+    family: str
+    source_start: int
+
+
+@dataclass
+class SynthGenome:
+    """The generated genome: sequences (ASCII bytes), family consensus sequences, copies."""
+
+    sequences: dict[str, bytes]
+    families: dict[str, bytes]
+    copies: list[RepeatCopy] = field(default_factory=list)
+
+    def repeat_fraction(self) -> float:
+        """Share of non-N bases that lie in planted copies."""
+        non_n = sum(len(s) - s.count(b"N") for s in self.sequences.values())
+        return sum(c.end - c.start for c in self.copies) / max(non_n, 1)
+
+
+# --- sequence helpers (arrays of codes 0..3 = A, C, G, T) -------------------------------
+
+def _random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
+    """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
+    r = rng.random(n)
+    gc = np.broadcast_to(np.asarray(gc, dtype=np.float64), (n,))
+    at_cut = gc + (1.0 - gc) / 2
+    idx = (r >= gc / 2).astype(np.uint8) + (r >= gc) + (r >= at_cut)  # 0 C, 1 G, 2 A, 3 T
+    return np.array([1, 2, 0, 3], dtype=np.uint8)[idx]
+
+
+def _substitute(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarray:
+    """Each base changes to one of the three others with probability `rate`."""
+    hit = rng.random(len(seq)) < rate
+    out = seq.copy()
+    out[hit] = (out[hit] + rng.integers(1, 4, size=int(hit.sum()), dtype=np.uint8)) % 4
+    return out
+
+
+def _indels(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarray:
+    """Small insertions and deletions (1-3 bp each), about `rate` events per base."""
+    n_events = rng.poisson(rate * len(seq))
+    if n_events == 0:
+        return seq
+    pos = rng.integers(0, len(seq), size=n_events)
+    size = rng.integers(1, 4, size=n_events)
+    is_del = rng.random(n_events) < 0.5
+    keep = np.ones(len(seq), dtype=bool)
+    for p, s in zip(pos[is_del], size[is_del]):
+        keep[p : p + s] = False
+    ins_at = np.repeat(pos[~is_del], size[~is_del])
+    out = np.insert(seq, ins_at, rng.integers(0, 4, size=len(ins_at), dtype=np.uint8))
+    return out[np.insert(keep, ins_at, True)]
+
+
+def _revcomp(seq: np.ndarray) -> np.ndarray:
+    return (3 - seq)[::-1]
+
+
+def _families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndarray]:
+    lo, hi = np.log(p.family_min_len), np.log(p.family_max_len)
+    lengths = np.exp(rng.uniform(lo, hi, size=p.n_families)).astype(int)
+    gcs = rng.uniform(0.38, 0.55, size=p.n_families)
+    return {f"fam{i:02d}": _random_bases(rng, g, n) for i, (n, g) in enumerate(zip(lengths, gcs))}
+
+
+# --- one chromosome --------------------------------------------------------------------
+
+def _n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float, p: SynthParams) -> list[tuple[int, int]]:
+    """Sorted, disjoint N runs [start, end): telomeres, short arm, centromere, inner gaps."""
+    tel = max(50, min(round(p.telomere * scale), length // 20))
+    runs = [(0, max(tel, round(spec.short_arm * length))), (length - tel, length)]
+    half_cen = max(25, round(p.centromere_frac * length / 2))
+    mid = round(spec.centromere * length)
+    runs.append((mid - half_cen, mid + half_cen))
+    for _ in range(max(1, round(length / p.inner_gap_every))):
+        for _attempt in range(100):
+            gap = int(rng.integers(p.inner_gap_min, p.inner_gap_max + 1))
+            a = int(rng.integers(0, length - gap))
+            if all(a + gap + 1000 <= s or e + 1000 <= a for s, e in runs):
+                runs.append((a, a + gap))
+                break
+    return sorted(runs)
+
+
+class _Occupancy:
+    """Disjoint intervals already used (N runs, placed copies), for O(log n) overlap tests."""
+
+    def __init__(self, length: int, runs: list[tuple[int, int]]):
+        self.length = length
+        self.starts = [s for s, _ in runs]
+        self.ends = [e for _, e in runs]
+
+    def free(self, a: int, b: int) -> bool:
+        if a < 0 or b > self.length:
+            return False
+        i = bisect.bisect_left(self.starts, b + SPACER) - 1
+        return i < 0 or self.ends[i] + SPACER <= a
+
+    def add(self, a: int, b: int) -> None:
+        i = bisect.bisect_left(self.starts, a)
+        self.starts.insert(i, a)
+        self.ends.insert(i, b)
+
+
+def _plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[RepeatCopy]:
+    """Place clusters of copies into `seq` (ASCII, modified in place) until the target share."""
+    names = list(families)
+    target = p.repeat_fraction * int((seq != _N).sum())
+    copies: list[RepeatCopy] = []
+    covered, failures = 0, 0
+    log_max = np.log(p.max_distance)
+    while covered < target and failures < 200:
+        fam = names[rng.integers(len(names))]
+        oriented = _substitute(rng, families[fam], p.founder_divergence)
+        start = -1
+        for _ in range(50):
+            a = int(rng.integers(0, len(seq) - len(oriented)))
+            if occ.free(a, a + len(oriented)):
+                start = a
+                break
+        if start < 0:
+            failures += 1
+            continue
+        source_start = -1
+        for k in range(1 + int(rng.geometric(1.0 / (p.mean_copies - 1)))):
+            strand = "-" if rng.random() < p.reverse_fraction else "+"
+            end = start + len(oriented)
+            seq[start:end] = _LOWER[_revcomp(oriented) if strand == "-" else oriented]
+            occ.add(start, end)
+            copies.append(RepeatCopy(name, start, end, strand, fam, source_start))
+            covered += end - start
+            # The next copy: this one mutated, d bases downstream (start to start).
+            child = _indels(rng, _substitute(rng, oriented, p.substitution_rate), p.indel_rate)
+            lo = np.log(max(p.min_distance, end - start + SPACER))
+            nxt = -1
+            for _ in range(8):
+                d = int(np.exp(rng.uniform(lo, log_max)))
+                if occ.free(start + d, start + d + len(child)):
+                    nxt = start + d
+                    break
+            if nxt < 0 or covered >= target:
+                break
+            source_start, start, oriented = start, nxt, child
+    return copies
+
+
+def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams, families) -> tuple[np.ndarray, list[RepeatCopy]]:
+    rng = np.random.default_rng([seed, 1, index])
+    length = round(spec.length * scale)
+    runs = _n_runs(rng, spec, length, scale, p)
+
+    # Background: isochores with their own GC, then CpG depletion.
+    seg_len = np.exp(rng.uniform(np.log(p.isochore_min), np.log(p.isochore_max), size=length // p.isochore_min + 2))
+    seg_gc = rng.uniform(p.gc_min, p.gc_max, size=len(seg_len))
+    gc = np.repeat(seg_gc, np.ceil(seg_len).astype(int))[:length]
+    codes = _random_bases(rng, gc, length)
+    cg = np.flatnonzero((codes[:-1] == 1) & (codes[1:] == 2) & (rng.random(length - 1) < p.cpg_depletion))
+    to_tg = rng.random(len(cg)) < 0.5
+    codes[cg[to_tg]] = 3  # C -> T
+    codes[cg[~to_tg] + 1] = 0  # G -> A
+    seq = _UPPER[codes]
+    for a, b in runs:
+        seq[a:b] = _N
+
+    occ = _Occupancy(length, runs)
+    copies = _plant_repeats(rng, spec.name, seq, occ, families, p)
+
+    # IUPAC codes: uppercase, in the background (neither N nor a copy).
+    for _ in range(max(1, round(length / p.iupac_every))):
+        for _attempt in range(100):
+            i = int(rng.integers(0, length))
+            if 65 <= seq[i] <= 90 and seq[i] != _N:  # uppercase base, not N
+                seq[i] = IUPAC[rng.integers(len(IUPAC))]
+                break
+    return seq, copies
+
+
+# --- public API ------------------------------------------------------------------------
+
+def make_params(**overrides) -> SynthParams:
+    """SynthParams with some fields replaced; an unknown name is a GenomeLMError."""
+    known = {f.name for f in dataclasses.fields(SynthParams)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise GenomeLMError(f"synthetic genome parameters: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    params = dataclasses.replace(SynthParams(), **overrides)
+    params.validate()
+    return params
+
+
+def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | None = None) -> SynthGenome:
+    """Generate the genome in memory, with its families and planted copies."""
+    params = params or SynthParams()
+    params.validate()
+    if not (scale > 0) or min(round(c.length * scale) for c in params.chroms) < 5_000:
+        raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
+    fam_rng = np.random.default_rng([seed, 0])
+    families = _families(fam_rng, params)
+    sequences, copies = {}, []
+    for i, spec in enumerate(params.chroms):
+        seq, chrom_copies = _chromosome(seed, i, spec, scale, params, families)
+        sequences[spec.name] = seq.tobytes()
+        copies += chrom_copies
+    return SynthGenome(sequences, {k: _UPPER[v].tobytes() for k, v in families.items()}, copies)
+
+
+def synthesize(scale: float = 1.0, seed: int = 0, **params) -> dict[str, bytes]:
+    """Sequence bytes per record name (chr1, chr2, chr22); `params` override SynthParams fields."""
+    return synthesize_genome(scale, seed, make_params(**params)).sequences
+
+
+def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
+    """'>name\\n' then the sequence in lines of `width` characters, each ending in '\\n'."""
+    arr = np.frombuffer(seq, dtype=np.uint8)
+    rows = -(-len(arr) // width)
+    grid = np.full((rows, width + 1), ord("\n"), dtype=np.uint8)
+    grid[:, :width] = np.pad(arr, (0, rows * width - len(arr))).reshape(rows, width)
+    body = grid.reshape(-1)
+    if len(arr) % width:  # drop the unused tail of the last line, keep its newline
+        body = np.concatenate([body[: len(arr) + rows - 1], [ord("\n")]]).astype(np.uint8)
+    return b">" + name.encode() + b"\n" + body.tobytes()
+
+
+def repeats_path(fasta: str | os.PathLike) -> Path:
+    """The sidecar TSV beside a FASTA: genome.fa.gz -> genome.repeats.tsv."""
+    fasta = Path(fasta)
+    stem = fasta.name
+    for suffix in (".gz", ".fa", ".fasta", ".fna"):
+        stem = stem.removesuffix(suffix)
+    return fasta.with_name(stem + ".repeats.tsv")
+
+
+def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
+    """Read a sidecar TSV written by `write_synthetic_fasta`."""
+    rows = Path(path).read_text().splitlines()[1:]
+    out = []
+    for row in rows:
+        chrom, start, end, strand, family, source = row.split("\t")
+        out.append(RepeatCopy(chrom, int(start), int(end), strand, family, int(source)))
+    return out
+
+
+@dataclass(frozen=True)
+class WrittenGenome:
+    fasta: Path
+    repeats: Path
+    lengths: dict[str, int]
+    repeat_fraction: float
+
+
+def _write_atomic(path: Path, write) -> None:
+    """Call write(f) on a temporary file beside `path`, then rename it to `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False) -> WrittenGenome:
+    """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
+    planted copies (chrom, start, end, strand, family, source_start) beside it."""
+    out = Path(out)
+    tsv = repeats_path(out)
+    if not out.name.endswith(".gz"):
+        raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
+    for path in (out, tsv):
+        if path.exists() and not overwrite:
+            raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise GenomeLMError(f"cannot write to {out.parent} ({e.strerror}); choose a writable --out") from None
+
+    t0 = time.perf_counter()
+    genome = synthesize_genome(scale, seed)
+
+    def write_fasta(f):
+        with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
+            for name, seq in genome.sequences.items():
+                gz.write(fasta_lines(name, seq))
+
+    def write_tsv(f):
+        f.write(TSV_HEADER.encode())
+        f.write("".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n" for c in genome.copies).encode())
+
+    _write_atomic(tsv, write_tsv)
+    _write_atomic(out, write_fasta)
+    lengths = {k: len(v) for k, v in genome.sequences.items()}
+    frac = genome.repeat_fraction()
+    log.info(
+        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families) "
+        "and %s in %.1f s",
+        out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
+        100 * frac, len(genome.copies), len(genome.families), tsv, time.perf_counter() - t0,
+    )
+    return WrittenGenome(out, tsv, lengths, frac)
