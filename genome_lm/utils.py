@@ -36,6 +36,12 @@ def format_size(n: int) -> str:
     return str(n)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -54,6 +60,7 @@ def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=indent, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -74,6 +81,7 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Itera
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like any mkdir
     except OSError as e:
         raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; choose a writable location with --out") from None
     try:

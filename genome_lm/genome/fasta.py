@@ -1,0 +1,328 @@
+"""FASTA reading: plain, gzip and bgzip files, any line width, CRLF, several records per file.
+
+A file is read once, front to back, in large blocks: record headers are found with
+`bytes.find`, sequence bytes are mapped to codes (see `tokenizer`) and stripped of line ends in
+one C-level `bytes.translate`, and only the records the caller wants are kept — one chromosome
+in memory at a time. Where a plain or bgzip FASTA has a `.fai` index (and bgzip a `.gzi`), the
+record names and lengths come from it up front through pyfaidx, and wanted records are read by
+random access, skipping the rest.
+
+Every file is hashed (sha256) while it is read, so the manifest can record it for free.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.tokenizer import CODE_LUT, INVALID
+
+log = logging.getLogger(__name__)
+
+BLOCK_BYTES = 8 << 20
+_CODE_TABLE = CODE_LUT.tobytes()
+_STRIP = b"\r\n\t "  # line ends (and stray blanks) are not bases
+_INVALID_BYTE = bytes([INVALID])
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class Record:
+    """One FASTA record read into codes [T] uint8 (see `tokenizer` for the bit layout)."""
+
+    name: str
+    codes: np.ndarray
+    source: str
+
+
+@dataclass
+class FileInfo:
+    """What the manifest records about an input file; complete once the file was read."""
+
+    path: str
+    size: int
+    sha256: str = ""
+    compression: str = "none"  # none | gzip | bgzip
+    records: list[str] = field(default_factory=list)
+
+
+class _HashingReader:
+    """Wraps a raw binary file: hashes and counts every byte read (for sha256 and progress).
+
+    Hashing runs on a helper thread (hashlib releases the GIL), overlapping the parsing.
+    """
+
+    def __init__(self, raw: BinaryIO, progress: Callable[[int], None] | None):
+        self.raw = raw
+        self.pos = 0
+        self._sha = hashlib.sha256()
+        self._progress = progress
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending: Future | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if self._pending is not None:
+            self._pending.result()  # at most one block in flight
+        self._pending = self._pool.submit(self._sha.update, data)
+        self.pos += len(data)
+        if self._progress is not None and data:
+            self._progress(len(data))
+        return data
+
+    def hexdigest(self) -> str:
+        while self.read(BLOCK_BYTES):
+            pass
+        self._pending.result()
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def detect_compression(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        head = f.read(18)
+    if head[:2] != _GZIP_MAGIC:
+        return "none"
+    # bgzip: gzip member with FEXTRA holding the 'BC' subfield
+    if len(head) >= 14 and head[3] & 4 and head[12:14] == b"BC":
+        return "bgzip"
+    return "gzip"
+
+
+def check_readable(path: str | os.PathLike) -> int:
+    """Return the file size; raise GenomeLMError if missing, a directory or empty."""
+    p = Path(path)
+    if not p.exists():
+        raise GenomeLMError(f"FASTA file {p} does not exist; check the --fasta path")
+    if p.is_dir():
+        raise GenomeLMError(f"--fasta {p} is a directory; pass the FASTA file itself")
+    size = p.stat().st_size
+    if size == 0:
+        raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
+    return size
+
+
+class FastaReader:
+    """Reads the records of one FASTA file. Use `names()` (None if unknown before reading) and
+    `records(wanted)`, which yields a `Record` for every wanted record name, in file order, and
+    fills `info` (sha256, all record names) once the whole file has been read."""
+
+    def __init__(self, path: str | os.PathLike, show_progress: bool | None = None):
+        self.path = Path(path)
+        self.size = check_readable(self.path)
+        self.compression = detect_compression(self.path)
+        self.info = FileInfo(path=str(self.path.resolve()), size=self.size, compression=self.compression)
+        self.show_progress = show_progress
+        self._index = self._load_index()
+
+    # -- index -------------------------------------------------------------------------------
+    def _load_index(self):
+        fai = Path(f"{self.path}.fai")
+        if not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime:
+            return None
+        if self.compression == "gzip":
+            return None  # plain gzip has no random access
+        if self.compression == "bgzip" and not Path(f"{self.path}.gzi").exists():
+            return None
+        try:
+            import pyfaidx
+
+            fa = pyfaidx.Faidx(str(self.path), build_index=False, rebuild=False, as_raw=True)
+        except Exception as e:  # a stale or foreign index: fall back to streaming
+            log.warning("ignoring index %s (%s); reading %s sequentially", fai, e, self.path)
+            return None
+        log.debug("using index %s", fai)
+        return fa
+
+    def names(self) -> list[str] | None:
+        """Record names known before reading (from a .fai index), else None."""
+        return list(self._index.index) if self._index is not None else None
+
+    # -- reading -----------------------------------------------------------------------------
+    def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
+        disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
+        bar = tqdm(total=self.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
+        try:
+            with open(self.path, "rb") as raw:
+                reader = _HashingReader(raw, bar.update)
+                try:
+                    if self._index is not None:
+                        yield from self._indexed_records(wanted)
+                        self.info.records = list(self._index.index)
+                    else:
+                        yield from self._stream_records(reader, wanted)
+                    self.info.sha256 = reader.hexdigest()
+                finally:
+                    reader.close()
+        finally:
+            bar.close()
+
+    def _open_stream(self, reader: _HashingReader):
+        if self.compression == "none":
+            return reader
+        return gzip.GzipFile(fileobj=reader, mode="rb")
+
+    def _read_block(self, stream) -> bytes:
+        try:
+            return stream.read(BLOCK_BYTES)
+        except EOFError:
+            raise GenomeLMError(
+                f"{self.path}: the gzip stream is truncated (file ends early); re-download the file"
+            ) from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as e:
+            raise GenomeLMError(f"{self.path}: corrupt gzip data ({e}); re-download the file") from None
+
+    def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
+        stream = self._open_stream(reader)
+        parser = _RecordParser(self.path, wanted)
+        first = True
+        while block := self._read_block(stream):
+            if first:
+                _check_fasta_start(self.path, block)
+                first = False
+            yield from parser.feed(block)
+        if first:
+            raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
+        yield from parser.finish()
+        self.info.records = parser.names
+
+    def _indexed_records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
+        for name, rec in self._index.index.items():
+            if not wanted(name):
+                continue
+            parser = _RecordParser(self.path, lambda _: True)
+            parser.start(name)
+            if self.compression == "none":
+                with open(self.path, "rb") as f:
+                    f.seek(rec.offset)
+                    remaining = rec.bend - rec.offset
+                    while remaining > 0:
+                        chunk = f.read(min(BLOCK_BYTES, remaining))
+                        if not chunk:
+                            break
+                        remaining -= len(chunk)
+                        parser.add_sequence(chunk)
+            else:  # bgzip: random access through pyfaidx, in pieces
+                step = BLOCK_BYTES
+                for s in range(0, rec.rlen, step):
+                    piece = self._index.fetch(name, s + 1, min(s + step, rec.rlen))
+                    parser.add_sequence(str(piece).encode("ascii"))
+            record = parser.end()
+            if len(record.codes) != rec.rlen:
+                raise GenomeLMError(
+                    f"{self.path}.fai does not match {self.path} (record {name}: index says {rec.rlen} bases, "
+                    f"read {len(record.codes)}); delete the .fai so it is rebuilt"
+                )
+            yield record
+
+
+def _check_fasta_start(path: Path, block: bytes) -> None:
+    head = block.lstrip()
+    if not head:
+        return
+    if head[:1] != b">":
+        snippet = head[:20].decode("ascii", errors="replace")
+        raise GenomeLMError(f"{path} is not a FASTA file: it starts with {snippet!r} instead of a '>' header line")
+
+
+class _RecordParser:
+    """Incremental parser: feed blocks of FASTA bytes, get completed records back."""
+
+    def __init__(self, path: Path, wanted: Callable[[str], bool]):
+        self.path = path
+        self.wanted = wanted
+        self.names: list[str] = []
+        self._seen: set[str] = set()
+        self._name: str | None = None
+        self._buf: bytearray | None = None  # codes of the current record, if wanted
+        self._header: bytearray | None = None
+        self._at_line_start = True
+
+    # record lifecycle
+    def start(self, name: str) -> None:
+        if name in self._seen:
+            raise GenomeLMError(f"{self.path}: duplicate record name {name!r}; each chromosome may appear once")
+        self._seen.add(name)
+        self.names.append(name)
+        self._name = name
+        self._buf = bytearray() if self.wanted(name) else None
+
+    def end(self) -> Record | None:
+        if self._name is None or self._buf is None:
+            self._name = None
+            return None
+        codes = np.frombuffer(self._buf, dtype=np.uint8)
+        record = Record(self._name, codes, str(self.path))
+        self._name, self._buf = None, None
+        return record
+
+    def add_sequence(self, seg: bytes) -> None:
+        if self._buf is None:
+            if self._name is None and seg.strip():
+                raise GenomeLMError(f"{self.path} is not a FASTA file: sequence data before the first '>' header")
+            return
+        codes = seg.translate(_CODE_TABLE, _STRIP)
+        bad = codes.find(_INVALID_BYTE)
+        if bad >= 0:
+            ch = seg.translate(None, _STRIP)[bad : bad + 1].decode("ascii", errors="replace")
+            raise GenomeLMError(
+                f"{self.path}: record {self._name}: invalid character {ch!r} at base offset {len(self._buf) + bad} "
+                "(0-based); only A, C, G, T, N and IUPAC codes (any case) are allowed — fix or remove it"
+            )
+        self._buf += codes
+
+    # block feeding
+    def feed(self, block: bytes) -> Iterator[Record]:
+        pos, n = 0, len(block)
+        while pos < n:
+            if self._header is not None:  # inside a header line
+                nl = block.find(b"\n", pos)
+                if nl < 0:
+                    self._header += block[pos:]
+                    break
+                self._header += block[pos:nl]
+                pos = nl + 1
+                self._start_from_header(bytes(self._header))
+                self._header = None
+                self._at_line_start = True
+                continue
+            if block[pos] == 0x3E:  # '>'
+                if self._at_line_start:
+                    if (rec := self.end()) is not None:
+                        yield rec
+                    self._header = bytearray()
+                else:  # a '>' inside a sequence line: an invalid character
+                    self.add_sequence(block[pos : pos + 1])
+                pos += 1
+                continue
+            idx = block.find(b">", pos)  # headers are rare: one memchr per block
+            end = n if idx < 0 else idx
+            self.add_sequence(block if (pos == 0 and end == n) else block[pos:end])
+            self._at_line_start = block[end - 1] == 0x0A
+            pos = end
+
+    def finish(self) -> Iterator[Record]:
+        if self._header is not None:
+            self._start_from_header(bytes(self._header))
+            self._header = None
+        if (rec := self.end()) is not None:
+            yield rec
+
+    def _start_from_header(self, header: bytes) -> None:
+        fields = header.split()
+        if not fields:
+            raise GenomeLMError(f"{self.path}: a '>' header line without a record name; give every record a name")
+        self.start(fields[0].decode("ascii", errors="replace"))

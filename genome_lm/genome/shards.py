@@ -1,0 +1,228 @@
+"""Dataset shards: one Hugging Face dataset per split, written straight to Arrow.
+
+A split directory is exactly what `datasets.Dataset.save_to_disk` writes (`data-XXXXX-of-NNNNN.arrow`
+in Arrow stream format, `dataset_info.json`, `state.json`), so `datasets.load_from_disk` opens it
+memory-mapped. We write it ourselves so that rows stream to disk one window at a time (memory
+stays bounded), and so that the same input gives the same bytes (the fingerprint is derived
+from the content, not from a random temporary path).
+
+Row schema: chrom (str), start, end (int64; 0-based half-open on the forward strand), strand
+('+' or '-'), tokens (list<uint8>, see `tokenizer.VOCAB`; '-' rows hold the reverse complement),
+repeat_mask (list<uint8>: np.packbits of the per-token soft-mask flag, in token order, so the
+last byte may be padded), n_frac (float32: fraction of N tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from genome_lm.errors import GenomeLMError
+
+SPLITS = ("train", "eval")
+BATCH_TOKENS = 1 << 20  # rows are grouped into Arrow record batches of about this many tokens
+
+
+_VALUE = lambda dtype: {"dtype": dtype, "_type": "Value"}  # noqa: E731
+_LIST = lambda dtype: {"feature": _VALUE(dtype), "_type": "List"}  # noqa: E731
+# The `datasets.Features` of a split, in datasets' own serialisation (tests check it against
+# `datasets.Features.to_dict()`); written by hand so `prepare` does not import `datasets`.
+FEATURES = {
+    "chrom": _VALUE("string"),
+    "start": _VALUE("int64"),
+    "end": _VALUE("int64"),
+    "strand": _VALUE("string"),
+    "tokens": _LIST("uint8"),
+    "repeat_mask": _LIST("uint8"),
+    "n_frac": _VALUE("float32"),
+}
+
+
+def arrow_schema() -> pa.Schema:
+    """Arrow schema of a split, with the `huggingface` metadata `datasets` reads back."""
+    schema = pa.schema(
+        [
+            ("chrom", pa.string()),
+            ("start", pa.int64()),
+            ("end", pa.int64()),
+            ("strand", pa.string()),
+            ("tokens", pa.list_(pa.uint8())),
+            ("repeat_mask", pa.list_(pa.uint8())),
+            ("n_frac", pa.float32()),
+        ]
+    )
+    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": FEATURES}})})
+
+
+# Arrow arrays straight from numpy buffers: zero-copy, and `pa.array` would import pandas.
+def _primitive(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+
+
+def _offsets(lengths) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return _primitive(offsets, pa.int32())
+
+
+def _strings(values) -> pa.Array:
+    encoded = [v.encode() for v in values]
+    offsets = _offsets([len(b) for b in encoded])
+    return pa.Array.from_buffers(pa.string(), len(values), [None, offsets.buffers()[1], pa.py_buffer(b"".join(encoded))])
+
+
+def _lists(arrays) -> pa.Array:
+    """list<uint8> from uint8 arrays; a single array (a 1M-token window) is not copied."""
+    values = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    return pa.ListArray.from_arrays(_offsets([len(a) for a in arrays]), _primitive(values, pa.uint8()))
+
+
+class SplitWriter:
+    """Streams windows of one split into Arrow shard files, one shard per `open_shard()` call."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.schema = arrow_schema()
+        self.shards: list[Path] = []
+        self.num_rows = 0
+        self.num_bytes = 0
+        self._sink = None
+        self._writer = None
+        self._batch: list[tuple] = []
+        self._batch_tokens = 0
+        # Arrow writes release the GIL: one batch is written on a helper thread while the
+        # next window is being cut. At most one batch is in flight.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-writer")
+        self._pending: Future | None = None
+
+    def open_shard(self) -> None:
+        self.close_shard()
+        path = self.dir / f".shard-{len(self.shards):05d}.arrow"
+        self.shards.append(path)
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+
+    def add(self, chrom: str, start: int, end: int, strand: str, tokens: np.ndarray, mask_packed: np.ndarray,
+            n_frac: float) -> None:
+        if self._writer is None:
+            self.open_shard()
+        self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac))
+        self._batch_tokens += len(tokens)
+        self.num_rows += 1
+        if self._batch_tokens >= BATCH_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        chrom, start, end, strand, tokens, masks, n_frac = zip(*self._batch)
+        batch = pa.record_batch(
+            [
+                _strings(chrom),
+                _primitive(np.array(start, dtype=np.int64), pa.int64()),
+                _primitive(np.array(end, dtype=np.int64), pa.int64()),
+                _strings(strand),
+                _lists(tokens),
+                _lists(masks),
+                _primitive(np.array(n_frac, dtype=np.float32), pa.float32()),
+            ],
+            schema=self.schema,
+        )
+        self._wait()
+        self._pending = self._pool.submit(self._writer.write_batch, batch)
+        self.num_bytes += batch.nbytes
+        self._batch, self._batch_tokens = [], 0
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def close_shard(self) -> None:
+        if self._writer is not None:
+            self._flush()
+            self._wait()
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
+
+    def finalize(self, fingerprint: str, split: str) -> list[str]:
+        """Close the last shard, give shards their final names, write dataset_info/state JSON."""
+        self.close_shard()
+        self._pool.shutdown(wait=True)
+        n = len(self.shards)
+        names = []
+        for i, path in enumerate(self.shards):
+            name = f"data-{i:05d}-of-{n:05d}.arrow"
+            os.replace(path, self.dir / name)
+            names.append(name)
+        state = {
+            "_data_files": [{"filename": name} for name in names],
+            "_fingerprint": fingerprint,
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": split,
+        }
+        info = {"citation": "", "description": "genome_lm shards: one row per genome window", "features": FEATURES}
+        (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+        (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2))
+        return names
+
+
+class MegatronWriter:
+    """Megatron IndexedDataset (`.bin`/`.idx`, uint8 tokens, one document per window) through
+    megatron-core, for Megatron-LM / BioNeMo users."""
+
+    def __init__(self, prefix: Path):
+        try:
+            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+        except ImportError:
+            raise GenomeLMError(
+                "--format megatron needs megatron-core; install it with `pip install 'genome_lm[megatron]'`"
+            ) from None
+        import warnings
+
+        self.prefix = prefix
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint8)
+
+    def add(self, tokens: np.ndarray) -> None:
+        self.builder.add_document(tokens, [len(tokens)])
+
+    def finalize(self) -> None:
+        self.builder.finalize(f"{self.prefix}.idx")
+
+
+def fingerprint_of(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_manifest(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / "manifest.json"
+    if not path.exists():
+        raise GenomeLMError(f"{directory} has no manifest.json; is it the --out of `genome-lm prepare`?")
+    return json.loads(path.read_text())
+
+
+def load_shards(directory: str | os.PathLike, split: str = "train"):
+    """The `split` of a prepared shard directory as a memory-mapped `datasets.Dataset` in numpy
+    format: `ds[i]["tokens"]` is a uint8 array of token ids (see the manifest's `vocab`)."""
+    import datasets
+
+    if split not in SPLITS:
+        raise GenomeLMError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    manifest = load_manifest(directory)
+    if split not in manifest["splits"]:
+        raise GenomeLMError(f"{directory} has no {split!r} split (it has: {', '.join(manifest['splits'])})")
+    ds = datasets.load_from_disk(str(Path(directory) / split))
+    return ds.with_format("numpy", dtype=None)  # dtype=None keeps uint8 tokens (the default casts to int64)

@@ -1,0 +1,95 @@
+"""Single-nucleotide tokens: one token per base, one byte per token.
+
+Vocabulary (written to every manifest): A=0, C=1, G=2, T=3, N=4. Soft-masked (lowercase)
+bases map to the same tokens as uppercase; IUPAC ambiguity codes (R, Y, S, W, K, M, B, D, H, V)
+map to N. The source case is kept separately as a per-base repeat mask.
+
+Internally FASTA bytes are first mapped to *codes*: the token id in bits 0-2, `SOFTMASK_BIT`
+(bit 3) for lowercase bases, and for ambiguity codes their 1-based index in `IUPAC_CODES` in
+bits 4-7; bytes that are not bases map to `INVALID`. One code array per chromosome holds
+everything a window needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB: dict[str, int] = {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4}
+ID_TO_BASE = np.frombuffer(b"ACGTN", dtype=np.uint8)
+N_ID = VOCAB["N"]
+TOKEN_DTYPE = np.uint8
+
+IUPAC_CODES = "RYSWKMBDHV"  # ambiguity codes other than N
+TOKEN_MASK = 0b0000_0111
+SOFTMASK_BIT = 0b0000_1000
+IUPAC_SHIFT = 4  # codes >= 1 << IUPAC_SHIFT are ambiguity codes; code >> IUPAC_SHIFT is 1 + their index
+INVALID = 0xFF
+
+
+def _build_code_lut() -> np.ndarray:
+    lut = np.full(256, INVALID, dtype=np.uint8)
+    for base, tid in VOCAB.items():
+        lut[ord(base)] = tid
+        lut[ord(base.lower())] = tid | SOFTMASK_BIT
+    for i, code in enumerate(IUPAC_CODES, start=1):
+        lut[ord(code)] = N_ID | (i << IUPAC_SHIFT)
+        lut[ord(code.lower())] = N_ID | (i << IUPAC_SHIFT) | SOFTMASK_BIT
+    return lut
+
+
+CODE_LUT = _build_code_lut()
+
+# Complement on token ids: A<->T, C<->G, N->N.
+COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)
+
+
+def bytes_to_codes(seq: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+    """FASTA sequence bytes (no newlines) -> codes [T] uint8 (INVALID where not a base)."""
+    arr = seq if isinstance(seq, np.ndarray) else np.frombuffer(seq, dtype=np.uint8)
+    return CODE_LUT[arr]
+
+
+def codes_to_tokens(codes: np.ndarray) -> np.ndarray:
+    """codes [T] -> token ids [T] uint8."""
+    return codes & TOKEN_MASK
+
+
+def codes_to_softmask(codes: np.ndarray) -> np.ndarray:
+    """codes [T] -> bool [T], True where the source base was lowercase (soft-masked repeat)."""
+    return (codes & SOFTMASK_BIT).astype(bool)
+
+
+def encode(seq: str) -> np.ndarray:
+    """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N.
+
+    Raises ValueError naming the first character that is not a base.
+    """
+    codes = bytes_to_codes(seq.encode("ascii", errors="replace"))
+    bad = np.flatnonzero(codes == INVALID)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"invalid base {seq[i]!r} at offset {i}")
+    return codes_to_tokens(codes)
+
+
+def decode(tokens: np.ndarray | list[int]) -> str:
+    """Token ids [T] -> uppercase DNA string over A, C, G, T, N. `encode(decode(t)) == t`."""
+    t = np.asarray(tokens)
+    if t.size and (t.min() < 0 or t.max() >= len(ID_TO_BASE)):
+        raise ValueError(f"token ids must lie in [0, {len(ID_TO_BASE)}); got range [{t.min()}, {t.max()}]")
+    return ID_TO_BASE[t.astype(np.intp)].tobytes().decode("ascii")
+
+
+def reverse_complement(tokens: np.ndarray) -> np.ndarray:
+    """Token ids [T] -> reverse complement [T] (A<->T, C<->G, N->N)."""
+    return COMPLEMENT[tokens[::-1]]
+
+
+def pack_mask(mask: np.ndarray) -> np.ndarray:
+    """bool [T] -> uint8 [ceil(T/8)], numpy packbits (big-endian bit order)."""
+    return np.packbits(mask)
+
+
+def unpack_mask(packed: np.ndarray, length: int) -> np.ndarray:
+    """Inverse of `pack_mask`: uint8 [ceil(T/8)] -> bool [T]."""
+    return np.unpackbits(np.asarray(packed, dtype=np.uint8), count=length).astype(bool)

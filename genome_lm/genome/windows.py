@@ -1,0 +1,97 @@
+"""Contigs and windows on one chromosome. Coordinates are 0-based, half-open, forward strand.
+
+A chromosome is cut at N runs of at least `min_gap` bases into contigs. Windows of `seq_len`
+tokens start every `stride` bases inside a contig; the contig's tail (what is left after the
+last full window) becomes one shorter window if `tail == "keep"` and it is at least `min_len`
+long. Windows whose N fraction exceeds `max_n_frac` are dropped by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from genome_lm.genome.tokenizer import IUPAC_CODES, IUPAC_SHIFT, N_ID, SOFTMASK_BIT, TOKEN_MASK
+
+RUN_BLOCK = 1 << 24
+
+
+@dataclass
+class ChromScan:
+    """What one pass over a chromosome's codes finds (see `scan`)."""
+
+    gaps: np.ndarray  # int64 [R, 2]: N runs of at least min_gap bases (start, end)
+    n_bases: int  # N tokens, IUPAC codes included
+    softmasked_bases: int
+    iupac: dict[str, int]  # ambiguity code -> count
+
+
+def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
+    """One blockwise pass over codes [T]: N runs of at least `min_gap`, N / soft-mask / IUPAC counts.
+
+    Transient memory is O(block), not O(T).
+    """
+    edges: list[np.ndarray] = []
+    prev = False
+    n_bases = softmasked = 0
+    iupac = np.zeros(16, dtype=np.int64)
+    for b0 in range(0, len(codes), RUN_BLOCK):
+        block = codes[b0 : b0 + RUN_BLOCK]
+        isn = (block & TOKEN_MASK) == N_ID
+        n_bases += int(np.count_nonzero(isn))
+        softmasked += int(np.count_nonzero(block & SOFTMASK_BIT))
+        if np.count_nonzero(block >= (1 << IUPAC_SHIFT)):
+            iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
+        if isn[0] != prev:
+            edges.append(np.array([b0], dtype=np.int64))
+        edges.append(np.flatnonzero(isn[1:] != isn[:-1]).astype(np.int64) + (b0 + 1))
+        prev = bool(isn[-1])
+    if prev:
+        edges.append(np.array([len(codes)], dtype=np.int64))
+    flat = np.concatenate(edges) if edges else np.zeros(0, dtype=np.int64)
+    runs = flat.reshape(-1, 2)  # alternating start, end
+    counts = {code: int(iupac[i]) for i, code in enumerate(IUPAC_CODES, start=1) if iupac[i]}
+    return ChromScan(runs[(runs[:, 1] - runs[:, 0]) >= min_gap], n_bases, softmasked, counts)
+
+
+def n_runs(codes: np.ndarray, min_len: int = 1) -> np.ndarray:
+    """Maximal runs of N in codes [T] as int64 [R, 2] (start, end), keeping runs >= min_len."""
+    return scan(codes, min_len).gaps
+
+
+def contigs(length: int, gaps: np.ndarray) -> list[tuple[int, int]]:
+    """The spans between `gaps` [R, 2] (sorted, disjoint) on a sequence of `length` bases."""
+    out, pos = [], 0
+    for s, e in gaps.tolist():
+        if s > pos:
+            out.append((pos, s))
+        pos = e
+    if pos < length:
+        out.append((pos, length))
+    return out
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    seq_len: int
+    stride: int
+    tail: str = "keep"  # keep | drop
+    min_len: int = 1
+
+
+def contig_windows(start: int, end: int, spec: WindowSpec) -> tuple[list[tuple[int, int]], int]:
+    """Windows inside the contig [start, end) and the number of its bases no window covers
+    because the tail was dropped (too short, or tail == 'drop')."""
+    spans = []
+    s = start
+    while s + spec.seq_len <= end:
+        spans.append((s, s + spec.seq_len))
+        s += spec.stride
+    covered = spans[-1][1] if spans else start
+    if s < end and covered < end:  # the tail: [s, end), shorter than seq_len
+        if spec.tail == "keep" and end - s >= spec.min_len:
+            spans.append((s, end))
+            covered = end
+    dropped_tail = max(0, end - covered) if spec.stride <= spec.seq_len or not spans else 0
+    return spans, dropped_tail
