@@ -1,0 +1,152 @@
+"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset or a local checkpoint.
+
+- Preset (`glm53-tiny`, `glm53-mini`, `glm53-flash`): upstream initialisation (seed with
+  `torch.manual_seed` before calling). `glm53-flash` is built on the meta device unless a
+  non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B parameters).
+- Checkpoint directory: config from `config.json`; the model is built on the meta device and the
+  text tower + `lm_head` are assigned tensor by tensor from the safetensors shards (vision and MTP
+  skipped), so nothing is initialised twice and peak host memory is about one model. Missing
+  weights are an error; unexpected ones are logged; both are kept in `model.load_report`.
+- `meta=True`: structure only (parameter counting, planning, dry runs); nothing is allocated.
+- `dtype`: parameters in `dtype`, except those upstream keeps in float32 under bf16/fp16 (router,
+  conv1d, KDA gate `dt_bias`/`A_log`, hyper-connection `base`/`scale`). None: float32 for presets,
+  as stored for checkpoints.
+
+The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.causal_lm import Glm5NextCausalLM
+from genome_lm.model.load import cast_tensor, iter_text_tensors, read_text_config
+from genome_lm.model.presets import META_ONLY, is_preset, preset_config
+from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
+
+log = logging.getLogger(__name__)
+
+
+def build(
+    source: str | Path,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device | None = None,
+    meta: bool | None = None,
+    **config_overrides,
+) -> Glm5NextCausalLM:
+    """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
+
+    Args:
+        source: preset name or local Hugging Face checkpoint directory.
+        dtype: torch dtype or its name ("bfloat16").
+        device: where to build (default CPU); ignored with `meta=True`.
+        meta: build on the meta device (no weights). Default: True only for `glm53-flash` without
+            a non-CPU device.
+        config_overrides: `Glm5NextTextConfig` fields, e.g. `vocab_size=16`, `num_hidden_layers=2`.
+    Returns:
+        `Glm5NextCausalLM` with `.config` (upstream `Glm5NextTextConfig`) and `.source`.
+    """
+    route_cpu_to_torch()
+    dtype = _dtype(dtype)
+    source_str = str(source)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    if is_preset(source_str):
+        config = preset_config(source_str, **config_overrides)
+        if source_str in META_ONLY:
+            if meta is False and on_cpu:
+                raise GenomeLMError(
+                    f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
+                    "(counting, planning) or on a GPU device"
+                )
+            meta = on_cpu if meta is None else meta
+        model = _construct(config, "meta" if meta else device)
+        if dtype is not None:
+            _cast_(model, dtype)
+    else:
+        config = read_text_config(source_str, **config_overrides)
+        model = _construct(config, "meta")
+        if not meta:
+            load_text_weights_(model, source_str, dtype=dtype, device=device or "cpu")
+        elif dtype is not None:
+            _cast_(model, dtype)
+    model.source = source_str
+    return model
+
+
+def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise GenomeLMError(f"model.dtype: unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return value
+
+
+def _construct(config: Glm5NextTextConfig, device: str | torch.device | None) -> Glm5NextCausalLM:
+    with torch.device(device or "cpu"):
+        return Glm5NextCausalLM(config)
+
+
+def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast parameters and floating buffers in place, keeping upstream's float32 exceptions."""
+    for name, param in model.named_parameters():
+        param.data = cast_tensor(name, param.data, dtype)
+    for module_name, module in model.named_modules():
+        for name, buf in module.named_buffers(recurse=False):
+            module._buffers[name] = cast_tensor(f"{module_name}.{name}", buf, dtype)
+
+
+def load_text_weights_(
+    model: Glm5NextCausalLM,
+    ckpt_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, list[str]]:
+    """Assign the checkpoint's text weights to `model` (built on meta) in place.
+
+    Returns and stores `model.load_report` = {"missing": [...], "unexpected": [...]}.
+    Raises GenomeLMError on missing weights or shape mismatches.
+    """
+    expected = dict(model.state_dict(keep_vars=True))
+    tied = model.config.tie_word_embeddings
+    loaded, unexpected = set(), []
+    for name, tensor in iter_text_tensors(ckpt_dir, model.config, device=device):
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise GenomeLMError(
+                f"model: {ckpt_dir}: {name} has shape {tuple(tensor.shape)}, the config expects "
+                f"{tuple(expected[name].shape)}; check config.json and the config overrides"
+            )
+        _assign(model, name, cast_tensor(name, tensor, dtype))
+        loaded.add(name)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        loaded.add("lm_head.weight")
+    missing = sorted(set(expected) - loaded)
+    model.load_report = {"missing": missing, "unexpected": sorted(unexpected)}
+    if unexpected:
+        log.warning("%s: %d unexpected weights ignored, e.g. %s", ckpt_dir, len(unexpected), unexpected[:5])
+    if missing:
+        raise GenomeLMError(
+            f"model: {ckpt_dir} lacks {len(missing)} weights of the text model, e.g. {missing[:5]}; "
+            "is it a GLM-5.3-Flash checkpoint matching its config.json?"
+        )
+    return model.load_report
+
+
+def _assign(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if attr in module._parameters:
+        old = module._parameters[attr]
+        module._parameters[attr] = nn.Parameter(tensor, requires_grad=old.requires_grad)
+    else:
+        module._buffers[attr] = tensor

@@ -1,0 +1,158 @@
+"""Read a local Hugging Face checkpoint directory: its text config and text-tower weights.
+
+Accepted layouts (all safetensors; pickled `.bin`/`.pt` files are never loaded):
+- a full GLM-5.3-Flash checkpoint: `config.json` of `Glm5NextConfig` (`text_config` inside, or
+  the flat text fields at top level), weights `model.language_model.*` + `lm_head.weight`,
+  plus vision (`model.visual.*`) and MTP (`layers.{L}.*` beyond the last layer, `shared_head`,
+  `eh_proj`, `enorm`, `hnorm`) weights, which are skipped;
+- a text-only directory (`Glm5NextTextConfig`, keys `model.*` + `lm_head.weight`), as written by
+  `genome_lm.model.save_pretrained`, or a bare text model's keys (`layers.*`, `embed_tokens.*`).
+Either key layout of `convert.py` (on-disk or upstream module names) is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from huggingface_hub.errors import StrictDataclassError
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.convert import ModuleLayout
+from genome_lm.model.upstream import KEEP_IN_FP32, Glm5NextConfig, Glm5NextTextConfig
+
+log = logging.getLogger(__name__)
+
+_VISION_PREFIXES = ("model.visual.", "visual.", "model.vision", "vision_tower.", "model.vision_tower.")
+_MTP_PARTS = (".shared_head.", ".eh_proj.", ".enorm.", ".hnorm.")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
+    """The text config of a checkpoint directory (full `Glm5NextConfig` or text config)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise GenomeLMError(
+            f"model: {ckpt_dir} is neither a preset name nor a directory; use glm53-tiny, glm53-mini, "
+            "glm53-flash or a local Hugging Face checkpoint directory"
+        )
+    path = ckpt_dir / "config.json"
+    if not path.is_file():
+        raise GenomeLMError(f"model: {ckpt_dir} has no config.json; point model at a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GenomeLMError(f"model: cannot read {path}: {e}; re-download or re-save the checkpoint") from None
+    model_type = raw.get("model_type")
+    try:
+        if model_type == "glm5_next":
+            raw.pop("model_type")
+            text = Glm5NextConfig.from_dict(raw).text_config.to_dict()
+        elif model_type == "glm5_next_text":
+            text = raw
+        else:
+            raise GenomeLMError(
+                f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
+                "(model_type glm5_next or glm5_next_text)"
+            )
+        text = {k: v for k, v in text.items() if k not in ("model_type", "transformers_version", "architectures")}
+        text.update(overrides)
+        return Glm5NextTextConfig(**text)
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        raise GenomeLMError(f"model: invalid text config in {path}: {e}") from None
+
+
+def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
+    """The safetensors shards of a directory (index first, then `model.safetensors`, then `*.safetensors`)."""
+    ckpt_dir = Path(ckpt_dir)
+    index = ckpt_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise GenomeLMError(f"model: cannot read {index}: {e}; re-download the checkpoint") from None
+        files = [ckpt_dir / name for name in sorted(set(weight_map.values()))]
+        if missing := [f.name for f in files if not f.is_file()]:
+            raise GenomeLMError(
+                f"model: {index} lists shards missing from {ckpt_dir}: {missing[:5]}; finish the download"
+            )
+        return files
+    if (ckpt_dir / "model.safetensors").is_file():
+        return [ckpt_dir / "model.safetensors"]
+    if files := sorted(ckpt_dir.glob("*.safetensors")):
+        return files
+    pickles = [p.name for pat in _PICKLES for p in ckpt_dir.glob(pat)]
+    hint = f" (found {pickles[:3]}: pickled weights are never loaded; convert them to safetensors)" if pickles else ""
+    raise GenomeLMError(f"model: no *.safetensors weights in {ckpt_dir}{hint}")
+
+
+def text_key(key: str, num_layers: int) -> str | None:
+    """Checkpoint key -> causal-LM key (`model.*`, `lm_head.weight`), or None to skip (vision, MTP)."""
+    if key.startswith(_VISION_PREFIXES):
+        return None
+    if key.startswith("model.language_model."):
+        key = "model." + key.removeprefix("model.language_model.")
+    elif key.startswith("language_model.model."):
+        key = "model." + key.removeprefix("language_model.model.")
+    elif key.startswith("language_model.lm_head."):
+        key = key.removeprefix("language_model.")
+    elif key.startswith("mtp.") or key.startswith("model.mtp."):
+        return None
+    elif not key.startswith(("model.", "lm_head.")):
+        key = "model." + key  # a bare text model's keys
+    if any(part in key for part in _MTP_PARTS):
+        return None
+    if (m := _LAYER.match(key)) and int(m.group(1)) >= num_layers:
+        return None
+    return key
+
+
+def iter_text_tensors(
+    ckpt_dir: str | Path, config: Glm5NextTextConfig, device: str | torch.device = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(causal-LM key in upstream layout, tensor)` shard by shard; skips vision and MTP.
+
+    Raises GenomeLMError when a layer's experts or conv pieces are incomplete at the end.
+    """
+    layout = ModuleLayout(config.n_routed_experts)
+    skipped = 0
+    files = safetensors_files(ckpt_dir)
+    for path in tqdm(files, desc=f"loading {Path(ckpt_dir).name}", unit="shard", disable=len(files) < 2):
+        try:
+            with safe_open(str(path), framework="pt", device=str(device)) as f:
+                keys = list(f.keys())
+                for key in keys:
+                    name = text_key(key, config.num_hidden_layers)
+                    if name is None:
+                        skipped += 1
+                        continue
+                    yield from layout.add(name, f.get_tensor(key))
+        except (OSError, SafetensorError) as e:
+            raise GenomeLMError(f"model: cannot read {path}: {e}; re-download or re-save the checkpoint") from None
+    if pending := layout.pending():
+        raise GenomeLMError(
+            f"model: incomplete weights in {ckpt_dir}: {len(pending)} pieces lack siblings, e.g. {pending[:3]}"
+        )
+    log.info("read text weights from %s (%d vision/MTP tensors skipped)", ckpt_dir, skipped)
+
+
+def keep_fp32(name: str) -> bool:
+    """Parameters upstream keeps in float32 under bf16/fp16 (`_keep_in_fp32_modules_strict`)."""
+    return any(pattern in name for pattern in KEEP_IN_FP32)
+
+
+def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`tensor` in `dtype` unless upstream keeps `name` in float32 (dtype None: as stored)."""
+    if dtype is None or not tensor.is_floating_point():
+        return tensor
+    if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):
+        return tensor.to(torch.float32)
+    return tensor.to(dtype)

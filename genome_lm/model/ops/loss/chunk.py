@@ -1,0 +1,100 @@
+"""Chunked LM head + cross-entropy: float32 loss and per-token NLL without all N x V logits.
+
+Shapes: N tokens (flattened B*T), D model dim, V vocabulary, C = `chunk_tokens`.
+
+Forward walks the tokens C at a time: logits [C, V] (matmul in the input dtype, as upstream's
+`lm_head`, then float32), log-sum-exp and the target logit give the NLL; only the [N] float32
+log-sum-exp is kept. Backward recomputes each chunk's logits and forms
+    d logits = (softmax - onehot(target)) * g      (g = incoming grad of that token's NLL)
+    d hidden[chunk] = d logits @ W,   d W += d logits^T @ hidden[chunk]   (float32 accumulator)
+so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 0 and no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CHUNK_TOKENS = 2048
+
+
+def _chunk_logits(hidden_c: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (hidden_c @ weight.t()).float()  # [C, V]
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """nll[N] = logsumexp(h W^T) - (h W^T)[target], chunk by chunk; recomputes logits in backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_tokens: int, ignore_index: int):
+        n = hidden.shape[0]
+        nll = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk_tokens):
+            end = min(start + chunk_tokens, n)
+            logits = _chunk_logits(hidden[start:end], weight)  # [C, V]
+            tgt = targets[start:end]
+            valid = tgt != ignore_index
+            safe = torch.where(valid, tgt, 0)
+            lse_c = torch.logsumexp(logits, dim=-1)  # [C]
+            target_logit = logits.gather(1, safe[:, None]).squeeze(1)  # [C]
+            nll[start:end] = torch.where(valid, lse_c - target_logit, 0.0)
+            lse[start:end] = lse_c
+            del logits
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk_tokens = chunk_tokens
+        ctx.ignore_index = ignore_index
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad_nll):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        n = hidden.shape[0]
+        for start in range(0, n, ctx.chunk_tokens):
+            end = min(start + ctx.chunk_tokens, n)
+            h = hidden[start:end]
+            tgt = targets[start:end]
+            valid = tgt != ctx.ignore_index
+            g = torch.where(valid, grad_nll[start:end].float(), 0.0)  # [C]
+            logits = _chunk_logits(h, weight)  # [C, V]
+            dlogits = torch.exp_(logits.sub_(lse[start:end, None]))  # softmax, in place
+            dlogits.mul_(g[:, None])
+            dlogits.scatter_add_(1, torch.where(valid, tgt, 0)[:, None], -g[:, None])
+            if need_h:
+                grad_h[start:end] = (dlogits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(dlogits.t(), h.float())
+            del logits, dlogits
+        if need_w:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ignore_index: int = -100,
+    return_per_token: bool = False,
+):
+    """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
+
+    Same contract as `naive.naive_cross_entropy`, never holding more than [chunk_tokens, V] logits.
+
+    Args:
+        hidden: [N, D] final hidden states (any float dtype; contiguous is best).
+        weight: [V, D] LM head weight.
+        targets: [N] int64 target ids, `ignore_index` where there is nothing to predict.
+        chunk_tokens: tokens per logits chunk (C).
+    Returns:
+        loss: [] float32; with `return_per_token`, `(loss, nll)` where nll is [N] float32.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]
+    count = (targets != ignore_index).sum().clamp(min=1)
+    loss = nll.sum() / count
+    return (loss, nll) if return_per_token else loss

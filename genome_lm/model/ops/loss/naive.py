@@ -1,0 +1,34 @@
+"""Plain reference for the LM head + cross-entropy: all logits at once, then `F.cross_entropy`.
+
+Shapes: N tokens (flattened B*T), D model dim, V vocabulary.
+The logits are computed in the dtype of `hidden`/`weight` (as upstream's `lm_head` does) and
+upcast to float32 before the softmax, so the loss and per-token NLL are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def naive_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = -100,
+    return_per_token: bool = False,
+):
+    """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
+
+    Args:
+        hidden: [N, D] final hidden states.
+        weight: [V, D] LM head weight.
+        targets: [N] target ids; `ignore_index` entries contribute nothing (their NLL is 0).
+    Returns:
+        loss: [] float32; with `return_per_token`, `(loss, nll)` where nll is [N] float32.
+    """
+    logits = F.linear(hidden, weight).float()  # [N, V]
+    nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
+    count = (targets != ignore_index).sum().clamp(min=1)
+    loss = nll.sum() / count
+    return (loss, nll) if return_per_token else loss

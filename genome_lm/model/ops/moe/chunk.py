@@ -1,0 +1,99 @@
+"""MoE in token blocks: bounded transient memory, per-expert load statistics, upstream semantics.
+
+Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per token,
+M = `block_tokens`.
+
+Routing and expert math are per token in upstream (`Glm5NextTextTopkRouter`, experts, shared
+experts), so running upstream's own submodules on consecutive blocks of M tokens gives the same
+result as running them on all N tokens at once; only the transient buffers shrink from O(N*k*E)
+(dispatch masks) and O(N*k*I) (expert activations) to the same with M in place of N.
+
+With `recompute=True` (default) and autograd on, each block runs under non-reentrant activation
+checkpointing, so what a block keeps for backward is only its input slice (a view of the layer
+input); its expert activations are rebuilt one block at a time during backward. This is what
+makes 1M-token MoE layers fit even inside a per-layer recompute, where the layer's whole
+backward otherwise materialises O(N*k*I) activations at once.
+
+Parameter names are upstream's (the module's class is swapped for a subclass), so checkpoints load
+unchanged. After each forward `module.last_expert_counts` holds the [E] int64 token counts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from genome_lm.model.ops.moe.naive import expert_counts
+from genome_lm.model.upstream import Glm5NextTextMoE
+
+DEFAULT_BLOCK_TOKENS = 8192
+
+
+def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream MoE on one block: x [M, D] -> (out [M, D], topk_indices [M, k])."""
+    _, topk_weights, topk_indices = module.gate(x)
+    out = module.experts(x, topk_indices, topk_weights)
+    out = out + module.shared_experts(x)
+    return out, topk_indices
+
+
+def blocked_moe_forward(
+    module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream MoE over blocks of `block_tokens` tokens.
+
+    Args:
+        hidden: [B, T, D] (any leading shape; flattened to N tokens).
+    Returns:
+        out [B, T, D] and counts [E] int64 (tokens per routed expert).
+    """
+    shape = hidden.shape
+    x = hidden.reshape(-1, shape[-1])  # [N, D]
+    n = x.shape[0]
+    counts = torch.zeros(module.experts.num_experts, dtype=torch.long, device=x.device)
+    use_ckpt = recompute and torch.is_grad_enabled() and n > 0
+    if n <= block_tokens and not use_ckpt:
+        out, idx = _moe_block(module, x)
+        return out.view(shape), counts + expert_counts(idx, counts.numel())
+
+    out = x.new_empty(x.shape)  # [N, D]; block outputs are copied in, not concatenated
+    for start in range(0, n, block_tokens):
+        xb = x[start : start + block_tokens]  # [M, D]
+        if use_ckpt:
+            yb, idx = checkpoint(_moe_block, module, xb, use_reentrant=False)
+        else:
+            yb, idx = _moe_block(module, xb)
+        out[start : start + block_tokens] = yb
+        counts += expert_counts(idx, counts.numel())
+    return out.view(shape), counts
+
+
+class BlockedGlm5NextTextMoE(Glm5NextTextMoE):
+    """`Glm5NextTextMoE` whose forward runs in token blocks and records expert counts."""
+
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    recompute: bool = True
+    last_expert_counts: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute)
+        self.last_expert_counts = counts
+        return out
+
+
+def patch_moe_module(
+    module: Glm5NextTextMoE, block_tokens: int = DEFAULT_BLOCK_TOKENS, recompute: bool = True
+) -> Glm5NextTextMoE:
+    """Make one upstream MoE module run in blocks of `block_tokens` tokens (in place; idempotent).
+
+    The module keeps its parameters, names and `isinstance(module, Glm5NextTextMoE)`.
+    """
+    if not isinstance(module, Glm5NextTextMoE):
+        raise TypeError(f"patch_moe_module expects a Glm5NextTextMoE, got {type(module).__name__}")
+    if block_tokens < 1:
+        raise ValueError(f"moe block_tokens must be positive, got {block_tokens}")
+    module.__class__ = BlockedGlm5NextTextMoE
+    module.block_tokens = int(block_tokens)
+    module.recompute = bool(recompute)
+    module.last_expert_counts = None
+    return module

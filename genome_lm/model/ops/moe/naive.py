@@ -1,0 +1,35 @@
+"""Plain reference for the MoE block: upstream `Glm5NextTextMoE.forward` itself, all tokens at once.
+
+Shapes: N tokens (flattened B*T), D model dim, E routed experts, k = experts per token.
+Upstream routing (`Glm5NextTextTopkRouter`): sigmoid scores of float32 router logits; choice by
+`scores + e_score_correction_bias` within the top `topk_group` of `n_group` groups; weights are
+the chosen *uncorrected* scores, normalised to sum 1 (`norm_topk_prob`) and times
+`routed_scaling_factor`. Output = routed experts (weighted SwiGLU per chosen expert) + shared
+experts applied to every token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genome_lm.model.upstream import Glm5NextTextMoE
+
+
+def expert_counts(topk_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Tokens routed to each expert: [..., k] expert ids -> [E] int64 counts."""
+    return torch.bincount(topk_indices.reshape(-1).long(), minlength=num_experts)
+
+
+def naive_moe_forward(module: Glm5NextTextMoE, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream forward on all tokens, plus per-expert token counts.
+
+    Args:
+        module: an (unpatched or patched) `Glm5NextTextMoE`; its upstream forward is used.
+        hidden: [B, T, D].
+    Returns:
+        out [B, T, D] and counts [E] int64.
+    """
+    out = Glm5NextTextMoE.forward(module, hidden)
+    with torch.no_grad():
+        _, _, topk_indices = module.gate(hidden)  # [N, k]
+    return out, expert_counts(topk_indices, module.experts.num_experts)

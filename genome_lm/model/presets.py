@@ -1,0 +1,117 @@
+"""Named text configs: the full-size GLM-5.3-Flash and two small models of the same architecture.
+
+All three share the layer types of the real model: KDA (`linear_attention`) and DSA
+(`indexed_attention`, with k-pool indexer) attention, dense first layer(s) then MoE with a shared
+expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
+
+- `glm53-flash`: upstream `Glm5NextTextConfig()` defaults (45 layers, 288 experts top-8,
+  vocab 154,880). ~313B parameters: built on the meta device only, for counting and planning.
+- `glm53-mini`: ~200M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
+- `glm53-tiny`: ~0.5M parameters, trained by the test suite on CPU. Six layers
+  `KDA KDA KDA DSA(full) DSA(shared) KDA`, so a DSA layer reuses the previous layer's top-k;
+  8 experts top-2; k-pool 4 < top-k 32, so attention is really sparse from a few hundred tokens.
+
+Small presets default to a 16-id vocabulary (a nucleotide alphabet needs only a handful of ids)
+and no padding id. Any `Glm5NextTextConfig` field can be overridden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.errors import StrictDataclassError
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.upstream import Glm5NextTextConfig
+
+NUCLEOTIDE_VOCAB = 16
+
+_KDA, _DSA = "linear_attention", "indexed_attention"
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "glm53-flash": {},
+    "glm53-mini": dict(
+        vocab_size=NUCLEOTIDE_VOCAB,
+        pad_token_id=None,
+        hidden_size=768,
+        intermediate_size=2048,
+        moe_intermediate_size=384,
+        num_hidden_layers=8,  # KDA on i % 4 != 3: DSA at layers 3 and 7
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        linear_num_heads=12,
+        linear_head_dim=64,
+        q_lora_rank=384,
+        kv_lora_rank=256,
+        qk_nope_head_dim=96,
+        v_head_dim=96,
+        index_n_heads=8,
+        index_head_dim=64,
+        index_topk=2048,
+        index_kpool=16,
+        n_routed_experts=32,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        mlp_layer_types=["dense"] + ["sparse"] * 7,
+    ),
+    "glm53-tiny": dict(
+        vocab_size=NUCLEOTIDE_VOCAB,
+        pad_token_id=None,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        linear_num_heads=2,
+        linear_head_dim=32,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        index_n_heads=2,
+        index_head_dim=32,
+        index_topk=32,
+        index_kpool=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        layer_types=[_KDA, _KDA, _KDA, _DSA, _DSA, _KDA],
+        indexer_types=["full", "full", "full", "full", "shared", "full"],
+        mlp_layer_types=["dense"] + ["sparse"] * 5,
+    ),
+}
+
+# Presets too large to materialise on a CPU: `build` puts them on the meta device by default.
+META_ONLY = {"glm53-flash"}
+
+
+def is_preset(name: str) -> bool:
+    return str(name) in PRESETS
+
+
+def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
+    """The upstream text config of preset `name`, with `overrides` applied.
+
+    Per-layer lists (`layer_types`, `indexer_types`, `mlp_layer_types`) are dropped when
+    `num_hidden_layers` is overridden without them, so upstream rebuilds its default schedule.
+    A `pad_token_id` outside the vocabulary (e.g. flash with a small `vocab_size`) becomes None.
+    """
+    if name not in PRESETS:
+        raise GenomeLMError(
+            f"model: unknown preset {name!r}; use one of {', '.join(PRESETS)} or a checkpoint directory"
+        )
+    fields = dict(PRESETS[name])
+    if "num_hidden_layers" in overrides:
+        for key in ("layer_types", "indexer_types", "mlp_layer_types"):
+            if key not in overrides:
+                fields.pop(key, None)
+    fields.update(overrides)
+    pad = fields.get("pad_token_id", Glm5NextTextConfig.pad_token_id)
+    vocab = fields.get("vocab_size", Glm5NextTextConfig.vocab_size)
+    if pad is not None and pad >= vocab:
+        fields["pad_token_id"] = None
+    try:
+        return Glm5NextTextConfig(**fields)
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        raise GenomeLMError(f"model: invalid config for preset {name!r} with overrides {overrides}: {e}") from None

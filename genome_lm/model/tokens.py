@@ -1,0 +1,83 @@
+"""`token_map`: shard token ids (the manifest's vocabulary) -> model token ids.
+
+- preset name, or a checkpoint directory without `tokenizer.json` whose vocabulary is small
+  (< 256 ids: a model trained on shard ids, e.g. saved from a preset): identity;
+- a directory with `tokenizer.json` (a real GLM tokenizer, or a checkpoint fine-tuned from one):
+  the id of the single-character token for each shard symbol (A, C, G, T, N), read with the
+  `tokenizers` library (no pickles); a missing symbol is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.presets import is_preset, preset_config
+
+SMALL_VOCAB = 256
+
+
+def _tokenizer_ids(path: Path, symbols: list[str]) -> list[int | None]:
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+        return [tok.token_to_id(s) for s in symbols]
+    except ImportError:  # pragma: no cover - tokenizers ships with transformers
+        vocab = json.loads(path.read_text())["model"]["vocab"]
+        return [vocab.get(s) for s in symbols]
+    except Exception as e:
+        raise GenomeLMError(f"token map: cannot read tokenizer {path}: {e}") from None
+
+
+def _vocab_size(source: Path) -> int | None:
+    try:
+        raw = json.loads((source / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return raw.get("vocab_size", (raw.get("text_config") or {}).get("vocab_size"))
+
+
+def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size: int | None = None) -> torch.Tensor:
+    """LongTensor `m` with `m[shard_id] = model_id` for every symbol of `shard_vocab`.
+
+    Args:
+        shard_vocab: e.g. {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4} (ids 0..S-1).
+        model_source: preset name or checkpoint / tokenizer directory (what `build` was given).
+        vocab_size: the model's vocabulary, to check ids against (default: from the source).
+    """
+    ids = sorted(shard_vocab.values())
+    if ids != list(range(len(ids))):
+        raise GenomeLMError(f"token map: shard vocabulary ids must be 0..{len(ids) - 1}, got {shard_vocab}")
+    symbols = sorted(shard_vocab, key=shard_vocab.get)
+    source = Path(str(model_source))
+    if is_preset(str(model_source)):
+        mapping = list(range(len(symbols)))
+        vocab_size = vocab_size or preset_config(str(model_source)).vocab_size
+    elif (source / "tokenizer.json").is_file():
+        found = _tokenizer_ids(source / "tokenizer.json", symbols)
+        if missing := [s for s, i in zip(symbols, found) if i is None]:
+            raise GenomeLMError(
+                f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
+                "use a GLM tokenizer or a model trained on shard ids"
+            )
+        mapping = found
+    elif source.is_dir():
+        vocab_size = vocab_size or _vocab_size(source)
+        if vocab_size is None or vocab_size >= SMALL_VOCAB:
+            raise GenomeLMError(
+                f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
+                "copy the GLM tokenizer.json into it"
+            )
+        mapping = list(range(len(symbols)))
+    else:
+        raise GenomeLMError(f"token map: {model_source!r} is neither a preset nor a directory")
+    if vocab_size is not None and max(mapping) >= vocab_size:
+        raise GenomeLMError(
+            f"token map: model id {max(mapping)} does not fit the model's {vocab_size}-id vocabulary; "
+            f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)"
+        )
+    return torch.tensor(mapping, dtype=torch.long)

@@ -1,0 +1,120 @@
+"""Access to upstream `transformers.models.glm5_next`, and keeping its CPU path on plain torch.
+
+Upstream decorates four functions with `use_kernel_func_from_hub_with_fallback`
+(`chunk_kimi_delta_attention`, `recurrent_kimi_delta_attention`, `causal_conv1d_fn`,
+`causal_conv1d_update`). At import time that decorator picks the optional package's kernel
+(`fla.ops.kda.chunk_kda`, `causal_conv1d`) when it can be imported, and from then on calls it for
+*every* tensor, including CPU tensors, where fla's Triton kernels fail ("0 active drivers").
+The decorated function keeps upstream's own torch implementation as `__wrapped__`
+(`functools.wraps`), and the model's forward looks these names up in the module's globals at call
+time, so replacing the module globals is enough:
+
+- `route_cpu_to_torch()` (called by `build` and `apply_long_context`, idempotent): each of the
+  four names becomes a small dispatcher that sends CPU tensors to upstream's torch fallback and
+  anything else (CUDA) to whatever upstream picked (fla when installed). genome_lm never routes a
+  CPU tensor to fla.
+- `use_torch_fallbacks()`: a context manager forcing upstream's torch fallbacks on every device
+  (the plain reference used in tests), restoring the previous functions on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator
+
+import torch
+from transformers.models.glm5_next import modeling_glm5_next as glm
+from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig, Glm5NextTextConfig
+from transformers.models.glm5_next.modeling_glm5_next import (
+    Glm5NextTextAttention,
+    Glm5NextTextDecoderLayer,
+    Glm5NextTextExperts,
+    Glm5NextTextLinearAttention,
+    Glm5NextTextModel,
+    Glm5NextTextMoE,
+    Glm5NextTextTopkRouter,
+)
+
+__all__ = [
+    "glm",
+    "Glm5NextConfig",
+    "Glm5NextTextConfig",
+    "Glm5NextTextModel",
+    "Glm5NextTextDecoderLayer",
+    "Glm5NextTextAttention",
+    "Glm5NextTextLinearAttention",
+    "Glm5NextTextMoE",
+    "Glm5NextTextExperts",
+    "Glm5NextTextTopkRouter",
+    "KERNEL_FALLBACK_FUNCTIONS",
+    "torch_fallback",
+    "route_cpu_to_torch",
+    "use_torch_fallbacks",
+    "KEEP_IN_FP32",
+]
+
+# Upstream module globals that may be bound to an optional package's kernel.
+KERNEL_FALLBACK_FUNCTIONS = (
+    "chunk_kimi_delta_attention",
+    "recurrent_kimi_delta_attention",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+)
+
+# Parameters upstream keeps in float32 even when the model is bf16/fp16 (substring match on names).
+KEEP_IN_FP32 = tuple(glm.Glm5NextPreTrainedModel._keep_in_fp32_modules_strict)
+
+
+def torch_fallback(fn: Callable) -> Callable:
+    """Upstream's own torch implementation behind a (possibly dispatching) wrapper."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _first_tensor(args, kwargs) -> torch.Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _cpu_to_torch(kernel_fn: Callable) -> Callable:
+    """Wrap `kernel_fn` so that CPU tensors go to upstream's torch fallback."""
+    fallback = torch_fallback(kernel_fn)
+
+    @functools.wraps(fallback)
+    def dispatch(*args, **kwargs):
+        tensor = _first_tensor(args, kwargs)
+        if tensor is None or tensor.device.type == "cpu":
+            return fallback(*args, **kwargs)
+        return kernel_fn(*args, **kwargs)
+
+    dispatch._genome_lm_dispatch = True
+    return dispatch
+
+
+def route_cpu_to_torch() -> None:
+    """Install the CPU→torch dispatchers on upstream's module globals (idempotent)."""
+    for name in KERNEL_FALLBACK_FUNCTIONS:
+        fn = getattr(glm, name)
+        if not getattr(fn, "_genome_lm_dispatch", False):
+            setattr(glm, name, _cpu_to_torch(fn))
+
+
+@contextlib.contextmanager
+def use_torch_fallbacks() -> Iterator[None]:
+    """Run upstream glm5_next with its own torch implementations on every device.
+
+    >>> with use_torch_fallbacks():
+    ...     reference = upstream_model(input_ids).last_hidden_state
+    """
+    saved = {name: getattr(glm, name) for name in KERNEL_FALLBACK_FUNCTIONS}
+    try:
+        for name, fn in saved.items():
+            setattr(glm, name, torch_fallback(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(glm, name, fn)

@@ -1,0 +1,211 @@
+"""Checkpoint IO through upstream transformers, bad directories, and the shard -> model token map."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers.models.glm5_next import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_map
+from genome_lm.model import checkpoint as checkpoint_mod
+from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
+
+torch.set_num_threads(1)
+
+SHARD_VOCAB = {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4}
+TINY_VISION = dict(
+    depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
+    projection_intermediate_size=32, patch_size=2, image_size=8, spatial_merge_size=1, temporal_patch_size=1,
+)  # fmt: skip
+
+
+def tiny(seed=0, **kw):
+    torch.manual_seed(seed)
+    model = build("glm53-tiny", **kw)
+    for layer in model.model.layers[1:]:  # upstream inits the router bias to 0; make it count
+        layer.mlp.gate.e_score_correction_bias.normal_(std=0.05)
+    return model
+
+
+def _keys(directory: Path) -> set[str]:
+    keys = set()
+    for f in directory.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            keys.update(st.keys())
+    return keys
+
+
+def test_round_trip_through_upstream_loading(tmp_path):
+    model = tiny()
+    out = save_pretrained(model, tmp_path / "ckpt")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    keys = _keys(out)
+    assert "lm_head.weight" in keys and "model.layers.1.mlp.experts.7.down_proj.weight" in keys  # on-disk layout
+    assert "model.layers.0.hc_attn_fn" in keys and "model.layers.0.self_attn.q_conv1d.weight" in keys
+    assert json.loads((out / "config.json").read_text())["model_type"] == "glm5_next_text"
+
+    x = torch.randint(0, 5, (2, 48))
+    upstream = Glm5NextTextModel.from_pretrained(out)  # transformers' own loader and key conversion
+    with torch.no_grad(), use_torch_fallbacks():
+        expected = model.model(x).last_hidden_state
+        assert torch.equal(upstream(x).last_hidden_state, expected)
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        assert torch.equal(st.get_tensor("lm_head.weight"), model.lm_head.weight)
+
+    again = build(out)
+    assert again.load_report == {"missing": [], "unexpected": []}
+    ref, got = model.state_dict(), again.state_dict()
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    assert torch.equal(again(x, labels=x).loss, model(x, labels=x).loss)
+
+
+def test_patched_model_saves_upstream_names(tmp_path):
+    model = tiny()
+    save_pretrained(model, tmp_path / "plain")
+    save_pretrained(apply_long_context(model, ops=("moe", "loss")), tmp_path / "patched")
+    assert _keys(tmp_path / "plain") == _keys(tmp_path / "patched")
+
+
+def test_sharded_save_loads_back(tmp_path):
+    model = tiny()
+    out = save_pretrained(model, tmp_path / "sharded", max_shard_bytes=200_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    again = build(out)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    upstream = Glm5NextTextModel.from_pretrained(out)
+    x = torch.randint(0, 5, (1, 20))
+    with torch.no_grad():
+        assert torch.equal(upstream(x).last_hidden_state, model.model(x).last_hidden_state)
+
+
+@pytest.fixture
+def glm_checkpoint(tmp_path):
+    """A full Glm5Next checkpoint as transformers writes it: vision tower, sharded, plus MTP weights."""
+    torch.manual_seed(1)
+    config = Glm5NextConfig(text_config=preset_config("glm53-tiny").to_dict(), vision_config=TINY_VISION)
+    upstream = Glm5NextForConditionalGeneration(config).eval()
+    out = tmp_path / "glm"
+    upstream.save_pretrained(out, max_shard_size="100KB")
+    mtp = {  # next-token-prediction layer beyond the last layer, as in real GLM checkpoints
+        "model.language_model.layers.6.eh_proj.weight": torch.zeros(64, 128),
+        "model.language_model.layers.6.mlp.experts.0.gate_proj.weight": torch.zeros(32, 64),
+        "model.language_model.layers.5.shared_head.norm.weight": torch.zeros(64),
+    }
+    save_file(mtp, str(out / "model-mtp.safetensors"), metadata={"format": "pt"})
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(mtp, "model-mtp.safetensors"))
+    index_path.write_text(json.dumps(index))
+    return upstream, out
+
+
+def test_loads_text_tower_of_a_full_glm_checkpoint(glm_checkpoint):
+    upstream, path = glm_checkpoint
+    model = build(path)
+    assert model.load_report == {"missing": [], "unexpected": []}
+    x = torch.randint(0, 5, (1, 40))
+    with torch.no_grad(), use_torch_fallbacks():
+        assert torch.equal(model.logits(x), upstream(input_ids=x).logits.float())
+    bf16 = build(path, dtype="bfloat16")
+    assert bf16.lm_head.weight.dtype == torch.bfloat16
+    assert bf16.model.layers[0].self_attn.conv1d.weight.dtype == torch.float32  # upstream's fp32 list
+    meta = build(path, meta=True)
+    assert all(p.is_meta for p in meta.parameters())
+
+
+def test_bad_checkpoint_directories(tmp_path, glm_checkpoint):
+    _, good = glm_checkpoint
+    with pytest.raises(GenomeLMError, match="neither a preset name nor a directory"):
+        build(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(GenomeLMError, match="no config.json"):
+        build(tmp_path / "empty")
+
+    def copy_config(name, **changes):
+        d = tmp_path / name
+        d.mkdir()
+        config = json.loads((good / "config.json").read_text())
+        config.update(changes)
+        (d / "config.json").write_text(json.dumps(config))
+        return d
+
+    with pytest.raises(GenomeLMError, match="model_type 'llama'"):
+        build(copy_config("llama", model_type="llama"))
+    pickled = copy_config("pickled")
+    torch.save({}, pickled / "pytorch_model.bin")
+    with pytest.raises(GenomeLMError, match="never loaded"):
+        build(pickled)
+    corrupt = copy_config("corrupt")
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(GenomeLMError, match="cannot read"):
+        build(corrupt)
+    partial = copy_config("partial")
+    first = sorted(good.glob("model-0000*.safetensors"))[0]
+    (partial / "model.safetensors").write_bytes(first.read_bytes())
+    with pytest.raises(GenomeLMError, match="lacks .* weights"):
+        build(partial)
+    with pytest.raises(GenomeLMError, match="shape"):
+        build(good, vocab_size=32)
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    model = tiny()
+    target = tmp_path / "ckpt"
+    save_pretrained(model, target)
+    with pytest.raises(GenomeLMError, match="already exists"):
+        save_pretrained(model, target)
+    save_pretrained(model, target, overwrite=True)
+
+    def broken_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_mod, "save_file", broken_save)
+    with pytest.raises(OSError):
+        save_pretrained(model, tmp_path / "never")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no partial directory left
+    with pytest.raises(GenomeLMError, match="meta"):
+        save_pretrained(build("glm53-tiny", meta=True), tmp_path / "meta")
+
+
+def _tokenizer_dir(path: Path, vocab: dict[str, int]) -> Path:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    path.mkdir()
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_token_map(tmp_path):
+    assert token_map(SHARD_VOCAB, "glm53-tiny").tolist() == [0, 1, 2, 3, 4]
+    assert token_map(SHARD_VOCAB, "glm53-flash").dtype == torch.long
+    glm_vocab = {"<unk>": 0, "AC": 1, "G": 3, "N": 5, "A": 7, "C": 9, "T": 12}
+    assert token_map(SHARD_VOCAB, _tokenizer_dir(tmp_path / "glm", glm_vocab)).tolist() == [7, 9, 3, 12, 5]
+    with pytest.raises(GenomeLMError, match=r"\['N'\]"):
+        token_map(SHARD_VOCAB, _tokenizer_dir(tmp_path / "no_n", {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4}))
+    saved = save_pretrained(tiny(), tmp_path / "tiny_ckpt")
+    assert token_map(SHARD_VOCAB, saved).tolist() == [0, 1, 2, 3, 4]  # small vocab, no tokenizer
+    with pytest.raises(GenomeLMError, match="vocabulary"):
+        token_map(SHARD_VOCAB, "glm53-tiny", vocab_size=4)
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps({"model_type": "glm5_next_text", "vocab_size": 154880}))
+    with pytest.raises(GenomeLMError, match="tokenizer.json"):
+        token_map(SHARD_VOCAB, big)
+
+
+def test_flat_text_config_with_pattern_fields(tmp_path):
+    """Real configs may keep text fields at top level and use `index_topk_pattern`/`linear_attn_config`."""
+    from genome_lm.model.load import read_text_config
+
+    config = preset_config("glm53-tiny").to_dict()
+    del config["indexer_types"]
+    config.update(model_type="glm5_next", index_topk_pattern="FFFFSS", linear_attn_config={"num_heads": 2})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    text = read_text_config(tmp_path)
+    assert text.indexer_types == ["full"] * 4 + ["shared"] * 2 and text.hidden_size == 64

@@ -1,0 +1,104 @@
+"""Blocked MoE vs upstream `Glm5NextTextMoE` (outputs, gradients, expert counts)."""
+
+import copy
+
+import pytest
+import torch
+
+from genome_lm.model import preset_config
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE, expert_load, naive_moe_forward, patch_moe_module
+from genome_lm.model.upstream import Glm5NextTextMoE, glm
+
+torch.set_num_threads(1)
+
+TOL = 1e-5  # fp32, outputs and every gradient: max |diff| <= TOL * max |reference|
+
+
+def assert_close(actual, expected, tol=TOL, name=""):
+    """Scale-relative check: blocks change float32 summation order, not the math."""
+    scale = expected.abs().max().item() or 1.0
+    err = (actual - expected).abs().max().item()
+    assert err <= tol * scale, f"{name}: max |diff| {err:.3g} > {tol} * {scale:.3g}"
+
+
+def _moe(seed=0, **overrides):
+    config = preset_config("glm53-tiny", **overrides)
+    torch.manual_seed(seed)
+    module = Glm5NextTextMoE(config)
+    for p in module.parameters():  # upstream leaves these uninitialised (torch.empty) outside a model
+        torch.nn.init.normal_(p, std=0.1)
+    module.gate.e_score_correction_bias.normal_(std=0.05)
+    return module
+
+
+def _grads(module, x):
+    x = x.clone().requires_grad_()
+    out = module(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("block", [7, 16, 50, 64])
+@pytest.mark.parametrize("recompute", [True, False])
+def test_blocked_equals_upstream(block, recompute):
+    ref_module = _moe()
+    patched = patch_moe_module(copy.deepcopy(ref_module), block_tokens=block, recompute=recompute)
+    x = torch.randn(2, 25, 64, generator=torch.Generator().manual_seed(1))  # N=50 tokens
+    ref_out, ref_dx, ref_dp = _grads(ref_module, x)
+    out, dx, dp = _grads(patched, x)
+    assert_close(out, ref_out, name="out")
+    assert_close(dx, ref_dx, name="d_input")
+    for name in ref_dp:
+        assert_close(dp[name], ref_dp[name], name=name)
+    _, ref_counts = naive_moe_forward(ref_module, x)
+    assert torch.equal(patched.last_expert_counts, ref_counts)
+    assert patched.last_expert_counts.sum().item() == 50 * 2  # N * top-k
+
+
+def test_grouped_routing_equals_upstream():
+    ref_module = _moe(n_group=2, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.5)
+    patched = patch_moe_module(copy.deepcopy(ref_module), block_tokens=9)
+    x = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert_close(patched(x), ref_module(x), name="out")
+        _, counts = naive_moe_forward(ref_module, x)
+    assert torch.equal(patched.last_expert_counts, counts)
+
+
+def test_patch_keeps_names_type_and_is_idempotent():
+    module = _moe()
+    keys = list(module.state_dict())
+    patch_moe_module(module, block_tokens=8)
+    patch_moe_module(module, block_tokens=5, recompute=False)
+    assert isinstance(module, Glm5NextTextMoE) and type(module) is BlockedGlm5NextTextMoE
+    assert list(module.state_dict()) == keys
+    assert module.block_tokens == 5 and module.recompute is False
+    with pytest.raises(TypeError):
+        patch_moe_module(torch.nn.Linear(2, 2), block_tokens=4)
+
+
+def test_blocks_bound_the_dispatch_size(monkeypatch):
+    sizes = []
+    experts_forward = glm.Glm5NextTextExperts.forward
+
+    def spy(self, hidden, top_k_index, top_k_weights):
+        sizes.append(hidden.shape[0])
+        return experts_forward(self, hidden, top_k_index, top_k_weights)
+
+    monkeypatch.setattr(glm.Glm5NextTextExperts, "forward", spy)
+    module = patch_moe_module(_moe(), block_tokens=16)
+    with torch.no_grad():
+        module(torch.randn(1, 50, 64))
+    assert sizes == [16, 16, 16, 2]
+
+
+def test_expert_load_stats():
+    model = torch.nn.ModuleDict({"a": patch_moe_module(_moe(), block_tokens=8), "b": _moe()})
+    with torch.no_grad():
+        model["a"](torch.randn(1, 30, 64))
+    stats = expert_load(model)
+    assert list(stats) == ["a"]  # unpatched layers record nothing
+    counts = model["a"].last_expert_counts.float()
+    assert stats["a"]["mean"] == pytest.approx(30 * 2 / 8)
+    assert stats["a"]["max"] == counts.max().item()
+    assert stats["a"]["imbalance"] == pytest.approx(counts.max().item() / counts.mean().item())
