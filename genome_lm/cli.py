@@ -80,6 +80,28 @@ def _run_prepare(args: argparse.Namespace) -> None:
     prepare(params, args.out, overwrite=args.overwrite)
 
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="fine-tune a model from an experiment YAML")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/demo_base.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a config value, e.g. --set train.lr=1e-5 (repeatable)")
+    p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--dry-run", action="store_true", help="check everything on the meta device, train nothing")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> None:
+    from genome_lm.config import load_experiment
+    from genome_lm.train import dry_run, train
+
+    cfg = load_experiment(args.experiment, args.overrides)
+    if args.dry_run:
+        dry_run(cfg)
+    else:
+        train(cfg, out=args.out, resume=args.resume)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
 
@@ -87,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_synth, _add_fetch, _add_prepare):
+    for add in (_add_synth, _add_fetch, _add_prepare, _add_train):
         add(sub)
     return parser
 

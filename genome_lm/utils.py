@@ -68,6 +68,14 @@ def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
         raise
 
 
+def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new hidden work directory in `parent`, with the permissions a plain mkdir would give
+    (mkdtemp makes 0700), so that renaming it into place yields a normal directory."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(tmp, 0o777 & ~_umask())
+    return tmp
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Build a directory under a temporary name beside `final`; rename it into place on success.
@@ -80,8 +88,7 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Itera
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=parent))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should look like any mkdir
+        tmp = make_temp_dir(parent, f".{final.name}.partial-")
     except OSError as e:
         raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; choose a writable location with --out") from None
     try:

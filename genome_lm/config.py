@@ -1,0 +1,191 @@
+"""Experiment configuration: one pydantic model per section, loaded from YAML.
+
+    data:    shard directory, split, sequence length, shuffling seed, reverse complement
+    model:   preset or checkpoint directory, dtype, init checkpoint, config overrides
+    train:   steps, batch, optimizer, schedule, clipping, checkpoints
+    memory:  recompute policy, layer-input offload, long-context block sizes
+    log:     wandb mode/project, interval
+    parallel: context / data parallel layout (used by distributed launches)
+
+`load_experiment(path, overrides=["train.lr=1e-5", ...])` validates everything; an unknown or
+mistyped key or a bad value raises GenomeLMError naming the file and the key. Sizes accept
+`512k` / `1M` (2^19 / 2^20).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.utils import parse_size
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected a size such as 4096, 64k or 1M")
+    if isinstance(v, (int, str)):
+        try:
+            return parse_size(v)
+        except GenomeLMError:
+            raise ValueError(f"cannot read {v!r} as a size; use an integer or 64k / 1M") from None
+    raise ValueError("expected a size such as 4096, 64k or 1M")
+
+
+Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    shards: str = Field(description="directory written by `genome-lm prepare`")
+    split: str = "train"
+    seq_len: Size = Field(description="tokens per training sequence; longer windows are cut into consecutive pieces")
+    min_piece: Size = Field(default=64, description="drop pieces (window tails) shorter than this")
+    seed: int = Field(default=0, description="shuffling seed of the sequence order")
+    reverse_complement: bool = Field(default=True, description="use the '-' strand rows if the shards have them")
+    ignore_n: bool = Field(default=True, description="no loss on targets that are N")
+
+
+class ModelConfig(Section):
+    name: str = Field(description="preset (glm53-tiny, glm53-mini, glm53-flash) or checkpoint directory")
+    init: str | None = Field(default=None, description="checkpoint directory whose weights initialise the model; "
+                             "${VAR} is read from the environment")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Glm5NextTextConfig fields to override")
+
+
+class TrainConfig(Section):
+    steps: int = Field(gt=0)
+    micro_batch: int = Field(default=1, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    optimizer: Literal["adamw"] = "adamw"
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    seed: int = 0
+    checkpoint_every: int = Field(default=100, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0)
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+
+
+class MemoryConfig(Section):
+    recompute: Literal["none", "per-layer", "selective"] = "none"
+    recompute_layers: list[Literal["kda", "dsa", "moe", "dense"]] = Field(
+        default_factory=list, description="with recompute: selective, the layer kinds to recompute"
+    )
+    offload_layer_inputs: bool = False
+    moe_recompute: bool = Field(default=False, description="rebuild each MoE block's expert activations in backward")
+    moe_block_tokens: Size = 4096
+    dsa_block_queries: Size = 1024
+    loss_chunk_tokens: Size = 4096
+
+    @model_validator(mode="after")
+    def _selective_needs_layers(self):
+        if self.recompute == "selective" and not self.recompute_layers:
+            raise ValueError("recompute: selective needs recompute_layers (any of kda, dsa, moe, dense)")
+        if self.offload_layer_inputs and self.recompute == "none":
+            raise ValueError("offload_layer_inputs needs recompute per-layer or selective (it offloads checkpointed inputs)")
+        return self
+
+
+class LogConfig(Section):
+    wandb: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "genome_lm"
+    every: int = Field(default=1, gt=0)
+
+
+class ParallelConfig(Section):
+    cp: int = Field(default=1, gt=0, description="context-parallel ranks per sequence")
+    dp: int | Literal["auto"] = "auto"
+
+
+class ExperimentConfig(Section):
+    name: str | None = None
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _known_keys(ann, prefix + name + ".")
+    return keys
+
+
+def _describe(err: ValidationError, source: str) -> GenomeLMError:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    if e["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(key, _known_keys(ExperimentConfig), n=1)
+        hint = f"; did you mean {near[0]}?" if near else "; remove it"
+        return GenomeLMError(f"{source}: unknown key {key}{hint}")
+    if e["type"] == "missing":
+        return GenomeLMError(f"{source}: missing required key {key}; add it")
+    msg = e["msg"].removeprefix("Value error, ")
+    got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+    return GenomeLMError(f"{source}: {key}: {msg}{got}")
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `a.b.c=value` override to the raw YAML dict; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise GenomeLMError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set train.lr=1e-5")
+    key, value = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise GenomeLMError(f"--set {assignment!r}: empty key")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise GenomeLMError(f"--set {assignment!r}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+
+
+def parse_experiment(raw: dict, source: str = "config") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise _describe(err, source) from None
+
+
+def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    path = Path(path)
+    if not path.exists():
+        raise GenomeLMError(f"experiment file {path} does not exist; see experiments/ for examples")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise GenomeLMError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise GenomeLMError(f"{path} must hold a mapping with sections data, model, train, ...")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    cfg = parse_experiment(raw, str(path))
+    if cfg.name is None:
+        cfg.name = path.stem
+    return cfg
+
+
+def dump_experiment(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML (saved in every run directory)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,115 @@
+"""Training sequences from prepared shards: deterministic order, resumable position.
+
+Every window of the split is cut into consecutive pieces of at most `seq_len` tokens (a window
+of 1M tokens with seq_len 64k gives 16 pieces; its tail piece is shorter, dropped if under
+`min_piece`). Each epoch visits all pieces in an order drawn from (seed, epoch). The position
+(epoch, index) is the whole state: saving and restoring it resumes the exact same sequence.
+
+Batches hold `input_ids` [B, T] (model vocabulary, via the token map) and `labels` [B, T]
+(the same ids, -100 where there is no target: N bases when `ignore_n`, and padding when the
+pieces of a micro-batch differ in length). Labels follow the Hugging Face causal-LM
+convention: the model shifts them, so position t is scored on predicting token t+1.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.shards import load_manifest, load_shards
+from genome_lm.genome.tokenizer import N_ID
+
+log = logging.getLogger(__name__)
+IGNORE_INDEX = -100
+
+
+def cut_pieces(lengths: np.ndarray, seq_len: int, min_piece: int) -> np.ndarray:
+    """Pieces of each window: int64 [P, 3] of (row, offset, length), in row order."""
+    rows, offsets, sizes = [], [], []
+    for row, n in enumerate(lengths.tolist()):
+        starts = np.arange(0, n, seq_len, dtype=np.int64)
+        size = np.minimum(seq_len, n - starts)
+        keep = size >= min(min_piece, seq_len)
+        rows.append(np.full(int(keep.sum()), row, dtype=np.int64))
+        offsets.append(starts[keep])
+        sizes.append(size[keep])
+    if not rows:
+        return np.zeros((0, 3), dtype=np.int64)
+    return np.stack([np.concatenate(rows), np.concatenate(offsets), np.concatenate(sizes)], axis=1)
+
+
+class SequenceStream:
+    """Deterministic, resumable stream of training batches from a shard directory."""
+
+    def __init__(self, shards: str, split: str, seq_len: int, *, seed: int = 0, reverse_complement: bool = True,
+                 min_piece: int = 64, ignore_n: bool = True, token_map: np.ndarray | None = None):
+        manifest = load_manifest(shards)
+        self.vocab = manifest["vocab"]
+        self.ds = load_shards(shards, split)
+        strands = np.asarray(self.ds["strand"])
+        ends, starts = np.asarray(self.ds["end"]), np.asarray(self.ds["start"])
+        rows = np.arange(len(self.ds))
+        if not reverse_complement:
+            rows = rows[strands == "+"]
+        self.rows = rows
+        pieces = cut_pieces((ends - starts)[rows], seq_len, min_piece)
+        pieces[:, 0] = rows[pieces[:, 0]]  # back to dataset row ids
+        if len(pieces) == 0:
+            raise GenomeLMError(
+                f"{shards}/{split}: no training pieces of at least {min_piece} tokens; lower data.min_piece or data.seq_len"
+            )
+        self.pieces = pieces
+        self.seq_len = seq_len
+        self.seed = seed
+        self.ignore_n = ignore_n
+        self.token_map = token_map if token_map is not None else np.arange(256, dtype=np.int64)
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation(0)
+        log.info("%s/%s: %d windows -> %d pieces of <= %d tokens (%s tokens per epoch)", shards, split, len(rows),
+                 len(pieces), seq_len, f"{int(pieces[:, 2].sum()):,}")
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.pieces))
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return int(self.pieces[:, 2].sum())
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_pieces": len(self.pieces)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_pieces"] != len(self.pieces) or state["seed"] != self.seed:
+            raise GenomeLMError(
+                "the checkpoint's data position does not fit these shards/settings "
+                f"({state['num_pieces']} pieces, seed {state['seed']} vs {len(self.pieces)}, {self.seed}); "
+                "resume with the same data.shards, data.seq_len and data.seed"
+            )
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._permutation(self.epoch)
+
+    def _next_piece(self) -> np.ndarray:
+        if self.index >= len(self._order):
+            self.epoch += 1
+            self.index = 0
+            self._order = self._permutation(self.epoch)
+        row, offset, length = self.pieces[self._order[self.index]].tolist()
+        self.index += 1
+        tokens = self.ds[int(row)]["tokens"]
+        return tokens[offset : offset + length]
+
+    def next_batch(self, micro_batch: int = 1) -> dict[str, torch.Tensor]:
+        """input_ids, labels: int64 [B, T] with T the longest piece of the batch."""
+        pieces = [self._next_piece() for _ in range(micro_batch)]
+        T = max(len(p) for p in pieces)
+        ids = np.full((micro_batch, T), N_ID, dtype=np.int64)
+        labels = np.full((micro_batch, T), IGNORE_INDEX, dtype=np.int64)
+        for b, p in enumerate(pieces):
+            ids[b, : len(p)] = p
+            mapped = self.token_map[p]
+            labels[b, : len(p)] = np.where(p == N_ID, IGNORE_INDEX, mapped) if self.ignore_n else mapped
+        input_ids = self.token_map[ids]
+        return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels)}

@@ -1,0 +1,130 @@
+"""Memory strategies applied from outside the model: per-layer / selective recompute, and
+offload of each checkpointed layer's input to (pinned) host memory.
+
+`checkpoint_module(module, offload=...)` replaces `module.forward` with a recomputing version:
+the forward runs without keeping activations, the module's tensor inputs are saved — on the
+device, or copied asynchronously to pinned host memory when `offload` — and the backward
+copies them back (prefetched on a side stream on CUDA), replays the forward with the same RNG
+state and back-propagates through it. The saved input is released right after that module's
+backward. On CPU the offload copy goes to a separate host buffer, so the path is exercised
+(and tested) everywhere.
+
+Shapes: B batch, T tokens, S hc streams, D model dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+class _HostCopy:
+    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device."""
+
+    def __init__(self, t: torch.Tensor, stream: torch.cuda.Stream | None):
+        self.device, self.requires_grad = t.device, t.requires_grad
+        if t.is_cuda:
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(stream):
+                self.host.copy_(t, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record(stream)
+            t.record_stream(stream)  # keep t alive until the copy is done
+        else:
+            self.host = t.detach().clone()
+            self.event = None
+
+    def back(self) -> torch.Tensor:
+        if self.device.type == "cuda":
+            self.event.synchronize()
+            return self.host.to(self.device, non_blocking=True)
+        return self.host
+
+
+_OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _stream_for(device: torch.device):
+    if device.type != "cuda":
+        return None
+    if device not in _OFFLOAD_STREAM:
+        _OFFLOAD_STREAM[device] = torch.cuda.Stream(device)
+    return _OFFLOAD_STREAM[device]
+
+
+class _Recompute(torch.autograd.Function):
+    """forward(run, offload, n_tensors, *tensors) -> outputs of run(*tensors), without activations."""
+
+    @staticmethod
+    def forward(ctx, run: Callable, offload: bool, *tensors: torch.Tensor):
+        ctx.run = run
+        ctx.offload = offload
+        ctx.cpu_rng = torch.get_rng_state()
+        ctx.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        if offload:
+            ctx.parked = [_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors]
+        else:
+            ctx.save_for_backward(*tensors)
+        with torch.no_grad():
+            out = run(*tensors)
+        outs = out if isinstance(out, tuple) else (out,)
+        ctx.mark_non_differentiable(*[o for o in outs if isinstance(o, torch.Tensor) and not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if ctx.offload:
+            inputs = [p.back() if isinstance(p, _HostCopy) else p for p in ctx.parked]
+            del ctx.parked  # released after this module's backward
+        else:
+            inputs = list(ctx.saved_tensors)
+        inputs = [t.detach().requires_grad_(t.is_floating_point() and g) if isinstance(t, torch.Tensor) else t
+                  for t, g in zip(inputs, ctx.needs_input_grad[2:])]
+        rng_devices = list(range(torch.cuda.device_count())) if ctx.cuda_rng is not None else []
+        with torch.random.fork_rng(devices=rng_devices):
+            torch.set_rng_state(ctx.cpu_rng)
+            if ctx.cuda_rng is not None:
+                torch.cuda.set_rng_state_all(ctx.cuda_rng)
+            with torch.enable_grad():
+                out = ctx.run(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
+
+
+def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
+    """Make `module.forward(x, *args, **kwargs)` recompute in backward; tensor arguments are the
+    saved inputs (offloaded when asked), everything else is captured as is."""
+    inner = module.forward
+
+    def forward(*args, **kwargs):
+        names = list(kwargs)
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        tensor_kw = [k for k in names if isinstance(kwargs[k], torch.Tensor)]
+        tensors = [args[i] for i in tensor_pos] + [kwargs[k] for k in tensor_kw]
+
+        returns_tuple = []
+
+        def run(*ts):
+            a, kw = list(args), dict(kwargs)
+            for i, t in zip(tensor_pos, ts[: len(tensor_pos)]):
+                a[i] = t
+            for k, t in zip(tensor_kw, ts[len(tensor_pos):]):
+                kw[k] = t
+            out = inner(*a, **kw)
+            returns_tuple.append(isinstance(out, tuple))
+            return out
+
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        outs = _Recompute.apply(run, offload, *tensors)
+        return outs if returns_tuple[0] else outs[0]
+
+    module.forward = forward
+    module._genome_lm_recompute = {"offload": offload}
+    return module

@@ -1,0 +1,87 @@
+"""Per-step metrics: `metrics.jsonl` in the run directory, a progress bar, and wandb.
+
+Peak memory per step: on GPU `torch.cuda.max_memory_allocated` (reset every step); on CPU the
+peak resident set of the process (Linux VmHWM, reset every step through /proc/self/clear_refs
+where the kernel allows it, otherwise the peak since the start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class PeakMemory:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.resettable = False
+        if device.type != "cuda":
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                self.resettable = True
+            except OSError:
+                pass
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.resettable:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return rss_peak()
+
+
+def rss_peak() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MetricsLog:
+    """Appends one JSON object per optimizer step to `metrics.jsonl`, mirrors it to wandb."""
+
+    def __init__(self, run_dir: Path, wandb_mode: str, project: str, name: str, config: dict, resume_step: int = 0):
+        self.path = run_dir / "metrics.jsonl"
+        if self.path.exists():  # keep only the history up to the checkpoint we resume from
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._f = open(self.path, "a")
+        self.wandb = None
+        if wandb_mode != "disabled":
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self.wandb = wandb.init(project=project, name=name, dir=str(run_dir), mode=wandb_mode, config=config,
+                                    resume="allow", id=f"{name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}")
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        self._f.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

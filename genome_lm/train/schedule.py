@@ -1,0 +1,35 @@
+"""Learning-rate schedule: linear warmup, then cosine decay to `min_lr_ratio`, or constant."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def lr_lambda(step: int, *, steps: int, warmup: int, schedule: str, min_lr_ratio: float) -> float:
+    """Multiplier of the base lr for optimizer step `step` (0-based)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
+    def fn(step: int) -> float:
+        return lr_lambda(step, steps=train_cfg.steps, warmup=train_cfg.warmup_steps,
+                         schedule=train_cfg.schedule, min_lr_ratio=train_cfg.min_lr_ratio)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norms, biases, gates and other vectors)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps)

@@ -1,0 +1,254 @@
+"""`genome-lm train`: one process (CPU or one GPU). The loop reads top to bottom:
+
+    build model -> parallelize (long-context ops, recompute, offload) -> data -> optimizer
+    -> [resume] -> for each step: micro-batches, backward, clip, check finite, step, log,
+    checkpoint.
+
+Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
+step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from genome_lm.config import ExperimentConfig, dump_experiment
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.shards import load_manifest
+from genome_lm.train.checkpoint import (
+    clean_partials, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights, resolve_model_dir,
+    save_checkpoint,
+)
+from genome_lm.train.data import SequenceStream
+from genome_lm.train.metrics import MetricsLog, PeakMemory
+from genome_lm.train.parallelize import parallelize
+from genome_lm.train.schedule import make_optimizer, make_scheduler
+
+log = logging.getLogger(__name__)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_data(cfg: ExperimentConfig) -> dict:
+    manifest = load_manifest(cfg.data.shards)
+    if cfg.data.split not in manifest["splits"]:
+        raise GenomeLMError(f"data.split: {cfg.data.shards} has no {cfg.data.split!r} split "
+                            f"(it has {', '.join(manifest['splits'])})")
+    return manifest
+
+
+def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
+    """model.init with ${VAR}s expanded. Unset variables are an error for training; a dry run
+    warns and checks the architecture of model.name only."""
+    if not cfg.model.init:
+        return None
+    init = os.path.expandvars(cfg.model.init)
+    if "$" in init:
+        msg = (f"model.init {cfg.model.init!r}: environment variable not set; export it to the checkpoint "
+               "directory (e.g. your download of zai-org/GLM-5.3-Flash) or --set model.init=DIR")
+        if not dry:
+            raise GenomeLMError(msg)
+        log.warning("%s; the dry run checks the %s architecture only", msg, cfg.model.name)
+        return None
+    if not Path(init).exists():
+        raise GenomeLMError(f"model.init: {init} does not exist; point it to a checkpoint directory "
+                            "(e.g. runs/demo_base/checkpoints/last)")
+    return init
+
+
+def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False):
+    from genome_lm.model import build
+
+    torch.manual_seed(cfg.train.seed)
+    model = build(cfg.model.name, dtype=cfg.model.dtype, device=None if meta else device, meta=meta,
+                  **cfg.model.overrides)
+    if init and not meta:
+        load_weights(model, init)
+        log.info("initialised weights from %s", init)
+    return model
+
+
+def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init: str | None) -> np.ndarray:
+    from genome_lm.model import token_map
+
+    mapped = token_map(manifest["vocab"], resolve_model_dir(init) if init else cfg.model.name)
+    lut = np.zeros(256, dtype=np.int64)
+    lut[: len(mapped)] = np.asarray(mapped)
+    if int(lut.max()) >= vocab_size:
+        raise GenomeLMError(f"model: token id {int(lut.max())} does not fit the model vocabulary ({vocab_size})")
+    return lut
+
+
+def dry_run(cfg: ExperimentConfig, device: torch.device | None = None) -> dict:
+    """Check the experiment end to end without training: data, model on the meta device, token
+    map, shapes and memory strategy. Prints a summary and returns it."""
+    from genome_lm.model import count_parameters, format_counts
+
+    device = device or default_device()
+    manifest = check_data(cfg)
+    init = resolve_init(cfg, dry=True)
+    model = build_model(cfg, device, init, meta=True)
+    lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
+    stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
+                            reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
+                            ignore_n=cfg.data.ignore_n, token_map=lut)
+    counts = count_parameters(model)
+    B, T = cfg.train.micro_batch, cfg.data.seq_len
+    tokens_per_step = B * T * cfg.train.grad_accum
+    summary = {
+        "experiment": cfg.name,
+        "model": cfg.model.name,
+        "init": cfg.model.init,
+        "dtype": cfg.model.dtype,
+        "parameters": counts,
+        "layers": {t: model.config.layer_types.count(t) for t in sorted(set(model.config.layer_types))},
+        "data": {"shards": cfg.data.shards, "split": cfg.data.split, "pieces": len(stream.pieces),
+                 "tokens_per_epoch": stream.tokens_per_epoch},
+        "token_map": {sym: int(lut[i]) for sym, i in manifest["vocab"].items()},
+        "shapes": {"input_ids": [B, T], "hidden_per_layer_input": [B, T, model.config.hc_mult, model.config.hidden_size]},
+        "tokens_per_step": tokens_per_step,
+        "steps": cfg.train.steps,
+        "memory": cfg.memory.model_dump(),
+        "parallel": cfg.parallel.model_dump(),
+    }
+    print(f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), init {cfg.model.init or 'preset initialisation'}")
+    print(format_counts(counts))
+    print(f"layers: {summary['layers']}")
+    print(f"data: {cfg.data.shards}/{cfg.data.split}: {len(stream.pieces)} pieces, "
+          f"{stream.tokens_per_epoch:,} tokens per epoch; token map {summary['token_map']}")
+    print(f"per step: input_ids [{B}, {T:,}] x {cfg.train.grad_accum} micro-batches = {tokens_per_step:,} tokens; "
+          f"layer input [{B}, {T:,}, {model.config.hc_mult}, {model.config.hidden_size}]")
+    m = cfg.memory
+    print(f"memory: recompute={m.recompute}{' ' + str(m.recompute_layers) if m.recompute == 'selective' else ''}, "
+          f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
+          f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}")
+    print(f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}")
+    print("dry run OK: nothing was trained")
+    return summary
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    ckpt_dir = run_dir / "checkpoints"
+    clean_partials(ckpt_dir)
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is not None and not resume:
+        raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
+                            "it, or --out a new run directory")
+    if resume and latest is None:
+        log.warning("--resume: no checkpoint in %s; starting from step 0", ckpt_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return latest if resume else None
+
+
+def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, device: torch.device) -> list[dict]:
+    return [{k: v.to(device) for k, v in stream.next_batch(cfg.train.micro_batch).items()}
+            for _ in range(cfg.train.grad_accum)]
+
+
+def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False,
+          device: torch.device | None = None, show_progress: bool | None = None) -> dict:
+    """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
+    from genome_lm.model import expert_load
+
+    device = device or default_device()
+    run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
+    manifest = check_data(cfg)
+    latest = _prepare_run_dir(run_dir, resume)
+    (run_dir / "config.yaml").write_text(dump_experiment(cfg))
+
+    init = resolve_init(cfg)
+    model = build_model(cfg, device, init)
+    lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
+    parallelize(model, cfg.memory)
+    model.train()
+    stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
+                            reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
+                            ignore_n=cfg.data.ignore_n, token_map=lut)
+    optimizer = make_optimizer(model, cfg.train)
+    scheduler = make_scheduler(optimizer, cfg.train)
+    start = 0
+    if latest is not None:
+        start = load_checkpoint(latest, model, optimizer, scheduler, stream)
+        log.info("resumed from %s (step %d)", latest, start)
+    else:
+        torch.manual_seed(cfg.train.seed)
+    metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
+                         cfg.model_dump(mode="json"), resume_step=start)
+    memory = PeakMemory(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
+    bar = tqdm(total=cfg.train.steps, initial=start, desc=f"train {cfg.name}", unit="step",
+               disable=None if show_progress is None else not show_progress)
+    record: dict = {}
+    try:
+        for step in range(start + 1, cfg.train.steps + 1):
+            memory.reset()
+            t0 = time.perf_counter()
+            batches = _micro_batches(stream, cfg, device)
+            n_targets = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
+            total_targets = max(1, sum(n_targets))
+            loss_sum = 0.0
+            for batch, n in zip(batches, n_targets):
+                out = model(**batch)
+                (out.loss * (n / total_targets)).backward()
+                loss_sum += float(out.loss.detach()) * n
+            loss = loss_sum / total_targets
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            lr = scheduler.get_last_lr()[0]
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            if finite:
+                optimizer.step()
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+            tokens = sum(int(b["input_ids"].numel()) for b in batches)
+            load = expert_load(model)
+            record = {
+                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_bytes": memory.peak(),
+                "epoch": stream.epoch,
+            }
+            if load:
+                imb = [v["imbalance"] for v in load.values()]
+                record["moe_imbalance_max"] = max(imb)
+                record["moe_imbalance_mean"] = sum(imb) / len(imb)
+            if not finite:
+                record["skipped"] = True
+                if cfg.train.on_nonfinite == "stop":
+                    metrics.write(record)
+                    last = latest_checkpoint(run_dir / "checkpoints")
+                    raise GenomeLMError(
+                        f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} "
+                        f"(loss {loss}, grad norm {grad_norm}); stopped without updating the weights. Last good "
+                        f"checkpoint: {last or 'none'}. Lower train.lr, check the data, or set "
+                        "train.on_nonfinite: skip"
+                    )
+                log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
+            if step % cfg.log.every == 0 or step == cfg.train.steps or not finite:
+                metrics.write(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
+                                {"loss": loss, "experiment": cfg.name}, keep=cfg.train.keep_checkpoints)
+    finally:
+        bar.close()
+        metrics.close()
+    log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record.get("step", start),
+             record.get("loss", float("nan")), run_dir / "checkpoints")
+    return record
+
+
+__all__ = ["train", "dry_run", "list_checkpoints"]

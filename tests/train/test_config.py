@@ -1,0 +1,57 @@
+"""Experiment configs: validation names the key, overrides apply, every shipped experiment loads."""
+
+from pathlib import Path
+
+import pytest
+
+from genome_lm.cli import main
+from genome_lm.config import load_experiment
+from genome_lm.errors import GenomeLMError
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.yaml"))
+GOOD = "data: {shards: s, seq_len: 64k}\nmodel: {name: glm53-tiny}\ntrain:\n  steps: 10\n"
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_shipped_experiments_validate(path):
+    cfg = load_experiment(path)
+    assert cfg.name == path.stem and cfg.train.steps > 0
+
+
+def test_sizes_and_overrides(tmp_path):
+    p = tmp_path / "e.yaml"
+    p.write_text(GOOD)
+    cfg = load_experiment(p, ["train.lr=1e-5", "data.seq_len=1M", "memory.recompute=per-layer",
+                              "memory.offload_layer_inputs=true", "model.overrides.vocab_size=8"])
+    assert cfg.data.seq_len == 2**20 and cfg.train.lr == 1e-5 and cfg.memory.offload_layer_inputs
+    assert cfg.model.overrides == {"vocab_size": 8}
+    assert load_experiment(p).data.seq_len == 64 * 1024
+
+
+@pytest.mark.parametrize("text,overrides,match", [
+    (GOOD + "  lrr: 1\n", [], r"unknown key train.lrr; did you mean train.lr\?"),
+    (GOOD, ["train.lr=fast"], r"train.lr: .*number.*'fast'"),
+    (GOOD, ["data.seq_len=64q"], r"data.seq_len: cannot read '64q'"),
+    ("model: {name: glm53-tiny}\ntrain: {steps: 10}\n", [], r"missing required key data"),
+    (GOOD, ["memory.recompute=selective"], r"recompute_layers"),
+    (GOOD, ["memory.offload_layer_inputs=true"], r"offload_layer_inputs needs recompute"),
+    (GOOD, ["train.steps=0"], r"train.steps: .*greater than 0"),
+    (GOOD, ["memory.recompute=sometimes"], r"memory.recompute: .*'none', 'per-layer' or 'selective'"),
+    (GOOD, ["trainsteps"], r"expected KEY=VALUE"),
+    ("data: [1, 2\n", [], r"not valid YAML"),
+])
+def test_errors_name_the_key(tmp_path, text, overrides, match):
+    p = tmp_path / "e.yaml"
+    p.write_text(text)
+    with pytest.raises(GenomeLMError, match=match):
+        load_experiment(p, overrides)
+
+
+def test_cli_reports_config_errors_in_one_line(tmp_path, capsys):
+    p = tmp_path / "e.yaml"
+    p.write_text(GOOD + "  lrr: 1\n")
+    assert main(["train", str(p), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown key train.lrr" in err[0]
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

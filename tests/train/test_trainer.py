@@ -1,0 +1,178 @@
+"""The training loop on glm53-tiny and tiny synthetic shards (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from genome_lm.cli import main
+from genome_lm.config import load_experiment
+from genome_lm.errors import GenomeLMError
+from genome_lm.train import train
+
+from .conftest import write_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_loss_decreases_and_outputs_are_written(tmp_path, tiny_shards):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards,
+                           train={"steps": 30, "micro_batch": 4, "lr": 5e-3, "warmup_steps": 3,
+                                  "checkpoint_every": 15},
+                           data={"seq_len": 128})
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes", "moe_imbalance_max"):
+        assert all(isinstance(r[key], float | int) for r in records), key
+    first, last = records[0]["loss"], sum(r["loss"] for r in records[-5:]) / 5
+    assert last < first - 0.1, (first, last)
+    assert (run / "config.yaml").exists()
+    last_ckpt = run / "checkpoints" / "last"
+    assert last_ckpt.resolve().name == "step_00000030"
+    assert (last_ckpt / "model" / "config.json").exists() and (last_ckpt / "train_state" / ".metadata").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last", "step_00000015", "step_00000030"]
+    # the saved weights load with upstream transformers
+    from transformers.models.glm5_next import Glm5NextTextModel
+
+    Glm5NextTextModel.from_pretrained(str(last_ckpt / "model"))
+
+
+def _strategy_grads(strategy: dict, seed: int = 0):
+    from genome_lm.config import MemoryConfig
+    from genome_lm.model import build
+    from genome_lm.train.parallelize import parallelize
+
+    torch.manual_seed(seed)
+    model = build("glm53-tiny")
+    parallelize(model, MemoryConfig(**strategy))
+    ids = torch.randint(0, 5, (2, 200), generator=torch.Generator().manual_seed(seed))
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(recompute="per-layer"),
+    dict(recompute="per-layer", offload_layer_inputs=True),
+    dict(recompute="selective", recompute_layers=["dsa", "moe"]),
+    dict(recompute="selective", recompute_layers=["kda", "dense"], offload_layer_inputs=True),
+    dict(moe_block_tokens=37, dsa_block_queries=29, loss_chunk_tokens=50, moe_recompute=True),
+])
+def test_memory_strategies_give_the_same_loss_and_gradients(strategy):
+    ref_loss, ref = _strategy_grads({})
+    loss, grads = _strategy_grads(strategy)
+    assert set(grads) == set(ref)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for name in ref:
+        scale = ref[name].abs().max().clamp_min(1e-6)
+        assert (grads[name] - ref[name]).abs().max() / scale < 1e-4, name
+
+
+def _train_cmd(exp: str, run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "genome_lm", "train", exp, "--out", str(run), *extra]
+
+
+def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_shards):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards,
+                           train={"steps": 8, "micro_batch": 2, "checkpoint_every": 2, "keep_checkpoints": 3})
+    env = dict(os.environ, TQDM_DISABLE="1")
+    straight = tmp_path / "straight"
+    subprocess.run(_train_cmd(exp, straight), check=True, env=env, capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(exp, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait until step 5 is logged: checkpoint 4 exists, step 6 is not saved
+        if (killed / "metrics.jsonl").exists() and max(losses(killed), default=0) >= 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert max(losses(killed)) < 8, "the run finished before it was killed"
+    subprocess.run(_train_cmd(exp, killed, "--resume"), check=True, env=env, capture_output=True)
+    assert losses(killed) == losses(straight)  # bitwise: same floats after the resume
+
+
+def test_rerun_without_resume_is_refused(tmp_path, tiny_shards):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    with pytest.raises(GenomeLMError, match="already has checkpoints.*--resume"):
+        train(load_experiment(exp), out=run)
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_non_finite_loss(tmp_path, tiny_shards, monkeypatch, mode):
+    import genome_lm.train.trainer as trainer
+
+    real = trainer.parallelize
+    calls = {"n": 0}
+
+    def poisoned(model, memory):
+        real(model, memory)
+
+        def hook(module, args, output):
+            calls["n"] += 1
+            return output * float("nan") if calls["n"] == 3 else output
+
+        model.model.norm.register_forward_hook(hook)
+        return model
+
+    monkeypatch.setattr(trainer, "parallelize", poisoned)
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 4, "checkpoint_every": 2,
+                                                                    "on_nonfinite": mode})
+    run = tmp_path / "run"
+    if mode == "stop":
+        with pytest.raises(GenomeLMError, match=r"non-finite loss at step 3.*step_00000002"):
+            train(load_experiment(exp), out=run)
+        assert (run / "checkpoints" / "last").resolve().name == "step_00000002"
+    else:
+        train(load_experiment(exp), out=run)
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r.get("skipped", False) for r in records] == [False, False, True, False]
+        assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records if not r.get("skipped"))
+
+
+def test_wandb_offline_files(tmp_path, tiny_shards):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2}, log={"wandb": "offline"})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    runs = list((run / "wandb").glob("offline-run-*"))
+    assert runs and any(runs[0].rglob("*.wandb"))
+
+
+@pytest.mark.parametrize("name", ["glm53flash_512k_64xb200", "glm53flash_1m_64xb200"])
+def test_dry_run_full_size(tiny_shards, capsys, name):
+    code = main(["train", str(ROOT / "experiments" / f"{name}.yaml"), "--dry-run", "--set", f"data.shards={tiny_shards}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "313,326,816,766" in out and "dry run OK" in out
+    assert "recompute=per-layer, offload_layer_inputs=True" in out
+
+
+def test_init_from_checkpoint(tmp_path, tiny_shards):
+    base = tmp_path / "base"
+    train(load_experiment(write_experiment(tmp_path / "b.yaml", tiny_shards, train={"steps": 2})), out=base)
+    exp = write_experiment(tmp_path / "l.yaml", tiny_shards, train={"steps": 1, "lr": 1e-12},
+                           model={"init": str(base / "checkpoints" / "last")}, data={"seq_len": 256})
+    record = train(load_experiment(exp), out=tmp_path / "long")
+    from genome_lm.model import build
+
+    a = build(base / "checkpoints" / "last" / "model").state_dict()
+    b = build(tmp_path / "long" / "checkpoints" / "last" / "model").state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr ~ 0: weights came from init
+    assert record["step"] == 1
