@@ -1,0 +1,211 @@
+"""Chunked Kimi Delta Attention (gated delta rule with per-channel decay) in pure torch.
+
+Semantics are those of `naive.naive_recurrent_kda`. The sequence is cut into chunks of C
+tokens; within a chunk the delta rule is solved in WY form, across chunks a [K, V] state is
+carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channel, [C, K]):
+
+    A_kk[t, s] = Σ_d k_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s < t)
+    A_qk[t, s] = Σ_d q_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s <= t)
+    δ   = (I + diag(β) A_kk)^{-1} diag(β) (v - (k ⊙ e^Γ) S)  =  u - w S
+    o   = (q ⊙ e^Γ) S + A_qk δ
+    S'  = e^{Γ_C} ⊙ S + (k ⊙ e^{Γ_C - Γ})^T δ
+
+Memory: the [C, C, K] decay tensor of upstream's fallback is never built; the scores A are
+plain [C, C] matmuls of decay-rescaled q/k. Chunks are processed in segments (16 chunks);
+under autograd each segment is recomputed in backward (torch checkpoint), so what stays alive
+is the inputs, the output and one [K, V] state per segment: O(T·H·(K + V)) in all.
+
+Stability: exp() is only ever taken of non-positive numbers (g <= 0), so nothing overflows
+for any decay strength (upstream's bound -5, or none). For A this uses a binary split of the
+chunk: the lower-left block between two halves rescales queries/keys relative to Γ at the
+first token of the second half, so both factors are <= 1; the diagonal blocks recurse down
+to single tokens. Underflow only hits products whose true value is below fp32's range too.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from genome_lm.model.ops.kda._fla import fla_chunk_kda
+
+
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
+    """`x / sqrt(Σ x² + eps)`: fla's (and upstream transformers') qk normalisation."""
+    return x / torch.sqrt((x * x).sum(dim=dim, keepdim=True) + eps)
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
+
+    Args:
+        q, k: `[B, T, H, K]` queries and keys.
+        v: `[B, T, HV, V]` values; `HV` a multiple of `H` (GVA: value head h uses q/k head h // G).
+        g: `[B, T, HV, K]` per-channel decay in log space (<= 0).
+        beta: `[B, T, HV]` delta-rule step sizes.
+        scale: query scale, default `K ** -0.5`.
+        initial_state: `[B, HV, K, V]` carried state, or None for zeros.
+        output_final_state: return the state after the last token.
+        chunk_size: tokens per chunk (a power of two); the torch path shrinks it for short T.
+        use_qk_l2norm_in_kernel: l2-normalise q and k (in fp32) first, as upstream's layer asks.
+
+    Returns:
+        `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
+
+    On CUDA with fla importable this calls `fla.ops.kda.chunk_kda` (same argument meaning,
+    g pre-computed in log space). CPU tensors never go to fla. The torch path computes in fp32
+    and is differentiable w.r.t. every tensor argument, `initial_state` included.
+    """
+    if q.is_cuda and (fla_kda := fla_chunk_kda()) is not None:
+        o, S = fla_kda(
+            q=q,
+            k=k,
+            v=v,
+            g=g,
+            beta=beta,
+            scale=scale,
+            initial_state=None if initial_state is None else initial_state.float(),  # fla asserts fp32
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            chunk_size=chunk_size if chunk_size in (32, 64) else 64,  # fla's kernels take 32 or 64
+        )
+        return o.to(q.dtype), (S.float() if S is not None else None)
+    return chunk_kda_torch(
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel
+    )
+
+
+def chunk_kda_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    use_qk_l2norm_in_kernel: bool = False,
+    segment_chunks: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pure-torch path of `chunk_kda` (any device); same arguments and returns.
+
+    The sequence is processed in segments of `segment_chunks * chunk_size` tokens. With
+    autograd on, each segment runs under activation checkpointing: what is kept for backward
+    is the inputs (already alive), the output and one [K, V] state per segment; a segment's
+    intermediates (~20 floats per token, head and channel) exist only while it is processed.
+    """
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
+    opts = dict(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size, l2norm_qk=use_qk_l2norm_in_kernel)
+    S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+    if T == 0:
+        return v.new_zeros(B, 0, HV, V, dtype=q.dtype), (S if output_final_state else None)
+
+    recompute = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+    )
+    step = segment_chunks * chunk_size
+    outs = []
+    # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
+    for piece in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
+        if recompute:
+            o, S = checkpoint(_kda_segment, *piece, S, use_reentrant=False, **opts)
+        else:
+            o, S = _kda_segment(*piece, S, **opts)
+        outs.append(o)
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
+    return o, (S if output_final_state else None)
+
+
+def _kda_segment(q, k, v, g, beta, S, scale: float, chunk_size: int, l2norm_qk: bool):
+    """KDA over one segment: `[B, T, H, K]`-shaped inputs, `S` `[B, HV, K, V]` fp32 -> (o, S)."""
+    dtype = q.dtype
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    if l2norm_qk:
+        q, k = l2norm(q), l2norm(k)
+    q = q * scale
+    if HV > H:  # GVA: value head h reads q/k head h // (HV / H)
+        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)  # [B, T, HV, K]
+
+    C = min(chunk_size, 1 << (T - 1).bit_length())  # short sequences: one small chunk
+    N = -(-T // C)
+    pad = N * C - T  # padded steps: g=0, k=0, beta=0 leave the state unchanged
+
+    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, HV, D] -> [N, B, HV, C, D]
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.view(B, N, C, HV, -1).permute(1, 0, 3, 2, 4).contiguous()
+
+    q, k, v, beta = (chunks(x) for x in (q, k, v, beta[..., None]))
+    gc = chunks(g).cumsum(-2)  # Γ: in-chunk cumulative log decay, [N, B, HV, C, K]
+    A_qk, A_kk = intra_chunk_scores(q, k, gc)  # [N, B, HV, C, C] each
+
+    # WY form: (I + diag(β) A_kk) [u | w] = diag(β) [v | k ⊙ e^Γ]
+    decay_in = gc.exp()  # decay from chunk start, [N, B, HV, C, K]
+    L = beta * A_kk + torch.eye(C, device=q.device)  # unit lower triangular, [N, B, HV, C, C]
+    rhs = beta * torch.cat([v, k * decay_in], dim=-1)  # [N, B, HV, C, V + K]
+    u, w = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True).split([V, K], dim=-1)
+
+    q_in = q * decay_in  # queries seeing the chunk-start state, [N, B, HV, C, K]
+    k_out = k * (gc[..., -1:, :] - gc).exp()  # keys decayed to chunk end, [N, B, HV, C, K]
+    decay = gc[..., -1, :, None].exp()  # whole-chunk decay, [N, B, HV, K, 1]
+
+    outs = []
+    for n in range(N):
+        delta = u[n] - w[n] @ S  # [B, HV, C, V]
+        outs.append(q_in[n] @ S + A_qk[n] @ delta)
+        S = S * decay[n] + k_out[n].transpose(-1, -2) @ delta  # [B, HV, K, V]
+    o = torch.stack(outs).permute(1, 0, 3, 2, 4).reshape(B, N * C, HV, V)[:, :T]  # [B, T, HV, V]
+    return o.to(dtype), S
+
+
+def intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, gc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decay-weighted in-chunk scores.
+
+    Args:
+        q, k, gc: `[..., C, K]` (gc: cumulative log decay within the chunk), C a power of two.
+
+    Returns:
+        `A_qk` `[..., C, C]` (s <= t) and `A_kk` `[..., C, C]` (s < t, zero diagonal), with
+        `A_xk[t, s] = Σ_d x_t[d] k_s[d] exp(gc_t[d] - gc_s[d])`.
+    """
+    A = _lower_scores(torch.stack([q, k]), k, gc)  # [2, ..., C, C]
+    A_qk, A_kk = A.unbind(0)
+    return A_qk, A_kk.tril(-1)
+
+
+def _lower_scores(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor) -> torch.Tensor:
+    """`out[..., t, s] = Σ_d x_t y_s exp(gc_t - gc_s)` for s <= t, zero above; x `[2, ..., L, K]`.
+
+    Binary split: [[D0, 0], [X1 Y0^T, D1]]. The cross block uses Γ at the first token of the
+    second half as reference r, so exp(Γ_t - Γ_r) <= 1 (t >= r) and exp(Γ_r - Γ_s) <= 1 (s < r).
+    """
+    L = x.shape[-2]
+    if L == 1:
+        return (x * y).sum(-1, keepdim=True)  # [2, ..., 1, 1]
+    h = L // 2
+    x2, y2, g2 = x.unflatten(-2, (2, h)), y.unflatten(-2, (2, h)), gc.unflatten(-2, (2, h))  # [.., 2, h, K]
+    diag = _lower_scores(x2, y2, g2)  # [2, ..., 2, h, h]
+    ref = g2[..., 1, :1, :]  # Γ at the first token of the second half, [..., 1, K]
+    x1 = x2[..., 1, :, :] * (g2[..., 1, :, :] - ref).exp()  # [2, ..., h, K]
+    y0 = y2[..., 0, :, :] * (ref - g2[..., 0, :, :]).exp()  # [..., h, K]
+    cross = x1 @ y0.transpose(-1, -2)  # [2, ..., h, h]
+    top = torch.cat([diag[..., 0, :, :], torch.zeros_like(cross)], dim=-1)
+    bottom = torch.cat([cross, diag[..., 1, :, :]], dim=-1)
+    return torch.cat([top, bottom], dim=-2)  # [2, ..., L, L]

@@ -1,0 +1,191 @@
+"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`.
+
+`kda_layer_forward` reproduces `Glm5NextTextLinearAttention.forward` on the module's own
+parameters (names unchanged) but calls `chunk_kda`, so activations stay O(T·H·K) and CPU
+tensors never reach fla. `kda_layer_step` is the functional streaming form: given the state
+after some prefix, process the next piece of tokens and return the new state.
+`patch_kda_module` installs `kda_layer_forward` on one module in place.
+
+Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
+    qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
+    g    = forget_gate(x)        # log decay in [lower_bound, 0), [B, T, H, K], fp32
+    beta = sigmoid(b_proj(x))    # [B, T, H]
+    o    = KDA(l2norm(q), l2norm(k), v, g, beta)                          # [B, T, H, V]
+    out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
+"""
+
+import contextlib
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from genome_lm.model.ops.kda.chunk import chunk_kda
+
+
+@dataclass
+class KDAState:
+    """What one KDA layer carries from one piece of a sequence to the next.
+
+    conv_state: `[B, 3·H·K, W-1]` the last W-1 pre-conv projections `[q | k | v]` (dtype of x).
+    recurrent_state: `[B, H, K, V]` float32 delta-rule state.
+    """
+
+    conv_state: torch.Tensor
+    recurrent_state: torch.Tensor
+
+    def detach(self) -> "KDAState":
+        return KDAState(self.conv_state.detach(), self.recurrent_state.detach())
+
+
+def kda_layer_step(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    state: KDAState | None = None,
+    attention_mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, KDAState]:
+    """Run one `Glm5NextTextLinearAttention` over the next piece of a sequence.
+
+    Args:
+        module: an upstream `Glm5NextTextLinearAttention` (its parameters are used as they are).
+        hidden_states: `[B, T, D]` the next T tokens (T >= 1).
+        state: the `KDAState` after the previous tokens, or None at sequence start.
+        attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
+        chunk_size: chunk of `chunk_kda`; default `module.kda_chunk_size` or 64.
+
+    Returns:
+        `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
+        gives the same outputs as one pass over the whole sequence. Purely functional (no
+        in-place updates), so gradients flow through the carried state too.
+    """
+    if chunk_size is None:
+        chunk_size = getattr(module, "kda_chunk_size", 64)
+    if attention_mask is not None:  # upstream apply_mask_to_padding_states
+        hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+    B, T, _ = hidden_states.shape
+    head_shape = (B, T, -1, module.head_dim)
+
+    mixed = torch.cat(
+        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
+    ).transpose(1, 2)  # [B, 3·H·K, T]
+    width = module.conv_kernel_size
+    if state is None:
+        prev = mixed.new_zeros(B, mixed.shape[1], width - 1)
+    else:
+        prev = state.conv_state.to(mixed.dtype)
+    full = torch.cat([prev, mixed], dim=-1)  # [B, 3·H·K, W-1+T]
+    weight = module.conv1d.weight  # [3·H·K, 1, W], float32 upstream
+    qkv = F.conv1d(full.to(weight.dtype), weight, module.conv1d.bias, groups=weight.shape[0])  # [B, 3·H·K, T]
+    qkv = ACT2FN[module.activation](qkv).to(hidden_states.dtype)
+    new_conv_state = full[..., full.shape[-1] - (width - 1) :]  # [B, 3·H·K, W-1]
+
+    query, key, value = qkv.transpose(1, 2).split([module.qkv_dim] * 3, dim=-1)
+    query, key, value = query.view(head_shape), key.view(head_shape), value.view(head_shape)  # [B, T, H, K]
+    g = module.forget_gate(hidden_states)  # [B, T, H, K] fp32, log space
+    beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
+
+    core, recurrent = chunk_kda(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        initial_state=None if state is None else state.recurrent_state,
+        output_final_state=True,
+        chunk_size=chunk_size,
+        use_qk_l2norm_in_kernel=True,
+    )  # core [B, T, H, V]
+
+    gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
+    out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
+    return out, KDAState(new_conv_state, recurrent.float())
+
+
+def kda_layer_forward(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    cache=None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Replacement for `Glm5NextTextLinearAttention.forward(hidden_states, cache, attention_mask, **kwargs)`.
+
+    Args:
+        module: the upstream layer (bound as `self` by `patch_kda_module`).
+        hidden_states: `[B, T, D]`.
+        cache: None (training), or a transformers `Cache` with linear-attention layers
+            (`get_conv_state` / `update_conv_state` / `get_recurrent_state` /
+            `update_recurrent_state`, keyed by `module.layer_idx`), updated as upstream does.
+        attention_mask: optional `[B, T]` padding mask.
+        kwargs: ignored (upstream forwards model kwargs); packed sequences are not supported.
+
+    Returns:
+        `[B, T, D]`, equal to upstream's output for the same inputs and cache.
+    """
+    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+        raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
+    if cache is None:
+        return kda_layer_step(module, hidden_states, None, attention_mask)[0]
+
+    idx = module.layer_idx
+    conv_state = cache.get_conv_state(idx)  # [B, 3·H·K, >= W-1] raw projections, or None
+    recurrent = cache.get_recurrent_state(idx)
+    state = None
+    if conv_state is not None:
+        width = module.conv_kernel_size
+        if recurrent is None:
+            recurrent = conv_state.new_zeros(
+                conv_state.shape[0], module.num_heads, module.head_dim, module.head_dim, dtype=torch.float32
+            )
+        state = KDAState(conv_state[..., conv_state.shape[-1] - (width - 1) :], recurrent)
+    out, new_state = kda_layer_step(module, hidden_states, state, attention_mask)
+    # The cache keeps the last W raw projections; only the last W-1 reach future outputs, and
+    # those are exactly new_state.conv_state (zero-padded at sequence start, as upstream pads).
+    cache.update_conv_state(new_state.conv_state.detach(), idx, conv_kernel_size=module.conv_kernel_size)
+    cache.update_recurrent_state(new_state.recurrent_state.detach(), idx)
+    return out
+
+
+def patch_kda_module(module: nn.Module, chunk_size: int = 64) -> nn.Module:
+    """Make one `Glm5NextTextLinearAttention` run `kda_layer_forward`, in place; returns it.
+
+    Parameters, buffers and the state dict are untouched. Idempotent; `copy.deepcopy` of the
+    module (or model) rebinds the method to the copy. Undo with `del module.forward`.
+    """
+    module.kda_chunk_size = chunk_size
+    module.forward = types.MethodType(kda_layer_forward, module)
+    return module
+
+
+def is_kda_patched(module: nn.Module) -> bool:
+    fwd = module.__dict__.get("forward")
+    return isinstance(fwd, types.MethodType) and fwd.__func__ is kda_layer_forward
+
+
+@contextlib.contextmanager
+def upstream_torch_fallbacks() -> Iterator[None]:
+    """Force upstream `glm5_next` to use its own torch functions for KDA and the causal conv.
+
+    Upstream wraps `chunk_kimi_delta_attention`, `recurrent_kimi_delta_attention`,
+    `causal_conv1d_fn` and `causal_conv1d_update` with `use_kernel_func_from_hub_with_fallback`,
+    which binds fla's / causal_conv1d's kernels at import time when those import (with Triton
+    installed they are picked even for CPU tensors and fail: "0 active drivers"). The original
+    torch function is each wrapper's `__wrapped__`; this swaps the module globals for them while
+    the context is open. Use it for every unpatched-upstream reference run.
+    """
+    from transformers.models.glm5_next import modeling_glm5_next as upstream
+
+    names = ["chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn", "causal_conv1d_update"]
+    saved = {name: getattr(upstream, name) for name in names}
+    try:
+        for name, fn in saved.items():
+            setattr(upstream, name, getattr(fn, "__wrapped__", fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(upstream, name, fn)

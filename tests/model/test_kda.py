@@ -1,0 +1,306 @@
+"""KDA: chunked op vs fla's naive reference, and the patched upstream layer vs upstream.
+
+fla's `naive_recurrent_kda` is loaded from its source file (`load_fla_reference`): `import fla`
+pulls in Triton. Unpatched upstream runs inside `upstream_torch_fallbacks()`, which swaps
+transformers' kernel wrappers (they bind fla's Triton kernels at import whenever fla imports,
+even for CPU tensors) for the torch functions they wrap.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
+from genome_lm.model.ops.kda import chunk as chunk_mod
+from genome_lm.model.ops.kda._fla import load_fla_reference
+from genome_lm.model.ops.kda.chunk import l2norm
+from genome_lm.model.ops.kda.layer import (
+    is_kda_patched,
+    kda_layer_step,
+    patch_kda_module,
+    upstream_torch_fallbacks,
+)
+
+fla_naive = load_fla_reference("ops/kda/naive.py", "naive_recurrent_kda")
+needs_fla = pytest.mark.skipif(fla_naive is None, reason="flash-linear-attention not installed")
+
+# fp32 tolerances, as max |Δ| / max(1, max |reference|), per tensor
+TOL = {"o": 2e-5, "state": 2e-5, "dq": 5e-5, "dk": 5e-5, "dv": 5e-5, "dg": 5e-5, "dbeta": 5e-5, "dh0": 5e-5}
+LAYER_TOL = {"out": 2e-5, "grad": 5e-5}
+NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+
+
+def close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    err = (got.float() - ref.float()).abs().max().item()
+    bound = tol * max(1.0, ref.abs().max().item())
+    assert err <= bound, f"{name}: max |Δ| {err:.2e} > {bound:.2e}"
+
+
+def make_inputs(seed, B=2, T=64, H=2, HV=None, K=16, V=8, gate="random"):
+    """Random KDA inputs as upstream makes them: l2-normalised q/k, g in [-5, 0), beta in (0, 1)."""
+    HV = HV or H
+    gen = torch.Generator().manual_seed(seed)
+    q = l2norm(torch.randn(B, T, H, K, generator=gen))
+    k = l2norm(torch.randn(B, T, H, K, generator=gen))
+    v = torch.randn(B, T, HV, V, generator=gen)
+    noise = torch.randn(B, T, HV, K, generator=gen)
+    g = {
+        "random": -5 * torch.sigmoid(2 * noise),  # upstream's safe gate, lower bound -5
+        "strong": -5 + 0.01 * torch.sigmoid(noise),  # at the bound: Γ reaches -320 per 64-chunk
+        "zero": torch.zeros_like(noise),  # no decay
+        "unbounded": -30 * torch.sigmoid(noise) - 1,  # beyond the bound (softplus gate)
+    }[gate]
+    beta = torch.rand(B, T, HV, generator=gen)
+    h0 = torch.randn(B, HV, K, V, generator=gen)
+    return q, k, v, g, beta, h0
+
+
+def run_with_grads(fn, inputs, use_h0, seed, **kw):
+    q, k, v, g, beta, h0 = (x.clone().requires_grad_() for x in inputs)
+    o, S = fn(q, k, v, g, beta, initial_state=h0 if use_h0 else None, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss = (o * torch.randn(o.shape, generator=gen)).sum() + (S * torch.randn(S.shape, generator=gen)).sum()
+    grads = torch.autograd.grad(loss, [q, k, v, g, beta, h0], allow_unused=True)
+    return o.detach(), S.detach(), [torch.zeros_like(h0) if gr is None else gr for gr in grads]
+
+
+def assert_matches_naive(inputs, use_h0, seed, fn=chunk_kda, **kw):
+    o, S, grads = run_with_grads(fn, inputs, use_h0, seed, **kw)
+    o_ref, S_ref, grads_ref = run_with_grads(fla_naive, inputs, use_h0, seed)
+    close("o", o, o_ref, TOL["o"])
+    close("state", S, S_ref, TOL["state"])
+    for name, got, ref in zip(NAMES, grads, grads_ref):
+        close(name, got, ref, TOL[name])
+
+
+# --- the naive reference -------------------------------------------------------------------
+
+
+@needs_fla
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("H,HV", [(2, 2), (1, 3)])
+def test_naive_identical_to_fla(seed, H, HV):
+    q, k, v, g, beta, h0 = make_inputs(seed, T=19, H=H, HV=HV)
+    for state in (None, h0):
+        ours = naive_recurrent_kda(q, k, v, g, beta, scale=0.3, initial_state=state, output_final_state=True)
+        ref = fla_naive(q, k, v, g, beta, scale=0.3, initial_state=state, output_final_state=True)
+        torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+
+
+# --- chunk_kda vs fla's naive: outputs, final state, gradients ------------------------------
+
+
+@needs_fla
+@pytest.mark.parametrize("use_h0", [False, True])
+@pytest.mark.parametrize("T", [1, 7, 64, 100, 257])
+def test_chunk_matches_naive(T, use_h0):
+    seed = T + 1000 * use_h0
+    assert_matches_naive(make_inputs(seed, T=T), use_h0, seed)
+
+
+@needs_fla
+@pytest.mark.parametrize("gate", ["strong", "zero", "unbounded"])
+@pytest.mark.parametrize("T", [100, 257])
+def test_chunk_matches_naive_extreme_gates(gate, T):
+    assert_matches_naive(make_inputs(T, T=T, gate=gate), True, T)
+
+
+@needs_fla
+@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("H,HV,T", [(1, 2, 64), (2, 4, 100), (2, 6, 33)])
+def test_chunk_matches_naive_gva(H, HV, T, seed):
+    assert_matches_naive(make_inputs(seed, T=T, H=H, HV=HV, K=8, V=16), True, seed)
+
+
+@needs_fla
+@pytest.mark.parametrize("chunk_size", [1, 8, 32, 128])
+def test_chunk_size_does_not_change_result(chunk_size):
+    assert_matches_naive(make_inputs(5, T=45, gate="strong"), True, 5, chunk_size=chunk_size)
+
+
+@needs_fla
+def test_chunk_segments_recomputed_in_backward():
+    # 100 tokens in segments of 2 x 16: four checkpointed segments, the last one padded
+    fn = chunk_mod.chunk_kda_torch
+    assert_matches_naive(make_inputs(11, T=100), True, 11, fn=fn, chunk_size=16, segment_chunks=2)
+
+
+def test_chunk_under_outer_activation_checkpointing():
+    # the trainer recomputes whole layers; the op's own per-segment recompute nests inside
+    from torch.utils.checkpoint import checkpoint
+
+    inputs = make_inputs(12, T=70)[:5]
+
+    def grads(wrap):
+        xs = [x.clone().requires_grad_() for x in inputs]
+        o = wrap(xs)
+        (o * o).sum().backward()
+        return [x.grad for x in xs]
+
+    def op(*xs):
+        return chunk_mod.chunk_kda_torch(*xs, chunk_size=16, segment_chunks=2)[0]
+
+    ref = grads(lambda xs: op(*xs))
+    for reentrant in (False, True):
+        got = grads(lambda xs: checkpoint(op, *xs, use_reentrant=reentrant))
+        for name, a, b in zip(NAMES, got, ref):
+            close(name, a, b, 1e-6)
+
+
+def test_chunk_extreme_decay_is_finite():
+    # gates far below any bound: exp() is only taken of non-positive numbers, so no inf/nan
+    q, k, v, g, beta, h0 = make_inputs(6, T=70, gate="zero")
+    g = torch.full_like(g, -200.0)
+    o, S = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    close("o", o, o_ref, TOL["o"])
+    close("state", S, S_ref, TOL["state"])
+
+
+def test_chunk_l2norm_flag_scale_and_no_state():
+    q, k, v, g, beta, _ = make_inputs(7, T=40)
+    q, k = 3 * q, 2 * k
+    o, S = chunk_kda(q, k, v, g, beta, scale=0.5, use_qk_l2norm_in_kernel=True)
+    o_ref, _ = naive_recurrent_kda(l2norm(q), l2norm(k), v, g, beta, scale=0.5)
+    assert S is None
+    close("o", o, o_ref, TOL["o"])
+
+
+def test_chunk_bf16_in_bf16_out():
+    q, k, v, g, beta, h0 = make_inputs(8, T=50)
+    o32, S32 = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o16, S16 = chunk_kda(*(x.bfloat16() for x in (q, k, v, g, beta)), initial_state=h0, output_final_state=True)
+    assert o16.dtype == torch.bfloat16 and S16.dtype == torch.float32
+    close("o", o16, o32, 5e-2)
+    close("state", S16, S32, 5e-2)
+
+
+def test_cpu_tensors_never_reach_fla(monkeypatch):
+    def boom():
+        raise AssertionError("fla must not be looked up for CPU tensors")
+
+    monkeypatch.setattr(chunk_mod, "fla_chunk_kda", boom)
+    q, k, v, g, beta, _ = make_inputs(9, T=5)
+    chunk_kda(q, k, v, g, beta)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dispatch_matches_torch_path():
+    if chunk_mod.fla_chunk_kda() is None:
+        pytest.skip("fla kernels not importable")
+    q, k, v, g, beta, h0 = (x.cuda() for x in make_inputs(13, T=300, K=64, V=64))
+    o, S = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o_ref, S_ref = chunk_mod.chunk_kda_torch(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    close("o", o, o_ref, 1e-3)  # fla computes the in-chunk products in tf32/bf16
+    close("state", S, S_ref, 1e-3)
+
+
+# --- the upstream layer, patched vs unpatched --------------------------------------------------
+
+
+def tiny_layer(seed: int, num_heads: int = 2):
+    from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextLinearAttention
+
+    config = Glm5NextTextConfig(
+        hidden_size=64,
+        linear_num_heads=num_heads,
+        linear_head_dim=16,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        vocab_size=8,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    layer = Glm5NextTextLinearAttention(config, layer_idx=0)
+    with torch.no_grad():  # upstream leaves these uninitialised (torch.empty)
+        layer.forget_gate.dt_bias.normal_()
+        layer.forget_gate.A_log.uniform_(0.0, 2.0)
+        layer.o_norm.weight.uniform_(0.5, 1.5)
+    return config, layer
+
+
+def forward_backward(layer, x, seed, **kw):
+    x = x.clone().requires_grad_()
+    out = layer(x, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    (out * torch.randn(out.shape, generator=gen)).sum().backward()
+    grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
+    return out.detach(), x.grad, grads
+
+
+@pytest.mark.parametrize("seed,T,num_heads", [(0, 1, 2), (1, 7, 4), (2, 100, 2)])
+def test_patched_layer_matches_upstream(seed, T, num_heads):
+    _, upstream = tiny_layer(seed, num_heads)
+    patched = patch_kda_module(copy.deepcopy(upstream), chunk_size=32)
+    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, T, dtype=torch.bool)
+    mask[1, : T // 3] = False  # left padding on the second row
+    with upstream_torch_fallbacks():
+        out_ref, dx_ref, grads_ref = forward_backward(upstream, x, seed, attention_mask=mask)
+    out, dx, grads = forward_backward(patched, x, seed, attention_mask=mask)
+    close("out", out, out_ref, LAYER_TOL["out"])
+    close("dx", dx, dx_ref, LAYER_TOL["grad"])
+    assert grads.keys() == grads_ref.keys()
+    for name in grads:
+        close(name, grads[name], grads_ref[name], LAYER_TOL["grad"])
+
+
+def test_patch_keeps_parameters_and_survives_deepcopy():
+    _, layer = tiny_layer(3)
+    keys = list(layer.state_dict())
+    patch_kda_module(layer)
+    assert is_kda_patched(layer) and list(layer.state_dict()) == keys
+    twin = copy.deepcopy(layer)
+    assert is_kda_patched(twin) and twin.forward.__self__ is twin
+    del layer.forward
+    assert not is_kda_patched(layer)
+
+
+def test_upstream_fallbacks_context_restores():
+    from transformers.models.glm5_next import modeling_glm5_next as upstream
+
+    before = upstream.chunk_kimi_delta_attention
+    with upstream_torch_fallbacks():
+        assert upstream.chunk_kimi_delta_attention is before.__wrapped__
+    assert upstream.chunk_kimi_delta_attention is before
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+def test_streaming_steps_equal_one_pass():
+    _, layer = tiny_layer(4)
+    x = torch.randn(2, 90, 64, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    full, _ = kda_layer_step(layer, x)
+    (full * full).sum().backward()
+    dx_full = x.grad.clone()
+    x.grad = None
+
+    state, pieces = None, []
+    for a, b in [(0, 1), (1, 3), (3, 40), (40, 41), (41, 90)]:
+        out, state = kda_layer_step(layer, x[:, a:b], state)
+        pieces.append(out)
+    streamed = torch.cat(pieces, dim=1)
+    (streamed * streamed).sum().backward()  # gradients flow through the carried state
+    close("out", streamed.detach(), full.detach(), LAYER_TOL["out"])
+    close("dx", x.grad, dx_full, LAYER_TOL["grad"])
+
+
+def test_patched_layer_with_upstream_cache_matches_upstream():
+    from transformers import DynamicCache
+
+    config, upstream = tiny_layer(5)
+    patched = patch_kda_module(copy.deepcopy(upstream))
+    x = torch.randn(1, 30, 64, generator=torch.Generator().manual_seed(5))
+    outs = {}
+    for name, layer in [("upstream", upstream), ("patched", patched)]:
+        cache, pieces = DynamicCache(config=config), []
+        with torch.no_grad(), upstream_torch_fallbacks():
+            for a, b in [(0, 2), (2, 3), (3, 20), (20, 21), (21, 30)]:  # prefill, decode, prefill, ...
+                pieces.append(layer(x[:, a:b], cache=cache))
+        outs[name] = torch.cat(pieces, dim=1)
+    close("out", outs["patched"], outs["upstream"], LAYER_TOL["out"])
