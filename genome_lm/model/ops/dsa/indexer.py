@@ -1,0 +1,166 @@
+"""Blockwise k-pool DSA indexer of GLM-5.3-Flash and the selection it produces.
+
+Shapes: B batch, T queries, HI indexer heads, DI indexer head dim, P complete k-pools,
+S = min(index_topk // kpool, P) pools picked per query, W tokens attended per query.
+
+Memory: index keys/pool keys O(T·DI), the selection O(T·S) int32, and per query block a
+transient [B, block, HI, P] score tensor; nothing of size T×T. Every query scores the whole row
+of P pools (future pools get finfo.min, as upstream does) so that `torch.topk` sees exactly the
+row upstream sees: with bitwise-equal scores, ties resolve the same way.
+See `naive.py` for the selection rules this reproduces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DSASelection", "kpool_keys", "chunk_kpool_indexer", "index_inputs"]
+
+
+@dataclass
+class DSASelection:
+    """Tokens each query of one DSA layer attends to; `shared` layers reuse it as is.
+
+    Attributes:
+        pools: int32 [B, T, S] complete-pool ids per query, -1 = empty slot; pool p holds tokens
+            p*kpool .. p*kpool + kpool - 1. None when `token_indices` is given instead.
+        kpool: pool size; tail: whether the query's own incomplete pool is added.
+        start: absolute position of query 0 (0 for a full sequence, > 0 when streaming).
+        token_indices: raw token indices [B, T, W] (-1 = empty) in upstream's format, used
+            verbatim when `pools` is None (e.g. a selection made by an unpatched upstream layer).
+    """
+
+    pools: torch.Tensor | None
+    kpool: int
+    tail: bool
+    start: int = 0
+    token_indices: torch.Tensor | None = None
+
+    @classmethod
+    def from_token_indices(cls, token_indices: torch.Tensor, start: int = 0) -> "DSASelection":
+        return cls(pools=None, kpool=1, tail=False, start=start, token_indices=token_indices)
+
+    @property
+    def num_queries(self) -> int:
+        return (self.pools if self.pools is not None else self.token_indices).shape[1]
+
+    def block(self, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries t0..t1-1 -> (pool ids int64 [B, n, S], single tokens int64 [B, n, WT]), -1 = empty.
+
+        The tokens of pool p are p*kpool .. p*kpool + kpool - 1; single tokens are the tail
+        (or every token, for a selection given as raw token indices).
+        """
+        if self.pools is None:
+            tok = self.token_indices[:, t0:t1].long()
+            return tok.new_empty(*tok.shape[:2], 0), tok
+        pools = self.pools[:, t0:t1].long()  # [B, n, S]
+        if not self.tail or self.kpool == 1:
+            return pools, pools.new_empty(*pools.shape[:2], 0)
+        pos = self.start + torch.arange(t0, t1, device=pools.device)  # [n]
+        count = (pos + 1) % self.kpool  # tokens in the query's own incomplete pool
+        offs = torch.arange(self.kpool - 1, device=pools.device)
+        tail = (pos + 1 - count)[:, None] + offs  # [n, kpool - 1]
+        tail = tail.masked_fill(offs >= count[:, None], -1)
+        return pools, tail.expand(pools.shape[0], -1, -1)
+
+    def tokens(self, t0: int, t1: int) -> torch.Tensor:
+        """int64 [B, t1 - t0, W] absolute key positions for queries t0..t1-1, -1 = empty slot."""
+        pools, single = self.block(t0, t1)
+        tok = pools[..., None] * self.kpool + torch.arange(self.kpool, device=pools.device)
+        tok = tok.masked_fill(pools[..., None] < 0, -1).flatten(-2)  # [B, n, S * kpool]
+        return torch.cat([tok, single], dim=-1)
+
+    def to_token_indices(self, topk: int) -> torch.Tensor:
+        """Upstream's format: int32 [B, T, topk (+ kpool - 1 with tail)], -1 = empty slot."""
+        if self.pools is None:
+            return self.token_indices
+        tok = self.tokens(0, self.num_queries)  # [pool tokens, tail], then -1 padding
+        width = topk + (self.kpool - 1 if self.tail else 0)
+        return F.pad(tok, (0, width - tok.shape[-1]), value=-1).to(torch.int32)
+
+
+def kpool_keys(keys: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool: int) -> torch.Tensor:
+    """Compress complete pools of index keys, exactly as upstream `get_pooled_states`.
+
+    Args:
+        keys: index keys k_norm(wk(x)) [B, T, DI]; gate: x @ compress_gate.T [B, T, DI];
+        ape: [kpool, DI]. Only the first P = T // kpool complete pools are used.
+    Returns:
+        pool keys [B, P, DI]: per channel, softmax over the pool of (gate + ape) weights the keys.
+    """
+    B, T, DI = keys.shape
+    P = T // kpool
+    logits = gate[:, : P * kpool].reshape(B, P, kpool, DI).float() + ape.float()[None, None]  # [B, P, kpool, DI]
+    probs = logits.softmax(dim=2).to(keys.dtype)
+    return (probs * keys[:, : P * kpool].reshape(B, P, kpool, DI)).sum(dim=2)  # [B, P, DI]
+
+
+@torch.no_grad()
+def chunk_kpool_indexer(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    pool_keys: torch.Tensor,
+    topk: int,
+    kpool: int,
+    select_tail: bool,
+    scale: float,
+    start: int = 0,
+    row_pools: int | None = None,
+    block_queries: int = 128,
+) -> DSASelection:
+    """Causal top-k pool selection, one block of queries at a time.
+
+    Args:
+        q: index queries wq_b(q_resid) [B, T, HI, DI] for positions start .. start+T-1.
+        weights: head weights weights_proj(x).float() * HI^-0.5, [B, T, HI].
+        pool_keys: the complete pools known so far [B, P, DI] (see `kpool_keys`).
+        row_pools: length of the score row given to `torch.topk` (>= P, extra pools score
+            finfo.min like upstream's future pools); default P. A streaming caller that knows
+            the final length L passes L // kpool so that ties resolve as in one pass.
+    Returns:
+        DSASelection with pools int32 [B, T, min(topk // kpool, row_pools)].
+    """
+    B, T, HI, DI = q.shape
+    P = pool_keys.shape[1]
+    row = P if row_pools is None else row_pools
+    if row < P:
+        raise ValueError(f"row_pools ({row}) must be >= the number of complete pools ({P})")
+    select_k = min(topk // kpool, row)
+    pools = torch.empty(B, T, select_k, dtype=torch.int32, device=q.device)
+    neg = torch.finfo(torch.float32).min
+    pool_end = torch.arange(row, device=q.device) * kpool + kpool - 1  # last token of each pool
+    keys_t = pool_keys.float().transpose(1, 2)  # [B, DI, P]
+    for t0 in range(0, T, block_queries):
+        t1 = min(t0 + block_queries, T)
+        n = t1 - t0
+        s = torch.bmm(q[:, t0:t1].float().reshape(B, n * HI, DI), keys_t).view(B, n, HI, P)
+        s = F.relu(s * scale)
+        scores = torch.matmul(weights[:, t0:t1].float().unsqueeze(-2), s).squeeze(-2)  # [B, n, P]
+        if row > P:
+            scores = F.pad(scores, (0, row - P), value=neg)
+        pos = start + torch.arange(t0, t1, device=q.device)
+        visible = (pool_end[None, :] <= pos[:, None]).expand(B, n, row)  # [B, n, row]
+        scores = scores.masked_fill(~visible, neg)
+        picked = scores.topk(select_k, dim=-1).indices  # [B, n, S]
+        pools[:, t0:t1] = picked.masked_fill(~visible.gather(-1, picked), -1).to(torch.int32)
+    return DSASelection(pools=pools, kpool=kpool, tail=select_tail, start=start)
+
+
+@torch.no_grad()
+def index_inputs(indexer, hidden_states: torch.Tensor, q_resid: torch.Tensor):
+    """Upstream `Glm5NextTextIndexer` projections for a run of tokens (no gradients, as upstream).
+
+    Args:
+        indexer: an upstream `Glm5NextTextIndexer`; hidden_states [B, T, D]; q_resid [B, T, q_lora].
+    Returns:
+        (q [B, T, HI, DI], weights [B, T, HI] float32, keys [B, T, DI], gate [B, T, DI]).
+    """
+    B, T, _ = hidden_states.shape
+    q = indexer.wq_b(q_resid).view(B, T, indexer.n_heads, indexer.head_dim)  # [B, T, HI, DI]
+    keys = indexer.k_norm(indexer.wk(hidden_states))  # [B, T, DI]
+    gate = F.linear(hidden_states, indexer.index_kpool_compress_gate)  # [B, T, DI]
+    weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float()
+    return q, weights * indexer.n_heads**-0.5, keys, gate

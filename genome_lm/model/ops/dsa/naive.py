@@ -1,0 +1,153 @@
+"""Plain reference of upstream GLM-5.3-Flash DeepSeek Sparse Attention (tests only, O(T²)).
+
+Written from `transformers.models.glm5_next.modeling_glm5_next` (`Glm5NextTextIndexer`,
+`Glm5NextTextAttention`) for unpadded inputs without a cache. Shapes: B batch, T tokens,
+H attention heads, HI indexer heads, DI indexer head dim, DN/DV key/value head dims,
+R = kv_lora_rank, P complete k-pools, W selected tokens per query.
+
+Selection (upstream, no padding, query t sees tokens 0..t):
+1. index keys k = k_norm(wk(x)) [B, T, DI]; pool p holds tokens p*kpool .. p*kpool+kpool-1;
+   only complete pools exist (P = T // kpool). A pool key is the softmax-weighted mean of its
+   token keys, weights softmax_over_pool(x @ compress_gate.T + compress_ape) per channel.
+2. score[t, p] = sum_j w[t, j] * relu(DI^-0.5 * q[t, j] . poolkey[p]),
+   q = wq_b(q_resid) [B, T, HI, DI], w = weights_proj(x) * HI^-0.5 (all float32).
+3. pools whose last token is > t get score finfo(float32).min; the top
+   select_k = min(index_topk // kpool, P) pools are taken with `torch.topk` over the whole row
+   of P pools (ties: whatever torch.topk does on that row); picked pools that were masked are
+   dropped. Each kept pool contributes its kpool tokens.
+4. with `index_kpool_always_select_tail`, the tokens of the query's own incomplete pool,
+   (t+1)//kpool*kpool .. t, are added (none when t+1 is a multiple of kpool).
+The whole indexer runs under `torch.no_grad()`: its parameters never receive gradients.
+
+Attention: MLA with per-head keys [k_nope] and values from kv_b_proj(c),
+c = kv_a_layernorm(kv_a_proj_with_mqa(x)[..., :R]), queries q_b_proj(q_a_layernorm(q_a_proj(x))),
+softmax scale (DN + DR)^-0.5, restricted to the selected tokens. A query with no selected token
+(possible only without tail selection) gets a zero output here; upstream's eager path would
+instead spread its weight uniformly over all T keys (every score is finfo.min).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["naive_kpool_indexer", "naive_selection_mask", "naive_mla_attention", "naive_dsa_forward"]
+
+
+def naive_kpool_indexer(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    weights: torch.Tensor,
+    topk: int,
+    kpool: int,
+    select_tail: bool,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Upstream k-pool indexer selection as raw token indices.
+
+    Args:
+        q: index queries [B, T, HI, DI]; k: index keys [B, T, DI]; gate: pool gate logits
+            x @ compress_gate.T [B, T, DI]; ape: [kpool, DI]; weights: head weights already
+            multiplied by HI^-0.5 [B, T, HI].
+    Returns:
+        int64 [B, T, topk + (kpool - 1 if select_tail else 0)] token indices, -1 = empty slot.
+    """
+    B, T, HI, DI = q.shape
+    scale = DI**-0.5 if scale is None else scale
+    P = T // kpool
+    pos = torch.arange(T, device=q.device)
+    # pools: [B, P, kpool, DI] -> pool keys [B, P, DI]
+    logits = gate[:, : P * kpool].reshape(B, P, kpool, DI).float() + ape.float()
+    probs = logits.softmax(dim=2).to(k.dtype)
+    pool_keys = (probs * k[:, : P * kpool].reshape(B, P, kpool, DI)).sum(dim=2)
+    # the same torch ops as upstream, so that scores (and topk ties) are bitwise upstream's
+    scores = torch.matmul(q.float(), pool_keys.transpose(-1, -2).float().unsqueeze(1))  # [B, T, HI, P]
+    scores = F.relu(scores * scale)
+    index_scores = torch.matmul(weights.float().unsqueeze(-2), scores).squeeze(-2)  # [B, T, P]
+    pool_end = torch.arange(P, device=q.device) * kpool + kpool - 1
+    visible = pool_end[None, :] <= pos[:, None]  # [T, P]
+    index_scores = index_scores.masked_fill(~visible, torch.finfo(index_scores.dtype).min)
+    select_k = min(topk // kpool, P)
+    picked = index_scores.topk(select_k, dim=-1).indices  # [B, T, S]
+    picked = picked.masked_fill(~visible.expand(B, T, P).gather(-1, picked), -1)
+    tokens = picked[..., None] * kpool + torch.arange(kpool, device=q.device)
+    tokens = tokens.masked_fill(picked[..., None] < 0, -1).flatten(-2)  # [B, T, S * kpool]
+    width = topk
+    if select_tail and kpool > 1:
+        count = (pos + 1) % kpool
+        tail = (pos + 1 - count)[:, None] + torch.arange(kpool - 1, device=q.device)  # [T, kpool-1]
+        tail = tail.masked_fill(torch.arange(kpool - 1, device=q.device) >= count[:, None], -1)
+        tokens = torch.cat([tokens, tail.expand(B, T, kpool - 1)], dim=-1)
+        width += kpool - 1
+    return F.pad(tokens, (0, width - tokens.shape[-1]), value=-1)  # [pool tokens, tail, -1 ...]
+
+
+def naive_selection_mask(indices: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Token indices [B, T, W] (-1 = empty) -> boolean mask [B, T, kv_len] of selected keys."""
+    mask = torch.zeros(*indices.shape[:2], kv_len + 1, dtype=torch.bool, device=indices.device)
+    mask.scatter_(-1, indices.long().masked_fill(indices < 0, kv_len), True)
+    return mask[..., :kv_len]
+
+
+def naive_mla_attention(
+    q_nope: torch.Tensor,
+    kv_latent: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Dense masked MLA attention with keys/values expanded per head (upstream's form).
+
+    Args:
+        q_nope: [B, T, H, DN]; kv_latent: [B, S, R]; kv_b_weight: [H * (DN + DV), R];
+        mask: [B, T, S] bool, True = attend.
+    Returns:
+        [B, T, H, DV]; rows without any True are zero.
+    """
+    B, T, H, DN = q_nope.shape
+    kv = F.linear(kv_latent, kv_b_weight).view(B, kv_latent.shape[1], H, -1)  # [B, S, H, DN + DV]
+    k, v = kv[..., :DN], kv[..., DN:]
+    s = torch.einsum("bthd,bshd->bhts", q_nope, k) * scale
+    s = s.float().masked_fill(~mask[:, None], float("-inf"))
+    p = torch.nan_to_num(s.softmax(dim=-1)).to(v.dtype)  # empty rows -> 0
+    return torch.einsum("bhts,bshd->bthd", p, v)
+
+
+def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
+    """Reference forward of one upstream `Glm5NextTextAttention` (no cache, no padding, no RoPE).
+
+    Args:
+        attn: the upstream module (its parameters are used, its forward is not).
+        hidden_states: [B, T, D]; prev_indices: token indices [B, T, W] for `shared` layers.
+    Returns:
+        (output [B, T, D], token indices [B, T, W] used by this layer).
+    """
+    cfg = attn.config
+    if cfg.qk_rope_head_dim:
+        raise NotImplementedError("naive DSA reference covers NoPE DSA only (qk_rope_head_dim == 0)")
+    B, T, _ = hidden_states.shape
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))  # [B, T, q_lora]
+    q = attn.q_b_proj(q_resid).view(B, T, attn.num_heads, attn.qk_head_dim)  # [B, T, H, DN]
+    c = attn.kv_a_layernorm(attn.kv_a_proj_with_mqa(hidden_states)[..., : attn.kv_lora_rank])  # [B, T, R]
+    if attn.indexer is None:
+        if prev_indices is None:
+            raise ValueError("shared DSA layer needs the previous layer's selection")
+        indices = prev_indices
+    else:
+        ix = attn.indexer
+        with torch.no_grad():
+            indices = naive_kpool_indexer(
+                q=ix.wq_b(q_resid).view(B, T, ix.n_heads, ix.head_dim),
+                k=ix.k_norm(ix.wk(hidden_states)),
+                gate=F.linear(hidden_states, ix.index_kpool_compress_gate),
+                ape=ix.index_kpool_compress_ape,
+                weights=ix.weights_proj(hidden_states).float() * ix.n_heads**-0.5,
+                topk=ix.index_topk,
+                kpool=ix.index_kpool,
+                select_tail=ix.index_kpool_always_select_tail,
+                scale=ix.softmax_scale,
+            )
+    o = naive_mla_attention(q, c, attn.kv_b_proj.weight, naive_selection_mask(indices, T), attn.scaling)
+    return attn.o_proj(o.reshape(B, T, -1)), indices
