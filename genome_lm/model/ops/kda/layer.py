@@ -14,9 +14,7 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
 """
 
-import contextlib
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +23,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.upstream import use_torch_fallbacks
 
 
 @dataclass
@@ -167,25 +166,7 @@ def is_kda_patched(module: nn.Module) -> bool:
     return isinstance(fwd, types.MethodType) and fwd.__func__ is kda_layer_forward
 
 
-@contextlib.contextmanager
-def upstream_torch_fallbacks() -> Iterator[None]:
-    """Force upstream `glm5_next` to use its own torch functions for KDA and the causal conv.
-
-    Upstream wraps `chunk_kimi_delta_attention`, `recurrent_kimi_delta_attention`,
-    `causal_conv1d_fn` and `causal_conv1d_update` with `use_kernel_func_from_hub_with_fallback`,
-    which binds fla's / causal_conv1d's kernels at import time when those import (with Triton
-    installed they are picked even for CPU tensors and fail: "0 active drivers"). The original
-    torch function is each wrapper's `__wrapped__`; this swaps the module globals for them while
-    the context is open. Use it for every unpatched-upstream reference run.
-    """
-    from transformers.models.glm5_next import modeling_glm5_next as upstream
-
-    names = ["chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn", "causal_conv1d_update"]
-    saved = {name: getattr(upstream, name) for name in names}
-    try:
-        for name, fn in saved.items():
-            setattr(upstream, name, getattr(fn, "__wrapped__", fn))
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(upstream, name, fn)
+# Unpatched-upstream reference runs: upstream's own torch KDA/conv on every device. Upstream's
+# kernel wrappers bind fla's Triton kernels at import when fla imports, even for CPU tensors;
+# `use_torch_fallbacks` swaps the module globals for the torch functions they wrap.
+upstream_torch_fallbacks = use_torch_fallbacks
