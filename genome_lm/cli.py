@@ -102,6 +102,78 @@ def _run_train(args: argparse.Namespace) -> None:
         train(cfg, out=args.out, resume=args.resume)
 
 
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="score held-out windows: per-token NLL and loss by preceding context")
+    p.add_argument("--checkpoint", required=True, help="run checkpoint (RUN/checkpoints/last) or model directory")
+    p.add_argument("--shards", required=True, help="directory written by `genome-lm prepare`")
+    p.add_argument("--split", default="eval")
+    p.add_argument("--seq-len", default=None, help="tokens per scored piece (default: the whole window); longer "
+                   "windows are scored in consecutive pieces whose context restarts")
+    p.add_argument("--max-windows", type=int, default=None, help="score only the first N windows")
+    p.add_argument("--buckets", default="log2", help="'log2' ([0,1), [1,2), [2,4), ...) or edges, e.g. 0,16,256,4k")
+    p.add_argument("--engine", choices=["parallel", "streaming"], default="parallel")
+    p.add_argument("--parity", action="store_true", help="also score with the other engine; report |delta log-prob|")
+    p.add_argument("--chunk-tokens", default="4096", help="tokens per chunk of the streaming engine")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--out", required=True, help="output directory (tokens.parquet, summary.json)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> None:
+    from pydantic import ValidationError
+
+    from genome_lm.eval import EvalConfig, evaluate
+    from genome_lm.utils import parse_size
+
+    try:
+        cfg = EvalConfig(
+            checkpoint=args.checkpoint, shards=args.shards, out=args.out, split=args.split,
+            seq_len=parse_size(args.seq_len, "--seq-len") if args.seq_len else None, max_windows=args.max_windows,
+            buckets=args.buckets, engine=args.engine, parity=args.parity,
+            chunk_tokens=parse_size(args.chunk_tokens, "--chunk-tokens"), dtype=args.dtype, device=args.device,
+            overwrite=args.overwrite,
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise GenomeLMError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    s = evaluate(cfg)
+    o = s["overall"]
+    print(f"{args.out}: {o['n_tokens']:,} tokens, mean NLL {o['mean_nll']:.4f} nats/token = "
+          f"{o['bits_per_base']:.4f} bits/base (95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats)")
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="paired comparison of two evals of the same windows, by context bucket")
+    p.add_argument("eval_a", metavar="EVAL_A", help="baseline eval directory")
+    p.add_argument("eval_b", metavar="EVAL_B", help="eval directory compared against it")
+    p.add_argument("--out", required=True, help="output directory (compare.json)")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> None:
+    from genome_lm.eval import format_table, write_compare
+
+    print(format_table(write_compare(args.eval_a, args.eval_b, args.out, overwrite=args.overwrite)))
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="self-contained HTML report (plots + tables) from eval/compare/run directories")
+    p.add_argument("dirs", nargs="*", metavar="DIR", help="eval or compare output directories")
+    p.add_argument("--run", action="append", default=[], metavar="RUN_DIR", help="training run (metrics.jsonl); repeatable")
+    p.add_argument("--title", default="genome_lm: loss by preceding context")
+    p.add_argument("--out", required=True, help="HTML file to write")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> None:
+    from genome_lm.report import write_report
+
+    print(f"report: {write_report(args.dirs, args.out, runs=args.run, title=args.title)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
 
@@ -109,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_synth, _add_fetch, _add_prepare, _add_train):
+    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_eval, _add_compare, _add_report):
         add(sub)
     return parser
 

@@ -1,0 +1,72 @@
+"""Resumable per-window cache: an interrupted eval continues where it stopped.
+
+The cache lives beside the output, `PARENT/.NAME.eval-cache/`:
+    key.json        what the scores depend on (checkpoint, shards, split, seq_len, engine...)
+    w0000042.npz    window 42: `nll` float32 [L] (NaN = not scored), `nll_alt` for --parity
+Each window file is written under a temporary name and renamed, so a killed eval leaves only
+complete windows. A cache whose key differs from the current run is discarded. After the
+outputs are complete the cache is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir_for(out: Path) -> Path:
+    return out.parent / f".{out.name}.eval-cache"
+
+
+class WindowCache:
+    def __init__(self, out: Path, key: dict):
+        self.dir = cache_dir_for(Path(out))
+        self.key = key
+        key_file = self.dir / "key.json"
+        if self.dir.exists():
+            try:
+                old = json.loads(key_file.read_text())
+            except (OSError, json.JSONDecodeError):
+                old = None
+            if old != key:
+                log.warning("discarding the eval cache %s: it was made with other settings", self.dir)
+                shutil.rmtree(self.dir)
+        if not self.dir.exists():
+            self.dir.mkdir(parents=True)
+            key_file.write_text(json.dumps(key, indent=2, sort_keys=True))
+        for tmp in self.dir.glob(".w*.tmp"):  # half-written by a killed run
+            tmp.unlink(missing_ok=True)
+
+    def _path(self, index: int) -> Path:
+        return self.dir / f"w{index:07d}.npz"
+
+    def has(self, index: int) -> bool:
+        return self._path(index).exists()
+
+    def done(self) -> list[int]:
+        return sorted(int(p.stem[1:]) for p in self.dir.glob("w*.npz"))
+
+    def put(self, index: int, **arrays: np.ndarray) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".w{index:07d}.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, self._path(index))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get(self, index: int) -> dict[str, np.ndarray]:
+        with np.load(self._path(index)) as z:
+            return {k: z[k] for k in z.files}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

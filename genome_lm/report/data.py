@@ -1,0 +1,103 @@
+"""What a report is built from: eval directories, compare directories and training runs.
+
+    ev = load_eval("evals/base")            # EvalResult(label, dir, summary)
+    cmp = load_compare_dir("evals/a_vs_b")  # CompareResult(label, dir, result)
+    run = load_run("runs/demo_base")        # RunMetrics(label, dir, columns)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.eval.compare import COMPARE_FILE, compare_evals, load_compare
+from genome_lm.eval.outputs import SUMMARY_FILE, load_summary
+
+METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_mem_bytes")
+
+
+@dataclass
+class EvalResult:
+    label: str
+    dir: Path
+    summary: dict
+
+
+@dataclass
+class CompareResult:
+    label: str
+    dir: Path | None
+    result: dict
+
+
+@dataclass
+class RunMetrics:
+    label: str
+    dir: Path
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [S] (NaN where missing)
+
+
+def load_eval(eval_dir: str | Path, label: str | None = None) -> EvalResult:
+    d = Path(eval_dir)
+    if not d.is_dir():
+        raise GenomeLMError(f"{d} does not exist; give the --out directory of `genome-lm eval`")
+    return EvalResult(label or d.name, d, load_summary(d))
+
+
+def load_compare_dir(compare_dir: str | Path, label: str | None = None) -> CompareResult:
+    d = Path(compare_dir)
+    result = load_compare(d)
+    return CompareResult(label or f"{Path(result['b']['dir']).name} vs {Path(result['a']['dir']).name}", d, result)
+
+
+def load_dirs(dirs: list[str | Path]) -> tuple[list[EvalResult], list[CompareResult]]:
+    """Sort report inputs into evals (summary.json) and comparisons (compare.json)."""
+    evals, compares = [], []
+    for d in map(Path, dirs):
+        if (d / SUMMARY_FILE).is_file():
+            evals.append(load_eval(d))
+        elif (d / COMPARE_FILE).is_file():
+            compares.append(load_compare_dir(d))
+        elif not d.exists():
+            raise GenomeLMError(f"{d} does not exist; give eval or compare output directories")
+        else:
+            raise GenomeLMError(f"{d} holds neither {SUMMARY_FILE} nor {COMPARE_FILE}; give the --out of "
+                                "`genome-lm eval` or `genome-lm compare`")
+    return evals, compares
+
+
+def implied_compares(evals: list[EvalResult]) -> list[CompareResult]:
+    """Every later eval against the first (the baseline), where they scored the same windows."""
+    import logging
+
+    out = []
+    for ev in evals[1:]:
+        try:
+            result = compare_evals(evals[0].dir, ev.dir)
+        except GenomeLMError as e:
+            logging.getLogger(__name__).warning("no relative change for %s vs %s: %s", ev.label, evals[0].label, e)
+            continue
+        out.append(CompareResult(f"{ev.label} vs {evals[0].label}", None, result))
+    return out
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunMetrics:
+    """Columns of RUN/metrics.jsonl (one JSON object per logged step)."""
+    d = Path(run_dir)
+    path = d / "metrics.jsonl"
+    if not path.is_file():
+        raise GenomeLMError(f"{d} has no metrics.jsonl; give the run directory of `genome-lm train` (--out)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise GenomeLMError(f"{path}:{n}: not a JSON object; is the file damaged?") from None
+    cols = {c: np.array([r.get(c, np.nan) if r.get(c) is not None else np.nan for r in rows], dtype=np.float64)
+            for c in METRIC_COLUMNS}
+    return RunMetrics(label or d.name, d, cols)

@@ -1,0 +1,145 @@
+"""Report figures (matplotlib, object-oriented API: no pyplot state, no GUI backend needed).
+
+Each function returns a `matplotlib.figure.Figure`; `figure_png(fig)` renders it with Agg.
+x positions of a context bucket [lo, hi) are the mean context of its tokens (`context_mean`);
+empty buckets are left out. Losses are in bits per base (nats / ln 2), with nats per token on
+the right-hand axis.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
+
+LN2 = math.log(2.0)
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+DPI = 110
+
+
+def figure_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _x(bucket: dict) -> float:
+    if bucket.get("context_mean") is not None:
+        return float(bucket["context_mean"])
+    lo, hi = bucket["lo"], bucket["hi"]
+    return math.sqrt(max(lo, 1) * max(hi - 1, 1))
+
+
+def _series(buckets: list[dict], mean: str, low: str, high: str, scale: float = 1.0):
+    """x, y, y_low, y_high float64 [K'] over non-empty buckets with a context of at least 1."""
+    rows = [b for b in buckets if b["n_tokens"] and b.get(mean) is not None and _x(b) >= 1]
+    get = lambda key: np.array([np.nan if b.get(key) is None else b[key] * scale for b in rows])  # noqa: E731
+    return np.array([_x(b) for b in rows]), get(mean), get(low), get(high)
+
+
+def _context_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
+    ax.set_xlabel("preceding context (tokens, log scale)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _tokens(v: float) -> str:
+    if v >= 2**20:
+        return f"{v / 2**20:g}M"
+    if v >= 2**10:
+        return f"{v / 2**10:g}k"
+    return f"{v:g}"
+
+
+def _nats_axis(ax) -> None:
+    sec = ax.secondary_yaxis("right", functions=(lambda b: b * LN2, lambda n: n / LN2))
+    sec.set_ylabel("nats per token")
+
+
+def plot_loss_by_context(evals: list[EvalResult], title: str = "Held-out loss by preceding context") -> Figure:
+    """One line per eval: mean loss per context bucket with its 95% bootstrap CI as a band."""
+    fig = Figure(figsize=(8.5, 5))
+    ax = fig.add_subplot()
+    for i, ev in enumerate(evals):
+        color = COLORS[i % len(COLORS)]
+        x, y, lo, hi = _series(ev.summary["buckets"], "mean_nll", "ci_low", "ci_high", 1 / LN2)
+        overall = ev.summary["overall"]["bits_per_base"]
+        ax.plot(x, y, "-o", color=color, ms=4, lw=1.8, label=f"{ev.label} (all tokens: {overall:.3f} bits/base)")
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
+    _context_axis(ax)
+    ax.set_ylabel("loss (bits per base)")
+    _nats_axis(ax)
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=9, title="eval (shaded: 95% CI, bootstrap over windows)", title_fontsize=8)
+    return fig
+
+
+def plot_relative_change(compares: list[CompareResult], title: str = "Relative change in loss by preceding context") -> Figure:
+    """One line per comparison: 100 * (mean_B / mean_A - 1) per bucket with its paired 95% CI."""
+    fig = Figure(figsize=(8.5, 5))
+    ax = fig.add_subplot()
+    ax.axhline(0, color="0.3", lw=1)
+    for i, cmp in enumerate(compares):
+        color = COLORS[(i + 1) % len(COLORS)]
+        x, y, lo, hi = _series(cmp.result["buckets"], "rel_change_pct", "rel_ci_low", "rel_ci_high")
+        o = cmp.result["overall"]
+        ax.plot(x, y, "-o", color=color, ms=4, lw=1.8, label=f"{cmp.label} (all tokens: {o['rel_change_pct']:+.2f}%)")
+        ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
+    _context_axis(ax)
+    ax.set_ylabel("change in loss, B vs A (%)\nbelow 0: B has lower loss")
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=9, title="B vs A (shaded: paired 95% CI)", title_fontsize=8)
+    return fig
+
+
+def plot_repeat_split(evals: list[EvalResult], title: str = "Repeat-masked vs unmasked bases") -> Figure:
+    """Two panels (unmasked, repeat-masked) sharing the y-axis: loss by context, one line per eval."""
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, (name, what) in zip(axes, (("unmasked", "unmasked bases"), ("masked", "repeat-masked (soft-masked) bases"))):
+        for i, ev in enumerate(evals):
+            color = COLORS[i % len(COLORS)]
+            part = ev.summary["repeat"][name]
+            x, y, lo, hi = _series(part["buckets"], "mean_nll", "ci_low", "ci_high", 1 / LN2)
+            if not len(x):
+                continue
+            o = part["overall"]
+            ax.plot(x, y, "-o", color=color, ms=3.5, lw=1.6,
+                    label=f"{ev.label} ({o['n_tokens']:,} tokens, {o['bits_per_base']:.3f} bits/base)")
+            ax.fill_between(x, lo, hi, color=color, alpha=0.18, lw=0)
+        _context_axis(ax)
+        ax.set_title(what, fontsize=11)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=8)
+    axes[0].set_ylabel("loss (bits per base)")
+    _nats_axis(axes[1])
+    fig.suptitle(f"{title} (shaded: 95% CI)")
+    return fig
+
+
+def plot_training_curves(runs: list[RunMetrics], title: str = "Training") -> Figure:
+    """2 x 2 panels against optimizer step: loss, learning rate, throughput, peak memory."""
+    fig = Figure(figsize=(11, 7), layout="constrained")
+    axes = fig.subplots(2, 2, sharex=True)
+    panels = [("loss", "training loss (nats per token)", 1.0), ("lr", "learning rate", 1.0),
+              ("tokens_per_s", "throughput (tokens/s)", 1.0), ("peak_mem_bytes", "peak memory (GiB)", 2.0**-30)]
+    for ax, (col, label, scale) in zip(axes.flat, panels):
+        for i, run in enumerate(runs):
+            step, y = run.columns["step"], run.columns[col] * scale
+            ok = np.isfinite(step) & np.isfinite(y)
+            ax.plot(step[ok], y[ok], "-", marker="." if ok.sum() < 50 else None, color=COLORS[i % len(COLORS)],
+                    lw=1.5, label=run.label)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("optimizer step")
+    axes[0, 1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    axes[0, 0].legend(fontsize=9)
+    fig.suptitle(title)
+    return fig

@@ -1,0 +1,99 @@
+"""Report tables as HTML strings (shown in the report page and in notebooks via IPython.display.HTML)."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+
+from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
+
+LN2 = math.log(2.0)
+
+
+def _table(header: list[str], rows: list[list[str]], caption: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return f'<table class="glm">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _num(x, fmt: str = "{:.4f}") -> str:
+    return "&ndash;" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+
+
+def _ctx(b: dict) -> str:
+    return f"[{b['lo']:,}, {b['hi']:,})"
+
+
+def bucket_table(ev: EvalResult) -> str:
+    """Per bucket: tokens, windows, nats/token, bits/base and the 95% CI (bits/base)."""
+    s = ev.summary
+    rows = []
+    for b in s["buckets"] + [dict(s["overall"], lo=None)]:
+        if not b["n_tokens"]:
+            continue
+        ci = (f"{_num(b['ci_low'] and b['ci_low'] / LN2)} &ndash; {_num(b['ci_high'] and b['ci_high'] / LN2)}")
+        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")),
+                     _num(b["mean_nll"]), _num(b["bits_per_base"]), ci])
+    cfg = s.get("config", {})
+    caption = (f"{ev.label}: loss by preceding context (checkpoint {s.get('checkpoint', {}).get('path', '?')}, "
+               f"seq_len {cfg.get('seq_len', '?')}, engine {cfg.get('engine', '?')})")
+    return _table(["context (tokens)", "tokens", "windows", "nats/token", "bits/base", "95% CI (bits/base)"], rows, caption)
+
+
+def repeat_table(evals: list[EvalResult]) -> str:
+    """Overall loss on unmasked vs repeat-masked bases, one row per eval."""
+    rows = []
+    for ev in evals:
+        r = ev.summary["repeat"]
+        cells = [html.escape(ev.label)]
+        for name in ("unmasked", "masked"):
+            o = r[name]["overall"]
+            cells += [f"{o['n_tokens']:,}", _num(o["bits_per_base"])]
+        rows.append(cells)
+    return _table(["eval", "unmasked tokens", "unmasked bits/base", "repeat-masked tokens", "repeat-masked bits/base"],
+                  rows, "Repeat-masked (soft-masked) vs unmasked bases, all contexts")
+
+
+def compare_table(cmp: CompareResult) -> str:
+    """Per bucket: A and B in nats/token, B - A, relative change with its paired 95% CI, gain share."""
+    r = cmp.result
+    rows = []
+    for b in r["buckets"] + [dict(r["overall"], lo=None)]:
+        if not b["n_tokens"]:
+            continue
+        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
+                     _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"), _num(b["rel_change_pct"], "{:+.2f}%"),
+                     f"{_num(b['rel_ci_low'], '{:+.2f}')} &ndash; {_num(b['rel_ci_high'], '{:+.2f}')}",
+                     _num(b.get("gain_share"), "{:.1%}") if b.get("lo") is not None else ""])
+    caption = f"{cmp.label}: A = {r['a']['dir']}, B = {r['b']['dir']} (negative change: B has lower loss)"
+    return _table(["context (tokens)", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)",
+                   "share of gain"], rows, caption)
+
+
+def parity_table(ev: EvalResult) -> str:
+    p = ev.summary.get("parity")
+    if not p:
+        return ""
+    rows = [[_ctx(b), f"{b['n_tokens']:,}", _num(b["max_abs_diff"], "{:.2e}"), _num(b["mean_abs_diff"], "{:.2e}")]
+            for b in p["buckets"] if b["n_tokens"]]
+    o = p["overall"]
+    rows.append(["<b>all</b>", f"{o['n_tokens']:,}", _num(o["max_abs_diff"], "{:.2e}"), _num(o["mean_abs_diff"], "{:.2e}")])
+    return _table(["context (tokens)", "tokens", "max |&Delta; log-prob|", "mean |&Delta; log-prob|"], rows,
+                  f"{ev.label}: log-prob parity, {' vs '.join(p['engines'])} (nats)")
+
+
+def run_table(runs: list[RunMetrics]) -> str:
+    rows = []
+    for run in runs:
+        c = run.columns
+        last = lambda k: c[k][np.isfinite(c[k])][-1] if np.isfinite(c[k]).any() else None  # noqa: E731
+        agg = lambda f, k: f(c[k][np.isfinite(c[k])]) if np.isfinite(c[k]).any() else None  # noqa: E731
+        peak = agg(np.max, "peak_mem_bytes")
+        rows.append([html.escape(run.label), _num(last("step"), "{:.0f}"), _num(c["loss"][0] if len(c["loss"]) else None),
+                     _num(last("loss")), _num(agg(np.median, "tokens_per_s"), "{:,.0f}"),
+                     _num(peak and peak / 2**30, "{:.2f}")])
+    return _table(["run", "steps", "first loss", "last loss", "median tokens/s", "peak memory (GiB)"], rows,
+                  "Training runs (metrics.jsonl)")

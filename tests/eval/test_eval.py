@@ -1,0 +1,167 @@
+"""`evaluate` on a tiny checkpoint: outputs, agreement with the model/trainer loss, pieces, resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
+from genome_lm.eval.cache import cache_dir_for
+from genome_lm.genome import load_shards
+from genome_lm.genome.tokenizer import N_ID
+from tests.eval.data import N_WINDOWS
+
+
+def _model(ckpt):
+    from genome_lm.model import apply_long_context, build
+
+    model = build(ckpt)
+    apply_long_context(model)
+    return model.eval()
+
+
+def test_outputs_and_summary_shape(evaluated):
+    s = load_summary(evaluated.eval0)
+    assert set(s["overall"]) >= {"mean_nll", "n_tokens", "bits_per_base", "ci_low", "ci_high"}
+    assert s["buckets"][0]["lo"] == 0 and s["buckets"][0]["n_tokens"] == 0  # token 0 has no prediction
+    for b in s["buckets"]:
+        assert set(b) >= {"lo", "hi", "n_tokens", "mean_nll", "ci_low", "ci_high", "bits_per_base"}
+    assert s["buckets"][-1]["hi"] == 1024  # 1k windows: contexts 0..1023
+    assert sum(b["n_tokens"] for b in s["buckets"]) == s["overall"]["n_tokens"]
+    r = s["repeat"]
+    assert r["masked"]["overall"]["n_tokens"] + r["unmasked"]["overall"]["n_tokens"] == s["overall"]["n_tokens"]
+    assert s["shards"]["manifest_sha256"] and s["checkpoint"]["weights_sha256"]
+    assert s["config"]["seq_len"] == 1024 and s["config"]["engine"] == "parallel"
+    # per-token NLL maps back to the shard windows: same coordinates, NaN exactly at N and at token 0
+    ds = load_shards(evaluated.shards, "eval")
+    table = pq.read_table(evaluated.eval0 / "tokens.parquet")
+    assert table.schema.field("nll").type.value_type == "float" and table.num_rows == N_WINDOWS
+    for w in iter_windows(evaluated.eval0):
+        row = ds[w["window"]]
+        assert (w["chrom"], w["start"], w["end"], w["strand"]) == (row["chrom"], row["start"], row["end"], row["strand"])
+        unscored = row["tokens"] == N_ID
+        unscored[0] = True
+        assert np.array_equal(np.isnan(w["nll"]), unscored)
+    assert not cache_dir_for(evaluated.eval0).exists()
+
+
+def test_eval_reproduces_trainer_loss(evaluated):
+    """Each window's mean NLL equals the model's loss on the trainer's batch for that window."""
+    from genome_lm.train.data import SequenceStream
+
+    model = _model(evaluated.ckpt0)
+    stream = SequenceStream(str(evaluated.shards), "eval", seq_len=1024, reverse_complement=False, min_piece=1)
+    per_window = {w["window"]: w["nll"] for w in iter_windows(evaluated.eval0)}
+    checked = 0
+    for _ in range(len(stream.pieces)):
+        row, offset, _length = stream.pieces[stream._order[stream.index]].tolist()
+        batch = stream.next_batch(1)
+        if row not in per_window:
+            continue
+        assert offset == 0
+        with torch.no_grad():
+            loss = float(model(**batch).loss)
+        assert np.nanmean(per_window[row].astype(np.float64)) == pytest.approx(loss, rel=1e-5)
+        checked += 1
+    assert checked == N_WINDOWS
+    s = load_summary(evaluated.eval0)
+    all_nll = np.concatenate([v for v in per_window.values()])
+    assert s["overall"]["mean_nll"] == pytest.approx(np.nanmean(all_nll.astype(np.float64)), rel=1e-9)
+
+
+def test_seq_len_scores_pieces_with_fresh_context(eval_inputs, evaluated, tmp_path):
+    s = evaluate(EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
+                            max_windows=1, seq_len=256, buckets="0,16,128,256", resamples=100), show_progress=False)
+    assert [(b["lo"], b["hi"]) for b in s["buckets"]] == [(0, 16), (16, 128), (128, 256)]
+    assert s["overall"]["n_tokens"] == sum(b["n_tokens"] for b in s["buckets"])
+    nll = next(iter_windows(tmp_path / "e"))["nll"]
+    full = next(iter_windows(evaluated.eval0))["nll"]
+    assert np.isnan(nll[[0, 256, 512, 768]]).all()
+    # each piece is its own forward pass: context restarts at 256, 512, 768
+    model = _model(eval_inputs.ckpt0)
+    tokens = torch.from_numpy(load_shards(eval_inputs.shards, "eval")[0]["tokens"].astype(np.int64))
+    for start in (0, 256):
+        piece = tokens[start : start + 256][None]
+        with torch.no_grad():
+            ref = model(piece, labels=torch.where(piece == N_ID, -100, piece), return_per_token_nll=True)
+        ref_nll = np.where(ref.nll_mask[0].numpy(), ref.per_token_nll[0].numpy(), np.nan)
+        np.testing.assert_allclose(nll[start : start + 256], ref_nll, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(nll[257:512], full[257:512], rtol=1e-3)  # less context than the whole window
+
+
+def test_interrupted_eval_resumes(eval_inputs, evaluated, tmp_path, monkeypatch):
+    import genome_lm.eval.run as run
+
+    real, calls, interrupt = run.score_window, [], [True]
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and interrupt[0]:
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C in the second window
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "score_window", flaky)
+    cfg = EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
+                     max_windows=N_WINDOWS, resamples=500)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(cfg, show_progress=False)
+    assert not (tmp_path / "e").exists()  # nothing half-written at --out
+    assert len(list(cache_dir_for(tmp_path / "e").glob("w*.npz"))) == 1
+    calls.clear()
+    interrupt[0] = False
+    s = evaluate(cfg, show_progress=False)
+    assert len(calls) == N_WINDOWS - 1  # only the windows not cached
+    ref = load_summary(evaluated.eval0)
+    assert s["overall"] == ref["overall"] and s["buckets"] == ref["buckets"]
+    for a, b in zip(iter_windows(tmp_path / "e"), iter_windows(evaluated.eval0)):
+        np.testing.assert_array_equal(a["nll"], b["nll"])
+    assert not cache_dir_for(tmp_path / "e").exists()
+
+
+def test_existing_out_is_refused(evaluated):
+    cfg = EvalConfig(checkpoint=str(evaluated.ckpt0), shards=str(evaluated.shards), out=str(evaluated.eval0))
+    with pytest.raises(GenomeLMError, match="already exists"):
+        evaluate(cfg)
+
+
+def test_streaming_engine_missing_is_a_user_error(eval_inputs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "genome_lm.model.streaming", None)  # import fails
+    for kwargs in ({"engine": "streaming"}, {"parity": True}):
+        cfg = EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"), **kwargs)
+        with pytest.raises(GenomeLMError, match="streaming engine is not available yet"):
+            evaluate(cfg)
+
+
+def test_parity_report_with_a_stand_in_engine(eval_inputs, tmp_path, monkeypatch):
+    """The --parity plumbing, with a stand-in streaming engine (the parallel forward + a known offset)."""
+    def score_streaming(model, input_ids, chunk_tokens):
+        out = model(input_ids, return_per_token_nll=True)
+        return out.per_token_nll[0] + 1e-3
+
+    fake = types.ModuleType("genome_lm.model.streaming")
+    fake.score_streaming = score_streaming
+    monkeypatch.setitem(sys.modules, "genome_lm.model.streaming", fake)
+    s = evaluate(EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
+                            max_windows=1, parity=True, resamples=100), show_progress=False)
+    p = json.loads((tmp_path / "e" / "parity.json").read_text())
+    assert p == s["parity"] and p["engines"] == ["parallel", "streaming"]
+    assert p["overall"]["n_tokens"] == s["overall"]["n_tokens"]
+    assert p["overall"]["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    assert p["overall"]["mean_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    assert sum(b["n_tokens"] for b in p["buckets"]) == p["overall"]["n_tokens"]
+
+
+def test_parity_streaming_engine_fp32(eval_inputs, tmp_path):
+    """The real streaming engine agrees with the training forward within 1e-4 (fp32)."""
+    pytest.importorskip("genome_lm.model.streaming")
+    s = evaluate(EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
+                            max_windows=1, parity=True, chunk_tokens=128, resamples=100), show_progress=False)
+    assert s["parity"]["overall"]["n_tokens"] > 0
+    assert s["parity"]["overall"]["max_abs_diff"] <= 1e-4
