@@ -31,9 +31,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
-def disk_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The causal LM's tensors under on-disk checkpoint names (`model.*`, `lm_head.weight`)."""
-    state = model.state_dict()
+def disk_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The causal LM's tensors under on-disk checkpoint names (`model.*`, `lm_head.weight`).
+
+    `state_dict`: use these tensors instead of `model.state_dict()` (e.g. the full state dict a
+    sharded model gathered on one rank)."""
+    state = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     out = {}
@@ -63,14 +66,16 @@ def save_pretrained(
     *,
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style directory.
 
     Nothing appears at `out_dir` until the directory is complete. With `overwrite`, an existing
     `out_dir` is replaced only after the new one is complete; otherwise it is an error.
+    `state_dict`: the tensors to write, if not `model.state_dict()` (see `disk_state_dict`).
     """
     out_dir = Path(out_dir)
-    state = disk_state_dict(model)
+    state = disk_state_dict(model, state_dict)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
     config["dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")

@@ -91,19 +91,36 @@ class SequenceStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self.epoch)
 
-    def _next_piece(self) -> np.ndarray:
+    def _advance(self) -> list[int]:
+        """Move to the next piece; return its (row, offset, length)."""
         if self.index >= len(self._order):
             self.epoch += 1
             self.index = 0
             self._order = self._permutation(self.epoch)
         row, offset, length = self.pieces[self._order[self.index]].tolist()
         self.index += 1
+        return [row, offset, length]
+
+    def _next_piece(self) -> np.ndarray:
+        row, offset, length = self._advance()
         tokens = self.ds[int(row)]["tokens"]
         return tokens[offset : offset + length]
 
-    def next_batch(self, micro_batch: int = 1) -> dict[str, torch.Tensor]:
-        """input_ids, labels: int64 [B, T] with T the longest piece of the batch."""
-        pieces = [self._next_piece() for _ in range(micro_batch)]
+    def next_batch(self, micro_batch: int = 1, part: int = 0, parts: int = 1) -> dict[str, torch.Tensor]:
+        """input_ids, labels: int64 [B, T] with T the longest piece of the batch.
+
+        Data parallel: with `parts` > 1, `micro_batch * parts` pieces are drawn and this caller
+        gets pieces `part * micro_batch .. (part + 1) * micro_batch - 1` of them; the others are
+        skipped unread. Every part advances the same position, which stays the whole state, so
+        a run resumes on any number of parts (parts=1, micro_batch=2 reads what parts=2,
+        micro_batch=1 reads in total).
+        """
+        pieces = []
+        for i in range(micro_batch * parts):
+            if i // micro_batch == part:
+                pieces.append(self._next_piece())
+            else:
+                self._advance()
         T = max(len(p) for p in pieces)
         ids = np.full((micro_batch, T), N_ID, dtype=np.int64)
         labels = np.full((micro_batch, T), IGNORE_INDEX, dtype=np.int64)

@@ -16,6 +16,7 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
 
 import types
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,7 @@ def kda_layer_step(
     state: KDAState | None = None,
     attention_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    kda_core: Callable | None = None,
 ) -> tuple[torch.Tensor, KDAState]:
     """Run one `Glm5NextTextLinearAttention` over the next piece of a sequence.
 
@@ -56,6 +58,9 @@ def kda_layer_step(
         state: the `KDAState` after the previous tokens, or None at sequence start.
         attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
         chunk_size: chunk of `chunk_kda`; default `module.kda_chunk_size` or 64.
+        kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
+            parallelism (`genome_lm.parallel`) passes one that composes the incoming state
+            across ranks.
 
     Returns:
         `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
@@ -88,7 +93,7 @@ def kda_layer_step(
     g = module.forget_gate(hidden_states)  # [B, T, H, K] fp32, log space
     beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
 
-    core, recurrent = chunk_kda(
+    core, recurrent = (kda_core or chunk_kda)(
         query,
         key,
         value,
