@@ -1,0 +1,90 @@
+"""Autograd-aware collectives for context parallelism, with slabs of unequal length.
+
+`gather_seq(x, lengths, group)`: every rank's `x` [B, n_r, ...] (n_r = lengths[r]) concatenated
+along dim 1 in rank order -> [B, sum(lengths), ...] on every rank. Backward: each rank gets the
+sum over ranks of the gradient of its own slice (reduce-scatter on NCCL; all-reduce and slice
+on gloo, which has no reduce-scatter). Slabs of unequal length are padded to the longest for
+the collective and cut back after it.
+
+`attach(x, *deps)`: x unchanged, with `deps` made part of its autograd graph (zero gradient).
+A rank that does not need what it gathered must still run the gather's backward, or the other
+ranks wait for it forever; attaching the gathered tensor to something the loss uses does that.
+
+Ordering: every rank runs the same collectives in the same order. The autograd engine runs a
+CPU graph in reverse creation order, so ranks that build the same sequence of gather nodes
+(even with different amounts of local work in between) also meet in backward.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
+    if x.shape[1] == length:
+        return x.contiguous()
+    pad = x.new_zeros(x.shape[0], length - x.shape[1], *x.shape[2:])
+    return torch.cat([x, pad], dim=1)
+
+
+class _GatherSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, lengths: tuple[int, ...], group) -> torch.Tensor:
+        rank = dist.get_rank(group)
+        if x.shape[1] != lengths[rank]:
+            raise ValueError(f"gather_seq: rank {rank} holds {x.shape[1]} rows, lengths say {lengths[rank]}")
+        longest = max(lengths)
+        bufs = [x.new_empty(x.shape[0], longest, *x.shape[2:]) for _ in lengths]
+        dist.all_gather(bufs, _pad_to(x, longest), group=group)
+        ctx.lengths, ctx.group, ctx.rank = lengths, group, rank
+        return torch.cat([b[:, :n] for b, n in zip(bufs, lengths)], dim=1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        lengths, group, rank = ctx.lengths, ctx.group, ctx.rank
+        start = sum(lengths[:rank])
+        if dist.get_backend(group) == dist.Backend.GLOO:
+            total = grad.contiguous().clone()
+            dist.all_reduce(total, group=group)
+            return total[:, start : start + lengths[rank]], None, None
+        longest = max(lengths)
+        parts, offset = [], 0
+        for n in lengths:  # [world * B, longest, ...] in rank-major order for reduce-scatter
+            parts.append(_pad_to(grad[:, offset : offset + n], longest))
+            offset += n
+        out = grad.new_empty(grad.shape[0], longest, *grad.shape[2:])
+        dist.reduce_scatter_tensor(out, torch.cat(parts, dim=0), group=group)
+        return out[:, : lengths[rank]], None, None
+
+
+def gather_seq(x: torch.Tensor, lengths: Sequence[int], group) -> torch.Tensor:
+    """[B, lengths[rank], ...] per rank -> [B, sum(lengths), ...] on every rank, differentiable."""
+    return _GatherSeq.apply(x, tuple(int(n) for n in lengths), group)
+
+
+class _Attach(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
+        ctx.deps = [(d.shape, d.dtype, d.device) for d in deps]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (grad, *[torch.zeros(s, dtype=t, device=d) for s, t, d in ctx.deps])
+
+
+def attach(x: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
+    """`x`, with `deps` in its autograd graph (they receive zero gradient through it)."""
+    deps = tuple(d for d in deps if d.requires_grad)
+    return _Attach.apply(x, *deps) if deps and torch.is_grad_enabled() else x
+
+
+def all_reduce_sum(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum of `t` over `group` (None: the world; a new tensor, no autograd)."""
+    out = t.detach().clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(out, group=group)
+    return out

@@ -1,0 +1,97 @@
+"""Context-parallel KDA layer: each rank runs its slab; the recurrent state crosses slabs.
+
+The gated delta rule is affine in the state it starts from. Over one slab, per head,
+
+    S_out = M · S_in + B              M [K, K], B [K, V]
+    o_t   = o^B_t + o^M_t · S_in      o^B_t [V], o^M_t [K] (a row vector)
+
+`chunk_kda` gives both halves directly (the op stays single-device, untouched):
+  - B and o^B: the slab with a zero initial state (the ordinary run);
+  - M and o^M: the slab with v replaced by zeros of width K and initial state I (so S_out = M·I).
+Ranks all-gather (M_r, B_r) with a differentiable collective, each composes its incoming state
+from the earlier ranks' maps, S_in(r) = M_{r-1}(... (M_0 · 0 + B_0) ...) + B_{r-1}, and adds
+o^M · S_in to its outputs: all ranks work in parallel, none waits for a chain. Cost: about two
+KDA passes per slab (the second with value width K) plus cp small [K, K+V] maps per head.
+
+The short causal convolution (width W) needs the W-1 pre-conv projections [q | k | v] before the
+slab: every rank recomputes those of its own last W-1 tokens and they are all-gathered (a slab
+shorter than W-1 takes the rest from earlier ranks; the sequence start is zero-padded, as
+upstream pads).
+
+Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv width.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from genome_lm.model.ops.kda import KDAState, chunk_kda, kda_layer_step
+from genome_lm.parallel.collectives import attach, gather_seq
+
+
+def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
+    """maps [B, R, H, K, K + V] (M | B of every rank) -> the state entering `rank`, [B, H, K, V] fp32."""
+    Bsz, R, H, K, _ = maps.shape
+    state = maps.new_zeros(Bsz, H, K, V)
+    for j in range(rank):
+        M, B = maps[:, j, ..., :K], maps[:, j, ..., K:]
+        state = torch.matmul(M, state) + B
+    return attach(state, maps)  # rank 0 uses no map, but must still run the gather's backward
+
+
+def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False):
+    """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`."""
+    if initial_state is not None:
+        raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
+    kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    Bsz, T, HV, V = v.shape
+    K = q.shape[-1]
+    o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]
+    eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(Bsz, HV, K, K)
+    o_m, M_r = chunk_kda(q, k, v.new_zeros(Bsz, T, HV, K), g, beta, initial_state=eye, **kw)  # [B, T, HV, K], [B, HV, K, K]
+    mine = torch.cat([M_r.float(), B_r.float()], dim=-1)[:, None]  # [B, 1, HV, K, K + V]
+    maps = gather_seq(mine, [1] * cp.size, cp.group)  # [B, R, HV, K, K + V]
+    s_in = _compose_incoming(maps, cp.rank, V)  # [B, HV, K, V]
+    o = o_b.float() + torch.einsum("bthk,bhkv->bthv", o_m.float(), s_in)
+    final = torch.matmul(M_r.float(), s_in) + B_r.float()
+    return o.to(q.dtype), final
+
+
+def _conv_prefix(module: nn.Module, hidden_states: torch.Tensor, cp) -> torch.Tensor:
+    """The W-1 pre-conv projections [B, C3, W-1] before this rank's slab (zeros at sequence start)."""
+    W1 = module.conv_kernel_size - 1
+    lengths = [min(W1, n) for n in cp.lengths]
+    tail = hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:]  # [B, <= W-1, D]
+    mixed = torch.cat([module.q_proj(tail), module.k_proj(tail), module.v_proj(tail)], dim=-1)  # [B, n, C3]
+    tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
+    padded = torch.cat([tails.new_zeros(tails.shape[0], W1, tails.shape[2]), tails], dim=1)
+    before = sum(lengths[: cp.rank])  # tails rows before this slab
+    return padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
+
+
+def cp_kda_forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
+                   **kwargs) -> torch.Tensor:
+    """`Glm5NextTextLinearAttention.forward` for this rank's slab [B, T, D] -> [B, T, D]."""
+    if cache is not None:
+        raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
+    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+        raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
+    cp = self._genome_lm_cp
+    cp.check_local(hidden_states.shape[1])
+    if attention_mask is not None:
+        hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+    prefix = _conv_prefix(self, hidden_states, cp)
+    core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
+    out, _ = kda_layer_step(self, hidden_states, KDAState(prefix, None), None, kda_core=core)
+    return out
+
+
+def patch_cp_kda(module: nn.Module, cp) -> nn.Module:
+    """Make one (long-context patched) KDA module run its slab under context parallelism."""
+    module._genome_lm_cp = cp
+    module.forward = types.MethodType(cp_kda_forward, module)
+    return module

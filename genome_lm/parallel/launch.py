@@ -1,0 +1,285 @@
+"""Launching `genome-lm train` on several processes: one node (torch elastic) or a Ray cluster.
+
+    launch_local(cfg, nproc=8, out=..., resume=...)       # genome-lm train EXP --nproc 8
+    launch_ray(cfg, address=None, nproc=None, out=...)    # genome-lm train EXP --ray [ADDRESS]
+
+Both run the same function on every worker: `genome_lm.train.train(cfg, out, resume)`, which
+joins the process group the launcher prepared (gloo on CPU, nccl on GPU) and lays the ranks
+out as `parallel: {cp, dp}` says (`mesh.init_parallel`). The run directory, metrics and
+checkpoints are those of a one-process run (rank 0 writes them; the directory must be on a
+filesystem every worker sees).
+
+- `--nproc N`: `torch.distributed.launcher.elastic_launch` with a local c10d rendezvous on a
+  free port, N workers, no restarts; one GPU per worker (`LOCAL_RANK`) or CPU threads split.
+- `--ray [ADDRESS]`: Ray Train's `TorchTrainer`, one worker per GPU (`use_gpu` when the cluster
+  has GPUs) or per CPU slot; ADDRESS is an existing cluster (`ray://host:10001`, `auto`, or
+  host:port), none starts a local instance (no dashboard). Workers start in the driver's
+  working directory, so relative paths mean the same as locally.
+A failed worker (an exception, a crash, a killed process) ends the launch with a GenomeLMError
+naming the rank and its error; the checkpoints written so far stay, and `--resume` continues
+from the newest one.
+
+`GENOME_LM_FAULT=STEP[:RANK]` (testing): the worker of RANK (default 1) dies with exit code 13
+right after optimizer step STEP, as a crashed or killed process would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import traceback
+import uuid
+from pathlib import Path
+
+from genome_lm.errors import GenomeLMError
+
+log = logging.getLogger(__name__)
+FAULT_ENV = "GENOME_LM_FAULT"
+FORWARDED_ENV = (FAULT_ENV, "WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
+
+
+def maybe_inject_fault(step: int, rank: int) -> None:
+    """Testing hook: die like a crashed worker after step `step` (see the module docstring)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    at, _, who = spec.partition(":")
+    if step == int(at) and rank == int(who or 1):
+        sys.stderr.write(f"genome_lm: {FAULT_ENV}={spec}: rank {rank} exits after step {step}\n")
+        sys.stderr.flush()
+        os._exit(13)
+
+
+def check_nproc(nproc: int, cfg) -> int:
+    """Validate `--nproc` against the machine and `parallel: {cp, dp}`; return the world size."""
+    import torch
+
+    from genome_lm.parallel.mesh import resolve_layout
+
+    if nproc < 1:
+        raise GenomeLMError(f"--nproc {nproc}: the number of processes must be >= 1")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
+                            "use --ray for several nodes")
+    resolve_layout(cfg.parallel.cp, cfg.parallel.dp, nproc)
+    return nproc
+
+
+def _setup_worker_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        force=True)
+
+
+def _run_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str | None, device=None):
+    """Body of every worker: train, and leave a one-line error behind for the launcher."""
+    import torch
+
+    from genome_lm.config import parse_experiment
+    from genome_lm.train import train
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
+    except BaseException as e:
+        user = isinstance(e, GenomeLMError)
+        if error_dir:
+            msg = str(e) if user else (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+            Path(error_dir, f"rank_{rank:05d}").write_text(json.dumps({"user": user, "message": msg}))
+        if not user:
+            traceback.print_exc()
+        raise
+
+
+def elastic_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str):
+    """Entry point of each `--nproc` process (module level: the launcher pickles it)."""
+    _setup_worker_logging(int(os.environ.get("RANK", "0")))
+    try:
+        return _run_worker(cfg_json, out, resume, error_dir)
+    except GenomeLMError:
+        sys.exit(2)  # the launcher reports the message; no traceback for a user error
+
+
+def _worker_error(error_dir: str, world: int, launcher: str) -> GenomeLMError | None:
+    """The error to report for a failed launch, from the messages the workers left. A user error
+    (GenomeLMError, the same on every rank) is reported as is. A rank that left no message died
+    (crash, kill, out of memory) and is the likely cause: the others then fail on a closed
+    connection."""
+    found = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in Path(error_dir).glob("rank_*")}
+    if not found:
+        return None
+    users = [e["message"] for _, e in sorted(found.items()) if e["user"]]
+    if users:
+        return GenomeLMError(users[0])
+    silent = sorted(set(range(world)) - set(found))
+    if silent:
+        rank, msg = silent[0], "died without an error message (crashed, killed or out of memory; see its log above)"
+    else:
+        rank = min(found)
+        msg = found[rank]["message"]
+    return _failed(launcher, rank, msg)
+
+
+def _failed(launcher: str, rank: int, msg: str) -> GenomeLMError:
+    return GenomeLMError(f"{launcher}: rank {rank} failed: {msg}. Checkpoints written so far are kept; rerun with "
+                         "--resume to continue from the newest")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
+    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    check_nproc(nproc, cfg)
+    error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=0.5, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="genome_lm_elastic_")),
+    )
+    log.info("launching %d processes (parallel: cp=%s, dp=%s)", nproc, cfg.parallel.cp, cfg.parallel.dp)
+    # the launcher logs each failed worker's traceback; workers print their own (none for user errors)
+    elastic_log = logging.getLogger("torch.distributed.elastic")
+    level = elastic_log.level
+    elastic_log.setLevel(logging.CRITICAL)
+    try:
+        results = elastic_launch(config, elastic_worker)(cfg.model_dump(mode="json"), out, resume, error_dir)
+    except ChildFailedError as e:
+        err = _worker_error(error_dir, nproc, f"--nproc {nproc}")
+        if err is None:
+            rank, failure = min(e.failures.items())
+            err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}")
+        raise err from None
+    finally:
+        elastic_log.setLevel(level)
+        shutil.rmtree(error_dir, ignore_errors=True)
+    return results.get(0) or {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Train
+
+
+def _ray_worker(config: dict) -> None:
+    """Entry point of each Ray Train worker (the process group is already initialised)."""
+    import ray.train
+    import ray.train.torch
+
+    os.chdir(config["cwd"])
+    rank = ray.train.get_context().get_world_rank()
+    os.environ.setdefault("RANK", str(rank))
+    _setup_worker_logging(rank)
+    _run_worker(config["cfg"], config["out"], config["resume"], config["error_dir"],
+                device=ray.train.torch.get_device())
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
+    if address in ("auto", "local"):
+        return
+    client = address.startswith("ray://")
+    hostport = address.removeprefix("ray://").split("/")[0]
+    host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+    port_n = int(port) if port.isdigit() else (10001 if client else 6379)
+    try:
+        with socket.create_connection((host or "127.0.0.1", port_n), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise GenomeLMError(f"--ray {address}: cannot reach a Ray cluster there ({e.strerror or e}); start one with "
+                            "`ray start --head`, check the address (ray://HOST:10001 or HOST:6379), or give no "
+                            "address for a local instance") from None
+
+
+def _ray_init(address: str | None, nproc: int | None):
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        else:
+            ray.init(num_cpus=(nproc or 1) + 1, include_dashboard=False, object_store_memory=200 * 2**20)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise GenomeLMError(f"--ray: cannot start or reach {where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
+                            "check the address (ray://HOST:10001, HOST:6379 or auto) and that `ray status` works "
+                            "there, or give no address for a local instance") from None
+
+
+def ray_workers(cfg, nproc: int | None) -> tuple[int, bool]:
+    """(number of workers, use_gpu) on the connected cluster: --nproc, else cp x dp when dp is a
+    number, else one per GPU of the cluster."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if nproc is None and cfg.parallel.dp != "auto":
+        nproc = cfg.parallel.cp * int(cfg.parallel.dp)
+    if nproc is None:
+        if not gpus:
+            raise GenomeLMError("--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N "
+                                "(or set parallel.dp to a number)")
+        nproc = gpus
+    if nproc < 1:
+        raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
+    from genome_lm.parallel.mesh import resolve_layout
+
+    resolve_layout(cfg.parallel.cp, cfg.parallel.dp, nproc)
+    if gpus and nproc > gpus:
+        raise GenomeLMError(f"--ray: {nproc} workers need {nproc} GPUs, the cluster has {gpus}")
+    return nproc, gpus > 0
+
+
+def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
+               resume: bool = False) -> None:
+    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
+    if nproc is not None and nproc < 1:
+        raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
+    if address:
+        _check_reachable(address)
+    _ray_init(address, nproc)
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    workers, use_gpu = ray_workers(cfg, nproc)
+    run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
+    error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    trainer = TorchTrainer(
+        _ray_worker,
+        train_loop_config={"cfg": cfg.model_dump(mode="json"), "out": out, "resume": resume, "cwd": os.getcwd(),
+                           "error_dir": error_dir},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
+        run_config=RunConfig(name=f"{cfg.name or 'run'}-{uuid.uuid4().hex[:6]}",
+                             storage_path=str((run_dir / "ray").resolve()),
+                             failure_config=FailureConfig(max_failures=0),
+                             worker_runtime_env={"env_vars": env} if env else None),
+    )
+    log.info("Ray Train: %d workers (%s), parallel: cp=%s, dp=%s", workers, "GPU" if use_gpu else "CPU",
+             cfg.parallel.cp, cfg.parallel.dp)
+    try:
+        trainer.fit()
+    except Exception as e:  # Ray wraps worker errors (TrainingFailedError, WorkerGroupError, ...)
+        err = _worker_error(error_dir, workers, "--ray")
+        if err is None:
+            err = GenomeLMError(f"--ray: a worker failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}. "
+                                "Checkpoints written so far are kept; rerun with --resume to continue from the newest")
+        raise err from None
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)

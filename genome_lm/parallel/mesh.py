@@ -1,0 +1,178 @@
+"""The process layout: world = dp x cp ranks on a DeviceMesh with dims ("dp", "cp").
+
+    par = init_parallel(cfg.parallel)   # reads torch.distributed / the launcher's environment
+    par.dp_rank, par.cp_rank, par.cp_group, par.fsdp_mesh, par.device, par.sum_dp(x), ...
+
+`cp` is the inner dimension: the ranks of one CP group are consecutive (one node holds a whole
+sequence when cp = GPUs per node), data-parallel replicas run across nodes. FSDP shards over the
+flattened dp x cp mesh (CP ranks hold the same parameters, as in Megatron).
+
+A single process (no launcher, world size 1) gets a trivial context: every collective helper is
+the identity, so the trainer reads the same either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from genome_lm.errors import GenomeLMError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_layout(cp: int, dp: int | str, world: int) -> tuple[int, int]:
+    """(dp, cp) for `world` processes from the config's `parallel: {cp, dp}`; GenomeLMError if they do not fit."""
+    if world < 1:
+        raise GenomeLMError(f"the number of processes must be >= 1, got {world}")
+    if cp > world:
+        raise GenomeLMError(f"parallel.cp={cp} needs at least {cp} processes, this launch has {world}; "
+                            f"launch with --nproc {cp} (or a multiple of it) or lower parallel.cp")
+    if world % cp:
+        raise GenomeLMError(f"parallel.cp={cp} does not divide the {world} processes of this launch; "
+                            f"use a number of processes that is a multiple of {cp}")
+    if dp == "auto":
+        return world // cp, cp
+    if dp * cp != world:
+        raise GenomeLMError(f"parallel.dp={dp} x parallel.cp={cp} = {dp * cp} processes, but this launch has "
+                            f"{world}; set parallel.dp: auto or launch {dp * cp} processes")
+    return int(dp), cp
+
+
+def default_device(local_rank: int = 0) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@dataclass
+class ParallelContext:
+    """Where this process sits: rank in the world, in its dp replica and CP group."""
+
+    world: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    dp: int = 1
+    cp: int = 1
+    device: torch.device = torch.device("cpu")
+    mesh: Any = None  # DeviceMesh ("dp", "cp") when distributed
+    owns_process_group: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        return self.rank % self.cp
+
+    @property
+    def dp_group(self):
+        return self.mesh.get_group("dp") if self.mesh is not None else None
+
+    @property
+    def cp_group(self):
+        return self.mesh.get_group("cp") if self.mesh is not None else None
+
+    @property
+    def fsdp_mesh(self):
+        """The 1-D mesh FSDP shards over: all dp x cp ranks."""
+        if self.mesh is None:
+            return None
+        if self.dp > 1 and self.cp > 1:
+            if not hasattr(self, "_flat"):
+                self._flat = self.mesh["dp", "cp"]._flatten("dp_cp")
+            return self._flat
+        return self.mesh["cp"] if self.cp > 1 else self.mesh["dp"]
+
+    def describe(self) -> str:
+        return f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}) on {self.device}"
+
+    # -- small collectives; identities in a single process ---------------------------------------
+    def _reduce(self, values: list[float], op, group) -> list[float]:
+        if not self.distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op, group=group)
+        return t.tolist()
+
+    def sum_dp(self, *values: float) -> list[float]:
+        """Sum over the data-parallel replicas (CP ranks of one replica hold the same values)."""
+        return self._reduce(list(values), dist.ReduceOp.SUM, self.dp_group) if self.dp > 1 else list(values)
+
+    def max_all(self, value: float) -> float:
+        return self._reduce([value], dist.ReduceOp.MAX, None)[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on rank 0 and hand its result (or its GenomeLMError) to every rank."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = fn()
+            except GenomeLMError as e:
+                error = str(e)
+        result, error = self.broadcast_object((result, error))
+        if error is not None:
+            raise GenomeLMError(error)
+        return result
+
+    def shutdown(self) -> None:
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_process_group = False
+
+
+def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800) -> ParallelContext:
+    """The layout of this process: joins the process group a launcher prepared (torch elastic:
+    RANK / WORLD_SIZE / MASTER_ADDR / LOCAL_RANK in the environment; Ray Train: already
+    initialised) or, with neither, a single process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    owns = False
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dev = device or default_device(local_rank)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+        world, rank, owns = dist.get_world_size(), dist.get_rank(), True
+    else:
+        world, rank = 1, 0
+    dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
+    device = device or default_device(local_rank)
+    if world == 1:
+        return ParallelContext(device=device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
+    par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
+                          owns_process_group=owns)
+    log.info("parallel: %s", par.describe())
+    return par
