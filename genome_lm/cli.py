@@ -88,6 +88,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--dry-run", action="store_true", help="check everything on the meta device, train nothing")
+    p.add_argument("--nproc", default=None, metavar="N",
+                   help="train on N local processes (torch elastic launcher; one per GPU, gloo on CPU); "
+                        "laid out as parallel: {cp, dp}. With --dry-run: print the per-rank shapes for N")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="train under Ray Train on the cluster at ADDRESS (ray://HOST:10001, auto), or on a local "
+                        "Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
     p.set_defaults(func=_run_train)
 
 
@@ -96,8 +102,24 @@ def _run_train(args: argparse.Namespace) -> None:
     from genome_lm.train import dry_run, train
 
     cfg = load_experiment(args.experiment, args.overrides)
+    nproc = None
+    if args.nproc is not None:
+        try:
+            nproc = int(args.nproc)
+        except ValueError:
+            raise GenomeLMError(f"--nproc {args.nproc!r}: expected a number of processes, e.g. --nproc 8") from None
+        if nproc < 1:
+            raise GenomeLMError(f"--nproc {nproc}: the number of processes must be >= 1")
     if args.dry_run:
-        dry_run(cfg)
+        dry_run(cfg, world=nproc)
+    elif args.ray is not None:
+        from genome_lm.parallel.launch import launch_ray
+
+        launch_ray(cfg, address=args.ray or None, nproc=nproc, out=args.out, resume=args.resume)
+    elif nproc is not None and nproc > 1:
+        from genome_lm.parallel.launch import launch_local
+
+        launch_local(cfg, nproc, out=args.out, resume=args.resume)
     else:
         train(cfg, out=args.out, resume=args.resume)
 

@@ -3,13 +3,20 @@
     RUN/checkpoints/
       step_00000100/
         model/          config.json + model.safetensors (transformers and `genome-lm eval` load it)
-        train_state/    torch.distributed.checkpoint: optimizer, scheduler, data position, RNG
+        train_state/    torch.distributed.checkpoint: model, optimizer, scheduler, data position, RNG
         genome_lm.json  step, loss, time
       last -> step_00000100
 
 A checkpoint is written under a hidden temporary name and renamed when complete, then `last`
 is switched atomically; only complete checkpoints ever carry a `step_*` name. The newest
 `keep` checkpoints are kept.
+
+Distributed runs (a `ParallelContext` with several ranks): every rank writes its shards of the
+model and optimizer into `train_state/` (DCP; the run directory must be on a filesystem all
+ranks see); the full weights are gathered to rank 0, which writes `model/`, the metadata and
+the renames. DCP stores global shapes, so a checkpoint resumes on any number of processes
+(sharded or not). Checkpoints without the model in `train_state/` (older runs) load their
+weights from `model/`.
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+)
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.utils import make_temp_dir
 
 log = logging.getLogger(__name__)
@@ -69,7 +79,9 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optim = get_optimizer_state_dict(model, optimizer)
+        weights = get_model_state_dict(model)
     return {
+        "model": weights,
         "optimizer": optim,
         "scheduler": scheduler.state_dict(),
         "data": data.state_dict(),
@@ -78,24 +90,41 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
     }
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int) -> Path:
+def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
+                    parallel: ParallelContext | None = None) -> Path:
+    """Write checkpoint `step` (collective in a distributed run: every rank calls it)."""
     from genome_lm.model import save_pretrained
+    from genome_lm.parallel.fsdp import full_state_dict
 
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    par = parallel or ParallelContext()
     final = ckpt_dir / f"step_{step:08d}"
-    tmp = make_temp_dir(ckpt_dir, f".{final.name}.partial-")
+
+    def make_tmp() -> str:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        return str(make_temp_dir(ckpt_dir, f".{final.name}.partial-"))
+
+    tmp = Path(par.on_main(make_tmp))
     try:
-        save_pretrained(model, tmp / "model")
+        full = full_state_dict(model) if par.distributed else None  # collective
+        if par.is_main:
+            save_pretrained(model, tmp / "model", state_dict=full)
+        del full
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.save(_train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
-        (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        par.barrier()
+        if par.is_main:
+            (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if par.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not par.is_main:
+        par.barrier()
+        return final
     link_tmp = ckpt_dir / f".last.{os.getpid()}"
     link_tmp.unlink(missing_ok=True)
     link_tmp.symlink_to(final.name)
@@ -103,18 +132,29 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     for _, old in list_checkpoints(ckpt_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint step %d -> %s", step, final)
+    par.barrier()
     return final
 
 
+def _has_dcp_weights(train_state: Path) -> bool:
+    meta = dcp.FileSystemReader(str(train_state)).read_metadata()
+    return any(key.startswith("model.") for key in meta.state_dict_metadata)
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
-    """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step."""
-    load_weights(model, path)
+    """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
+    Collective in a distributed run; the checkpoint may come from any number of processes."""
     state = _train_state(model, optimizer, scheduler, data, 0)
+    if not _has_dcp_weights(path / "train_state"):
+        state.pop("model")
+        load_weights(model, path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
         # without gradients) have no optimizer state in the checkpoint; the fresh one is unused.
         dcp.load(state, checkpoint_id=str(path / "train_state"), planner=DefaultLoadPlanner(allow_partial_load=True))
+        if "model" in state:
+            set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     data.load_state_dict(state["data"])
@@ -129,8 +169,10 @@ def load_weights(model, path: str | os.PathLike) -> None:
     from genome_lm.model import build
 
     loaded = build(resolve_model_dir(path), dtype=next(model.parameters()).dtype)
-    with torch.no_grad():
-        model.load_state_dict(loaded.state_dict(), strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # a sharded (FSDP) model takes its shards of the full tensors; a plain one loads them as is
+        set_model_state_dict(model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True, strict=True))
 
 
 def clean_partials(ckpt_dir: Path) -> None:

@@ -85,3 +85,13 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+class NullMetrics:
+    """What ranks other than 0 of a distributed run log: nothing (rank 0 writes the run's metrics)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,8 +1,16 @@
-"""`genome-lm train`: one process (CPU or one GPU). The loop reads top to bottom:
+"""`genome-lm train`: one process (CPU or one GPU), or one rank of a distributed launch. The
+loop reads top to bottom:
 
-    build model -> parallelize (long-context ops, recompute, offload) -> data -> optimizer
-    -> [resume] -> for each step: micro-batches, backward, clip, check finite, step, log,
-    checkpoint.
+    layout -> build model -> parallelize (long-context ops, CP, recompute, offload, FSDP) -> data
+    -> optimizer -> [resume] -> for each step: micro-batches, backward, clip, check finite, step,
+    log, checkpoint.
+
+Distributed (`--nproc` / `--ray`, see `genome_lm.parallel`): every rank runs this same function.
+Each data-parallel replica reads its own part of every global batch (`micro_batch` sequences per
+replica), the CP ranks of a replica read the same sequences and each keeps its slab. The loss is
+normalised by the global number of scored tokens, so the logged loss and the gradients equal a
+single process reading the whole global batch. Rank 0 writes config, metrics and checkpoint
+metadata; all ranks write their shards of each checkpoint.
 
 Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
 step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
@@ -28,7 +36,10 @@ from genome_lm.train.checkpoint import (
     save_checkpoint,
 )
 from genome_lm.train.data import SequenceStream
-from genome_lm.train.metrics import MetricsLog, PeakMemory
+from genome_lm.parallel.fsdp import clip_grad_norm
+from genome_lm.parallel.launch import maybe_inject_fault
+from genome_lm.parallel.mesh import ParallelContext, init_parallel
+from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 
@@ -89,10 +100,12 @@ def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init
     return lut
 
 
-def dry_run(cfg: ExperimentConfig, device: torch.device | None = None) -> dict:
+def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> dict:
     """Check the experiment end to end without training: data, model on the meta device, token
-    map, shapes and memory strategy. Prints a summary and returns it."""
+    map, shapes, memory strategy and the per-rank shapes of the parallel layout on `world`
+    processes (default cp x dp). Prints a summary and returns it."""
     from genome_lm.model import count_parameters, format_counts
+    from genome_lm.parallel.layout import format_layout, layout_summary
 
     device = device or default_device()
     manifest = check_data(cfg)
@@ -120,6 +133,7 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None) -> dict:
         "steps": cfg.train.steps,
         "memory": cfg.memory.model_dump(),
         "parallel": cfg.parallel.model_dump(),
+        "layout": layout_summary(model, cfg, world),
     }
     print(f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), init {cfg.model.init or 'preset initialisation'}")
     print(format_counts(counts))
@@ -133,6 +147,7 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None) -> dict:
           f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
           f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}")
     print(f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}")
+    print(format_layout(summary["layout"]))
     print("dry run OK: nothing was trained")
     return summary
 
@@ -150,8 +165,9 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     return latest if resume else None
 
 
-def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, device: torch.device) -> list[dict]:
-    return [{k: v.to(device) for k, v in stream.next_batch(cfg.train.micro_batch).items()}
+def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, par: ParallelContext) -> list[dict]:
+    """This replica's micro-batches of the step (all CP ranks of a replica get the same)."""
+    return [{k: v.to(par.device) for k, v in stream.next_batch(cfg.train.micro_batch, par.dp_rank, par.dp).items()}
             for _ in range(cfg.train.grad_accum)]
 
 
@@ -160,16 +176,22 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
     from genome_lm.model import expert_load
 
-    device = device or default_device()
+    par = init_parallel(cfg.parallel, device)
+    device = par.device
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
-    latest = _prepare_run_dir(run_dir, resume)
-    (run_dir / "config.yaml").write_text(dump_experiment(cfg))
+
+    def prepare() -> Path | None:
+        found = _prepare_run_dir(run_dir, resume)
+        (run_dir / "config.yaml").write_text(dump_experiment(cfg))
+        return found
+
+    latest = par.on_main(prepare)
 
     init = resolve_init(cfg)
     model = build_model(cfg, device, init)
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
-    parallelize(model, cfg.memory)
+    parallelize(model, cfg.memory, par)
     model.train()
     stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
                             reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
@@ -183,27 +205,29 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     else:
         torch.manual_seed(cfg.train.seed)
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
-                         cfg.model_dump(mode="json"), resume_step=start)
+                         cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
     memory = PeakMemory(device)
     params = [p for p in model.parameters() if p.requires_grad]
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
     bar = tqdm(total=cfg.train.steps, initial=start, desc=f"train {cfg.name}", unit="step",
-               disable=None if show_progress is None else not show_progress)
+               disable=not par.is_main or (None if show_progress is None else not show_progress))
     record: dict = {}
     try:
         for step in range(start + 1, cfg.train.steps + 1):
             memory.reset()
             t0 = time.perf_counter()
-            batches = _micro_batches(stream, cfg, device)
+            batches = _micro_batches(stream, cfg, par)
             n_targets = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
-            total_targets = max(1, sum(n_targets))
+            total_targets = max(1, int(par.sum_dp(sum(n_targets))[0]))  # over all replicas
             loss_sum = 0.0
             for batch, n in zip(batches, n_targets):
                 out = model(**batch)
                 (out.loss * (n / total_targets)).backward()
                 loss_sum += float(out.loss.detach()) * n
-            loss = loss_sum / total_targets
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            tokens = sum(int(b["input_ids"].numel()) for b in batches)
+            loss_sum, tokens = par.sum_dp(loss_sum, tokens)
+            loss, tokens = loss_sum / total_targets, int(tokens)
+            grad_norm = clip_grad_norm(params, clip)
             lr = scheduler.get_last_lr()[0]
             finite = math.isfinite(loss) and math.isfinite(grad_norm)
             if finite:
@@ -212,14 +236,15 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
-            tokens = sum(int(b["input_ids"].numel()) for b in batches)
+            elapsed = par.max_all(time.perf_counter() - t0)
             load = expert_load(model)
             record = {
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_bytes": memory.peak(),
+                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_bytes": int(par.max_all(memory.peak())),
                 "epoch": stream.epoch,
             }
+            if par.distributed:
+                record["world_size"] = par.world
             if load:
                 imb = [v["imbalance"] for v in load.values()]
                 record["moe_imbalance_max"] = max(imb)
@@ -242,10 +267,13 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
                 save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
-                                {"loss": loss, "experiment": cfg.name}, keep=cfg.train.keep_checkpoints)
+                                {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp,
+                                 "cp": par.cp}, keep=cfg.train.keep_checkpoints, parallel=par)
+            maybe_inject_fault(step, par.rank)
     finally:
         bar.close()
         metrics.close()
+        par.shutdown()
     log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record.get("step", start),
              record.get("loss", float("nan")), run_dir / "checkpoints")
     return record

@@ -122,8 +122,8 @@ def test_non_finite_loss(tmp_path, tiny_shards, monkeypatch, mode):
     real = trainer.parallelize
     calls = {"n": 0}
 
-    def poisoned(model, memory):
-        real(model, memory)
+    def poisoned(model, memory, *parallel):
+        real(model, memory, *parallel)
 
         def hook(module, args, output):
             calls["n"] += 1
