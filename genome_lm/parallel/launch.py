@@ -181,6 +181,11 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
+    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     rank = ray.train.get_context().get_world_rank()
     os.environ.setdefault("RANK", str(rank))
     _setup_worker_logging(rank)
@@ -259,17 +264,16 @@ def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: s
     workers, use_gpu = ray_workers(cfg, nproc)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    env = {k: os.environ.get(k) for k in FORWARDED_ENV}
     trainer = TorchTrainer(
         _ray_worker,
         train_loop_config={"cfg": cfg.model_dump(mode="json"), "out": out, "resume": resume, "cwd": os.getcwd(),
-                           "error_dir": error_dir},
+                           "error_dir": error_dir, "env": env},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
         run_config=RunConfig(name=f"{cfg.name or 'run'}-{uuid.uuid4().hex[:6]}",
                              storage_path=str((run_dir / "ray").resolve()),
-                             failure_config=FailureConfig(max_failures=0),
-                             worker_runtime_env={"env_vars": env} if env else None),
+                             failure_config=FailureConfig(max_failures=0)),
     )
     log.info("Ray Train: %d workers (%s), parallel: cp=%s, dp=%s", workers, "GPU" if use_gpu else "CPU",
              cfg.parallel.cp, cfg.parallel.dp)

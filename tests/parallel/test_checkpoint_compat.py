@@ -1,0 +1,57 @@
+"""Checkpoints written before the model went into DCP (weights only in `model/`) still resume."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from genome_lm.config import MemoryConfig, TrainConfig
+from genome_lm.model import build
+from genome_lm.train.checkpoint import _train_state, load_checkpoint, save_checkpoint
+from genome_lm.train.parallelize import parallelize
+from genome_lm.train.schedule import make_optimizer, make_scheduler
+
+
+class _Data:
+    def __init__(self, index=0):
+        self.index = index
+
+    def state_dict(self):
+        return {"index": self.index}
+
+    def load_state_dict(self, state):
+        self.index = state["index"]
+
+
+def _setup(seed: int):
+    torch.manual_seed(seed)
+    model = parallelize(build("glm53-tiny"), MemoryConfig())
+    cfg = TrainConfig(steps=4, lr=1e-2)
+    opt = make_optimizer(model, cfg)
+    return model, opt, make_scheduler(opt, cfg)
+
+
+def test_checkpoint_without_dcp_weights_loads_them_from_model_dir(tmp_path):
+    model, opt, sched = _setup(0)
+    ids = torch.randint(0, 5, (1, 40))
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    sched.step()
+    ckpt = save_checkpoint(tmp_path, 1, model, opt, sched, _Data(7), {}, keep=1)
+    old = _train_state(model, opt, sched, _Data(7), 1)
+    del old["model"]  # the layout of older checkpoints
+    shutil.rmtree(ckpt / "train_state")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(old, checkpoint_id=str(ckpt / "train_state"))
+
+    fresh, opt2, sched2 = _setup(1)
+    data = _Data()
+    assert load_checkpoint(ckpt, fresh, opt2, sched2, data) == 1
+    assert data.index == 7
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert sched2.last_epoch == 1 and opt2.state_dict()["state"]
