@@ -196,6 +196,20 @@ def _run_report(args: argparse.Namespace) -> None:
     print(f"report: {write_report(args.dirs, args.out, runs=args.run, title=args.title)}")
 
 
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from genome_lm.plan.command import add_arguments
+
+    p = sub.add_parser("plan", help="memory per GPU, host memory and tokens/s of a run, before renting GPUs")
+    add_arguments(p)
+    p.set_defaults(func=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> None:
+    from genome_lm.plan.command import run
+
+    run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
 
@@ -203,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_eval, _add_compare, _add_report):
+    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_eval, _add_compare, _add_report, _add_plan):
         add(sub)
     return parser
 

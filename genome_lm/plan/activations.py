@@ -1,0 +1,154 @@
+"""Bytes autograd keeps for backward, per decoder layer and per part, read off the code.
+
+Each function returns `{term: bytes}` for `n` tokens on one rank. The terms are the tensors the
+forward of genome_lm's patched model saves (upstream decoder layer and hyper-connections,
+`ops/kda`, `ops/dsa`, `ops/moe`), with `a` the activation dtype's bytes and float32 where the
+code computes in float32. `tests/plan/test_activations.py` checks every part against the
+storages autograd actually saves (saved-tensor hooks) on glm53-tiny in float32 and bfloat16.
+
+Per token (S streams of width D):
+- layer input   a·S·D (the residual streams; what per-layer recompute keeps or offloads)
+- frame         mid stream a·S·D; two RMSNorms (float32 input copy 4·D, rsqrt 4, normalised
+                a·D); two hc combines (block output a·D, post a·S, comb a·S²); unpatched
+                hyper-connections also keep a float32 copy and normalised copy of the streams and
+                ~2·iters Sinkhorn [S, S] matrices (ops/hc recomputes them instead)
+- KDA           masked input a·D, conv in/out float32 2·4·3HK, qkv a·3HK, beta a·H, two low-rank
+                gate projections 2·a·K, forget gate 3·4·HK, gated output norm 4·4·HK + 4·H,
+                o_proj input a·HK; torch op: one [H, K, K] float32 state per 16-chunk segment;
+                fla op: l2-normed q, k 2·a·HK, their rstd 8·H, cumulative gate 4·HK, Aqk/Akk 2·a·H·C;
+                under CP the op runs twice (+ zero values a·HK and o^M in float32 4·HK)
+- DSA           input a·D; q LoRA norm 4·ql + 4 + 2·a·ql; kv LoRA norm 4·R + 4 + a·R; latent
+                a·R per *sequence* token (all-gathered under CP); q_nope copy a·H·DN; absorbed
+                query and output 2·a·H·R; row LSE 4·H; o_proj input a·H·DV; selection int32 per
+                query (kept by the attention's context, not by autograd)
+- dense MLP     input a·D, six a·I activations (gate, up, clamped gate, silu, clamped up, product)
+- MoE           input a·D; with moe_recompute nothing else (blocks rebuilt in backward); otherwise
+                router (float32 input copy, sigmoid scores 4·E, group/top-k indices and masks),
+                routed rows k·(2·a·D + 6·a·I + 28) and the shared expert 6·a·I
+"""
+
+from __future__ import annotations
+
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.shapes import LayerShape, ModelShape
+
+F32 = 4
+KDA_SEGMENT_CHUNKS = 16  # ops/kda/chunk.py: chunks per checkpointed segment
+
+
+def layer_input(m: ModelShape, n: int) -> int:
+    """The residual streams entering a decoder layer, [n, S, D]."""
+    return n * m.act_bytes * m.S * m.D
+
+
+def frame(m: ModelShape, n: int, hc_recompute: bool) -> dict[str, int]:
+    a, S, D = m.act_bytes, m.S, m.D
+    terms = {
+        "mid_stream": n * a * S * D,
+        "norms": n * 2 * (F32 * D + F32 + a * D),
+        "hc_combine": n * 2 * (a * D + a * S + a * S * S),
+    }
+    if not hc_recompute:
+        terms["hc_weights"] = n * 2 * hc_intermediates(m)
+    return terms
+
+
+def hc_intermediates(m: ModelShape) -> int:
+    """Bytes per token upstream's hyper-connection keeps beyond its input and outputs."""
+    a, S, D, it = m.act_bytes, m.S, m.D, m.sinkhorn_iters
+    floats = (2 + S) * S + 3 * S + 2 * it * S * S + (2 * it - 1) * S  # logits, pre/post, Sinkhorn
+    return (F32 * S * D if a != F32 else 0) + F32 * S * D + F32 + F32 * floats
+
+
+def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> dict[str, int]:
+    """Under context parallelism (parallel/cp_kda.py) the op runs twice per slab (ordinary run, and
+    the slab's affine map with zero values of width K), and o^M is kept in float32 for the einsum."""
+    a, D, H, K = m.act_bytes, m.D, m.kda_heads, m.kda_head_dim
+    HK = H * K
+    terms = {
+        "kda_input": n * a * D,
+        "kda_conv": n * 2 * F32 * 3 * HK,
+        "kda_qkv": n * a * 3 * HK,
+        "kda_gates": n * (a * H + 2 * a * K + 3 * F32 * HK),
+        "kda_out_norm": n * (4 * F32 * HK + F32 * H),
+        "kda_out_proj_in": n * a * HK,
+    }
+    if backend == "fla":
+        terms["kda_op"] = n * (2 * a * HK + 8 * H + F32 * HK + 2 * a * H * chunk)
+    else:
+        segments = -(-n // (KDA_SEGMENT_CHUNKS * chunk))
+        terms["kda_op"] = segments * F32 * H * K * K
+    if cp > 1:
+        terms["kda_op"] *= 2
+        terms["kda_cp_map"] = n * (a * HK + F32 * HK)  # zero values (saved by the op), o^M in float32
+    return terms
+
+
+def dsa(m: ModelShape, n: int, seq_tokens: int, layer: LayerShape) -> dict[str, int]:
+    """`seq_tokens`: tokens of the whole sequence (the latent all-gathered over CP ranks)."""
+    a, D, H, R, ql = m.act_bytes, m.D, m.dsa_heads, m.kv_lora, m.q_lora
+    terms = {
+        "dsa_input": n * a * D,
+        "dsa_q_lora": n * (F32 * ql + F32 + 2 * a * ql),
+        "dsa_kv_lora": n * (F32 * R + F32 + a * R),
+        "dsa_latent": seq_tokens * a * R,
+        "dsa_queries": n * (a * H * m.qk_nope + 2 * a * H * R + F32 * H + a * H * m.v_head),
+    }
+    if layer.indexer == "full":  # a shared layer attends with the previous layer's selection object
+        pools, _ = m.selected_per_query(seq_tokens)
+        terms["dsa_selection"] = n * 4 * pools
+    return terms
+
+
+def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
+    a = m.act_bytes
+    return {"mlp_input": n * a * m.D, "mlp_act": n * 6 * a * m.dense_width}
+
+
+def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None) -> dict[str, int]:
+    """`rows`: token-expert pairs on this rank (n·k, times the imbalance under expert parallelism)."""
+    a, D, E, k = m.act_bytes, m.D, m.experts, m.top_k
+    terms = {"moe_input": n * a * D}
+    if recompute:
+        return terms
+    rows = n * k if rows is None else rows
+    router = (F32 * D if a != F32 else 0) + F32 * E + 16 * m.n_group + 8 * m.topk_group + E + 8 * k + F32 + F32 * k
+    terms["moe_router"] = n * router
+    terms["moe_experts"] = rows * (2 * a * D + 6 * a * m.moe_width + 28)
+    terms["moe_shared"] = n * 6 * a * m.shared_width
+    return terms
+
+
+def moe_rows(m: ModelShape, n: int, layout: Layout, imbalance: float) -> int:
+    """Token-expert pairs the busiest rank computes: n·k, or imbalance·n·k with expert parallelism."""
+    rows = n * m.top_k
+    return int(rows * imbalance) if layout.ep > 1 else rows
+
+
+def attention(m: ModelShape, layer: LayerShape, layout: Layout, backend: str) -> dict[str, int]:
+    n = layout.tokens
+    if layer.attn == "kda":
+        return kda(m, n, backend, layout.kda_chunk, layout.cp)
+    return dsa(m, n, layout.micro_batch * layout.seq_len, layer)
+
+
+def mlp(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> dict[str, int]:
+    n = layout.tokens
+    if layer.mlp == "dense":
+        return dense_mlp(m, n)
+    return moe(m, n, layout.moe_recompute, moe_rows(m, n, layout, imbalance))
+
+
+def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:
+    """Everything one decoder layer saves without recompute, except its input streams."""
+    terms = frame(m, layout.tokens, layout.hc_recompute)
+    terms.update(attention(m, layer, layout, backend))
+    terms.update(mlp(m, layer, layout, imbalance))
+    return terms
+
+
+def outside_layers(m: ModelShape, n: int) -> dict[str, int]:
+    """Saved outside the decoder layers: input ids, final norm, final hidden, targets, log-sum-exp."""
+    a, D = m.act_bytes, m.D
+    return {"input_ids": n * 8, "final_norm": n * (F32 * D + F32 + a * D), "final_hidden": n * a * D,
+            "loss_targets": n * (8 + F32)}

@@ -1,0 +1,141 @@
+"""`genome-lm plan`: argument handling and output; `cli.py` only registers it.
+
+    genome-lm plan (EXP.yaml | --model PRESET_OR_DIR --seq-len 1M) --gpus 64 [--gpus-per-node 8]
+        [--gpu-mem 180GiB] [--host-mem 2TiB] [--gpu b200|h200|h100] [--fit] [--json]
+        [--cp 8] [--ep 8] [--recompute per-layer] [--offload] [--set KEY=VALUE] [--assume KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from genome_lm.errors import GenomeLMError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experiment", nargs="?",
+                   help="experiment YAML (its model, data.seq_len, memory and parallel sections)")
+    p.add_argument("--model", help="preset (glm53-flash, glm53-mini, glm53-tiny) or checkpoint directory, "
+                   "instead of an experiment")
+    p.add_argument("--seq-len", help="tokens per sequence, e.g. 1M or 256k (overrides the experiment's data.seq_len)")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="model dtype (default: the experiment's, else bfloat16)")
+    p.add_argument("--gpus", type=int, help="GPUs in the job (default: the experiment's cp x dp)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
+    p.add_argument("--gpu", default="b200", help="b200, h200 or h100")
+    p.add_argument("--gpu-mem", default=None, help="usable memory per GPU, e.g. 180GiB (default: the GPU's)")
+    p.add_argument("--host-mem", default=None, help="host memory per node, e.g. 2TiB (default 2 TiB)")
+    p.add_argument("--cp", type=int, default=None, help="context-parallel ranks (default: experiment's, else 1)")
+    p.add_argument("--ep", default="1",
+                   help="expert-parallel ranks (modelled; genome_lm.train uses 1); 'auto' lets --fit choose")
+    p.add_argument("--recompute", choices=["none", "per-layer"], default=None, help="recompute policy (overrides)")
+    p.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
+                   help="offload layer inputs to host memory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override an experiment value, e.g. --set memory.dsa_block_queries=512 (repeatable)")
+    p.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a planner assumption, e.g. --assume matmul_efficiency=0.35 (repeatable)")
+    p.add_argument("--fit", action="store_true",
+                   help="search recompute/offload/cp/block sizes for the fastest layout that fits")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the report")
+
+
+def _experiment(args):
+    """An ExperimentConfig from the YAML or from --model/--seq-len (trainer defaults elsewhere)."""
+    from genome_lm.config import apply_override, load_experiment, parse_experiment
+
+    if args.experiment and args.model:
+        raise GenomeLMError("plan: give an experiment file or --model, not both")
+    overrides = list(args.overrides)
+    if args.seq_len is not None:
+        overrides.append(f"data.seq_len={args.seq_len}")
+    if args.experiment:
+        return load_experiment(args.experiment, overrides)
+    if not args.model:
+        raise GenomeLMError("plan: give an experiment file (e.g. experiments/glm53flash_1m_64xb200.yaml) "
+                            "or --model PRESET")
+    if args.seq_len is None:
+        raise GenomeLMError("plan: --model needs --seq-len (e.g. --seq-len 1M)")
+    raw = {"data": {"shards": "-", "seq_len": args.seq_len},
+           "model": {"name": args.model, "dtype": args.dtype or "bfloat16"},
+           "train": {"steps": 1}, "parallel": {"cp": 1, "dp": "auto"}}
+    for item in args.overrides:
+        apply_override(raw, item)
+    return parse_experiment(raw, "plan arguments")
+
+
+def build(args):
+    """(model shape, given layout, cluster, assumptions, ep choices) from the arguments."""
+    from genome_lm.plan.assumptions import Assumptions
+    from genome_lm.plan.hardware import make_cluster, parse_bytes
+    from genome_lm.plan.layout import layout_from_config
+    from genome_lm.plan.shapes import model_shape
+
+    cfg = _experiment(args)
+    if args.cp is not None:
+        cfg.parallel.cp = args.cp
+        cfg.parallel.dp = "auto"
+    gpus = args.gpus
+    if gpus is None:
+        if cfg.parallel.dp == "auto":
+            raise GenomeLMError("plan: --gpus is required (the experiment's parallel.dp is auto)")
+        gpus = cfg.parallel.cp * cfg.parallel.dp
+    if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
+        cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp
+    gpu_mem = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    host_mem = parse_bytes(args.host_mem, "--host-mem") if args.host_mem is not None else None
+    cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, gpu_mem, host_mem)
+    if gpus % cfg.parallel.cp:
+        raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
+    layout = layout_from_config(cfg, gpus)
+    if args.recompute is not None:
+        layout = layout.replace(recompute=args.recompute, recompute_layers=())
+    if args.offload is not None:
+        layout = layout.replace(offload=args.offload)
+    ep_choices = _ep_choices(args.ep, cluster)
+    layout = layout.replace(ep=ep_choices[0] if args.ep != "auto" else 1)
+    layout.check()
+    assume = Assumptions().override(args.assume)
+    shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
+    return shape, layout, cluster, assume, ep_choices
+
+
+def _ep_choices(text: str, cluster) -> tuple[int, ...]:
+    if text == "auto":
+        out, ep = [], 1
+        while ep <= min(cluster.gpus, cluster.gpus_per_node):
+            out.append(ep)
+            ep *= 2
+        return tuple(out)
+    try:
+        ep = int(text)
+    except ValueError:
+        raise GenomeLMError(f"--ep {text!r}: expected a number of ranks or 'auto'") from None
+    if ep < 1 or cluster.gpus % ep:
+        raise GenomeLMError(f"--ep {ep} must be a positive divisor of --gpus {cluster.gpus}")
+    return (ep,)
+
+
+def run(args: argparse.Namespace) -> None:
+    from genome_lm.plan.planner import make_plan
+    from genome_lm.plan.report import format_plan, plan_json
+    from genome_lm.plan.search import fit
+
+    shape, layout, cluster, assume, ep_choices = build(args)
+    if not args.fit:
+        plan = make_plan(shape, layout, cluster, assume)
+        print(json.dumps(plan_json(plan), indent=2) if args.json else format_plan(plan))
+        return
+    result = fit(shape, layout, cluster, assume, ep_choices)
+    chosen = result.best or result.closest
+    if args.json:
+        out = plan_json(chosen)
+        out["fit"] = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
+                      "given": {"layout": layout.describe(), "fits": result.given.fits,
+                                "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
+        print(json.dumps(out, indent=2))
+        return
+    print("\n".join(result.explain()))
+    print()
+    print(format_plan(chosen))

@@ -1,0 +1,114 @@
+"""GPU and node specifications the planner uses, each one overridable from the command line.
+
+Numbers are vendor peak figures; how much of a peak a run achieves is an *assumption*
+(`assumptions.py`), never folded in here. Sources (see docs/plan.md for the full list):
+
+- B200 (HGX/DGX B200, 1000 W): 183,359 MiB reported by nvidia-smi (NVIDIA/TensorRT-LLM#10278);
+  BF16 dense 2.25 PFLOP/s and HBM 7.67 TB/s (pytorch/ao#4002 roofline table; glennklockwood.com
+  B200 page, HGX variant); NVLink 5: 1.8 TB/s bidirectional = 900 GB/s per direction per GPU
+  (docs.nvidia.com DGX GB200 networking); host link PCIe Gen5 x16 (DGX B200 hosts are Xeon
+  Emerald Rapids, PCIe Gen5): 64 GB/s per direction; scale-out 8x ConnectX-7 400 Gb/s = 50 GB/s
+  per GPU per direction (docs.nvidia.com DGX BasePOD core components); 2 TB host memory per node.
+- H200 SXM: 141 GB HBM3e (nvidia-smi reports ~140 GiB), 4.8 TB/s, BF16 dense 989 TFLOP/s (the
+  1,979 figure is with 2:4 sparsity), NVLink 4 900 GB/s bidirectional, PCIe Gen5, ConnectX-7
+  400 Gb/s, DGX H200 2 TB host memory (docs.nvidia.com DGX BasePOD).
+- H100 SXM: 81,559 MiB reported by nvidia-smi (modal-labs/modal-client#2797), 3.35 TB/s, BF16
+  dense 989 TFLOP/s, NVLink 4 900 GB/s bidirectional, PCIe Gen5, ConnectX-7 400 Gb/s, 2 TB host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from genome_lm.errors import GenomeLMError
+
+GiB = 2**30
+MiB = 2**20
+GB = 10**9
+TB = 10**12
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator. Bandwidths are per GPU and per direction, in bytes/s."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops: float  # dense tensor-core peak
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # scale-up fabric inside a node
+    host_link_bytes_per_s: float  # GPU <-> host memory (PCIe)
+    network_bytes_per_s: float  # scale-out NIC bandwidth per GPU (between nodes)
+    host_memory_per_node: int
+    gpus_per_node: int = 8
+
+
+GPUS: dict[str, GPUSpec] = {
+    "b200": GPUSpec("b200", 183_359 * MiB, 2.25e15, 7.67 * TB, 900 * GB, 64 * GB, 50 * GB, 2 * 1024 * GiB),
+    "h200": GPUSpec("h200", 143_771 * MiB, 0.989e15, 4.8 * TB, 450 * GB, 64 * GB, 50 * GB, 2 * 1024 * GiB),
+    "h100": GPUSpec("h100", 81_559 * MiB, 0.989e15, 3.35 * TB, 450 * GB, 64 * GB, 50 * GB, 2 * 1024 * GiB),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`gpus` accelerators of one kind, `gpus_per_node` to a node (NVLink inside, NICs between)."""
+
+    gpu: GPUSpec
+    gpus: int
+    gpus_per_node: int
+    host_memory_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise GenomeLMError(f"--gpu: unknown GPU {name!r}; use one of {', '.join(GPUS)} "
+                            "(and --gpu-mem / --host-mem to describe anything else)")
+    return GPUS[key]
+
+
+def make_cluster(gpu: str = "b200", gpus: int = 8, gpus_per_node: int | None = None,
+                 gpu_mem: int | None = None, host_mem: int | None = None) -> Cluster:
+    """A cluster description; `gpu_mem` / `host_mem` (bytes) override the spec's figures."""
+    spec = gpu_spec(gpu)
+    if gpus < 1:
+        raise GenomeLMError(f"--gpus: need at least 1 GPU, got {gpus}")
+    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
+    if per_node < 1:
+        raise GenomeLMError(f"--gpus-per-node: need at least 1, got {per_node}")
+    if gpus > per_node and gpus % per_node:
+        raise GenomeLMError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes; "
+                            "use a multiple of --gpus-per-node")
+    if gpu_mem is not None:
+        if gpu_mem < 1 * GiB:
+            raise GenomeLMError(f"--gpu-mem: {gpu_mem:,} bytes is not a GPU memory size; use e.g. 180GiB")
+        spec = replace(spec, memory_bytes=int(gpu_mem))
+    host = spec.host_memory_per_node if host_mem is None else int(host_mem)
+    if host < 1 * GiB:
+        raise GenomeLMError(f"--host-mem: {host:,} bytes is not a node's host memory; use e.g. 2TiB")
+    return Cluster(gpu=spec, gpus=gpus, gpus_per_node=min(per_node, gpus), host_memory_per_node=host)
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": GB, "gb": GB, "t": TB, "tb": TB,
+          "kib": 2**10, "mib": MiB, "gib": GiB, "tib": 2**40}
+
+
+def parse_bytes(text: str | int, what: str) -> int:
+    """'180GiB' -> 193273528320, '2TB' -> 2e12, '1.5TiB', '141GB'; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        raise GenomeLMError(f"{what}: cannot read {text!r} as a memory size; use e.g. 180GiB, 141GB or 2TiB") from None
+    if unit not in _UNITS or value <= 0:
+        raise GenomeLMError(f"{what}: cannot read {text!r} as a memory size; use e.g. 180GiB, 141GB or 2TiB")
+    return int(value * _UNITS[unit])

@@ -1,0 +1,177 @@
+"""Memory per GPU over one training step: the peak, where it happens, and what it is made of.
+
+The step is walked phase by phase, as the trainer runs it:
+    forward of each layer (op by op) -> loss forward/backward -> backward of each layer from the
+    last (recomputing it first when it is wrapped) -> optimizer step.
+At every point the live bytes are
+    persistent     sharded parameters + AdamW states (+ the gradients produced so far)
+    comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer, and in
+                   backward its unsharded gradients and the float32 reduce-scatter input
+    kept           what earlier layers keep for backward: everything (recompute none), their
+                   input streams (per-layer recompute; zero on the device when offloaded), or
+                   everything but the recomputed parts (selective)
+    current layer  saved tensors of the ops run so far + the transient of the running op
+    grad streams   in backward, the incoming and outgoing stream gradients (2 x a·S·D per token)
+On a CPU (one process, no FSDP) parameters and optimizer states are part of the process
+baseline (measured, not modelled); the step adds gradients, activations and transients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genome_lm.plan import activations as act
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.ops import Op, layer_ops, loss_transients
+from genome_lm.plan.shapes import LayerShape, ModelShape
+
+INPUT_TENSORS = 4  # hidden_states, attention_mask, position_ids, input_ids: what a wrapped layer saves
+
+
+@dataclass
+class MemoryPlan:
+    peak_bytes: int
+    peak_where: str
+    breakdown: dict[str, int]  # components of the peak, summing to peak_bytes
+    host_bytes_per_gpu: int
+    activations_by_layer_type: dict[str, int]  # bytes per layer of that type without recompute
+    kept_by_layer_type: dict[str, int]  # what one layer of that type keeps between forward and backward
+    phases: list[tuple[str, int]] = field(default_factory=list)
+
+
+def pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def shard_degree(layout: Layout, assume: Assumptions) -> int:
+    return layout.dp * (layout.cp if assume.shard_over_cp else 1)
+
+
+def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
+    """A layer's parameters as FSDP2 all-gathers them (routed experts: this rank's ep share)."""
+    return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.ep
+
+
+def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
+         assume: Assumptions) -> tuple[int, int, int]:
+    """(device bytes, host bytes, pinned host bytes) layer keeps between its forward and backward."""
+    n, a = layout.tokens, m.act_bytes
+    stays = assume.offload_keeps_device_input
+    small = n * (1 + 8 + 8)  # attention mask, position ids, input ids (shared storages on device)
+    if layout.wraps("layer"):
+        stream = act.layer_input(m, n)
+        select = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
+        if layout.offload:
+            return select + (stream if stays else 0), stream + small, pow2(stream) + pow2(n) + 2 * pow2(8 * n)
+        return stream + select, 0, 0
+    wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
+    device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
+    inputs = len(wrapped) * n * a * m.D
+    if layout.offload and wrapped:
+        return (device + (inputs if stays else 0), inputs + len(wrapped) * small,
+                len(wrapped) * (pow2(n * a * m.D) + pow2(n) + 2 * pow2(8 * n)))
+    return device + inputs, 0, 0
+
+
+def _walk_forward(ops: list[Op]) -> tuple[int, int, str]:
+    """(saved bytes, transient bytes, op) at the forward peak of a layer with autograd on."""
+    best, done = (0, 0, ""), 0
+    for op in ops:
+        if done + op.saved_bytes + op.fwd > sum(best[:2]):
+            best = (done + op.saved_bytes, op.fwd, op.name)
+        done += op.saved_bytes
+    return best
+
+
+def _walk_backward(ops: list[Op]) -> tuple[int, int, str]:
+    """(saved bytes still alive, transient bytes, op) at the backward peak of a layer."""
+    best = (0, 0, "")
+    remaining = sum(op.saved_bytes for op in ops)
+    for op in reversed(ops):
+        if remaining + op.bwd > sum(best[:2]):
+            best = (remaining, op.bwd, op.name)
+        remaining -= op.saved_bytes
+    return best
+
+
+def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
+    """Forward of a wrapped layer (no autograd): its streams plus one op's tensors at a time."""
+    op = max(ops, key=lambda o: o.saved_bytes + o.fwd)
+    return 2 * act.layer_input(m, n), op.saved_bytes + op.fwd, op.name
+
+
+def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str, backend: str) -> MemoryPlan:
+    gpu = device != "cpu"
+    n, a = layout.tokens, m.act_bytes
+    F = shard_degree(layout, assume) if gpu else 1
+    fsdp = gpu and layout.gpus > 1
+    params = m.param_bytes // F
+    persistent = {"parameters": params if gpu else 0, "optimizer_states": 2 * params if gpu else 0}
+    if fsdp:
+        persistent["fsdp_root_unsharded"] = m.root_param_bytes  # embeddings, final norm, LM head
+    layer_grads = [lay.param_bytes // F for lay in m.layers]
+    root_grads = (m.param_bytes - sum(lay.param_bytes for lay in m.layers)) // F
+    prefetch = 1 + assume.fsdp_prefetch_layers
+    red = assume.reduce_dtype_bytes / a
+
+    by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
+    for lay in m.layers:
+        key = (lay.attn, lay.mlp, lay.indexer)
+        if key not in by_kind:
+            by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
+    all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
+    keeps = [kept(ops, m, lay, layout, assume) for ops, lay in zip(all_ops, m.layers)]
+    if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
+        keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]
+    outside = act.outside_layers(m, n)
+    ids = outside["input_ids"] + n * 8  # input ids and labels on the device
+    phases: list[tuple[str, dict[str, int]]] = []
+
+    def phase(name: str, **parts: int) -> None:
+        phases.append((name, {**persistent, **{k: v for k, v in parts.items() if v}}))
+
+    kept_before = 0
+    for i, (ops, lay) in enumerate(zip(all_ops, m.layers)):
+        comm = prefetch * unsharded_layer_bytes(lay, layout) if fsdp else 0
+        walk = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk_forward(ops)
+        phase(f"forward of layer {i} ({lay.kind}): {walk[2]}", kept_activations=kept_before, current_layer=walk[0],
+              op_transient=walk[1], fsdp_buffers=comm, inputs=ids)
+        kept_before += keeps[i][0]
+    final = outside["final_norm"] + outside["final_hidden"] + outside["loss_targets"]
+    lf, lb = loss_transients(m, layout)
+    root = m.lm_head_bytes * (1 + red) if fsdp else 0
+    phase("loss forward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lf)
+    phase("loss backward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lb,
+          gradients=root_grads, fsdp_buffers=root)
+    grads = root_grads
+    for i in reversed(range(m.n_layers)):
+        ops, lay = all_ops[i], m.layers[i]
+        kept_before -= keeps[i][0]
+        grads += layer_grads[i]
+        U = unsharded_layer_bytes(lay, layout)
+        comm = (prefetch * U + U + int(U * red)) if fsdp else 0
+        saved, transient, op = _walk_backward(ops)
+        phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
+              op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=comm, gradients=grads,
+              inputs=ids)
+        if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
+            saved, transient, op = _walk_forward(ops)
+            phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
+                  op_transient=transient, grad_streams=act.layer_input(m, n), fsdp_buffers=prefetch * U if fsdp else 0,
+                  gradients=grads - layer_grads[i], inputs=ids)
+    all_grads = sum(layer_grads) + root_grads
+    phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=int(assume.adamw_temp_copies * params))
+
+    name, parts = max(phases, key=lambda p: sum(p[1].values()))
+    by_type_full: dict[str, int] = {}
+    by_type_kept: dict[str, int] = {}
+    for ops, lay, kp in zip(all_ops, m.layers, keeps):
+        by_type_full.setdefault(lay.kind, sum(op.saved_bytes for op in ops))
+        by_type_kept.setdefault(lay.kind, kp[0])
+    return MemoryPlan(
+        peak_bytes=sum(parts.values()), peak_where=name, breakdown=parts,
+        host_bytes_per_gpu=sum(k[2] if assume.pinned_pow2 else k[1] for k in keeps),
+        activations_by_layer_type=by_type_full, kept_by_layer_type=by_type_kept,
+        phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]),
+    )

@@ -1,0 +1,160 @@
+"""A decoder layer as an ordered list of ops: what each saves and its transient peak.
+
+`layer_ops(...)` returns the layer's ops in forward order. Each `Op` carries the bytes it saves
+for backward (`activations.py` terms), the extra bytes alive at its forward peak, and the extra
+bytes alive at its backward peak (its own intermediates rebuilt inside, gradients of its
+activations, block buffers). `memory.py` walks these lists forward and backward.
+
+Transients are counted from the code of each op at its block size (n tokens on the rank, a the
+activation dtype bytes, float32 where the code computes in float32):
+- hyper-connection (ops/hc recompute): forward float32 stream copy (bf16 only) + one float32
+  [S, D] temporary; backward rebuilds it and holds three float32 [S, D] gradient buffers + the
+  stream gradient.
+- RMSNorm: float32 square temp forward; three float32 [D] buffers backward.
+- combine: two a·S·D temporaries (post*out, comb^T@residual / their gradients).
+- KDA projections + conv: backward holds the float32 conv gradients (input and output side) and
+  the qkv gradient; gated output norm: three float32 [H, K] gradient buffers.
+- KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head),
+  doubled in backward (rebuilt + gradients), plus the concatenated input gradients.
+- KDA fla op (CUDA): chunk_kda_fwd intermediates w, u, qg, kg, h [NT, H, K, V], v_new; backward
+  rebuilds them and adds dh, dAqk/dAkk (float32), dq, dk, dv, dg.
+- DSA indexer (no grad, in forward): index queries/keys/gates, k-pool build (float32 logits and
+  softmax over T·DI), a float32 [block, P] row buffer kept for all blocks, and at the last block
+  the float32 [block, HI, P] scores (scaled and relu'd in place) and the row scores before they
+  are copied into the buffer (blocks score only the pools complete before their last query).
+- DSA sparse attention: per query block the gathered latent rows [block, W, R] (as stored, then
+  float32) and float32 [block, H, W] scores; backward adds float32 row gradients (two matmuls
+  and their sum) and the float32 [T, R] latent gradient accumulator.
+- MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
+  block's activations live while it runs; backward adds row gradients rows·a·(2·D + 3·I).
+- dense MLP backward: three a·I gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genome_lm.plan import activations as act
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.shapes import LayerShape, ModelShape
+
+F32 = 4
+
+
+@dataclass
+class Op:
+    name: str
+    saved: dict[str, int] = field(default_factory=dict)
+    fwd: int = 0  # extra bytes at the op's forward peak (beyond its saved tensors)
+    bwd: int = 0  # extra bytes at the op's backward peak
+    part: str = ""  # recompute unit it belongs to under selective recompute: kda | dsa | moe | dense
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self.saved.values())
+
+
+def hc_op(m: ModelShape, n: int, name: str, recompute: bool, saved: dict) -> Op:
+    a, SD = m.act_bytes, m.S * m.D
+    copy = F32 * SD if a != F32 else 0
+    if recompute:
+        return Op(name, saved, fwd=n * (copy + F32 * SD), bwd=n * (copy + 3 * F32 * SD + a * SD))
+    return Op(name, saved, fwd=n * F32 * SD, bwd=n * (3 * F32 * SD + a * SD))
+
+
+def norm_op(m: ModelShape, n: int, name: str) -> Op:
+    D = m.D
+    return Op(name, {name: n * (F32 * D + F32 + m.act_bytes * D)}, fwd=n * F32 * D, bwd=n * 3 * F32 * D)
+
+
+def combine_op(m: ModelShape, n: int, name: str, extra: dict) -> Op:
+    a, S, D = m.act_bytes, m.S, m.D
+    saved = {name: n * (a * D + a * S + a * S * S)} | extra
+    return Op(name, saved, fwd=n * 2 * a * S * D, bwd=n * 2 * a * S * D)
+
+
+def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
+    n, a, H, K, C = layout.tokens, m.act_bytes, m.kda_heads, m.kda_head_dim, layout.kda_chunk
+    t = act.kda(m, n, backend, C, layout.cp)
+    HK = H * K
+    proj = Op("kda_proj_conv", {k: t[k] for k in ("kda_input", "kda_conv", "kda_qkv", "kda_gates")},
+              fwd=n * (F32 + 2 * a) * 3 * HK, bwd=n * (2 * F32 * 3 * HK + a * 3 * HK + a * m.D), part="kda")
+    if backend == "fla":
+        h = H * K * K // C  # chunk states [NT, H, K, V] per token
+        fwd = n * (a * 4 * HK + a * h + a * HK + 64 * H)
+        bwd = n * (a * 4 * HK + 2 * a * h + 2 * F32 * H * C + a * 3 * HK + F32 * HK + a * HK)
+    else:
+        seg = min(n, act.KDA_SEGMENT_CHUNKS * C)
+        floats = 14 * K + 4 * C + (4 * K + 1 if a != F32 else 0)
+        fwd = seg * F32 * H * floats + n * a * HK
+        bwd = 2 * seg * F32 * H * floats + 2 * n * ((3 * a + F32) * HK + a * H)
+    core = Op("kda_op", {k: t[k] for k in ("kda_op", "kda_cp_map") if k in t}, fwd=fwd, bwd=bwd, part="kda")
+    out = Op("kda_out", {k: t[k] for k in ("kda_out_norm", "kda_out_proj_in")}, fwd=0,
+             bwd=n * (3 * F32 * HK + a * m.D), part="kda")
+    return [proj, core, out]
+
+
+def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
+    n, a, H, R = layout.tokens, m.act_bytes, m.dsa_heads, m.kv_lora
+    T = layout.micro_batch * layout.seq_len  # keys: the whole sequence (all-gathered under CP)
+    t = act.dsa(m, n, T, layer)
+    nb = min(layout.dsa_block_queries, n)
+    _, W = m.selected_per_query(T)
+    proj_saved = {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")}
+    indexer = 0
+    if layer.indexer == "full":
+        HI, DI, P = m.index_heads, m.index_dim, T // m.index_kpool
+        inputs = n * (a * HI * DI + F32 * HI) + T * 2 * a * DI  # queries, weights; keys, gates
+        pools = T * DI * (2 * F32 + 2 * a)  # k-pool logits, softmax, weighted keys
+        # one float32 [block, P] row buffer for all blocks; at the last block the float32 [block, HI, P]
+        # scores (scaled and relu'd in place), the row scores before they are copied in, the mask
+        scores = nb * P * (F32 * HI + 2 * F32 + 1) + (P * DI * F32 if a != F32 else 0)
+        indexer = inputs + max(pools, scores)
+    proj = Op("dsa_proj_indexer", proj_saved, fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
+    rows = nb * W * R
+    gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
+    fwd = max(gather, F32 * rows + 3 * F32 * nb * H * W)
+    bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + n * a * H * R
+    attn_saved = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
+    attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
+    return [proj, attn]
+
+
+def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> list[Op]:
+    n, a, D = layout.tokens, m.act_bytes, m.D
+    if layer.mlp == "dense":
+        t = act.dense_mlp(m, n)
+        return [Op("dense_mlp", t, fwd=0, bwd=n * 3 * a * m.dense_width, part="dense")]
+    M = min(layout.moe_block_tokens, n)
+    rows_n = act.moe_rows(m, n, layout, imbalance)
+    rows = max(1, rows_n * M // n)
+    block_saved = sum(act.moe(m, M, False, rows).values())
+    fwd = 2 * rows * a * D + M * a * D + (block_saved if layout.moe_recompute else 0)
+    bwd = rows * a * (2 * D + 3 * m.moe_width) + 2 * M * a * D + (block_saved if layout.moe_recompute else 0)
+    return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
+
+
+def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> list[Op]:
+    """The ops of one decoder layer in forward order; their saved bytes sum to input + body."""
+    n = layout.tokens
+    fr = act.frame(m, n, layout.hc_recompute)
+    hc_extra = fr.get("hc_weights", 0) // 2
+    ops = [hc_op(m, n, "attn_hc", layout.hc_recompute,
+                 {"layer_input": act.layer_input(m, n)} | ({"hc_weights": hc_extra} if hc_extra else {})),
+           norm_op(m, n, "norm_attn")]
+    ops += kda_ops(m, layout, backend) if layer.attn == "kda" else dsa_ops(m, layer, layout)
+    ops += [combine_op(m, n, "combine_attn", {"mid_stream": fr["mid_stream"]}),
+            hc_op(m, n, "ffn_hc", layout.hc_recompute, {"hc_weights": hc_extra} if hc_extra else {}),
+            norm_op(m, n, "norm_ffn")]
+    ops += mlp_ops(m, layer, layout, imbalance)
+    ops.append(combine_op(m, n, "combine_ffn", {}))
+    return ops
+
+
+def loss_transients(m: ModelShape, layout: Layout) -> tuple[int, int]:
+    """(forward, backward) extra bytes of the chunked LM head + cross-entropy."""
+    n, a, V, D = layout.tokens, m.act_bytes, m.V, m.D
+    C = min(layout.loss_chunk_tokens, n)
+    fwd = max((a + F32) * C * V, 2 * F32 * C * V) if a != F32 else 2 * F32 * C * V
+    bwd = (F32 + (a if a != F32 else 0)) * C * V + F32 * V * D + n * a * D
+    return fwd, bwd

@@ -1,0 +1,122 @@
+"""`make_plan(...)`: memory per GPU, host memory, step time and whether it all fits.
+
+    shape = model_shape("glm53-flash")                       # meta device, exact counts
+    layout = Layout(seq_len=2**20, cp=8, dp=8, recompute="per-layer", offload=True)
+    plan = make_plan(shape, layout, make_cluster("b200", 64))
+    plan.peak_gpu_bytes, plan.fits, plan.to_json()
+
+On a CPU (`cluster=None`) the plan predicts what the trainer logs as `peak_mem_bytes` there:
+the process's peak resident set = `process_baseline_bytes` (interpreter, torch, model and
+optimizer state already in place before the step, measured by the caller) + the step's
+gradients, activations and transients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.hardware import GiB, Cluster
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.memory import MemoryPlan, plan_memory
+from genome_lm.plan.shapes import ModelShape
+from genome_lm.plan.throughput import TimePlan, plan_time
+
+
+@dataclass
+class Plan:
+    model: ModelShape
+    layout: Layout
+    cluster: Cluster | None
+    assume: Assumptions
+    memory: MemoryPlan
+    time: TimePlan | None
+    process_baseline_bytes: int = 0
+    problems: list[str] = field(default_factory=list)  # why it does not fit (empty: fits)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.cluster is None else self.cluster.gpu.name
+
+    @property
+    def peak_gpu_bytes(self) -> int:
+        """Peak of live tensors on one device (CPU: plus the process baseline)."""
+        return self.memory.peak_bytes + self.process_baseline_bytes
+
+    @property
+    def host_bytes_per_gpu(self) -> int:
+        return self.memory.host_bytes_per_gpu
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def step_time_s(self) -> float | None:
+        return None if self.time is None else self.time.step_time_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if self.time is None else self.time.tokens_per_s
+
+    def to_json(self) -> dict:
+        from genome_lm.plan.report import plan_json
+
+        return plan_json(self)
+
+
+def kda_backend(assume: Assumptions, cluster: Cluster | None) -> str:
+    if assume.kda_backend != "auto":
+        return assume.kda_backend
+    return "torch" if cluster is None else "fla"
+
+
+def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume: Assumptions | None = None,
+              process_baseline_bytes: int = 0) -> Plan:
+    """Evaluate one layout. Raises GenomeLMError for layouts that cannot run at all."""
+    assume = assume or Assumptions()
+    layout.check()
+    if cluster is not None and layout.gpus != cluster.gpus:
+        raise GenomeLMError(f"layout cp={layout.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster has "
+                            f"{cluster.gpus}; change --gpus or the experiment's parallel section")
+    if cluster is None and layout.gpus != 1:
+        raise GenomeLMError("a CPU plan is for one process: cp = dp = 1")
+    backend = kda_backend(assume, cluster)
+    memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
+    time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
+    plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
+    if cluster is not None:
+        plan.problems = limits(plan)
+        plan.notes = notes(plan)
+    return plan
+
+
+def limits(plan: Plan) -> list[str]:
+    """Reasons the plan does not fit its cluster (empty when it fits)."""
+    c, a, lay = plan.cluster, plan.assume, plan.layout
+    out = []
+    need = plan.memory.peak_bytes * (1 + a.fragmentation) + a.runtime_reserved_gib * GiB
+    if need > c.gpu.memory_bytes:
+        out.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {plan.memory.peak_bytes / GiB:.1f} + "
+                   f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "
+                   f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {plan.memory.peak_where}")
+    if lay.offload and not a.pinned_available:
+        out.append("host memory: offload needs pinned host memory (pinned_available=false)")
+    per_node = plan.host_bytes_per_gpu * c.gpus_per_node
+    if per_node > c.host_memory_per_node * a.host_usable_fraction:
+        out.append(f"host memory: {per_node / GiB:,.0f} GiB pinned per node > {a.host_usable_fraction:.0%} of "
+                   f"{c.host_memory_per_node / GiB:,.0f} GiB")
+    return out
+
+
+def notes(plan: Plan) -> list[str]:
+    out = []
+    if plan.layout.ep > 1:
+        out.append(f"ep={plan.layout.ep}: expert parallelism is modelled but genome_lm.train shards experts with "
+                   "FSDP2 only (issue 6); the busiest expert rank is assumed "
+                   f"{plan.assume.expert_imbalance:g}x the mean")
+    if plan.layout.cp > plan.cluster.gpus_per_node:
+        out.append(f"cp={plan.layout.cp} spans nodes: CP all-gathers go over the network")
+    return out

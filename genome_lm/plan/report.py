@@ -1,0 +1,123 @@
+"""Plans as JSON (for scripts) and as a readable report (for people)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from genome_lm.plan.hardware import GiB
+
+LABELS = {
+    "parameters": "parameters (FSDP2 shard)",
+    "optimizer_states": "AdamW states (shard)",
+    "gradients": "gradients (shard, produced so far)",
+    "fsdp_root_unsharded": "embeddings + LM head (unsharded)",
+    "fsdp_buffers": "FSDP2 all-gather / reduce-scatter buffers",
+    "kept_activations": "kept by earlier layers for backward",
+    "current_layer": "current layer: its saved tensors",
+    "op_transient": "transient of the running op",
+    "grad_streams": "stream gradients (in/out)",
+    "inputs": "input ids + labels",
+    "final": "final norm + hidden + targets",
+    "loss_chunk": "LM head / cross-entropy chunk",
+    "optimizer_temp": "AdamW step temporaries",
+}
+
+
+def gib(n: float) -> float:
+    return round(n / GiB, 2)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
+
+
+def plan_json(plan) -> dict:
+    lay, mem = plan.layout, plan.memory
+    out = {
+        "model": {"name": plan.model.name, "dtype": plan.model.dtype, "parameters": plan.model.counts,
+                  "layers": {k: sum(1 for x in plan.model.layers if x.kind == k)
+                             for k in sorted({x.kind for x in plan.model.layers})}},
+        "device": plan.device,
+        "layout": dataclasses.asdict(lay) | {"tokens_per_rank": lay.tokens},
+        "fits": plan.fits,
+        "problems": plan.problems,
+        "notes": plan.notes,
+        "peak_gpu_bytes": plan.peak_gpu_bytes,
+        "peak_gpu_gib": gib(plan.peak_gpu_bytes),
+        "peak_where": mem.peak_where,
+        "breakdown": dict(mem.breakdown) | ({"process_baseline": plan.process_baseline_bytes}
+                                            if plan.process_baseline_bytes else {}),
+        "host_bytes_per_gpu": plan.host_bytes_per_gpu,
+        "host_bytes_per_node": plan.host_bytes_per_gpu * (plan.cluster.gpus_per_node if plan.cluster else 1),
+        "activations_per_layer_bytes": mem.activations_by_layer_type,
+        "kept_per_layer_bytes": mem.kept_by_layer_type,
+        "largest_phases": [{"where": w, "bytes": b} for w, b in mem.phases[:5]],
+        "step_time_s": plan.step_time_s,
+        "tokens_per_s": plan.tokens_per_s,
+        "assumptions": {k: v["value"] for k, v in plan.assume.describe().items()},
+    }
+    if plan.cluster is not None:
+        c = plan.cluster
+        out["cluster"] = {"gpu": c.gpu.name, "gpus": c.gpus, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes,
+                          "gpu_memory_bytes": c.gpu.memory_bytes, "host_memory_per_node_bytes": c.host_memory_per_node}
+        out["time_breakdown_s"] = plan.time.parts_s
+        out["flops_per_gpu_per_step"] = plan.time.flops_per_step
+        out["model_flops_per_token"] = plan.time.model_flops_per_token
+    return out
+
+
+def format_plan(plan) -> str:
+    """A readable report: verdict, memory breakdown at the peak, host memory, time, assumptions."""
+    lay, mem, m = plan.layout, plan.memory, plan.model
+    lines = []
+    where = f"{plan.cluster.gpus} x {plan.cluster.gpu.name}" if plan.cluster else "CPU"
+    lines.append(f"plan: {m.name} ({m.dtype}, {_count(m.counts.get('total', 0))} parameters, "
+                 f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {where}")
+    lines.append(f"layout: {lay.describe()}  ({lay.tokens:,} tokens per GPU)")
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    lines.append(f"verdict: {verdict}" + ("" if plan.fits else ": " + "; ".join(plan.problems)))
+    lines.append("")
+    lines.append(f"peak per GPU: {gib(plan.peak_gpu_bytes):,.1f} GiB at {mem.peak_where}")
+    for key, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {LABELS.get(key, key):<46} {gib(value):>9,.2f} GiB")
+    if plan.process_baseline_bytes:
+        lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
+    if plan.cluster is not None:
+        limit = plan.cluster.gpu.memory_bytes
+        lines.append(f"  limit: {gib(limit):,.1f} GiB per GPU, of which {plan.assume.runtime_reserved_gib:g} GiB runtime "
+                     f"and {plan.assume.fragmentation:.0%} allocator overhead reserved")
+    lines.append("activations of one layer without recompute / kept between forward and backward:")
+    for kind, full in mem.activations_by_layer_type.items():
+        lines.append(f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB")
+    host = plan.host_bytes_per_gpu
+    lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB per GPU"
+                 + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
+                    f"(of {gib(plan.cluster.host_memory_per_node):,.0f})" if plan.cluster else ""))
+    if plan.time is not None:
+        t = plan.time
+        lines.append("")
+        lines.append(f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster")
+        for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1]):
+            if value > 0:
+                lines.append(f"  {key:<20} {value:>8.2f} s")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    lines.append("assumptions (override with --assume KEY=VALUE):")
+    for key, info in plan.assume.describe().items():
+        lines.append(f"  {key} = {info['value']}")
+    return "\n".join(lines)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown table of `benchmarks/plan_table.py` rows (docs/plan.md). Rows that do not fit show the
+    layout with the lowest peak and no tokens/s."""
+    head = "| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | tokens/s | layout (--fit) |"
+    sep = "|---|---:|---:|---|---:|---:|---:|---|"
+    body = []
+    for r in rows:
+        tps = f"{r['tokens_per_s']:,.0f}" if r["fits"] else "–"
+        layout = r["layout"] if r["fits"] else f"lowest peak: {r['layout']}"
+        body.append(f"| {r['gpu']} | {r['gpus']} | {r['seq']} | {'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} | "
+                    f"{r['host_gib']:.0f} | {tps} | {layout} |")
+    return "\n".join([head, sep, *body])

@@ -1,0 +1,108 @@
+"""`--fit`: the fastest estimated layout that fits the GPU and host memory limits.
+
+Searched: context parallelism cp (powers of two dividing the GPUs; dp = GPUs / cp), recompute
+(none, selective [moe], selective [dsa, moe], per-layer), layer-input offload, MoE block recompute,
+and expert parallelism when asked (`ep_choices`). For each of these the op block sizes start at
+their largest (DSA 4k queries, MoE 64k tokens, loss 16k tokens) and the block of the op where the
+peak occurs is halved until the layout fits or the block reaches its smallest value: block sizes
+do not change the first-order step time, so the largest blocks that fit are kept (fewer, larger
+kernels). Among fitting layouts the highest estimated cluster tokens/s wins; ties go to less host
+memory, then to the lower peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.hardware import GiB, Cluster
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.planner import Plan, make_plan
+from genome_lm.plan.shapes import ModelShape
+
+STRATEGIES = (("none", ()), ("selective", ("moe",)), ("selective", ("dsa", "moe")), ("per-layer", ()))
+BLOCKS = {  # field: (largest, smallest)
+    "dsa_block_queries": (4096, 128),
+    "moe_block_tokens": (65536, 1024),
+    "loss_chunk_tokens": (16384, 1024),
+}
+PEAK_OP_BLOCK = (("dsa", "dsa_block_queries"), ("moe", "moe_block_tokens"), ("loss", "loss_chunk_tokens"))
+
+
+@dataclass
+class FitResult:
+    given: Plan
+    best: Plan | None
+    tried: int
+    faster_rejected: list[Plan] = field(default_factory=list)
+    closest: Plan | None = None  # lowest peak among all, when nothing fits
+
+    def explain(self) -> list[str]:
+        g = self.given
+        lines = [f"given layout: {g.layout.describe()}: " + ("fits" if g.fits else "does not fit: " + "; ".join(g.problems))
+                 + (f", {g.tokens_per_s:,.0f} tokens/s" if g.fits else "")]
+        if self.best is None:
+            c = self.closest
+            lines.append(f"nothing fits among {self.tried} layouts; the lowest peak is {c.peak_gpu_bytes / GiB:,.1f} GiB "
+                         f"({c.layout.describe()}): " + "; ".join(c.problems)
+                         + ". Use more GPUs, GPUs with more memory, or a shorter sequence.")
+            return lines
+        b = self.best
+        lines.append(f"chosen ({self.tried} layouts tried): {b.layout.describe()}: peak {b.peak_gpu_bytes / GiB:,.1f} GiB, "
+                     f"host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
+                     f"{b.tokens_per_s:,.0f} tokens/s")
+        lines.append("  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
+                     "largest that fit (they do not change the first-order time)")
+        for p in self.faster_rejected[:3]:
+            lines.append(f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
+                         + "; ".join(p.problems))
+        return lines
+
+
+def cp_choices(gpus: int, seq_len: int) -> list[int]:
+    out, cp = [], 1
+    while cp <= gpus:
+        if gpus % cp == 0 and seq_len % cp == 0:
+            out.append(cp)
+        cp *= 2
+    return out
+
+
+def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumptions) -> Plan:
+    """Halve the block of the op at the peak until the plan fits or no block can shrink."""
+    plan = make_plan(model, layout, cluster, assume)
+    while not plan.fits:
+        where = plan.memory.peak_where
+        key = next((k for op, k in PEAK_OP_BLOCK if op in where.split(":")[-1]), None)
+        if key is None or getattr(layout, key) // 2 < BLOCKS[key][1]:
+            return plan
+        layout = layout.replace(**{key: getattr(layout, key) // 2})
+        plan = make_plan(model, layout, cluster, assume)
+    return plan
+
+
+def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
+        ep_choices: tuple[int, ...] = (1,)) -> FitResult:
+    given_plan = make_plan(model, given, cluster, assume)
+    plans: list[Plan] = []
+    largest = {k: v[0] for k, v in BLOCKS.items()}
+    for cp in cp_choices(cluster.gpus, given.seq_len):
+        for ep in ep_choices:
+            if ep > 1 and cluster.gpus % ep:
+                continue
+            for recompute, layers in STRATEGIES:
+                for offload in ((False,) if recompute == "none" else (False, True)):
+                    for moe_recompute in (False, True):
+                        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute,
+                                               recompute_layers=layers, offload=offload,
+                                               moe_recompute=moe_recompute, **largest)
+                        plans.append(_shrink(model, layout, cluster, assume))
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)
+        return FitResult(given_plan, None, len(plans), closest=closest)
+    best = min(fitting, key=lambda p: (-round(p.tokens_per_s), p.host_bytes_per_gpu, p.peak_gpu_bytes))
+    # faster layouts that did not fit, closest to fitting first (what it would take to go faster)
+    faster = sorted((p for p in plans if not p.fits and p.tokens_per_s > best.tokens_per_s),
+                    key=lambda p: p.peak_gpu_bytes)
+    return FitResult(given_plan, best, len(plans), faster_rejected=faster)

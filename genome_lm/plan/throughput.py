@@ -1,0 +1,144 @@
+"""First-order step time per GPU: FLOPs at a stated efficiency, HBM traffic, link traffic.
+
+    compute   GEMMs: 2 x active parameters per token forward, 4x backward, one more forward per
+              recompute pass (per-layer recompute; MoE blocks again with moe_recompute);
+              KDA chunked core H·(4CK + C(K+V) + 2CV + 6KV) per token forward, 2x backward;
+              DSA indexer 2·HI·DI per query and visible pool (forward only, no grad; a block
+              scores the pools complete before it: half of P = T/kpool on one rank, more on the
+              last CP rank, which sets the pace); KDA core twice under CP (affine map pass);
+              DSA sparse attention 4·W·R per query and head forward, 10·W·R backward;
+              LM head 8·D·V per token (chunked: logits rebuilt in backward)
+    memory    DSA row gathers W·R·(2a + 8) bytes per query forward, + 24·W·R backward; loss
+              logits passes; every saved activation byte `elementwise_passes` times (+1 when
+              per-layer recompute writes it again);
+              hyper-connection float32 passes; AdamW reading/writing the shard
+    links     FSDP2 all-gather (forward, backward) and float32 reduce-scatter of each layer's
+              parameters, hidden behind compute up to `fsdp_overlap`; CP all-gathers of the DSA
+              latent and index keys and the KDA state maps (exposed); expert all-to-all with ep > 1;
+              offloaded layer inputs over the host link (the copy back is exposed unless prefetched)
+The busiest rank sets the pace: with ep > 1 its expert work is `expert_imbalance` x the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genome_lm.plan import activations as act
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.hardware import Cluster
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.memory import shard_degree, unsharded_layer_bytes
+from genome_lm.plan.shapes import LayerShape, ModelShape
+
+
+@dataclass
+class TimePlan:
+    step_time_s: float
+    tokens_per_s: float
+    parts_s: dict[str, float]  # what the step time is made of
+    flops_per_step: float  # per GPU
+    model_flops_per_token: float  # 6 x active parameters (the usual MFU yardstick)
+
+
+def _link(cluster: Cluster, group: int, assume: Assumptions) -> float:
+    """Per-GPU bandwidth of a collective over `group` ranks (NVLink inside a node, NICs across)."""
+    if group <= cluster.gpus_per_node:
+        return cluster.gpu.nvlink_bytes_per_s * assume.nvlink_efficiency
+    return cluster.gpu.network_bytes_per_s * assume.network_efficiency
+
+
+def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalance: float) -> tuple[float, float]:
+    """(non-expert, routed-expert) parameters one token multiplies with in this layer (busiest rank)."""
+    active_experts = layer.expert_count * m.top_k / max(m.experts, 1)
+    if layout.ep > 1:
+        active_experts *= imbalance
+    return layer.param_count - layer.expert_count, active_experts
+
+
+def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
+    gpu = cluster.gpu
+    n, a, T = layout.tokens, m.act_bytes, layout.micro_batch * layout.seq_len
+    gemm = gpu.bf16_flops * assume.matmul_efficiency
+    attn = gpu.bf16_flops * assume.attention_efficiency
+    hbm = gpu.hbm_bytes_per_s * assume.hbm_efficiency
+    layer_recompute = 1 if layout.recompute == "per-layer" else 0
+    parts = dict.fromkeys(("gemm", "kda_core", "dsa_indexer", "dsa_attention", "memory_bound", "loss",
+                           "optimizer", "fsdp_exposed", "cp_comm", "expert_all_to_all", "offload_exposed"), 0.0)
+    flops = 0.0
+    bodies: dict[tuple, int] = {}
+    for layer in m.layers:
+        dense_p, expert_p = _layer_gemm_params(layer, m, layout, assume.expert_imbalance)
+        attn_wrapped = layout.wraps(layer.attn) or layer_recompute
+        mlp_wrapped = layout.wraps(layer.mlp) or layer_recompute
+        moe_passes = 3 + mlp_wrapped + (1 if layer.mlp == "moe" and layout.moe_recompute else 0)
+        f = 2 * n * (dense_p * (3 + attn_wrapped) + expert_p * moe_passes)
+        parts["gemm"] += f / gemm
+        flops += f
+        if layer.attn == "kda":
+            H, K, C = m.kda_heads, m.kda_head_dim, layout.kda_chunk
+            runs = 2 if layout.cp > 1 else 1  # CP: the slab's affine map is a second pass
+            f = runs * n * H * (4 * C * K + 2 * C * K + 2 * C * K + 6 * K * K) * (3 + attn_wrapped)
+            parts["kda_core"] += f / attn
+        else:
+            _, W = m.selected_per_query(T)
+            R, H = m.kv_lora, m.dsa_heads
+            if layer.indexer == "full":
+                # blocks score the pools complete before them: on the last CP rank (the slowest)
+                # on average a fraction 1 - 1/(2 cp) of the P = T/kpool pools
+                P = T // m.index_kpool * (1 - 1 / (2 * layout.cp))
+                f_idx = 2 * n * m.index_heads * (m.index_dim + 1) * P * (1 + attn_wrapped)
+                parts["dsa_indexer"] += f_idx / attn
+                flops += f_idx
+            f = n * H * W * R * (4 * (1 + attn_wrapped) + 10)
+            gather = n * W * R * ((2 * a + 8) * (1 + attn_wrapped) + (2 * a + 8 + 24))
+            parts["dsa_attention"] += max(f / attn, gather / hbm)
+        flops += f
+        key = (layer.attn, layer.mlp, layer.indexer)
+        if key not in bodies:
+            bodies[key] = sum(act.layer_body(m, layer, layout, backend, assume.expert_imbalance).values())
+        saved = bodies[key]
+        hc = 2 * n * 6 * 4 * m.S * m.D * (3 + layer_recompute)
+        parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm  # recompute: +1 write
+    parts["loss"] = max(8 * n * m.D * m.V / gemm, n * m.V * (3 * a + 24) / hbm)
+    flops += 8 * n * m.D * m.V
+    F = shard_degree(layout, assume)
+    parts["optimizer"] = 12 * m.param_bytes / F / hbm  # read/write param, grad, two states, temp
+    compute = sum(parts.values())
+
+    fsdp = 0.0
+    if layout.gpus > 1:
+        bw = _link(cluster, F, assume)
+        per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
+        volume = per_layer * (2 + assume.reduce_dtype_bytes / a) * (F - 1) / F * layout.grad_accum
+        fsdp = volume / bw
+        parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * layout.grad_accum) / layout.grad_accum
+    if layout.cp > 1:
+        bw = _link(cluster, layout.cp, assume)
+        frac = (layout.cp - 1) / layout.cp
+        n_dsa = sum(lay.attn == "dsa" for lay in m.layers)
+        n_kda = m.n_layers - n_dsa
+        # latent + index keys/gates gathered per forward pass; float32 latent gradients reduce-scattered
+        dsa_bytes = T * (m.kv_lora + 2 * m.index_dim) * a * (1 + layer_recompute) + T * m.kv_lora * 4
+        kda_bytes = layout.cp * m.kda_heads * m.kda_head_dim * 2 * m.kda_head_dim * 4 * (3 + layer_recompute)
+        parts["cp_comm"] = (n_dsa * dsa_bytes * frac + n_kda * kda_bytes) / bw
+    if layout.ep > 1:
+        bw = _link(cluster, layout.ep, assume)
+        rows = n * m.top_k * assume.expert_imbalance
+        n_moe = sum(lay.mlp == "moe" for lay in m.layers)
+        # dispatch + combine per forward pass (recomputes included), their gradients in backward
+        transfers = 2 * (1 + layer_recompute + (1 if layout.moe_recompute else 0)) + 2
+        parts["expert_all_to_all"] = n_moe * rows * m.D * a * transfers / bw
+    if layout.offload:
+        link = gpu.host_link_bytes_per_s * assume.host_link_efficiency
+        per_layer = act.layer_input(m, n) if layout.wraps("layer") else n * a * m.D
+        wrapped = m.n_layers if layout.wraps("layer") else sum(
+            layout.wraps(lay.attn) + layout.wraps(lay.mlp) for lay in m.layers)
+        copy = per_layer * wrapped / link
+        forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
+        back = 0.0 if assume.offload_prefetch else copy
+        parts["offload_exposed"] = back + max(0.0, copy - forward_compute)
+    step = sum(parts.values()) * layout.grad_accum
+    tokens = layout.dp * layout.micro_batch * layout.seq_len * layout.grad_accum
+    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
+    return TimePlan(step_time_s=step, tokens_per_s=tokens / step, parts_s={k: v * layout.grad_accum for k, v in parts.items()},
+                    flops_per_step=flops * layout.grad_accum, model_flops_per_token=6 * active)

@@ -1,0 +1,140 @@
+"""Breakdown arithmetic on configs whose numbers can be worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from genome_lm.plan import activations as act
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.hardware import GiB, MiB, make_cluster, parse_bytes
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.memory import kept, pow2
+from genome_lm.plan.ops import layer_ops
+from genome_lm.plan.planner import make_plan
+from genome_lm.plan.shapes import model_shape
+
+
+@pytest.fixture(scope="module")
+def flash():
+    return model_shape("glm53-flash", "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return model_shape("glm53-tiny", "float32")
+
+
+def reference(seq_len: int, **changes) -> Layout:
+    return Layout(seq_len=seq_len, cp=8, dp=8, recompute="per-layer", offload=True, moe_recompute=True,
+                  moe_block_tokens=65536, dsa_block_queries=1024, loss_chunk_tokens=4096).replace(**changes)
+
+
+def test_parse_bytes_and_pow2():
+    assert parse_bytes("180GiB", "x") == 180 * GiB
+    assert parse_bytes("141GB", "x") == 141 * 10**9
+    assert parse_bytes("2TiB", "x") == 2 * 1024 * GiB
+    assert parse_bytes("1.5GiB", "x") == 3 * GiB // 2
+    assert [pow2(n) for n in (1, 2, 3, 4096, 4097)] == [1, 2, 4, 4096, 8192]
+
+
+def test_flash_shape_matches_the_published_architecture(flash):
+    kinds = [lay.kind for lay in flash.layers]
+    assert len(kinds) == 45 and sum(k.startswith("kda") for k in kinds) == 34
+    assert kinds[:3] == ["kda+dense"] * 3 and kinds[3] == "dsa+moe"
+    assert (flash.D, flash.S, flash.V, flash.experts, flash.top_k) == (4096, 4, 154880, 288, 8)
+    # 1M tokens x 4096 x 4 streams x 2 bytes = 32 GiB per layer input (DESIGN.md)
+    assert act.layer_input(flash, 2**20) == 32 * GiB
+
+
+def test_host_memory_of_offloaded_inputs_by_hand(flash):
+    """45 layers x [131072, 4, 4096] bf16 = 4 GiB each (already a power of two), plus the mask (128 KiB),
+    position ids and input ids (1 MiB each) that the wrapped layer also parks."""
+    plan = make_plan(flash, reference(2**20), make_cluster("b200", 64))
+    assert plan.host_bytes_per_gpu == 45 * (4 * GiB + 128 * 1024 + 2 * MiB)
+    unrounded = make_plan(flash, reference(2**20), make_cluster("b200", 64), Assumptions(pinned_pow2=False))
+    assert unrounded.host_bytes_per_gpu == 45 * (4 * GiB + 131072 * 17)
+
+
+def test_persistent_shards_by_hand(flash):
+    """FSDP2 over dp x cp = 64: parameters /64, AdamW states 2x that, in the model's bf16."""
+    plan = make_plan(flash, reference(2**18), make_cluster("b200", 64))
+    b = plan.memory.breakdown
+    assert b["parameters"] == flash.param_bytes // 64
+    assert b["optimizer_states"] == 2 * (flash.param_bytes // 64)
+    assert b["fsdp_root_unsharded"] == flash.root_param_bytes
+    assert sum(b.values()) == plan.peak_gpu_bytes
+
+
+def test_kept_per_strategy_by_hand(tiny):
+    """glm53-tiny fp32, 1024 tokens: a layer input is 1024 x 4 x 64 x 4 bytes = 1 MiB."""
+    layout = Layout(seq_len=1024)
+    layer = tiny.layers[0]
+    ops = layer_ops(tiny, layer, layout, "torch", 1.0)
+    assert act.layer_input(tiny, 1024) == MiB
+    full = sum(op.saved_bytes for op in ops)
+    body = act.layer_body(tiny, layer, layout, "torch", 1.0)
+    assert full == MiB + sum(body.values())  # the ops carry exactly the saved terms
+    assert kept(ops, tiny, layer, layout, Assumptions()) == (full, 0, 0)
+    per_layer = layout.replace(recompute="per-layer")
+    assert kept(ops, tiny, layer, per_layer, Assumptions()) == (MiB, 0, 0)
+    off = per_layer.replace(offload=True)
+    assert kept(ops, tiny, layer, off, Assumptions())[0] == 0
+    assert kept(ops, tiny, layer, off, Assumptions(offload_keeps_device_input=True))[0] == MiB
+
+
+def test_frame_terms_by_hand(tiny):
+    """Per token, fp32, S=4, D=64: mid stream 4*4*64; two norms 2*(4*64 + 4 + 4*64);
+    two combines 2*(4*64 + 4*4 + 4*16)."""
+    fr = act.frame(tiny, 1, hc_recompute=True)
+    assert fr == {"mid_stream": 1024, "norms": 2 * 516, "hc_combine": 2 * 336}
+
+
+def test_offload_trades_device_for_host_memory(flash):
+    cluster = make_cluster("b200", 64)
+    on = make_plan(flash, reference(2**18), cluster)
+    off = make_plan(flash, reference(2**18, offload=False), cluster)
+    layer_input = act.layer_input(flash, 2**15)
+    # without offload the 44 earlier layers keep their inputs on the device at the last layer's backward
+    assert off.peak_gpu_bytes > on.peak_gpu_bytes
+    assert off.host_bytes_per_gpu == 0 and on.host_bytes_per_gpu >= 45 * layer_input
+    assert on.step_time_s > off.step_time_s  # the copies back are on the critical path
+
+
+def test_smaller_dsa_blocks_lower_the_dsa_backward(flash):
+    """With 4k-query blocks the first DSA layer's backward peaks in its sparse attention; 8x smaller
+    blocks shrink the gathered-rows transient about 8x and the layer peaks elsewhere."""
+    cluster = make_cluster("b200", 64)
+
+    def layer3_backward(block: int) -> tuple[str, int, int]:
+        plan = make_plan(flash, reference(2**20, dsa_block_queries=block, moe_block_tokens=8192), cluster)
+        where, peak = max(((w, b) for w, b in plan.memory.phases if w.startswith("backward of layer 3 ")),
+                          key=lambda wb: wb[1])
+        return where, peak, plan.peak_gpu_bytes
+
+    big_where, big, big_peak = layer3_backward(4096)
+    small_where, small, small_peak = layer3_backward(512)
+    assert big_where.endswith("dsa_attention") and not small_where.endswith("dsa_attention")
+    assert big - small > 50 * GiB and small_peak <= big_peak
+
+
+def test_expert_parallel_shrinks_fsdp_buffers_and_imbalance_grows_moe(flash):
+    cluster = make_cluster("b200", 64)
+    ep1 = make_plan(flash, reference(2**18), cluster)
+    ep8 = make_plan(flash, reference(2**18, ep=8), cluster)
+    assert ep8.memory.breakdown.get("fsdp_buffers", 0) < ep1.memory.breakdown.get("fsdp_buffers", 0)
+    hot = make_plan(flash, reference(2**18, ep=8, moe_recompute=False), cluster, Assumptions(expert_imbalance=4))
+    even = make_plan(flash, reference(2**18, ep=8, moe_recompute=False), cluster, Assumptions(expert_imbalance=1))
+    assert hot.memory.activations_by_layer_type["dsa+moe"] > even.memory.activations_by_layer_type["dsa+moe"]
+    assert hot.step_time_s > even.step_time_s
+
+
+def test_tokens_per_s_is_global_tokens_over_step_time(flash):
+    plan = make_plan(flash, reference(2**20), make_cluster("b200", 64))
+    assert plan.tokens_per_s == pytest.approx(8 * 2**20 / plan.step_time_s)
+    assert plan.time.model_flops_per_token == 6 * (flash.counts["active"] - flash.counts["embeddings"])
+
+
+def test_cpu_plan_adds_the_measured_baseline(tiny):
+    plan = make_plan(tiny, Layout(seq_len=4096), None, process_baseline_bytes=400 * MiB)
+    assert plan.peak_gpu_bytes == plan.memory.peak_bytes + 400 * MiB
+    assert plan.memory.breakdown.get("parameters", 0) == 0  # part of the measured baseline on a CPU

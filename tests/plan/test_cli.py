@@ -1,0 +1,76 @@
+"""`genome-lm plan` from the command line: JSON fields, the report, --fit, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genome_lm.cli import main
+from genome_lm.plan.hardware import GiB
+
+EXP_1M = "experiments/glm53flash_1m_64xb200.yaml"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_has_the_promised_fields(capsys):
+    code, out, _ = run(capsys, EXP_1M, "--gpus", "64", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    for key in ("peak_gpu_bytes", "host_bytes_per_gpu", "step_time_s", "tokens_per_s", "fits", "breakdown"):
+        assert key in plan
+    assert sum(plan["breakdown"].values()) == plan["peak_gpu_bytes"]
+    assert plan["layout"]["cp"] == 8 and plan["layout"]["dp"] == 8 and plan["layout"]["offload"] is True
+    assert 179 * GiB < plan["host_bytes_per_gpu"] < 182 * GiB  # 45 x 4 GiB layer inputs
+    assert plan["assumptions"]["expert_imbalance"] == 4.0
+
+
+def test_readable_report_and_overrides(capsys):
+    code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "256k", "--gpus", "64", "--cp", "8",
+                       "--recompute", "per-layer", "--offload", "--gpu", "h200", "--assume", "matmul_efficiency=0.3")
+    assert code == 0
+    assert "peak per GPU" in out and "host memory" in out and "tokens/s" in out
+    assert "matmul_efficiency = 0.3" in out and "cp=8 dp=8" in out
+
+
+def test_fit_finds_a_layout_where_the_naive_one_does_not_fit(capsys):
+    code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "256k", "--gpus", "64", "--fit", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["fit"]["given"]["fits"] is False  # cp=1, no recompute: one 256k sequence per GPU
+    assert plan["fit"]["found"] is True and plan["fits"] is True
+    assert plan["peak_gpu_bytes"] < plan["fit"]["given"]["peak_gpu_bytes"]
+    assert any("chosen" in line for line in plan["fit"]["explanation"])
+
+
+def test_fit_says_when_nothing_fits(capsys):
+    code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--fit")
+    assert code == 0
+    assert "nothing fits" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu", "a100"], "unknown GPU"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "0GiB"], "--gpu-mem"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "lots"], "--gpu-mem"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "512MiB"], "--gpu-mem"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--host-mem=-2TiB"], "--host-mem"),
+    (["--model", "glm53-flash", "--seq-len", "12q", "--gpus", "8"], "seq_len"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "0"], "--gpus"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "12"], "--gpus"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--cp", "3"], "--cp"),
+    (["--model", "glm53-flash", "--gpus", "8"], "--seq-len"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "speed=11"], "--assume"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "matmul_efficiency=2"], "matmul_efficiency"),
+    (["--model", "nope-model", "--seq-len", "1M", "--gpus", "8"], "nope-model"),
+    ([EXP_1M, "--gpus", "64", "--set", "memory.recompute=sometimes"], "memory.recompute"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("genome-lm plan: error:") and message in err, err
