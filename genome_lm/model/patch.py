@@ -5,6 +5,8 @@ Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
     dsa   every `Glm5NextTextAttention` (and its indexer) -> `ops.dsa.patch_dsa_module(module,
           block_queries=...)`
     moe   every `Glm5NextTextMoE` -> `ops.moe.patch_moe_module(module, block_tokens=...)`
+    hc    every `Glm5NextTextHyperConnection` -> `ops.hc.patch_hc_module(module)` (its
+          intermediates are recomputed in backward instead of kept)
     loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk
 An op whose package cannot be imported yet is skipped with a warning. What was applied is
 recorded in `model.long_context_patches` (op -> its settings).
@@ -19,17 +21,19 @@ from typing import Callable, Iterable
 
 from torch import nn
 
+from genome_lm.model.ops.hc import patch_hc_module
 from genome_lm.model.ops.moe import DEFAULT_BLOCK_TOKENS, patch_moe_module
 from genome_lm.model.upstream import (
     Glm5NextTextAttention,
     Glm5NextTextLinearAttention,
     Glm5NextTextMoE,
+    glm,
     route_cpu_to_torch,
 )
 
 log = logging.getLogger(__name__)
 
-ALL_OPS = ("kda", "dsa", "moe", "loss")
+ALL_OPS = ("kda", "dsa", "moe", "hc", "loss")
 DEFAULT_DSA_BLOCK_QUERIES = 1024
 DEFAULT_LOSS_CHUNK_TOKENS = 2048
 
@@ -68,7 +72,7 @@ def apply_long_context(
         loss_chunk_tokens: tokens per chunk of the LM head + cross-entropy.
         kda_chunk_size: chunk length of the chunked KDA op.
         moe_recompute: rebuild each MoE block's activations in backward (see `ops/moe/chunk.py`).
-        ops: which of "kda", "dsa", "moe", "loss" to apply (default all).
+        ops: which of "kda", "dsa", "moe", "hc", "loss" to apply (default all).
     """
     ops = set(ops)
     if unknown := ops - set(ALL_OPS):
@@ -92,6 +96,11 @@ def apply_long_context(
             if isinstance(m, Glm5NextTextMoE):
                 patch_moe_module(m, block_tokens=moe_block_tokens, recompute=moe_recompute)
         applied["moe"] = {"block_tokens": moe_block_tokens, "recompute": moe_recompute}
+    if "hc" in ops:
+        for m in modules:
+            if isinstance(m, glm.Glm5NextTextHyperConnection):
+                patch_hc_module(m)
+        applied["hc"] = {"recompute": True}
     if "loss" in ops and hasattr(model, "loss_chunk_tokens"):
         model.loss_chunk_tokens = int(loss_chunk_tokens)
         applied["loss"] = {"chunk_tokens": int(loss_chunk_tokens)}

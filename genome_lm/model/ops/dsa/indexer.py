@@ -4,9 +4,10 @@ Shapes: B batch, T queries, HI indexer heads, DI indexer head dim, P complete k-
 S = min(index_topk // kpool, P) pools picked per query, W tokens attended per query.
 
 Memory: index keys/pool keys O(T·DI), the selection O(T·S) int32, and per query block a
-transient [B, block, HI, P] score tensor; nothing of size T×T. Every query scores the whole row
-of P pools (future pools get finfo.min, as upstream does) so that `torch.topk` sees exactly the
-row upstream sees: with bitwise-equal scores, ties resolve the same way.
+transient [B, block, HI, P] score tensor; nothing of size T×T. A query block scores only the
+pools complete before its last query (on average half of them over a sequence); `torch.topk`
+still sees the whole row of P pools, future pools at finfo.min as upstream, so that with
+bitwise-equal scores ties resolve the same way.
 See `naive.py` for the selection rules this reproduces.
 """
 
@@ -133,19 +134,22 @@ def chunk_kpool_indexer(
     neg = torch.finfo(torch.float32).min
     pool_end = torch.arange(row, device=q.device) * kpool + kpool - 1  # last token of each pool
     keys_t = pool_keys.float().transpose(1, 2)  # [B, DI, P]
+    # One score row buffer for all blocks, [B, block, row]. A block scores only the pv pools
+    # complete before its last query; later pools are future for the whole block and keep
+    # finfo.min. pv never decreases from block to block, so columns >= pv were never written.
+    row_buf = torch.full((B, min(block_queries, T), row), neg, dtype=torch.float32, device=q.device)
     for t0 in range(0, T, block_queries):
         t1 = min(t0 + block_queries, T)
         n = t1 - t0
-        s = torch.bmm(q[:, t0:t1].float().reshape(B, n * HI, DI), keys_t).view(B, n, HI, P)
-        s = F.relu(s * scale)
-        scores = torch.matmul(weights[:, t0:t1].float().unsqueeze(-2), s).squeeze(-2)  # [B, n, P]
-        if row > P:
-            scores = F.pad(scores, (0, row - P), value=neg)
+        pv = min(P, (start + t1) // kpool)
+        s = torch.bmm(q[:, t0:t1].float().reshape(B, n * HI, DI), keys_t[:, :, :pv]).view(B, n, HI, pv)
+        s = s.mul_(scale).relu_()  # = relu(s * scale), in place
+        scores = row_buf[:, :n]  # [B, n, row]
+        scores[:, :, :pv] = torch.matmul(weights[:, t0:t1].float().unsqueeze(-2), s).squeeze(-2)
         pos = start + torch.arange(t0, t1, device=q.device)
-        visible = (pool_end[None, :] <= pos[:, None]).expand(B, n, row)  # [B, n, row]
-        scores = scores.masked_fill(~visible, neg)
+        scores[:, :, :pv].masked_fill_(pool_end[None, :pv] > pos[:, None], neg)  # [n, pv] not yet visible
         picked = scores.topk(select_k, dim=-1).indices  # [B, n, S]
-        pools[:, t0:t1] = picked.masked_fill(~visible.gather(-1, picked), -1).to(torch.int32)
+        pools[:, t0:t1] = picked.masked_fill(pool_end[picked] > pos[None, :, None], -1).to(torch.int32)
     return DSASelection(pools=pools, kpool=kpool, tail=select_tail, start=start)
 
 
