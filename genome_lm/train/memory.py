@@ -103,15 +103,19 @@ def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
     inner = module.forward
 
     def forward(*args, **kwargs):
-        names = list(kwargs)
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        tensor_kw = [k for k in names if isinstance(kwargs[k], torch.Tensor)]
+        tensor_kw = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         tensors = [args[i] for i in tensor_pos] + [kwargs[k] for k in tensor_kw]
-
+        # The replay closure must not hold the tensors themselves: with offload, the saved copy
+        # lives in host memory and the device tensor has to be free to go after the forward.
+        arg_template = [None if i in tensor_pos else a for i, a in enumerate(args)]
+        kw_template = {k: (None if k in tensor_kw else v) for k, v in kwargs.items()}
         returns_tuple = []
 
         def run(*ts):
-            a, kw = list(args), dict(kwargs)
+            a, kw = list(arg_template), dict(kw_template)
             for i, t in zip(tensor_pos, ts[: len(tensor_pos)]):
                 a[i] = t
             for k, t in zip(tensor_kw, ts[len(tensor_pos):]):
@@ -120,8 +124,7 @@ def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
             returns_tuple.append(isinstance(out, tuple))
             return out
 
-        if not torch.is_grad_enabled():
-            return inner(*args, **kwargs)
+        del args, kwargs
         outs = _Recompute.apply(run, offload, *tensors)
         return outs if returns_tuple[0] else outs[0]
 
