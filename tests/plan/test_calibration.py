@@ -37,9 +37,9 @@ from genome_lm.plan.shapes import model_shape
 
 WORKER = Path(__file__).with_name("calibrate_worker.py")
 TOLERANCE = 0.20
-# genome_lm.train's checkpoint_module keeps an offloaded input's device tensor alive through its
-# recompute closure (see Assumptions.offload_keeps_device_input): the CPU run shows it.
-ASSUME = Assumptions(offload_keeps_device_input=True)
+# The trainer's offload releases each checkpointed layer's device input after the forward (the
+# default assumption; `offload_keeps_device_input` models the old behaviour that kept it alive).
+ASSUME = Assumptions()
 
 
 def measure(shards: Path, out: Path, cases: list[dict]) -> list[dict]:
@@ -78,8 +78,9 @@ def check(rows: list[dict]) -> list[str]:
 
 
 def test_planner_matches_trainer_one_case(long_shards, tmp_path):
-    rows = measure(long_shards, tmp_path, [{"seq_len": 8192, "memory": {"recompute": "per-layer"}}])
-    assert rows and not check(rows)
+    rows = measure(long_shards, tmp_path, [{"seq_len": 8192, "memory": {"recompute": "per-layer"}},
+                                           {"seq_len": 8192, "memory": {"recompute": "per-layer", "offload_layer_inputs": True}}])
+    assert len(rows) == 2 and not check(rows)
 
 
 @pytest.mark.slow
