@@ -42,9 +42,9 @@ def cp_dsa_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tens
         ix = self.indexer
         q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
         with torch.no_grad():
-            keys_all = gather_seq(keys, cp.lengths, cp.group)  # [B, T, DI]
-            gate_all = gather_seq(gate, cp.lengths, cp.group)
-            pools = kpool_keys(keys_all, gate_all, ix.index_kpool_compress_ape, ix.index_kpool)  # [B, T // kpool, DI]
+            both = gather_seq(torch.cat([keys, gate.to(keys.dtype)], dim=-1), cp.lengths, cp.group)  # [B, T, 2 DI]
+            keys_all, gate_all = both.split([keys.shape[-1], gate.shape[-1]], dim=-1)
+            pools = kpool_keys(keys_all, gate_all.to(gate.dtype), ix.index_kpool_compress_ape, ix.index_kpool)
         selection = chunk_kpool_indexer(
             q_idx, weights, pools, ix.index_topk, ix.index_kpool, ix.index_kpool_always_select_tail,
             ix.softmax_scale, start=cp.start, block_queries=block,
