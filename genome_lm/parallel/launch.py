@@ -93,7 +93,10 @@ def _run_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str | 
         user = isinstance(e, GenomeLMError)
         if error_dir:
             msg = str(e) if user else (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
-            Path(error_dir, f"rank_{rank:05d}").write_text(json.dumps({"user": user, "message": msg}))
+            try:
+                Path(error_dir, f"rank_{rank:05d}").write_text(json.dumps({"user": user, "message": msg}))
+            except OSError:
+                pass
         if not user:
             traceback.print_exc()
         raise
@@ -263,7 +266,8 @@ def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: s
 
     workers, use_gpu = ray_workers(cfg, nproc)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
-    error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
+    run_dir.mkdir(parents=True, exist_ok=True)  # on the filesystem every worker sees: so are their messages
+    error_dir = tempfile.mkdtemp(prefix=".errors-", dir=run_dir)
     env = {k: os.environ.get(k) for k in FORWARDED_ENV}
     trainer = TorchTrainer(
         _ray_worker,
