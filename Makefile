@@ -35,8 +35,9 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
 
+# Every benchmark in turn (tens of minutes on 2 cores); each writes benchmarks/results/NAME.json.
 bench: setup
-	$(BIN)/python benchmarks/bench_prepare.py
+	set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf $(VENV) data/generated shards runs evals reports
