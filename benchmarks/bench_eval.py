@@ -23,14 +23,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_eval.json"
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+from genome_lm.train.metrics import proc_status_kb as _status_kb  # noqa: E402
 
 
 def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) -> dict:

@@ -46,23 +46,7 @@ MAX_T = {"upstream": 4096, "patched": 1 << 20, "recompute": 1 << 20}
 WARMUP_T = 256
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+from genome_lm.train.metrics import proc_status_kb as _status_kb, reset_rss_peak as _reset_peak  # noqa: E402
 
 
 def _mem_available() -> int | None:

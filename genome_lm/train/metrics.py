@@ -18,24 +18,38 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def proc_status_kb(field: str) -> int | None:
+    """A field of /proc/self/status in kB (e.g. "VmRSS", "VmHWM"); None where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_rss_peak() -> bool:
+    """Reset the process's peak resident set (VmHWM); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 class PeakMemory:
     def __init__(self, device: torch.device):
         self.device = device
-        self.resettable = False
-        if device.type != "cuda":
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-                self.resettable = True
-            except OSError:
-                pass
+        self.resettable = device.type != "cuda" and reset_rss_peak()
 
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.resettable:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+            reset_rss_peak()
 
     def peak(self) -> int:
         if self.device.type == "cuda":
@@ -44,13 +58,8 @@ class PeakMemory:
 
 
 def rss_peak() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    if (kb := proc_status_kb("VmHWM")) is not None:
+        return kb * 1024
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
