@@ -8,6 +8,9 @@ Layout written (atomically: built under a temporary name beside `dir`, then rena
   `hc_attn_fn`, `self_attn.f_a_proj`, ...);
 - tokenizer files copied from the source checkpoint, when it had them (so `token_map` still works).
 
+Written streamed (one tensor at a time, each file as soon as it is complete; see
+`save_pretrained`), also from a sharded model, whose tensors are gathered one by one.
+
 Upstream loads it back: `Glm5NextTextModel.from_pretrained(dir)` takes the `model.*` part (its
 `base_model_prefix` is "model"; `lm_head.weight` is reported as unused), and
 `genome_lm.model.build(dir)` rebuilds the causal LM identically.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Iterable, Mapping
 
 import torch
 from safetensors.torch import save_file
@@ -30,34 +34,94 @@ from genome_lm.utils import atomic_directory
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
+TensorSpec = tuple[str, tuple[int, ...], torch.dtype]  # upstream name, full shape, dtype
 
-def disk_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The causal LM's tensors under on-disk checkpoint names (`model.*`, `lm_head.weight`).
 
-    `state_dict`: use these tensors instead of `model.state_dict()` (e.g. the full state dict a
-    sharded model gathered on one rank)."""
+def model_tensors(model: nn.Module, state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors `save_pretrained` writes, under upstream names, in writing order:
+    `model.state_dict()` (or `state_dict`) without a tied `lm_head.weight`. Sharded (DTensor)
+    entries stay sharded; refuses a model on the meta device."""
     state = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    out = {}
     for name, tensor in state.items():
         if tensor.is_meta:
             raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
-        for disk_name, part in to_disk_layout(name, tensor.detach()):
-            out[disk_name] = part.contiguous().cpu()
-    return out
+    return state
 
 
-def _shards(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
-    shards, current, size = [], {}, 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if current and size + nbytes > max_bytes:
-            shards.append(current)
-            current, size = {}, 0
-        current[name] = tensor
-        size += nbytes
-    return shards + [current]
+def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
+    """The output files before anything is gathered: per file, its on-disk tensor names and sizes,
+    in writing order. A file is closed when the next on-disk tensor would take it past
+    `max_bytes` (a single larger tensor gets a file of its own). Computed on the meta device."""
+    files, current, size = [], [], 0
+    for name, shape, dtype in specs:
+        for disk_name, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta")):
+            nbytes = part.numel() * part.element_size()
+            if current and size + nbytes > max_bytes:
+                files.append(current)
+                current, size = [], 0
+            current.append((disk_name, nbytes))
+            size += nbytes
+    return files + [current]
+
+
+def shard_file_names(n: int) -> list[str]:
+    """`model.safetensors` for one file, else `model-0000k-of-0000n.safetensors` (Hugging Face's names)."""
+    return ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+class ShardWriter:
+    """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`.
+
+    A file is written, and its tensors dropped, as soon as its last tensor arrives, so the writer
+    holds at most one file plus the rest of the parts of the tensor being added (`peak_bytes`
+    records the most it held). Parts that are views into a larger tensor are copied, so the full
+    tensor they came from can be freed. `finish()` writes `model.safetensors.index.json` when the
+    plan has several files."""
+
+    def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
+        self.directory, self.plan, self.names = Path(directory), plan, shard_file_names(len(plan))
+        self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
+        self.left = [len(entries) for entries in plan]
+        self.buffer: dict[str, torch.Tensor] = {}
+        self.buffered_bytes = self.peak_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name not in self.file_of or name in self.buffer:
+            raise RuntimeError(f"ShardWriter: {name} is not (or no longer) expected by the plan")
+        part = tensor.detach().cpu()
+        if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:
+            part = part.contiguous() if not part.is_contiguous() else part.clone()
+        self.buffer[name] = part
+        self.buffered_bytes += part.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.buffered_bytes)
+        i = self.file_of[name]
+        self.left[i] -= 1
+        if self.left[i] == 0:
+            self._flush(i)
+
+    def _flush(self, i: int) -> None:
+        shard = {name: self.buffer.pop(name) for name, _ in self.plan[i]}
+        save_file(shard, str(self.directory / self.names[i]), metadata={"format": "pt"})
+        self.buffered_bytes -= sum(t.nbytes for t in shard.values())
+
+    def finish(self) -> None:
+        if missing := [name for i, entries in enumerate(self.plan) if self.left[i] for name, _ in entries
+                       if name not in self.buffer]:
+            raise RuntimeError(f"ShardWriter: never received {missing[:5]}")
+        if len(self.plan) > 1:
+            weight_map = {name: self.names[i] for i, entries in enumerate(self.plan) for name, _ in entries}
+            total = sum(nbytes for entries in self.plan for _, nbytes in entries)
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (self.directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a sharded (DTensor) one is all-gathered (collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def save_pretrained(
@@ -66,33 +130,58 @@ def save_pretrained(
     *,
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    state_dict: dict[str, torch.Tensor] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    write: bool = True,
 ) -> Path:
     """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style directory.
 
     Nothing appears at `out_dir` until the directory is complete. With `overwrite`, an existing
     `out_dir` is replaced only after the new one is complete; otherwise it is an error.
-    `state_dict`: the tensors to write, if not `model.state_dict()` (see `disk_state_dict`).
+    `state_dict`: the tensors to write, if not `model.state_dict()`.
+
+    Streamed: tensors are taken one at a time, converted to the on-disk layout and written into
+    files planned up front from their shapes (`shard_plan`), each file as soon as it is complete;
+    memory beyond the model: about one file (`max_shard_bytes`) plus one tensor. A sharded
+    (FSDP2) model is gathered one tensor at a time: the call is then collective, every rank calls
+    it, and only the rank with `write=True` writes (the others return once their part is done).
     """
+    tensors = model_tensors(model, state_dict)
+    specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    gathered = ((name, _full(t)) for name, t in tensors.items())
+    if not write:
+        for _ in gathered:
+            pass
+        return Path(out_dir)
+    return write_model_dir(model, out_dir, specs, gathered, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+
+
+def write_model_dir(
+    model: nn.Module,
+    out_dir: str | Path,
+    specs: list[TensorSpec],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """The directory of `save_pretrained` from full tensors that arrive one at a time, in the order
+    of `specs` (upstream name, shape, dtype: what the files are planned from). `model` gives the
+    config (it may be on the meta device) and the source of tokenizer files."""
     out_dir = Path(out_dir)
-    state = disk_state_dict(model, state_dict)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
     config["dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
-    shards = _shards(state, max_shard_bytes)
+    plan = shard_plan(specs, max_shard_bytes)
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, start=1):
-                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, fname))
-            total = sum(t.numel() * t.element_size() for t in state.values())
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        writer = ShardWriter(tmp, plan)
+        for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
+            if got != name or tuple(tensor.shape) != shape:
+                raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")
+            for disk_name, part in to_disk_layout(name, tensor.detach()):
+                writer.add(disk_name, part)
+            tensor = part = None  # free it before the next tensor is gathered
+        writer.finish()
         source = getattr(model, "source", None)
         if source and Path(source).is_dir():
             for name in TOKENIZER_FILES:
