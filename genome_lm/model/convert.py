@@ -14,13 +14,15 @@ upstream converts at load time (`transformers.conversion_mapping`, "glm5_next"):
 Names here are relative to the text model (`layers.3.mlp...`, `embed_tokens.weight`,
 `norm.weight`). Prefixes (`model.language_model.`, vision, MTP) are handled in `load.py`.
 `ModuleLayout` accepts either layout, piece by piece (checkpoint shards may split a layer's
-experts across files), and yields upstream names once a tensor is complete.
+experts across files), and yields upstream names once a tensor is complete. `to_disk_layout`
+goes the other way (saving); `read_rows` assembles any dim-0 slice of an upstream tensor from
+the on-disk tensors behind it (each rank of a sharded model reading only its rows).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -112,3 +114,32 @@ def to_disk_layout(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch
             yield f"{prefix}.{qkv}_conv1d.weight", part
     else:
         yield _rename_to_disk(name), tensor
+
+
+def read_rows(
+    name: str, shape: tuple[int, ...], start: int, stop: int, get: Callable[[str, int, int, tuple[int, ...]], torch.Tensor]
+) -> torch.Tensor:
+    """Rows `[start, stop)` (dim 0) of upstream tensor `name` of full `shape`, from on-disk tensors.
+
+    `get(disk_name, lo, hi, disk_shape)` returns rows `[lo, hi)` of one on-disk tensor whose full
+    shape must be `disk_shape`. Only the on-disk tensors (or rows of them) behind the requested rows
+    are asked for: the experts `start..stop-1` of a stacked expert tensor, the q/k/v rows under a
+    slice of the concatenated conv weight. The inverse of `to_disk_layout`, a slice at a time.
+    """
+    rest = tuple(shape[1:])
+    if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, D] from per-expert [I, D]
+        prefix, half = name.removesuffix(".gate_up_proj"), (shape[1] // 2, *shape[2:])
+        return torch.stack([
+            torch.cat([get(f"{prefix}.{e}.{proj}.weight", 0, half[0], half) for proj in ("gate_proj", "up_proj")])
+            for e in range(start, stop)
+        ])
+    if name.endswith(".mlp.experts.down_proj"):  # [E, D, I] from per-expert [D, I]
+        prefix = name.removesuffix(".down_proj")
+        return torch.stack([get(f"{prefix}.{e}.down_proj.weight", 0, rest[0], rest) for e in range(start, stop)])
+    if name.endswith(".self_attn.conv1d.weight"):  # [3Q, 1, K] from q, k, v [Q, 1, K]
+        prefix, q = name.removesuffix(".conv1d.weight"), shape[0] // 3
+        parts = [get(f"{prefix}.{qkv}_conv1d.weight", max(start, i * q) - i * q, min(stop, (i + 1) * q) - i * q,
+                     (q, *rest))
+                 for i, qkv in enumerate("qkv") if max(start, i * q) < min(stop, (i + 1) * q)]
+        return torch.cat(parts)
+    return get(_rename_to_disk(name), start, stop, tuple(shape))

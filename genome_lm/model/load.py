@@ -8,10 +8,16 @@ Accepted layouts (all safetensors; pickled `.bin`/`.pt` files are never loaded):
 - a text-only directory (`Glm5NextTextConfig`, keys `model.*` + `lm_head.weight`), as written by
   `genome_lm.model.save_pretrained`, or a bare text model's keys (`layers.*`, `embed_tokens.*`).
 Either key layout of `convert.py` (on-disk or upstream module names) is accepted.
+
+Two ways in: `iter_text_tensors` streams whole tensors file by file (`build(dir)`);
+`CheckpointReader` reads any dim-0 slice of one tensor at a time (`get_slice`: only those rows
+are read), so a rank of a sharded model reads just its rows and a plain model is filled one
+tensor at a time, never holding a second copy of the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -25,7 +31,7 @@ from tqdm import tqdm
 from huggingface_hub.errors import StrictDataclassError
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.convert import ModuleLayout
+from genome_lm.model.convert import ModuleLayout, read_rows
 from genome_lm.model.upstream import KEEP_IN_FP32, Glm5NextConfig, Glm5NextTextConfig
 
 log = logging.getLogger(__name__)
@@ -142,6 +148,79 @@ def iter_text_tensors(
             f"model: incomplete weights in {ckpt_dir}: {len(pending)} pieces lack siblings, e.g. {pending[:3]}"
         )
     log.info("read text weights from %s (%d vision/MTP tensors skipped)", ckpt_dir, skipped)
+
+
+class CheckpointReader:
+    """Dim-0 slices of the text model's tensors (upstream names) from a checkpoint directory.
+
+        with CheckpointReader(ckpt_dir, model.config) as reader:
+            rows = reader.rows("model.layers.1.mlp.experts.down_proj", (8, 64, 32), 3, 6)  # experts 3..5
+            reader.unused()   # checkpoint keys of the text model never read
+
+    A tensor stored under its upstream name is sliced directly; otherwise its rows are assembled
+    from the on-disk pieces behind them (`convert.read_rows`: per-expert tensors, q/k/v convs).
+    Only the rows asked for are read from the files (memory-mapped, `safe_open(...).get_slice`).
+    Vision and MTP weights, and layers beyond `config.num_hidden_layers`, are not indexed.
+    Raises GenomeLMError naming the file and key on a missing tensor or a shape that does not
+    match the config.
+    """
+
+    def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
+        self.dir = Path(ckpt_dir)
+        self._stack = contextlib.ExitStack()
+        self._where: dict[str, tuple[Path, str, object]] = {}  # causal-LM key -> (file, key, handle)
+        self._used: set[str] = set()
+        for path in safetensors_files(self.dir):
+            with self._reading(path):
+                handle = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+                for key in handle.keys():
+                    if (name := text_key(key, config.num_hidden_layers)) is not None:
+                        self._where[name] = (path, key, handle)
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _reading(path: Path):
+        try:
+            yield
+        except (OSError, SafetensorError) as e:
+            raise GenomeLMError(f"model: cannot read {path}: {e}; re-download or re-save the checkpoint") from None
+
+    def get(self, key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """Rows `[start, stop)` of the checkpoint tensor stored as `key` (causal-LM key in the file's
+        own layout), whose full shape must be `shape`."""
+        if key not in self._where:
+            raise GenomeLMError(
+                f"model: {self.dir} lacks the weight {key}; is it a GLM-5.3-Flash checkpoint matching its "
+                "config.json (and the config overrides)?"
+            )
+        path, file_key, handle = self._where[key]
+        with self._reading(path):
+            piece = handle.get_slice(file_key)
+            if tuple(piece.get_shape()) != tuple(shape):
+                raise GenomeLMError(
+                    f"model: {path}: {file_key} has shape {tuple(piece.get_shape())}, the config expects "
+                    f"{tuple(shape)}; check config.json and the config overrides"
+                )
+            self._used.add(key)
+            return piece[start:stop]
+
+    def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+        """Rows `[start, stop)` of the model's tensor `name` (upstream causal-LM name, full `shape`)."""
+        if name in self._where:
+            return self.get(name, start, stop, shape)
+        return read_rows(name, shape, start, stop, self.get)
+
+    def unused(self) -> list[str]:
+        return sorted(set(self._where) - self._used)
 
 
 def keep_fp32(name: str) -> bool:

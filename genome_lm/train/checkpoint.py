@@ -91,10 +91,12 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
-                    parallel: ParallelContext | None = None) -> Path:
-    """Write checkpoint `step` (collective in a distributed run: every rank calls it)."""
+                    parallel: ParallelContext | None = None, export_model: bool = True,
+                    max_shard_bytes: int | None = None) -> Path:
+    """Write checkpoint `step` (collective in a distributed run: every rank calls it); `model/` only
+    with `export_model`, in files of at most `max_shard_bytes` (default 5 GiB)."""
     from genome_lm.model import save_pretrained
-    from genome_lm.parallel.fsdp import full_state_dict
+    from genome_lm.model.checkpoint import DEFAULT_MAX_SHARD_BYTES
 
     par = parallel or ParallelContext()
     final = ckpt_dir / f"step_{step:08d}"
@@ -105,10 +107,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
 
     tmp = Path(par.on_main(make_tmp))
     try:
-        full = full_state_dict(model) if par.distributed else None  # collective
-        if par.is_main:
-            save_pretrained(model, tmp / "model", state_dict=full)
-        del full
+        if export_model:  # streamed, one tensor gathered at a time (collective when sharded)
+            save_pretrained(model, tmp / "model", write=par.is_main,
+                            max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.save(_train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
@@ -165,14 +166,12 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
 
 
 def load_weights(model, path: str | os.PathLike) -> None:
-    """Copy the weights of a checkpoint (training or model directory) into `model`, exactly."""
-    from genome_lm.model import build
+    """Copy the weights of a checkpoint (training or model directory) into `model`, exactly: one
+    tensor at a time from the safetensors files, straight into the parameters (a sharded model:
+    each rank reads only its rows). No second model is built."""
+    from genome_lm.parallel.materialize import load_weights_
 
-    loaded = build(resolve_model_dir(path), dtype=next(model.parameters()).dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # a sharded (FSDP) model takes its shards of the full tensors; a plain one loads them as is
-        set_model_state_dict(model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True, strict=True))
+    load_weights_(model, resolve_model_dir(path))
 
 
 def clean_partials(ckpt_dir: Path) -> None:

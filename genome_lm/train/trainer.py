@@ -78,6 +78,8 @@ def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
 
 
 def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False):
+    """The single-device model: preset initialisation (seeded with train.seed) or the weights of
+    model.name when it is a directory, then those of `init`; structure only with `meta`."""
     from genome_lm.model import build
 
     torch.manual_seed(cfg.train.seed)
@@ -86,6 +88,42 @@ def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, m
     if init and not meta:
         load_weights(model, init)
         log.info("initialised weights from %s", init)
+    return model
+
+
+def init_source(cfg: ExperimentConfig, init: str | None) -> Path | None:
+    """The model directory the weights come from (`init`, else model.name when it is a directory);
+    None: preset initialisation."""
+    from genome_lm.model.presets import is_preset
+
+    if init:
+        return resolve_model_dir(init)
+    return None if is_preset(cfg.model.name) else resolve_model_dir(cfg.model.name)
+
+
+def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str | None):
+    """The model ready to train: built, then `parallelize`d. Distributed: built on the meta device,
+    parallelized there (FSDP2 shards), then each rank allocates only its shards and fills them
+    (`materialize_`): from the weights directory, reading just its rows of each tensor; from
+    scratch, as slices of the preset model built in full on CPU with the same seed as one process
+    (so a distributed run starts from the same weights; not meant for glm53-flash)."""
+    from genome_lm.model.presets import META_ONLY
+    from genome_lm.parallel.materialize import materialize_
+
+    if not par.distributed:
+        return parallelize(build_model(cfg, par.device, init), cfg.memory, par)
+    model = build_model(cfg, par.device, None, meta=True)
+    parallelize(model, cfg.memory, par)
+    weights = init_source(cfg, init)
+    reference = None
+    if weights is None:
+        if cfg.model.name in META_ONLY:
+            raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
+                                "every rank's CPU first; set model.init to its checkpoint directory")
+        reference = build_model(cfg, torch.device("cpu"), None)
+    materialize_(model, par.device, weights, reference)
+    del reference
+    log.info("rank %d: materialised its shards from %s", par.rank, weights or "the preset initialisation")
     return model
 
 
@@ -189,9 +227,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     latest = par.on_main(prepare)
 
     init = resolve_init(cfg)
-    model = build_model(cfg, device, init)
+    model = build_parallel_model(cfg, par, init)
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
-    parallelize(model, cfg.memory, par)
     model.train()
     stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
                             reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
