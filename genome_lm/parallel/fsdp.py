@@ -10,8 +10,9 @@ mean, whatever the split over dp and cp.
 Mixed precision: on GPU parameters are gathered in bf16 for compute, gradients reduced in fp32
 (sharded master weights stay in the model's dtype); on CPU everything stays fp32.
 
-`clip_grad_norm` handles sharded (DTensor) gradients; `full_state_dict` gathers the whole model
-on rank 0 (CPU) for the Hugging Face-style weights directory.
+`clip_grad_norm` handles sharded (DTensor) gradients. Sharded models are built on the meta device
+and filled shard by shard (`parallel.materialize`); their Hugging Face-style weights directory is
+written one gathered tensor at a time (`model.save_pretrained`), never as one full state dict.
 """
 
 from __future__ import annotations
@@ -65,13 +66,6 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     if math.isfinite(max_norm):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's tensors on rank 0, on CPU (other ranks get an empty dict). Collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def sharded_numel(shape: torch.Size | tuple[int, ...], world: int) -> int:

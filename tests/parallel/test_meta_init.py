@@ -17,19 +17,12 @@ import torch
 from safetensors.torch import save_file
 
 from genome_lm.model import build, save_pretrained
+from tests.model.test_checkpoint import tiny
 
 from .conftest import spawn
 
 WORLD = 3
 SMALL_SHARDS = 60_000  # bytes: glm53-tiny (~1.9 MB in fp32) in many files, experts across files
-
-
-def tiny(seed: int):
-    torch.manual_seed(seed)
-    model = build("glm53-tiny")
-    for layer in model.model.layers[1:]:  # upstream inits the router bias to 0; make it count
-        layer.mlp.gate.e_score_correction_bias.normal_(std=0.05)
-    return model
 
 
 def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:

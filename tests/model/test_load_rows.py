@@ -1,0 +1,105 @@
+"""Reading weights a slice at a time: `convert.read_rows` inverts `to_disk_layout` for any rows,
+`CheckpointReader` reads them from safetensors, `load_weights` fills a model in place (no second
+model), and a checkpoint that does not fit is a GenomeLMError naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import genome_lm.model as model_pkg
+from genome_lm.errors import GenomeLMError
+from genome_lm.model import build, save_pretrained
+from genome_lm.model.convert import read_rows, to_disk_layout
+from genome_lm.model.load import CheckpointReader
+from genome_lm.train.checkpoint import load_weights
+
+from .test_checkpoint import tiny
+
+torch.set_num_threads(1)
+
+
+def test_read_rows_inverts_to_disk_layout():
+    model = tiny()
+    asked = []
+    for name, tensor in model.state_dict().items():
+        disk = dict(to_disk_layout(name, tensor))
+
+        def get(key, start, stop, shape):
+            assert tuple(disk[key].shape) == shape
+            asked.append(key)
+            return disk[key][start:stop]
+
+        n = tensor.shape[0]
+        for start, stop in ((0, n), (0, 1), (n // 3, n - n // 3), (n - 1, n)):
+            if stop > start:
+                assert torch.equal(read_rows(name, tuple(tensor.shape), start, stop, get), tensor[start:stop]), name
+    # rows of the middle third of a conv weight come from the k piece only; experts 2..5 only from theirs
+    asked.clear()
+    conv = model.model.layers[0].self_attn.conv1d.weight
+    read_rows("model.layers.0.self_attn.conv1d.weight", tuple(conv.shape), 64, 128,
+              lambda k, a, b, s: dict(to_disk_layout("model.layers.0.self_attn.conv1d.weight", conv))[k][a:b])
+    down = model.model.layers[1].mlp.experts.down_proj
+    disk = dict(to_disk_layout("model.layers.1.mlp.experts.down_proj", down))
+    read_rows("model.layers.1.mlp.experts.down_proj", tuple(down.shape), 2, 6,
+              lambda k, a, b, s: asked.append(k) or disk[k][a:b])
+    assert asked == [f"model.layers.1.mlp.experts.{e}.down_proj.weight" for e in range(2, 6)]
+
+
+def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
+    source = tiny(1)
+    ckpt = save_pretrained(source, tmp_path / "ckpt", max_shard_bytes=60_000)
+    target = tiny(2)
+    params = {n: p for n, p in target.named_parameters()}
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("load_weights built a model")
+
+    monkeypatch.setattr(model_pkg, "build", no_build)
+    load_weights(target, ckpt)
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], tensor), name
+    assert all(p is params[n] for n, p in target.named_parameters())  # filled in place
+
+
+def test_load_weights_casts_like_build(tmp_path):
+    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt")
+    target = build("glm53-tiny", dtype="bfloat16")
+    load_weights(target, ckpt)
+    want = build(ckpt, dtype="bfloat16").state_dict()
+    got = target.state_dict()
+    assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in want.items())
+
+
+def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
+    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt")
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+
+    def variant(name, change):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text((ckpt / "config.json").read_text())
+        save_file(change(dict(tensors)), str(d / "model.safetensors"))
+        return d
+
+    key = "model.layers.2.mlp.experts.3.up_proj.weight"
+    missing = variant("missing", lambda t: {k: v for k, v in t.items() if k != key})
+    with pytest.raises(GenomeLMError, match=rf"lacks the weight {key}"):
+        load_weights(tiny(), missing)
+    wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
+    with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
+        load_weights(tiny(), wrong)
+    with CheckpointReader(ckpt, tiny().config) as reader:
+        assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
+        unused = reader.unused()  # only the pieces behind experts 3 and 4 were read
+        assert "model.layers.1.mlp.experts.4.up_proj.weight" not in unused
+        assert {f"model.layers.1.mlp.experts.{e}.gate_proj.weight" for e in (2, 5)} <= set(unused)
+    (tmp_path / "nothing").mkdir()
+    (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
+    with pytest.raises(GenomeLMError, match="no \\*.safetensors"):
+        load_weights(tiny(), tmp_path / "nothing")
