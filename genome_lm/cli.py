@@ -124,6 +124,24 @@ def _run_train(args: argparse.Namespace) -> None:
         train(cfg, out=args.out, resume=args.resume)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="a training checkpoint's weights (train_state/) as a Hugging Face-style model "
+                                      "directory, for checkpoints saved without model/")
+    p.add_argument("checkpoint", help="RUN/checkpoints/step_N or RUN/checkpoints/last")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--max-shard-size", default="5G", help="largest safetensors file, e.g. 5G, 512M (default 5G)")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> None:
+    from genome_lm.train.export import export_checkpoint
+    from genome_lm.utils import parse_size
+
+    max_bytes = parse_size(args.max_shard_size, "--max-shard-size")
+    print(f"export: {export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite, max_shard_bytes=max_bytes)}")
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="score held-out windows: per-token NLL and loss by preceding context")
     p.add_argument("--checkpoint", required=True, help="run checkpoint (RUN/checkpoints/last) or model directory")
@@ -217,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_eval, _add_compare, _add_report, _add_plan):
+    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_export, _add_eval, _add_compare, _add_report,
+                _add_plan):
         add(sub)
     return parser
 

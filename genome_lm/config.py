@@ -2,7 +2,8 @@
 
     data:    shard directory, split, sequence length, shuffling seed, reverse complement
     model:   preset or checkpoint directory, dtype, init checkpoint, config overrides
-    train:   steps, batch, optimizer, schedule, clipping, checkpoints
+    train:   steps, batch, optimizer, schedule, clipping, checkpoints (and whether each one also
+             exports the Hugging Face-style model/: `export_model`)
     memory:  recompute policy, layer-input offload, long-context block sizes
     log:     wandb mode/project, interval
     parallel: context / data parallel layout (used by distributed launches)
@@ -77,6 +78,11 @@ class TrainConfig(Section):
     seed: int = 0
     checkpoint_every: int = Field(default=100, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0)
+    export_model: bool | Literal["last"] = Field(
+        default=True, description="write the Hugging Face-style model/ (what `genome-lm eval` and transformers "
+        "load) into checkpoints: true every checkpoint, last only the final step's, false never. train_state/ "
+        "(DCP) alone resumes a run; `genome-lm export CHECKPOINT --out DIR` writes model/ from it later. For "
+        "full-size runs (GLM-5.3-Flash: ~600 GB of weights per export) use last")
     on_nonfinite: Literal["stop", "skip"] = "stop"
 
 

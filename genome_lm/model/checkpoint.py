@@ -40,13 +40,10 @@ TensorSpec = tuple[str, tuple[int, ...], torch.dtype]  # upstream name, full sha
 def model_tensors(model: nn.Module, state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The tensors `save_pretrained` writes, under upstream names, in writing order:
     `model.state_dict()` (or `state_dict`) without a tied `lm_head.weight`. Sharded (DTensor)
-    entries stay sharded; refuses a model on the meta device."""
+    entries stay sharded."""
     state = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    for name, tensor in state.items():
-        if tensor.is_meta:
-            raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
     return state
 
 
@@ -146,6 +143,9 @@ def save_pretrained(
     it, and only the rank with `write=True` writes (the others return once their part is done).
     """
     tensors = model_tensors(model, state_dict)
+    for name, tensor in tensors.items():
+        if tensor.is_meta:
+            raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
     specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
     gathered = ((name, _full(t)) for name, t in tensors.items())
     if not write:

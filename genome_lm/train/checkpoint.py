@@ -1,22 +1,32 @@
-"""Training checkpoints: weights as a Hugging Face-style directory, the rest through DCP.
+"""Training checkpoints: the whole training state through DCP, the weights also as a Hugging
+Face-style directory.
 
     RUN/checkpoints/
       step_00000100/
-        model/          config.json + model.safetensors (transformers and `genome-lm eval` load it)
+        model/          config.json + model.safetensors (or model-0000k-of-0000n.safetensors + index
+                        past 5 GiB): what transformers and `genome-lm eval` load; only with
+                        train.export_model (true: every checkpoint, last: the final one)
         train_state/    torch.distributed.checkpoint: model, optimizer, scheduler, data position, RNG
-        genome_lm.json  step, loss, time
+        genome_lm.json  step, loss, time, layout, model_exported
       last -> step_00000100
 
 A checkpoint is written under a hidden temporary name and renamed when complete, then `last`
 is switched atomically; only complete checkpoints ever carry a `step_*` name. The newest
-`keep` checkpoints are kept.
+`keep` checkpoints are kept. `train_state/` alone resumes a run; `genome-lm export` writes the
+`model/` of a checkpoint that has none (`genome_lm.train.export`).
 
 Distributed runs (a `ParallelContext` with several ranks): every rank writes its shards of the
 model and optimizer into `train_state/` (DCP; the run directory must be on a filesystem all
-ranks see); the full weights are gathered to rank 0, which writes `model/`, the metadata and
-the renames. DCP stores global shapes, so a checkpoint resumes on any number of processes
-(sharded or not). Checkpoints without the model in `train_state/` (older runs) load their
-weights from `model/`.
+ranks see). `model/` is streamed (`save_pretrained`): all ranks gather one tensor at a time, in
+the same order, and rank 0 converts it to the on-disk layout and writes each safetensors file as
+soon as it is complete, so rank 0 holds about one file (5 GiB) plus one tensor, never the whole
+model. Rank 0 also writes the metadata and does the renames. DCP stores global shapes, so a
+checkpoint resumes on any number of processes (sharded or not). Checkpoints without the model
+in `train_state/` (older runs) load their weights from `model/`.
+
+Weights into a model (`load_weights`, also `model.init`): tensor by tensor from the safetensors
+files straight into the parameters, each rank of a sharded model reading only its rows
+(`genome_lm.parallel.materialize`).
 """
 
 from __future__ import annotations
@@ -52,6 +62,9 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
         return p / "model"
     if (p / "config.json").exists():
         return p
+    if (p / "train_state").is_dir():
+        raise GenomeLMError(f"{p} has no model/ (the run set train.export_model to false or last); write it with "
+                            f"`genome-lm export {p} --out DIR` and use DIR")
     raise GenomeLMError(f"{p} is not a model checkpoint (no config.json, nor model/config.json); "
                         "point to a run's checkpoints/last or a Hugging Face model directory")
 

@@ -5,12 +5,22 @@ loop reads top to bottom:
     -> optimizer -> [resume] -> for each step: micro-batches, backward, clip, check finite, step,
     log, checkpoint.
 
+Building (`build_parallel_model`): one process builds the model (preset initialisation seeded
+with train.seed, or the weights of model.name), copies `model.init`'s weights into it tensor by
+tensor, then parallelizes it. A distributed run never materialises the whole model on a rank: it
+builds on the meta device, parallelizes there (same order), allocates only this rank's FSDP2
+shards (`to_empty`) and fills them: from model.init (or model.name when it is a directory) each
+rank reads just its rows of each tensor from the safetensors files; from scratch, the preset
+model is built whole on CPU with the same seed and each rank keeps its rows (so it starts from
+the weights one process would; fine for small models, refused for glm53-flash).
+
 Distributed (`--nproc` / `--ray`, see `genome_lm.parallel`): every rank runs this same function.
 Each data-parallel replica reads its own part of every global batch (`micro_batch` sequences per
 replica), the CP ranks of a replica read the same sequences and each keeps its slab. The loss is
 normalised by the global number of scored tokens, so the logged loss and the gradients equal a
 single process reading the whole global batch. Rank 0 writes config, metrics and checkpoint
-metadata; all ranks write their shards of each checkpoint.
+metadata; all ranks write their shards of each checkpoint, and gather the weights one tensor at a
+time for rank 0 to stream into `model/` (when train.export_model asks for it).
 
 Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
 step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
@@ -186,8 +196,38 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
           f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}")
     print(f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}")
     print(format_layout(summary["layout"]))
+    summary["init"], summary["checkpoints"] = _init_line(cfg, summary["layout"]), _checkpoint_line(cfg)
+    print(summary["init"])
+    print(summary["checkpoints"])
     print("dry run OK: nothing was trained")
     return summary
+
+
+def _init_line(cfg: ExperimentConfig, layout: dict) -> str:
+    """How the weights get onto the ranks, and the host memory that takes."""
+    from genome_lm.model.presets import is_preset
+
+    def gib(n: float) -> str:
+        return f"{n / 2**30:,.2f} GiB"
+
+    world, itemsize = layout["world"], layout["parameter_bytes_per_rank"] / max(1, layout["parameters_per_rank"])
+    whole, share = layout["parameters_total"] * itemsize, layout["parameter_bytes_per_rank"]
+    source = f"model.init {cfg.model.init}" if cfg.model.init else (
+        "preset initialisation" if is_preset(cfg.model.name) else f"weights of {cfg.model.name}")
+    if world == 1:
+        return f"init: {source}; one process holds the whole model ({gib(whole)})"
+    if cfg.model.init or not is_preset(cfg.model.name):
+        return (f"init: {source}; built on the meta device, sharded, then each of the {world} ranks reads only its "
+                f"rows of each tensor from the safetensors files ({gib(share)} of weights per rank)")
+    return (f"init: {source}; each of the {world} ranks first builds the whole model on CPU ({gib(whole)}), then "
+            f"keeps its shards ({gib(share)})")
+
+
+def _checkpoint_line(cfg: ExperimentConfig) -> str:
+    export = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}[cfg.train.export_model]
+    return (f"checkpoints: every {cfg.train.checkpoint_every} steps, train_state/ (DCP); model/ (Hugging Face "
+            f"weights, streamed one tensor at a time) {export}" +
+            ("" if cfg.train.export_model is True else "; `genome-lm export CHECKPOINT --out DIR` writes it later"))
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
@@ -303,9 +343,11 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
                 save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
                                 {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp,
-                                 "cp": par.cp}, keep=cfg.train.keep_checkpoints, parallel=par)
+                                 "cp": par.cp, "model_exported": export}, keep=cfg.train.keep_checkpoints,
+                                parallel=par, export_model=export)
             maybe_inject_fault(step, par.rank)
     finally:
         bar.close()

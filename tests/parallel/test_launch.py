@@ -56,6 +56,8 @@ def test_dry_run_prints_per_rank_shapes(tiny_shards, capsys):
     assert "CP slabs per sequence: 131,072 tokens x 8" in out
     assert "per rank: input_ids [1, 131,072]" in out
     assert "FSDP2 over 64 ranks" in out
+    assert "built on the meta device, sharded, then each of the 64 ranks reads only its rows" in out
+    assert "model/ (Hugging Face weights, streamed one tensor at a time) at the last checkpoint only" in out
     # the same experiment on one 8-GPU node: dp 1, and a wrong count is refused
     assert main(["train", exp, "--dry-run", "--set", f"data.shards={tiny_shards}", "--set", "parallel.dp=auto",
                  "--nproc", "8"]) == 0

@@ -18,6 +18,7 @@ from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.train import train
+from tests.train.test_export import same_files
 
 from .conftest import write_experiment
 
@@ -72,6 +73,14 @@ def test_fsdp_dp2_matches_one_process(dp2_run, tmp_path):
     Glm5NextTextModel.from_pretrained(str(last / "model"))
     meta = json.loads((last / "genome_lm.json").read_text())
     assert (meta["world_size"], meta["dp"], meta["cp"]) == (2, 2, 1)
+
+
+def test_export_of_sharded_checkpoint_equals_its_model_dir(dp2_run, tmp_path):
+    """`genome-lm export` of the 2-rank DCP train_state writes the same files the ranks streamed."""
+    _, run = dp2_run
+    last = run / "checkpoints" / "last"
+    assert main(["export", str(last), "--out", str(tmp_path / "m")]) == 0
+    same_files(tmp_path / "m", last / "model")
 
 
 def test_dcp_resume_on_one_process(dp2_run, tmp_path):

@@ -1,0 +1,92 @@
+"""`genome-lm export RUN/checkpoints/step_N --out DIR`: the weights of a checkpoint's
+`train_state/` (DCP) as the Hugging Face-style model directory its `model/` would be.
+
+For checkpoints written with `train.export_model: false` or `last`. One process, no GPU: the
+model is built on the meta device from the run's `RUN/config.yaml` (names, shapes, config.json),
+tensors are read from DCP in batches of at most `max_shard_bytes` (DCP loads a subset of keys
+into preallocated tensors) and streamed through the same writer as `save_pretrained`. Memory:
+about two output files (the batch being read and the file being written) plus one tensor, whatever
+the model's size. The files are identical to the `model/` the trainer writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.checkpoint import DEFAULT_MAX_SHARD_BYTES, TensorSpec, model_tensors, write_model_dir
+
+log = logging.getLogger(__name__)
+
+
+def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` in the order of `specs`, read from the DCP checkpoint `state_dir` (keys
+    `model.NAME`) a batch of at most `batch_bytes` (or one tensor) at a time."""
+    import torch.distributed.checkpoint as dcp
+
+    def batches():
+        batch, size = [], 0
+        for spec in specs:
+            nbytes = torch.Size(spec[1]).numel() * spec[2].itemsize
+            if batch and size + nbytes > batch_bytes:
+                yield batch
+                batch, size = [], 0
+            batch.append(spec)
+            size += nbytes
+        if batch:
+            yield batch
+
+    for batch in batches():
+        state = {"model": {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in batch}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no process group: loading in a single process"
+            dcp.load(state, checkpoint_id=str(state_dir))
+        loaded = state.pop("model")
+        for name, _, _ in batch:
+            yield name, loaded.pop(name)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """Write the model directory of training checkpoint `checkpoint` (`RUN/checkpoints/step_N` or
+    `last`) to `out` (atomically); return `out`."""
+    import torch.distributed.checkpoint as dcp
+
+    from genome_lm.config import load_experiment
+    from genome_lm.train.trainer import build_model
+
+    ckpt = Path(checkpoint)
+    state_dir = ckpt / "train_state"
+    if not (state_dir / ".metadata").is_file():
+        raise GenomeLMError(f"{ckpt} is not a training checkpoint (no train_state/.metadata); point to "
+                            "RUN/checkpoints/step_N or RUN/checkpoints/last")
+    config_path = ckpt.resolve().parent.parent / "config.yaml"
+    if not config_path.is_file():
+        raise GenomeLMError(f"{config_path} not found: export reads the model from the run's config.yaml; keep the "
+                            "checkpoint inside its run directory (RUN/checkpoints/step_N)")
+    cfg = load_experiment(config_path)
+    model = build_model(cfg, torch.device("cpu"), None, meta=True)
+    stored = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
+    if not any(key.startswith("model.") for key in stored):
+        raise GenomeLMError(f"{state_dir} holds no model weights (a checkpoint from an older version); its model/ "
+                            "directory has them")
+    specs = []
+    for name, tensor in model_tensors(model).items():
+        meta = stored.get(f"model.{name}")
+        if meta is None or not hasattr(meta, "size"):
+            raise GenomeLMError(f"{state_dir} lacks the weight model.{name} of the model in {config_path}; is it a "
+                                "checkpoint of this run?")
+        if tuple(meta.size) != tuple(tensor.shape):
+            raise GenomeLMError(f"{state_dir}: model.{name} has shape {tuple(meta.size)}, the model in {config_path} "
+                                f"has {tuple(tensor.shape)}; is it a checkpoint of this run?")
+        specs.append((name, tuple(tensor.shape), meta.properties.dtype))
+    tensors = _dcp_tensors(state_dir, specs, max_shard_bytes)
+    write_model_dir(model, out, specs, tensors, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
+    return Path(out)
