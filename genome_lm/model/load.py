@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator
 
@@ -154,28 +155,29 @@ class CheckpointReader:
     """Dim-0 slices of the text model's tensors (upstream names) from a checkpoint directory.
 
         with CheckpointReader(ckpt_dir, model.config) as reader:
+            unused = reader.check({"model.norm.weight": (64,), ...})  # all present, shapes right
             rows = reader.rows("model.layers.1.mlp.experts.down_proj", (8, 64, 32), 3, 6)  # experts 3..5
-            reader.unused()   # checkpoint keys of the text model never read
 
     A tensor stored under its upstream name is sliced directly; otherwise its rows are assembled
     from the on-disk pieces behind them (`convert.read_rows`: per-expert tensors, q/k/v convs).
-    Only the rows asked for are read from the files (memory-mapped, `safe_open(...).get_slice`).
-    Vision and MTP weights, and layers beyond `config.num_hidden_layers`, are not indexed.
-    Raises GenomeLMError naming the file and key on a missing tensor or a shape that does not
-    match the config.
+    Only the rows asked for are read (`safe_open(...).get_slice(key)[start:stop]` on the
+    memory-mapped file); at most `OPEN_FILES` files stay mapped, so the pages read leave the
+    resident set once the reader moves on. Vision and MTP weights, and layers beyond
+    `config.num_hidden_layers`, are not indexed. GenomeLMError on missing tensors (all listed at
+    once by `check`) or a shape that does not match the config (naming the file and key).
     """
+
+    OPEN_FILES = 2
 
     def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
         self.dir = Path(ckpt_dir)
-        self._stack = contextlib.ExitStack()
-        self._where: dict[str, tuple[Path, str, object]] = {}  # causal-LM key -> (file, key, handle)
-        self._used: set[str] = set()
+        self._where: dict[str, tuple[Path, str, tuple[int, ...]]] = {}  # causal-LM key -> (file, key, shape)
+        self._open: OrderedDict[Path, safe_open] = OrderedDict()
         for path in safetensors_files(self.dir):
-            with self._reading(path):
-                handle = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
-                for key in handle.keys():
+            with self._reading(path), safe_open(str(path), framework="pt", device="cpu") as f:
+                for key in f.keys():
                     if (name := text_key(key, config.num_hidden_layers)) is not None:
-                        self._where[name] = (path, key, handle)
+                        self._where[name] = (path, key, tuple(f.get_slice(key).get_shape()))
 
     def __enter__(self) -> "CheckpointReader":
         return self
@@ -184,7 +186,8 @@ class CheckpointReader:
         self.close()
 
     def close(self) -> None:
-        self._stack.close()
+        while self._open:
+            self._open.popitem()[1].__exit__(None, None, None)
 
     @staticmethod
     @contextlib.contextmanager
@@ -194,24 +197,34 @@ class CheckpointReader:
         except (OSError, SafetensorError) as e:
             raise GenomeLMError(f"model: cannot read {path}: {e}; re-download or re-save the checkpoint") from None
 
+    def _file(self, path: Path) -> safe_open:
+        if path in self._open:
+            self._open.move_to_end(path)
+        else:
+            while len(self._open) >= self.OPEN_FILES:
+                self._open.popitem(last=False)[1].__exit__(None, None, None)
+            with self._reading(path):
+                self._open[path] = safe_open(str(path), framework="pt", device="cpu")
+        return self._open[path]
+
+    def _check(self, key: str, shape: tuple[int, ...]) -> tuple[Path, str]:
+        if key not in self._where:
+            raise KeyError(key)
+        path, file_key, stored = self._where[key]
+        if stored != tuple(shape):
+            raise GenomeLMError(f"model: {path}: {file_key} has shape {stored}, the config expects {tuple(shape)}; "
+                                "check config.json and the config overrides")
+        return path, file_key
+
     def get(self, key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
         """Rows `[start, stop)` of the checkpoint tensor stored as `key` (causal-LM key in the file's
         own layout), whose full shape must be `shape`."""
-        if key not in self._where:
-            raise GenomeLMError(
-                f"model: {self.dir} lacks the weight {key}; is it a GLM-5.3-Flash checkpoint matching its "
-                "config.json (and the config overrides)?"
-            )
-        path, file_key, handle = self._where[key]
+        try:
+            path, file_key = self._check(key, shape)
+        except KeyError:
+            self._missing([key])
         with self._reading(path):
-            piece = handle.get_slice(file_key)
-            if tuple(piece.get_shape()) != tuple(shape):
-                raise GenomeLMError(
-                    f"model: {path}: {file_key} has shape {tuple(piece.get_shape())}, the config expects "
-                    f"{tuple(shape)}; check config.json and the config overrides"
-                )
-            self._used.add(key)
-            return piece[start:stop]
+            return self._file(path).get_slice(file_key)[start:stop]
 
     def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
         """Rows `[start, stop)` of the model's tensor `name` (upstream causal-LM name, full `shape`)."""
@@ -219,8 +232,34 @@ class CheckpointReader:
             return self.get(name, start, stop, shape)
         return read_rows(name, shape, start, stop, self.get)
 
-    def unused(self) -> list[str]:
-        return sorted(set(self._where) - self._used)
+    def check(self, tensors: dict[str, tuple[int, ...]]) -> list[str]:
+        """Before reading anything: every checkpoint tensor behind the model tensors `tensors`
+        (name -> full shape) exists with the right shape. Returns the checkpoint's text keys that
+        none of them uses."""
+        needed, missing = set(), []
+
+        def visit(key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
+            try:
+                self._check(key, shape)
+                needed.add(key)
+            except KeyError:
+                missing.append(key)
+            return torch.empty((stop - start, *shape[1:]), device="meta")
+
+        for name, shape in tensors.items():
+            if name in self._where:
+                visit(name, 0, shape[0], shape)
+            else:
+                read_rows(name, shape, 0, shape[0], visit)
+        if missing:
+            self._missing(missing)
+        return sorted(set(self._where) - needed)
+
+    def _missing(self, keys: list[str]):
+        raise GenomeLMError(
+            f"model: {self.dir} lacks {len(keys)} weight(s) of the text model, e.g. {keys[:5]}; is it a GLM-5.3-Flash "
+            "checkpoint matching its config.json (and the config overrides)?"
+        )
 
 
 def keep_fp32(name: str) -> bool:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.model.checkpoint import model_tensors
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,7 @@ def copy_rows_(model: nn.Module, read: ReadRows) -> None:
     """Fill every tensor of `model.state_dict()` (parameters and buffers) with the rows this rank
     holds, `read(name, full_shape, start, stop)` giving them; one tensor at a time. A tied
     `lm_head.weight` is the embedding and is skipped."""
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if tied and name == "lm_head.weight":
-            continue
+    for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
         local, start = local_rows(tensor)
         if local.dim() == 0 or local.shape[0] == 0:
             if local.dim() == 0:
@@ -71,12 +69,13 @@ def copy_rows_(model: nn.Module, read: ReadRows) -> None:
 def load_weights_(model: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     """Copy the text weights of the model directory `ckpt_dir` into `model` (plain, or sharded: each
     rank reads its rows), exactly (cast to each parameter's dtype). Missing weights and shapes
-    that do not match are GenomeLMErrors; checkpoint weights the model has no place for are logged."""
+    that do not match are GenomeLMErrors, found before anything is read; checkpoint weights the
+    model has no place for are logged."""
     from genome_lm.model.load import CheckpointReader
 
     with CheckpointReader(ckpt_dir, model.config) as reader:
+        unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
         copy_rows_(model, reader.rows)
-        unused = reader.unused()
     if unused:
         log.warning("%s: %d weights not used by the model, e.g. %s", ckpt_dir, len(unused), unused[:5])
 

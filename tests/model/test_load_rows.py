@@ -89,17 +89,32 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
 
     key = "model.layers.2.mlp.experts.3.up_proj.weight"
     missing = variant("missing", lambda t: {k: v for k, v in t.items() if k != key})
-    with pytest.raises(GenomeLMError, match=rf"lacks the weight {key}"):
+    with pytest.raises(GenomeLMError, match=rf"lacks 1 weight\(s\) of the text model, e.g. \['{key}'\]"):
         load_weights(tiny(), missing)
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
         load_weights(tiny(), wrong)
     with CheckpointReader(ckpt, tiny().config) as reader:
         assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
-        unused = reader.unused()  # only the pieces behind experts 3 and 4 were read
-        assert "model.layers.1.mlp.experts.4.up_proj.weight" not in unused
-        assert {f"model.layers.1.mlp.experts.{e}.gate_proj.weight" for e in (2, 5)} <= set(unused)
+        # unused: what none of the given tensors needs (whatever this reader happened to read)
+        unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
+        assert "model.layers.1.mlp.experts.7.up_proj.weight" not in unused and "model.norm.weight" not in unused
+        assert {"lm_head.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= set(unused)
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
     with pytest.raises(GenomeLMError, match="no \\*.safetensors"):
         load_weights(tiny(), tmp_path / "nothing")
+
+
+def test_only_weights_the_model_has_no_place_for_are_logged(tmp_path, caplog):
+    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt", max_shard_bytes=60_000)
+    with caplog.at_level("WARNING"):
+        load_weights(tiny(), ckpt)
+    assert "not used" not in caplog.text
+    save_file({"model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(ckpt / "model-extra.safetensors"))
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.mlp.extra.weight"] = "model-extra.safetensors"
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    with caplog.at_level("WARNING"):
+        load_weights(tiny(), ckpt)
+    assert "1 weights not used by the model, e.g. ['model.layers.0.mlp.extra.weight']" in caplog.text
