@@ -139,7 +139,8 @@ def _run_export(args: argparse.Namespace) -> None:
     from genome_lm.utils import parse_size
 
     max_bytes = parse_size(args.max_shard_size, "--max-shard-size")
-    print(f"export: {export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite, max_shard_bytes=max_bytes)}")
+    out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite, max_shard_bytes=max_bytes)
+    print(f"export: {out}")
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:

@@ -117,7 +117,11 @@ def to_disk_layout(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch
 
 
 def read_rows(
-    name: str, shape: tuple[int, ...], start: int, stop: int, get: Callable[[str, int, int, tuple[int, ...]], torch.Tensor]
+    name: str,
+    shape: tuple[int, ...],
+    start: int,
+    stop: int,
+    get: Callable[[str, int, int, tuple[int, ...]], torch.Tensor],
 ) -> torch.Tensor:
     """Rows `[start, stop)` (dim 0) of upstream tensor `name` of full `shape`, from on-disk tensors.
 

@@ -224,7 +224,8 @@ def _init_line(cfg: ExperimentConfig, layout: dict) -> str:
 
 
 def _checkpoint_line(cfg: ExperimentConfig) -> str:
-    export = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}[cfg.train.export_model]
+    when = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}
+    export = when[cfg.train.export_model]
     return (f"checkpoints: every {cfg.train.checkpoint_every} steps, train_state/ (DCP); model/ (Hugging Face "
             f"weights, streamed one tensor at a time) {export}" +
             ("" if cfg.train.export_model is True else "; `genome-lm export CHECKPOINT --out DIR` writes it later"))
@@ -343,7 +344,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
-                export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
+                export = cfg.train.export_model is True or (cfg.train.export_model == "last"
+                                                            and step == cfg.train.steps)
                 save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
                                 {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp,
                                  "cp": par.cp, "model_exported": export}, keep=cfg.train.keep_checkpoints,

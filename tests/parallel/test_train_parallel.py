@@ -83,6 +83,18 @@ def test_export_of_sharded_checkpoint_equals_its_model_dir(dp2_run, tmp_path):
     same_files(tmp_path / "m", last / "model")
 
 
+def test_init_from_checkpoint_dp2_matches_one_process(dp2_run, tmp_path):
+    """model.init under --nproc 2: built on the meta device, each rank reads its rows of the
+    checkpoint's safetensors; the run equals one process initialised from the same directory."""
+    exp, run = dp2_run
+    init = [f"model.init={run / 'checkpoints' / 'step_00000002'}", "train.steps=2", "train.export_model=false"]
+    sets = [arg for o in init for arg in ("--set", o)]
+    assert main(["train", exp, "--out", str(tmp_path / "two"), "--nproc", "2", *sets]) == 0
+    train(load_experiment(exp, ["train.micro_batch=2", *init]), out=tmp_path / "one")
+    assert_same_curve(records(tmp_path / "two"), records(tmp_path / "one"), range(1, 3))
+    assert records(tmp_path / "two")[1]["loss"] < records(run)[1]["loss"]  # it did start from the trained weights
+
+
 def test_dcp_resume_on_one_process(dp2_run, tmp_path):
     exp, run = dp2_run
     resumed = truncate_to(run, tmp_path / "resumed", 2)
