@@ -55,9 +55,9 @@ def copy_rows_(model: nn.Module, read: ReadRows) -> None:
     `lm_head.weight` is the embedding and is skipped."""
     for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
         local, start = local_rows(tensor)
-        if local.dim() == 0 or local.shape[0] == 0:
-            if local.dim() == 0:
-                raise ValueError(f"copy_rows_: {name} is a scalar; the model has none")
+        if local.dim() == 0:
+            raise ValueError(f"copy_rows_: {name} is a scalar; the model has none")
+        if local.shape[0] == 0:
             continue  # this rank holds no rows of a tensor shorter than the world
         rows = read(name, tuple(tensor.shape), start, start + local.shape[0])
         if rows.shape != local.shape:
