@@ -24,6 +24,7 @@ from genome_lm.model.ops.dsa import (
     patch_dsa_module,
     sparse_latent_attention,
 )
+from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention
 from genome_lm.model.ops.dsa.indexer import index_inputs
 
 TOL = {"out": 1e-5, "grad": 2e-5}  # observed: out <= 2e-7, grads <= 2e-6
@@ -226,6 +227,36 @@ def test_pool_size_one_matches_fla_naive():
         o_fla = fla.naive_dsa(q, k, v, None, None, indices=picked, scale=up.scaling)
         o_mine = absorbed_mla_attention(q, c, up.kv_b_proj.weight, sel, up.scaling, 16)
         close("fla naive_dsa", o_mine, o_fla, TOL["out"])
+
+
+@pytest.mark.parametrize("T,kpool,tail", [(301, 4, True), (64, 1, False), (97, 8, True)])
+def test_dense_fast_path_matches_upstream_and_sparse_path(T, kpool, tail):
+    """top-k >= the sequence: every query sees its whole causal prefix, and the fused SDPA path
+    replaces the gather. Same output and gradients as upstream's masked dense attention and as
+    the blockwise sparse kernel fed the same selection."""
+    cfg = tiny_config(topk=1024, kpool=kpool, tail=tail)
+    up = make_attn(cfg, 0, 5)
+    mine = patch_dsa_module(copy.deepcopy(up), block_queries=40)
+    x = torch.randn(2, T, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    ref = run(up, x)
+    got = run(mine, x, w=ref[3])
+    assert got[1].is_dense(T)
+    compare(ref, got)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, T, 3, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    kv = torch.randn(2, T, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    outs = [sparse_latent_attention(q, kv, got[1], 0.4, 32),
+            _SparseLatentAttention.apply(q, kv, 0.4, got[1], 32)]
+    grads = [torch.autograd.grad(o.square().sum(), (q, kv)) for o in outs]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-10)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_sparse_topk_is_not_dense():
+    cfg = tiny_config(topk=16, kpool=4)
+    sel = patch_dsa_module(make_attn(cfg, 0, 2))(torch.randn(1, 100, cfg.hidden_size), attention_mask=None)[2]
+    assert not sel.is_dense(100) and sel.is_dense(19)
 
 
 def test_sparse_latent_attention_gradcheck():

@@ -17,6 +17,7 @@ Shapes: B batch, T queries, L keys (L >= start + T), H heads, R latent dim, W se
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .indexer import DSASelection
 
@@ -147,7 +148,19 @@ def sparse_latent_attention(
     """
     if selection.num_queries != q.shape[1]:
         raise ValueError(f"selection covers {selection.num_queries} queries, got {q.shape[1]}")
+    if kv.shape[1] == q.shape[1] and selection.is_dense(q.shape[1]):
+        return dense_latent_attention(q, kv, scale)
     return _SparseLatentAttention.apply(q, kv, scale, selection, block_queries)
+
+
+def dense_latent_attention(q: torch.Tensor, kv: torch.Tensor, scale: float) -> torch.Tensor:
+    """The fast path of `sparse_latent_attention` when the selection is the whole causal prefix
+    (top-k >= the sequence, e.g. short sequences or a dense warm-up): fused causal SDPA over the
+    shared latent, O(T) memory, no gather. q [B, T, H, R], kv [B, T, R] -> [B, T, H, R]."""
+    B, T, H, R = q.shape
+    k = _acc(kv)[:, None].expand(B, H, T, R)
+    o = F.scaled_dot_product_attention(_acc(q).transpose(1, 2), k, k, is_causal=True, scale=scale)
+    return o.transpose(1, 2).to(q.dtype)
 
 
 def absorbed_mla_attention(

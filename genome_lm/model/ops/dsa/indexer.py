@@ -44,6 +44,13 @@ class DSASelection:
     def from_token_indices(cls, token_indices: torch.Tensor, start: int = 0) -> "DSASelection":
         return cls(pools=None, kpool=1, tail=False, start=start, token_indices=token_indices)
 
+    def is_dense(self, length: int) -> bool:
+        """True when every query of a sequence of `length` tokens (start 0) sees every earlier
+        token and itself: each complete pool is selected (top-k >= the number of pools) and the
+        query's own incomplete pool is added. Attention is then exactly dense causal attention."""
+        return (self.pools is not None and self.start == 0 and (self.tail or self.kpool == 1)
+                and self.pools.shape[-1] >= length // self.kpool)
+
     @property
     def num_queries(self) -> int:
         return (self.pools if self.pools is not None else self.token_indices).shape[1]
