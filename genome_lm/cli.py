@@ -19,13 +19,17 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a generator parameter (repeatable), e.g. --param max_distance=8192; "
+                        "names and defaults: genome_lm/genome/synth.py SynthParams")
     p.set_defaults(func=_run_synth)
 
 
 def _run_synth(args: argparse.Namespace) -> None:
-    from genome_lm.genome.synth import write_synthetic_fasta
+    from genome_lm.genome.synth import make_params, parse_param, write_synthetic_fasta
 
-    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite)
+    params = make_params(**dict(parse_param(a) for a in args.param))
+    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite, params=params)
 
 
 def _add_fetch(sub: argparse._SubParsersAction) -> None:

@@ -106,7 +106,7 @@ class SynthParams:
         ]
         for ok, what in checks:
             if not ok:
-                raise GenomeLMError(f"synthetic genome parameters: need {what}; fix the value passed to synthesize()")
+                raise GenomeLMError(f"synthetic genome parameters: need {what}; change the --param (or keyword) that sets it")
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,20 @@ def make_params(**overrides) -> SynthParams:
     return params
 
 
+def parse_param(text: str) -> tuple[str, int | float]:
+    """'NAME=VALUE' from the command line -> (name, number typed like the SynthParams field)."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    fields = {f.name: f for f in dataclasses.fields(SynthParams) if f.name != "chroms"}
+    if not sep or name not in fields:
+        raise GenomeLMError(f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(fields))}")
+    kind = int if isinstance(getattr(SynthParams, name), int) else float
+    try:
+        return name, kind(value)
+    except ValueError:
+        raise GenomeLMError(f"--param {text!r}: {name} takes {'an integer' if kind is int else 'a number'}") from None
+
+
 def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | None = None) -> SynthGenome:
     """Generate the genome in memory, with its families and planted copies."""
     params = params or SynthParams()
@@ -381,9 +395,11 @@ def _write_atomic(path: Path, write) -> None:
         raise
 
 
-def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False) -> WrittenGenome:
+def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
+                          params: SynthParams | None = None) -> WrittenGenome:
     """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
-    planted copies (chrom, start, end, strand, family, source_start) beside it."""
+    planted copies (chrom, start, end, strand, family, source_start) beside it. `params`
+    (see `make_params`) replaces the default SynthParams."""
     out = Path(out)
     tsv = repeats_path(out)
     if not out.name.endswith(".gz"):
@@ -399,7 +415,7 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
         raise GenomeLMError(f"cannot write to {out.parent} ({e.strerror}); choose a writable --out") from None
 
     t0 = time.perf_counter()
-    genome = synthesize_genome(scale, seed)
+    genome = synthesize_genome(scale, seed, params)
 
     def write_fasta(f):
         with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
