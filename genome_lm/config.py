@@ -84,6 +84,11 @@ class TrainConfig(Section):
         "(DCP) alone resumes a run; `genome-lm export CHECKPOINT --out DIR` writes model/ from it later. For "
         "full-size runs (GLM-5.3-Flash: ~600 GB of weights per export) use last")
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    moe_bias_update_rate: float = Field(
+        default=0.0, ge=0, description="auxiliary-loss-free expert balancing (DeepSeek-V3): after every "
+        "optimizer step each MoE router's e_score_correction_bias moves by this much toward the experts that "
+        "got fewer tokens than the mean (and away from busier ones), loads counted over all micro-batches and "
+        "ranks. 0 keeps the bias as loaded (upstream). DeepSeek-V3 and Megatron use 1e-3")
 
 
 class MemoryConfig(Section):

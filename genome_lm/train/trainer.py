@@ -254,6 +254,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
           device: torch.device | None = None, show_progress: bool | None = None) -> dict:
     """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
     from genome_lm.model import expert_load
+    from genome_lm.model.ops.moe.balance import ExpertBalancer
 
     par = init_parallel(cfg.parallel, device)
     device = par.device
@@ -286,6 +287,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
     memory = PeakMemory(device)
     params = [p for p in model.parameters() if p.requires_grad]
+    balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate)
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
     bar = tqdm(total=cfg.train.steps, initial=start, desc=f"train {cfg.name}", unit="step",
                disable=not par.is_main or (None if show_progress is None else not show_progress))
@@ -301,6 +303,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             for batch, n in zip(batches, n_targets):
                 out = model(**batch)
                 (out.loss * (n / total_targets)).backward()
+                balancer.accumulate()
                 loss_sum += float(out.loss.detach()) * n
             tokens = sum(int(b["input_ids"].numel()) for b in batches)
             loss_sum, tokens = par.sum_dp(loss_sum, tokens)
@@ -312,6 +315,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 optimizer.step()
                 scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            bias_max = balancer.step(update=finite)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = par.max_all(time.perf_counter() - t0)
@@ -327,6 +331,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 imb = [v["imbalance"] for v in load.values()]
                 record["moe_imbalance_max"] = max(imb)
                 record["moe_imbalance_mean"] = sum(imb) / len(imb)
+            if balancer.active:
+                record["moe_bias_max_abs"] = bias_max
             if not finite:
                 record["skipped"] = True
                 if cfg.train.on_nonfinite == "stop":

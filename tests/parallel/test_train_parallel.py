@@ -48,9 +48,10 @@ def assert_same_curve(got: dict[int, dict], want: dict[int, dict], steps) -> Non
 
 @pytest.fixture(scope="module")
 def dp2_run(tmp_path_factory, tiny_shards):
-    """4 steps on 2 processes (FSDP2 over dp=2), checkpoints at 2 and 4."""
+    """4 steps on 2 processes (FSDP2 over dp=2), checkpoints at 2 and 4; expert-bias balancing on,
+    so the step loads must be summed over the ranks for the run to equal one process."""
     root = tmp_path_factory.mktemp("dp2")
-    exp = write_experiment(root / "e.yaml", tiny_shards)
+    exp = write_experiment(root / "e.yaml", tiny_shards, train={"moe_bias_update_rate": 0.05})
     os.environ.setdefault("TQDM_DISABLE", "1")
     assert main(["train", exp, "--out", str(root / "run"), "--nproc", "2"]) == 0
     return exp, root / "run"
@@ -62,7 +63,7 @@ def test_fsdp_dp2_matches_one_process(dp2_run, tmp_path):
     train(load_experiment(exp, ["train.micro_batch=2"]), out=one)
     assert_same_curve(records(run), records(one), range(1, 5))
     got = records(run)[4]
-    assert got["world_size"] == 2 and got["tokens"] == 128
+    assert got["world_size"] == 2 and got["tokens"] == 128 and got["moe_bias_max_abs"] > 0
     # same kinds of outputs as a one-process run; the weights gathered on rank 0 load upstream
     assert (run / "config.yaml").exists()
     last = run / "checkpoints" / "last"
