@@ -1,0 +1,72 @@
+"""Does a model learn in-context copying (induction) within a budget? The demo's open question.
+
+Task: B sequences of T bases, the second half an exact copy of the first (random bases). Only the
+copied half can be predicted below ln 4 = 1.386 nats, and only by looking back T/2 tokens. Prints
+the loss on the copied half every `--every` steps and writes JSON.
+
+    python benchmarks/probe_copy_learning.py --steps 800 --lr 2e-3 [--set index_topk=256 ...]
+
+Measured (session 3, 2 CPU cores): glm53-tiny with dense DSA (index_topk=256) stays at 1.386 for
+3000 steps (lr 2e-3); lr 5e-3 and 4 heads / rank-64 MLA also flat for 800 steps. A 2-layer d64
+NoPE torch transformer with a depthwise causal conv learns it at ~700 steps (lr 1e-3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from genome_lm.model import apply_long_context, build
+
+
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="glm53-tiny")
+    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--set", nargs="*", default=["index_topk=256"], metavar="FIELD=VALUE",
+                    help="config overrides (default: dense DSA)")
+    ap.add_argument("--out", default="benchmarks/results/probe_copy_learning.json")
+    args = ap.parse_args()
+    overrides = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    torch.manual_seed(0)
+    model = apply_long_context(build(args.preset, dtype="float32", **overrides))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    B, T = args.batch, args.seq_len
+    rows, t0 = [], time.perf_counter()
+    print(f"{'step':>6} {'copied-half nll':>16} {'s':>8}")
+    for step in range(args.steps):
+        half = torch.randint(0, 4, (B, T // 2))
+        x = torch.cat([half, half], dim=1)
+        out = model(x, labels=x, return_per_token_nll=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % args.every == 0 or step == args.steps - 1:
+            copied = float(out.per_token_nll.detach()[:, T // 2 + 1:].mean())
+            rows.append({"step": step, "copied_half_nll": copied, "elapsed_s": time.perf_counter() - t0})
+            print(f"{step:>6} {copied:>16.4f} {rows[-1]['elapsed_s']:>8.1f}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
