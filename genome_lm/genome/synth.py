@@ -312,7 +312,7 @@ def parse_param(text: str) -> tuple[str, int | float]:
     """'NAME=VALUE' from the command line -> (name, number typed like the SynthParams field)."""
     name, sep, value = text.partition("=")
     name = name.strip()
-    fields = {f.name: f for f in dataclasses.fields(SynthParams) if f.name != "chroms"}
+    fields = {f.name for f in dataclasses.fields(SynthParams)} - {"chroms"}
     if not sep or name not in fields:
         raise GenomeLMError(f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(fields))}")
     kind = int if isinstance(getattr(SynthParams, name), int) else float

@@ -331,7 +331,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 imb = [v["imbalance"] for v in load.values()]
                 record["moe_imbalance_max"] = max(imb)
                 record["moe_imbalance_mean"] = sum(imb) / len(imb)
-            if balancer.active:
+            if bias_max is not None:
                 record["moe_bias_max_abs"] = bias_max
             if not finite:
                 record["skipped"] = True

@@ -17,14 +17,18 @@ no gradient, no optimizer state.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from genome_lm.parallel.collectives import all_reduce_sum
 
 __all__ = ["ExpertBalancer"]
 
 
 class ExpertBalancer:
-    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases."""
+    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases.
+
+    With rate 0 it does nothing at all (no counting, no device syncs on the step path).
+    """
 
     def __init__(self, model: nn.Module, rate: float):
         if rate < 0:
@@ -39,34 +43,28 @@ class ExpertBalancer:
 
     def accumulate(self) -> None:
         """Add each layer's counts from the forward just run (call once per micro-batch)."""
+        if not self.active:
+            return
         for i, m in enumerate(self.layers):
-            c = m.last_expert_counts
-            if c is None:
-                continue
-            c = c.detach().to(torch.float64)
-            self._counts[i] = c if self._counts[i] is None else self._counts[i] + c
+            if m.last_expert_counts is not None:
+                c = m.last_expert_counts.detach()
+                self._counts[i] = c if self._counts[i] is None else self._counts[i] + c
 
     @torch.no_grad()
-    def step(self, update: bool = True) -> float:
+    def step(self, update: bool = True) -> float | None:
         """Move every router's bias by the step's loads (all ranks reduced); reset the counts.
 
-        `update=False` (a skipped step) only resets. Returns the largest |bias| afterwards.
+        `update=False` (a skipped step) only resets. Returns the largest |bias| afterwards, or
+        None when balancing is off.
         """
+        if not self.active:
+            return None
         counts, self._counts = self._counts, [None] * len(self.layers)
-        if not self.active or not update:
-            return self.max_abs_bias()
         present = [i for i, c in enumerate(counts) if c is not None]
-        if present:
-            loads = torch.stack([counts[i] for i in present])  # [L, E]
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                device = self.layers[present[0]].gate.e_score_correction_bias.device
-                loads = loads.to(device)
-                dist.all_reduce(loads)
+        if update and present:
+            loads = all_reduce_sum(torch.stack([counts[i] for i in present]).double())  # [L, E], all ranks
             delta = self.rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
             for row, i in enumerate(present):
                 bias = self.layers[i].gate.e_score_correction_bias
-                bias.add_(delta[row].to(bias.device, bias.dtype))
-        return self.max_abs_bias()
-
-    def max_abs_bias(self) -> float:
-        return max((float(m.gate.e_score_correction_bias.abs().max()) for m in self.layers), default=0.0)
+                bias.add_(delta[row].to(bias.dtype))
+        return float(torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max())
