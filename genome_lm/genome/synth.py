@@ -17,6 +17,12 @@ tokens that have long preceding context. What it plants, in the order it is buil
    uniform between max(`min_distance`, source length) and `max_distance` (default 64 kbp).
    A model that sees the source copy in its context can predict ~97% of the copy; a model
    that does not, cannot. About 40% of the non-N bases are repeat copies.
+   Optionally (`tandem_fraction` > 0; 0 by default), tandem arrays are planted next:
+   a random unit of `tandem_unit_min`-`tandem_unit_max` bp (default 20-200) repeated
+   `tandem_copies_min`-`tandem_copies_max` (4-16) times head to tail,
+   each unit the previous one with `tandem_divergence` substitutions, lowercase, family
+   'tandem' in the sidecar TSV. They put copies within a short context (`make demo` uses
+   them to teach a small model in-context copying before the long-context fine-tune).
 4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
 
 Same parameters and seed -> the same bytes: numpy's PCG64 seeded per record, and gzip with
@@ -91,6 +97,12 @@ class SynthParams:
     inner_gap_min: int = 100  #: shortest inner N run
     inner_gap_max: int = 500  #: longest inner N run
     iupac_every: int = 200_000  #: one IUPAC code per this many bases (at least one)
+    tandem_fraction: float = 0.0  #: target share of non-N bases in tandem arrays (0: none)
+    tandem_unit_min: int = 20  #: shortest tandem repeat unit (log-uniform lengths)
+    tandem_unit_max: int = 200  #: longest tandem repeat unit
+    tandem_copies_min: int = 4  #: fewest units in one array
+    tandem_copies_max: int = 16  #: most units in one array
+    tandem_divergence: float = 0.01  #: per-base substitution rate of a unit vs the one before it
 
     def validate(self) -> None:
         checks = [
@@ -100,6 +112,11 @@ class SynthParams:
             (0 < self.min_distance <= self.max_distance, "0 < min_distance <= max_distance"),
             (self.family_max_len + SPACER <= self.max_distance, "family_max_len + 20 <= max_distance"),
             (0 <= self.repeat_fraction < 0.9, "0 <= repeat_fraction < 0.9"),
+            (0 <= self.tandem_fraction and self.repeat_fraction + self.tandem_fraction < 0.9,
+             "tandem_fraction >= 0 and repeat_fraction + tandem_fraction < 0.9"),
+            (0 < self.tandem_unit_min <= self.tandem_unit_max, "0 < tandem_unit_min <= tandem_unit_max"),
+            (2 <= self.tandem_copies_min <= self.tandem_copies_max, "2 <= tandem_copies_min <= tandem_copies_max"),
+            (0 <= self.tandem_divergence <= 1, "0 <= tandem_divergence <= 1"),
             (self.mean_copies >= 2, "mean_copies >= 2"),
             (self.n_families >= 1, "n_families >= 1"),
             (0 < self.inner_gap_min <= self.inner_gap_max, "0 < inner_gap_min <= inner_gap_max"),
@@ -216,6 +233,14 @@ class _Occupancy:
         i = bisect.bisect_left(self.starts, b + SPACER) - 1
         return i < 0 or self.ends[i] + SPACER <= a
 
+    def room(self, a: int) -> int:
+        """The largest b such that [a, b) is free (a itself when a is not free)."""
+        i = bisect.bisect_right(self.starts, a) - 1
+        if a < 0 or (i >= 0 and self.ends[i] + SPACER > a):
+            return a
+        nxt = self.starts[i + 1] - SPACER if i + 1 < len(self.starts) else self.length
+        return max(a, nxt)
+
     def add(self, a: int, b: int) -> None:
         i = bisect.bisect_left(self.starts, a)
         self.starts.insert(i, a)
@@ -264,6 +289,35 @@ def _plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[Repeat
     return copies
 
 
+def _plant_tandems(rng, name, seq, occ, p: SynthParams) -> list[RepeatCopy]:
+    """Tandem arrays (satellite-like, lowercase): a random unit repeated head to tail, each unit
+    the previous one with `tandem_divergence` substitutions; one RepeatCopy per unit (family
+    'tandem', source = the unit before it, -1 for the first)."""
+    target = p.tandem_fraction * int((seq != _N).sum())
+    copies: list[RepeatCopy] = []
+    covered, failures = 0, 0
+    lo, hi = np.log(p.tandem_unit_min), np.log(p.tandem_unit_max)
+    while covered < target and failures < 200:
+        u = int(np.exp(rng.uniform(lo, hi)))
+        n = int(rng.integers(p.tandem_copies_min, p.tandem_copies_max + 1))
+        a = int(rng.integers(0, len(seq) - u * n))
+        n = min(n, (occ.room(a) - a) // u)  # shorten the array to the free stretch at a
+        if n < p.tandem_copies_min:
+            failures += 1
+            continue
+        failures = 0  # give up after 200 misses in a row, not in total
+        unit = _random_bases(rng, rng.uniform(p.gc_min, p.gc_max), u)
+        pos, source = a, -1
+        for _ in range(n):
+            seq[pos : pos + u] = _LOWER[unit]
+            copies.append(RepeatCopy(name, pos, pos + u, "+", "tandem", source))
+            source, pos = pos, pos + u
+            unit = _substitute(rng, unit, p.tandem_divergence)
+        occ.add(a, pos)
+        covered += pos - a
+    return copies
+
+
 def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams, families) -> tuple[np.ndarray, list[RepeatCopy]]:
     rng = np.random.default_rng([seed, 1, index])
     length = round(spec.length * scale)
@@ -284,6 +338,8 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
 
     occ = _Occupancy(length, runs)
     copies = _plant_repeats(rng, spec.name, seq, occ, families, p)
+    if p.tandem_fraction:  # in the space the interspersed copies left; own stream: the default genome is unchanged
+        copies += _plant_tandems(np.random.default_rng([seed, 2, index]), spec.name, seq, occ, p)
 
     # IUPAC codes: uppercase, in the background (neither N nor a copy).
     for _ in range(max(1, round(length / p.iupac_every))):
@@ -430,10 +486,12 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     _write_atomic(out, write_fasta)
     lengths = {k: len(v) for k, v in genome.sequences.items()}
     frac = genome.repeat_fraction()
+    n_tandem = sum(c.family == "tandem" for c in genome.copies)
+    tandem = f" and {n_tandem} tandem units" if n_tandem else ""
     log.info(
-        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families) "
+        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s) "
         "and %s in %.1f s",
         out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
-        100 * frac, len(genome.copies), len(genome.families), tsv, time.perf_counter() - t0,
+        100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, tsv, time.perf_counter() - t0,
     )
     return WrittenGenome(out, tsv, lengths, frac)

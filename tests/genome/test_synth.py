@@ -169,6 +169,37 @@ def test_without_indels_copies_differ_from_sources_by_about_the_substitution_rat
     assert 0.02 < np.mean(diffs) < 0.04
 
 
+def test_tandem_arrays_are_contiguous_diverging_lowercase_units():
+    p = make_params(tandem_fraction=0.3, tandem_unit_min=10, tandem_unit_max=40, tandem_divergence=0.05)
+    g = synthesize_genome(scale=0.05, seed=3, params=p)
+    units = [c for c in g.copies if c.family == "tandem"]
+    by_start = {(c.chrom, c.start): c for c in units}
+    diffs, lengths = [], set()
+    for c in units:
+        unit = g.sequences[c.chrom][c.start : c.end]
+        assert unit.islower() and 10 <= c.end - c.start <= 40 and c.strand == "+"
+        if c.source_start >= 0:
+            src = by_start[(c.chrom, c.source_start)]
+            assert src.end == c.start and src.end - src.start == c.end - c.start  # head to tail, same length
+            a, b = (np.frombuffer(g.sequences[c.chrom][x.start : x.end], np.uint8) for x in (c, src))
+            diffs.append((a != b).mean())
+        lengths.add(c.end - c.start)
+    sizes, n = [], 0  # units per array: a chain of head-to-tail units starting at a source -1
+    for c in sorted(units, key=lambda c: (c.chrom, c.start)):
+        if c.source_start < 0 and n:
+            sizes.append(n)
+            n = 0
+        n += 1
+    sizes.append(n)
+    assert min(sizes) >= p.tandem_copies_min and max(sizes) <= p.tandem_copies_max and len(set(sizes)) > 5
+    non_n = sum(len(s) - s.count(b"N") for s in g.sequences.values())
+    assert 0.25 < sum(c.end - c.start for c in units) / non_n < 0.4
+    assert 0.035 < np.mean(diffs) < 0.065 and len(lengths) > 10
+    # the interspersed copies are still planted, and tandem_fraction 0 (the default) plants none
+    assert any(c.family != "tandem" for c in g.copies)
+    assert not any(c.family == "tandem" for c in synthesize_genome(scale=0.05, seed=3).copies)
+
+
 def test_sidecar_tsv_lists_the_planted_copies(tmp_path):
     written = write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.05, seed=2)
     assert read_repeats(written.repeats) == synthesize_genome(scale=0.05, seed=2).copies
@@ -192,6 +223,8 @@ def test_refuses_to_overwrite_unless_asked(tmp_path):
         ({"scale": 0.0}, "too small"),
         ({"scale": 0.001}, "too small"),
         ({"n_families": 0}, "n_families"),
+        ({"tandem_fraction": 0.6, "repeat_fraction": 0.4}, "repeat_fraction \\+ tandem_fraction < 0.9"),
+        ({"tandem_copies_min": 1}, "tandem_copies_min"),
         ({"no_such_field": 1}, "unknown no_such_field"),
     ],
 )
