@@ -55,7 +55,7 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field(description="preset (glm53-tiny, glm53-mini, glm53-flash) or checkpoint directory")
+    name: str = Field(description="preset (glm53-tiny, glm53-demo, glm53-mini, glm53-flash) or checkpoint directory")
     init: str | None = Field(default=None, description="checkpoint directory whose weights initialise the model; "
                              "${VAR} is read from the environment")
     dtype: Literal["float32", "bfloat16"] = "float32"

@@ -48,7 +48,7 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise GenomeLMError(
-            f"model: {ckpt_dir} is neither a preset name nor a directory; use glm53-tiny, glm53-mini, "
+            f"model: {ckpt_dir} is neither a preset name nor a directory; use glm53-tiny, glm53-demo, glm53-mini, "
             "glm53-flash or a local Hugging Face checkpoint directory"
         )
     path = ckpt_dir / "config.json"

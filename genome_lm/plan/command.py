@@ -16,7 +16,7 @@ from genome_lm.errors import GenomeLMError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", nargs="?",
                    help="experiment YAML (its model, data.seq_len, memory and parallel sections)")
-    p.add_argument("--model", help="preset (glm53-flash, glm53-mini, glm53-tiny) or checkpoint directory, "
+    p.add_argument("--model", help="preset (glm53-flash, glm53-mini, glm53-demo, glm53-tiny) or checkpoint directory, "
                    "instead of an experiment")
     p.add_argument("--seq-len", help="tokens per sequence, e.g. 1M or 256k (overrides the experiment's data.seq_len)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],

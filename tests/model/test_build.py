@@ -88,6 +88,23 @@ def test_tiny_preset_has_every_layer_type():
     assert counts["active"] == counts["total"] - counts["routed_experts"] * 6 // 8  # top-2 of 8 experts
 
 
+def test_demo_preset_keeps_the_layer_kinds_and_attends_densely_up_to_8k(monkeypatch):
+    from genome_lm.model.ops.dsa import chunk
+
+    torch.manual_seed(0)
+    model = apply_long_context(build("glm53-demo"))
+    c = model.config
+    assert c.layer_types == ["linear_attention", "indexed_attention", "indexed_attention"]
+    assert c.indexer_types[1:] == ["full", "shared"] and c.mlp_layer_types == ["dense"] * 3
+    assert c.hc_mult == 4 and c.linear_conv_kernel_dim == 8 and c.index_topk >= 8192
+    calls = []
+    dense = chunk.dense_latent_attention
+    monkeypatch.setattr(chunk, "dense_latent_attention", lambda *a: calls.append(1) or dense(*a))
+    x = torch.randint(0, 4, (1, 300))
+    model(x, labels=x).loss.backward()
+    assert len(calls) == 2  # both DSA layers took the exact dense path
+
+
 def test_mini_preset_size_and_architecture():
     model = build("glm53-mini", meta=True)
     counts = count_parameters(model)
