@@ -27,16 +27,8 @@ from pathlib import Path
 
 import torch
 
+from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
-
-
-def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def main() -> None:
@@ -51,7 +43,9 @@ def main() -> None:
                     help="config overrides (default: dense DSA)")
     ap.add_argument("--out", default="benchmarks/results/probe_copy_learning.json")
     args = ap.parse_args()
-    overrides = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    overrides: dict = {}
+    for assignment in args.set:  # values parsed as YAML, as `--set` of an experiment (lists too)
+        apply_override(overrides, assignment)
     torch.manual_seed(0)
     model = apply_long_context(build(args.preset, dtype="float32", **overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
