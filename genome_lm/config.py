@@ -84,6 +84,8 @@ class TrainConfig(Section):
         "(DCP) alone resumes a run; `genome-lm export CHECKPOINT --out DIR` writes model/ from it later. For "
         "full-size runs (GLM-5.3-Flash: ~600 GB of weights per export) use last")
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls and convolutions on TF32 tensor cores "
+                       "(torch's 'high' float32 matmul precision); false: full float32 ('highest')")
     moe_bias_update_rate: float = Field(
         default=0.0, ge=0, description="auxiliary-loss-free expert balancing (DeepSeek-V3): after every "
         "optimizer step each MoE router's e_score_correction_bias moves by this much toward the experts that "

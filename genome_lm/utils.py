@@ -1,4 +1,4 @@
-"""Small shared helpers: size parsing, atomic writes, hashing."""
+"""Small shared helpers: size parsing, atomic writes, hashing, float32 matmul precision."""
 
 from __future__ import annotations
 
@@ -105,3 +105,12 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Itera
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor cores for float32 matmuls and convolutions on CUDA (torch's float32 matmul
+    precision 'high'), or full float32 ('highest'). No effect on CPU arithmetic."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled

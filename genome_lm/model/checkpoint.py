@@ -29,6 +29,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.convert import to_disk_layout
+from genome_lm.model.load import cast_tensor
 from genome_lm.utils import atomic_directory
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -129,12 +130,15 @@ def save_pretrained(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     state_dict: Mapping[str, torch.Tensor] | None = None,
     write: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style directory.
 
     Nothing appears at `out_dir` until the directory is complete. With `overwrite`, an existing
     `out_dir` is replaced only after the new one is complete; otherwise it is an error.
-    `state_dict`: the tensors to write, if not `model.state_dict()`.
+    `state_dict`: the tensors to write, if not `model.state_dict()`. `dtype`: write the weights in
+    this dtype (upstream's float32 exceptions kept float32, `cast_tensor`), e.g. a bf16 model's
+    float32 master weights as bf16; None: as they are.
 
     Streamed: tensors are taken one at a time, converted to the on-disk layout and written into
     files planned up front from their shapes (`shard_plan`), each file as soon as it is complete;
@@ -146,8 +150,9 @@ def save_pretrained(
     for name, tensor in tensors.items():
         if tensor.is_meta:
             raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
-    specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
-    gathered = ((name, _full(t)) for name, t in tensors.items())
+    specs = [(name, tuple(t.shape), cast_tensor(name, torch.empty(0, dtype=t.dtype), dtype).dtype)
+             for name, t in tensors.items()]
+    gathered = ((name, cast_tensor(name, _full(t), dtype)) for name, t in tensors.items())
     if not write:
         for _ in gathered:
             pass
@@ -170,7 +175,9 @@ def write_model_dir(
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
-    config["dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    dtypes = {name: dtype for name, _, dtype in specs}
+    head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
+    config["dtype"] = str(head).removeprefix("torch.")
     plan = shard_plan(specs, max_shard_bytes)
     with atomic_directory(out_dir, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,14 +1,34 @@
 """FSDP2 sharding of the causal LM over the dp x cp mesh, and what training needs around it.
 
-`apply_fsdp(model, mesh, device)`: `fully_shard` every decoder layer, then the root (embeddings,
-final norm, LM head). Parameters, gradients and optimizer state are sharded over all ranks of
-the mesh; CP ranks hold the same parameters, so their gradients are reduced together with the
-data-parallel ones. Reduction is a SUM (gradient divide factor 1): the trainer normalises the
-loss by the global number of scored tokens, so the sum over ranks is the gradient of the global
-mean, whatever the split over dp and cp.
+`apply_fsdp(model, mesh, device, compute_dtype=None)`: `fully_shard` every decoder layer, then the
+root (embeddings, final norm, LM head). Parameters, gradients and optimizer state are sharded over
+all ranks of the mesh; CP ranks hold the same parameters, so their gradients are reduced together
+with the data-parallel ones. Reduction is a SUM in float32 (gradient divide factor 1): the trainer
+normalises the loss by the global number of scored tokens, so the sum over ranks is the gradient
+of the global mean, whatever the split over dp and cp.
 
-Mixed precision: on GPU parameters are gathered in bf16 for compute, gradients reduced in fp32
-(sharded master weights stay in the model's dtype); on CPU everything stays fp32.
+Precision. GLM-5.3-Flash is a bf16 model with float32 exceptions (upstream's
+`_keep_in_fp32_modules_strict`: router `gate.weight`, KDA `conv1d`, forget-gate `dt_bias` /
+`A_log`, hyper-connection `base` / `scale`); upstream's forwards cast those to float32
+themselves. FSDP2 needs one original dtype per parameter group, so every module that owns an
+exception parameter (`fp32_modules`) becomes its own group, gathered and computed in float32:
+
+    per decoder layer:  conv1d | forget_gate (dt_bias, A_log) | attn_hc, ffn_hc (fn, base, scale)
+                        | mlp.gate (router)                                       -> float32 groups
+                        forget_gate.{f_a_proj, f_b_proj}                           -> one compute-dtype group
+                        everything else of the layer                              -> the layer's group
+    root:               embeddings, final norm, LM head                           -> the root group
+
+(a hyper-connection's `fn` is held and computed in float32 with `base` and `scale`: upstream's
+forward computes `F.linear(x.float(), fn.float())`, so the outputs are the same). The groups are
+made only when they are needed: with a `compute_dtype` or a model of mixed dtypes.
+
+- Training (`compute_dtype=torch.bfloat16`): the model's parameters are float32 master weights
+  (`to_master_dtype_`, before sharding); the compute-dtype groups gather them in bf16, the
+  float32 groups in float32; gradients are reduced and kept in float32, so AdamW updates float32
+  shards and small updates are not lost.
+- Eval (`compute_dtype=None`) of a bf16 model: parameters stay as built (bf16 with float32
+  exceptions) and are gathered as they are.
 
 `clip_grad_norm` handles sharded (DTensor) gradients. Sharded models are built on the meta device
 and filled shard by shard (`parallel.materialize`); their Hugging Face-style weights directory is
@@ -22,34 +42,83 @@ import math
 import torch
 from torch import nn
 
+from genome_lm.model.load import keep_fp32
 
-def mixed_precision(device: torch.device):
+
+def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each module under `root` that owns (directly) a parameter upstream keeps in
+    float32, in `named_modules` order."""
+    found = []
+    for name, module in root.named_modules():
+        if any(keep_fp32(f"{name}.{p}") for p, _ in module.named_parameters(recurse=False)):
+            found.append((name, module))
+    return found
+
+
+def to_master_dtype_(model: nn.Module) -> nn.Module:
+    """Cast every floating parameter of `model` to float32 in place (also on the meta device):
+    the master weights FSDP2 shards and the optimizer updates. Buffers keep their dtype."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.to(torch.float32)
+    return model
+
+
+def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if device.type == "cuda":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                cast_forward_inputs=cast_forward_inputs)
 
 
-def apply_fsdp(model: nn.Module, mesh, device: torch.device) -> nn.Module:
-    """Shard `model` (the causal LM, after long-context ops, CP and recompute) in place."""
+def _needs_groups(model: nn.Module, compute_dtype: torch.dtype | None) -> bool:
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return compute_dtype not in (None, torch.float32) or len(dtypes) > 1
+
+
+def _shard_fp32_modules(block: nn.Module, mesh, compute_dtype: torch.dtype | None) -> int:
+    """`fully_shard` the float32-owning modules of `block` (a decoder layer or the root) as float32
+    groups; their sub-modules without exceptions first, as one group in the compute dtype.
+    Returns the number of groups made."""
+    from torch.distributed.fsdp import fully_shard
+
+    groups = 0
+    for _, module in fp32_modules(block):
+        inner = [child for _, child in module.named_children()
+                 if any(True for _ in child.parameters()) and not fp32_modules(child)]
+        if inner:
+            fully_shard(inner, mesh=mesh, mp_policy=_policy(compute_dtype))
+            groups += 1
+        for param in module.parameters(recurse=False):  # e.g. a hyper-connection's bf16 `fn`
+            if param.is_floating_point():
+                param.data = param.data.to(torch.float32)
+        # float32 as stored; inputs not cast: upstream's forward casts what it needs itself
+        fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
+        groups += 1
+    return groups
+
+
+def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """Shard `model` (the causal LM, after long-context ops, CP and recompute) in place.
+
+    `compute_dtype`: the dtype the parameters are gathered in for compute (float32-exception
+    modules excepted); None: as they are. `device` is where the model lives (unused by FSDP2 itself,
+    kept for the callers' symmetry)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    mp = mixed_precision(device)
+    del device
+    param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
+    grouped = _needs_groups(model, compute_dtype)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        if grouped:
+            _shard_fp32_modules(layer, mesh, param_dtype)
+        fully_shard(layer, mesh=mesh, mp_policy=_policy(param_dtype))
+    fully_shard(model, mesh=mesh, mp_policy=_policy(param_dtype))
     for m in model.modules():
         if isinstance(m, FSDPModule):  # plain SUM (gloo has no PREMUL_SUM / AVG)
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
     return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:

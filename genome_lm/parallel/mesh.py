@@ -8,7 +8,9 @@ sequence when cp = GPUs per node), data-parallel replicas run across nodes. FSDP
 flattened dp x cp mesh (CP ranks hold the same parameters, as in Megatron).
 
 A single process (no launcher, world size 1) gets a trivial context: every collective helper is
-the identity, so the trainer reads the same either way.
+the identity, so the trainer reads the same either way. With `sharded=True` (mixed-precision
+training: FSDP2 keeps the float32 master weights) it also gets a 1-rank process group (an
+in-memory store, no ports) and a (1, 1) mesh, so the one process runs the same FSDP2 path as many.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class ParallelContext:
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP2 applies: several ranks, or one process given a 1-rank mesh."""
+        return self.mesh is not None
 
     @property
     def is_main(self) -> bool:
@@ -147,10 +154,11 @@ class ParallelContext:
             self.owns_process_group = False
 
 
-def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800) -> ParallelContext:
+def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800,
+                  sharded: bool = False) -> ParallelContext:
     """The layout of this process: joins the process group a launcher prepared (torch elastic:
     RANK / WORLD_SIZE / MASTER_ADDR / LOCAL_RANK in the environment; Ray Train: already
-    initialised) or, with neither, a single process."""
+    initialised) or, with neither, a single process (with a 1-rank group and mesh if `sharded`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -167,10 +175,14 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         world, rank = 1, 0
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
     device = device or default_device(local_rank)
-    if world == 1:
+    if world == 1 and not sharded:
         return ParallelContext(device=device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if not dist.is_initialized():  # one process: a 1-rank group on an in-memory store
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, timeout=timedelta(seconds=timeout_s))
+        owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
                           owns_process_group=owns)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
 from genome_lm.errors import GenomeLMError
@@ -82,10 +82,21 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def _rng_state() -> dict:
+    """CPU generator, and this process's CUDA device's (one state, whatever the number of visible
+    devices, so a run resumes on a machine with another number of GPUs)."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.stack([s for s in torch.cuda.get_rng_state_all()])
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def _restore_rng(rng: dict) -> None:
+    torch.set_rng_state(rng["torch"])
+    cuda = rng.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if cuda.dim() == 2:  # written by earlier versions: one row per visible device
+            cuda = cuda[min(torch.cuda.current_device(), cuda.shape[0] - 1)]
+        torch.cuda.set_rng_state(cuda)
 
 
 def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
@@ -105,9 +116,10 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
                     parallel: ParallelContext | None = None, export_model: bool = True,
-                    max_shard_bytes: int | None = None) -> Path:
+                    max_shard_bytes: int | None = None, export_dtype: torch.dtype | None = None) -> Path:
     """Write checkpoint `step` (collective in a distributed run: every rank calls it); `model/` only
-    with `export_model`, in files of at most `max_shard_bytes` (default 5 GiB)."""
+    with `export_model`, in files of at most `max_shard_bytes` (default 5 GiB), its weights in
+    `export_dtype` (the model's dtype when training keeps float32 master weights; None: as held)."""
     from genome_lm.model import save_pretrained
     from genome_lm.model.checkpoint import DEFAULT_MAX_SHARD_BYTES
 
@@ -122,7 +134,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     try:
         if export_model:  # streamed, one tensor gathered at a time (collective when sharded)
             save_pretrained(model, tmp / "model", write=par.is_main,
-                            max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
+                            max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES, dtype=export_dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.save(_train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
@@ -150,18 +162,20 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     return final
 
 
-def _has_dcp_weights(train_state: Path) -> bool:
-    meta = dcp.FileSystemReader(str(train_state)).read_metadata()
-    return any(key.startswith("model.") for key in meta.state_dict_metadata)
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
     Collective in a distributed run; the checkpoint may come from any number of processes."""
     state = _train_state(model, optimizer, scheduler, data, 0)
-    if not _has_dcp_weights(path / "train_state"):
+    stored = dcp.FileSystemReader(str(path / "train_state")).read_metadata().state_dict_metadata
+    if not any(key.startswith("model.") for key in stored):
         state.pop("model")
         load_weights(model, path)
+    if "rng.cuda" in stored:  # load the CUDA state in the shape it was saved in
+        state["rng"]["cuda"] = torch.empty(tuple(stored["rng.cuda"].size), dtype=torch.uint8)
+    else:
+        state["rng"].pop("cuda", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
@@ -172,9 +186,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     data.load_state_dict(state["data"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if "cuda" in state["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["rng"]["cuda"]))
+    _restore_rng(state["rng"])
     return int(state["step"])
 
 

@@ -86,7 +86,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
             raise GenomeLMError(f"{state_dir}: model.{name} has shape {tuple(meta.size)}, the model in {config_path} "
                                 f"has {tuple(tensor.shape)}; is it a checkpoint of this run?")
         specs.append((name, tuple(tensor.shape), meta.properties.dtype))
-    tensors = _dcp_tensors(state_dir, specs, max_shard_bytes)
+    # read as stored (a bf16 model's float32 master weights), written in the model's dtype
+    model_dtype = {name: t.dtype for name, t in model_tensors(model).items()}
+    tensors = ((name, t.to(model_dtype[name])) for name, t in _dcp_tensors(state_dir, specs, max_shard_bytes))
+    specs = [(name, shape, model_dtype[name]) for name, shape, _ in specs]
     write_model_dir(model, out, specs, tensors, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
     log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
     return Path(out)

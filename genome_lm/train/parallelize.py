@@ -6,8 +6,11 @@
      slab-wise versions and the LM forward for the slab split + group loss; it comes before
      recompute so that recomputed modules replay the CP version
   3. recompute (per decoder layer, or selected sub-modules), with layer-input offload
-  4. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), last, as torchtitan does
-Steps 2 and 4 run only in a distributed launch (a `ParallelContext` with more than one rank).
+  4. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), last, as torchtitan does;
+     with `compute_dtype` (a bf16 model) the parameters are first made float32 master weights
+     and FSDP2 gathers them in bf16 for compute (upstream's float32 exceptions in float32)
+Step 2 runs only with cp > 1; step 4 with a mesh (`ParallelContext.sharded`: several ranks, or
+one process training a bf16 model).
 
 Model code itself stays single-device and knows nothing of these.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from genome_lm.config import MemoryConfig
@@ -51,10 +55,17 @@ def apply_recompute(model: nn.Module, memory: MemoryConfig) -> list[str]:
     return wrapped
 
 
-def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContext | None = None) -> nn.Module:
+def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContext | None = None,
+                compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """`model` made ready to train, in place (see the module docstring for the order).
+    `compute_dtype`: bf16 for a bf16 model (needs a sharded `parallel`), None to compute in the
+    parameters' own dtype."""
     from genome_lm.model import apply_long_context
     from genome_lm.parallel.cp import apply_context_parallel
-    from genome_lm.parallel.fsdp import apply_fsdp
+    from genome_lm.parallel.fsdp import apply_fsdp, to_master_dtype_
+
+    if compute_dtype not in (None, torch.float32) and not (parallel is not None and parallel.sharded):
+        raise ValueError("parallelize: a compute dtype needs FSDP2 (a sharded ParallelContext)")
 
     apply_long_context(
         model,
@@ -66,8 +77,10 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
     if parallel is not None and parallel.cp > 1:
         apply_context_parallel(model, parallel.cp_group)
     wrapped = apply_recompute(model, memory)
-    if parallel is not None and parallel.distributed:
-        apply_fsdp(model, parallel.fsdp_mesh, parallel.device)
+    if parallel is not None and parallel.sharded:
+        if compute_dtype not in (None, torch.float32):
+            to_master_dtype_(model)
+        apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype)
     model.memory_strategy = {
         "recompute": memory.recompute,
         "recompute_layers": memory.recompute_layers,
@@ -75,7 +88,7 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
         "wrapped": len(wrapped),
         "block_sizes": {"moe_block_tokens": memory.moe_block_tokens, "dsa_block_queries": memory.dsa_block_queries,
                         "loss_chunk_tokens": memory.loss_chunk_tokens},
-        "parallel": {"dp": parallel.dp, "cp": parallel.cp, "fsdp": parallel.distributed} if parallel else None,
+        "parallel": {"dp": parallel.dp, "cp": parallel.cp, "fsdp": parallel.sharded} if parallel else None,
     }
     log.info("memory strategy: recompute=%s%s, offload=%s, %d modules wrapped", memory.recompute,
              f" {memory.recompute_layers}" if memory.recompute == "selective" else "", memory.offload_layer_inputs,

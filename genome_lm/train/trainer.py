@@ -52,6 +52,7 @@ from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
+from genome_lm.utils import set_tf32
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,12 @@ def init_source(cfg: ExperimentConfig, init: str | None) -> Path | None:
     return None if is_preset(cfg.model.name) else resolve_model_dir(cfg.model.name)
 
 
+def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
+    """What training computes in: bf16 for a bf16 model (float32 master weights under FSDP2, see
+    `genome_lm.parallel.fsdp`), None (the parameters' own dtype) for a float32 one."""
+    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+
+
 def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str | None):
     """The model ready to train: built, then `parallelize`d. Distributed: built on the meta device,
     parallelized there (FSDP2 shards), then each rank allocates only its shards and fills them
@@ -120,10 +127,11 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
     from genome_lm.model.presets import META_ONLY
     from genome_lm.parallel.materialize import materialize_
 
+    compute = compute_dtype(cfg)
     if not par.distributed:
-        return parallelize(build_model(cfg, par.device, init), cfg.memory, par)
+        return parallelize(build_model(cfg, par.device, init), cfg.memory, par, compute)
     model = build_model(cfg, par.device, None, meta=True)
-    parallelize(model, cfg.memory, par)
+    parallelize(model, cfg.memory, par, compute)
     weights = init_source(cfg, init)
     reference = None
     if weights is None:
@@ -239,7 +247,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
         raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
                             "it, or --out a new run directory")
     if resume and latest is None:
-        log.warning("--resume: no checkpoint in %s; starting from step 0", ckpt_dir)
+        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return latest if resume else None
 
@@ -256,8 +264,10 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     from genome_lm.model import expert_load
     from genome_lm.model.ops.moe.balance import ExpertBalancer
 
-    par = init_parallel(cfg.parallel, device)
+    par = init_parallel(cfg.parallel, device, sharded=compute_dtype(cfg) is not None)
     device = par.device
+    if device.type == "cuda":
+        set_tf32(cfg.train.tf32)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
 
@@ -281,6 +291,10 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     if latest is not None:
         start = load_checkpoint(latest, model, optimizer, scheduler, stream)
         log.info("resumed from %s (step %d)", latest, start)
+        if start >= cfg.train.steps:
+            log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
+                        "(e.g. --set train.steps=%d) to continue it", run_dir, start, cfg.train.steps,
+                        start + cfg.train.steps)
     else:
         torch.manual_seed(cfg.train.seed)
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
@@ -355,14 +369,15 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
                                 {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp,
                                  "cp": par.cp, "model_exported": export}, keep=cfg.train.keep_checkpoints,
-                                parallel=par, export_model=export)
+                                parallel=par, export_model=export, export_dtype=compute_dtype(cfg))
             maybe_inject_fault(step, par.rank)
     finally:
         bar.close()
         metrics.close()
         par.shutdown()
-    log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record.get("step", start),
-             record.get("loss", float("nan")), run_dir / "checkpoints")
+    if record:
+        log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
+                 run_dir / "checkpoints")
     return record
 
 

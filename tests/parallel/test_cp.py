@@ -41,7 +41,7 @@ def _model(recompute: str = "none", cp_group=None, cp: int = 1):
     model = build("glm53-tiny")
     memory = MemoryConfig(recompute=recompute, offload_layer_inputs=recompute != "none", dsa_block_queries=16,
                           moe_block_tokens=64, loss_chunk_tokens=48)
-    layout = SimpleNamespace(cp=cp, dp=1, cp_group=cp_group, distributed=False) if cp > 1 else None
+    layout = SimpleNamespace(cp=cp, dp=1, cp_group=cp_group, distributed=False, sharded=False) if cp > 1 else None
     return parallelize(model, memory, layout)
 
 

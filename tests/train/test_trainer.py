@@ -115,6 +115,25 @@ def test_rerun_without_resume_is_refused(tmp_path, tiny_shards):
         train(load_experiment(exp), out=run)
 
 
+def test_resume_says_what_it_does(tmp_path, tiny_shards, caplog):
+    """--resume on a finished run trains nothing and says so; on a run without checkpoints it warns
+    that it starts fresh (and trains)."""
+    import logging
+
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    before = (run / "metrics.jsonl").read_text()
+    caplog.set_level(logging.INFO, logger="genome_lm")
+    assert train(load_experiment(exp), out=run, resume=True) == {}
+    assert "at step 2 and train.steps is 2: nothing to train; raise train.steps" in caplog.text
+    assert "loss nan" not in caplog.text and (run / "metrics.jsonl").read_text() == before
+    caplog.clear()
+    record = train(load_experiment(exp), out=tmp_path / "fresh", resume=True)
+    assert "no checkpoint in" in caplog.text and "starting a fresh run from step 0" in caplog.text
+    assert record["step"] == 2
+
+
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_non_finite_loss(tmp_path, tiny_shards, monkeypatch, mode):
     import genome_lm.train.trainer as trainer

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
@@ -83,8 +82,9 @@ def kda_layer_step(
     else:
         prev = state.conv_state.to(mixed.dtype)
     full = torch.cat([prev, mixed], dim=-1)  # [B, 3·H·K, W-1+T]
-    weight = module.conv1d.weight  # [3·H·K, 1, W], float32 upstream
-    qkv = F.conv1d(full.to(weight.dtype), weight, module.conv1d.bias, groups=weight.shape[0])  # [B, 3·H·K, T]
+    # upstream's depthwise Conv1d (weight [3·H·K, 1, W], float32 upstream, padding W-1 on both sides),
+    # called as a module so that a sharded conv1d is gathered; its valid part is [B, 3·H·K, T]
+    qkv = module.conv1d(full.to(module.conv1d.weight.dtype))[..., width - 1 : full.shape[-1]]
     qkv = ACT2FN[module.activation](qkv).to(hidden_states.dtype)
     new_conv_state = full[..., full.shape[-1] - (width - 1) :]  # [B, 3·H·K, W-1]
 

@@ -1,0 +1,103 @@
+"""bf16 GLM-5.3-Flash-style training under FSDP2 (glm53-tiny, `model.dtype: bfloat16`): float32
+master weights sharded by FSDP2, bf16 compute, upstream's float32 exceptions gathered and computed
+in float32 (`genome_lm.parallel.fsdp`). On 2 processes (dp 2, and cp 2) it runs, checkpoints and
+resumes with identical losses, and its losses stay within bf16 tolerance of the float32 run.
+
+Global batch 2 sequences per step, as in test_train_parallel.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from genome_lm.cli import main
+from genome_lm.config import load_experiment
+from genome_lm.train import train
+
+from .conftest import write_experiment
+from .test_train_parallel import assert_same_curve, records, truncate_to
+
+BF16 = dict(rel=1e-2)  # bf16 compute against the float32 run, 4 steps at lr 3e-3
+
+
+def _bf16_run(root, shards, *flags: str):
+    exp = write_experiment(root / "e.yaml", shards, model={"dtype": "bfloat16"})
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    assert main(["train", exp, "--out", str(root / "run"), "--nproc", "2", *flags]) == 0
+    return exp, root / "run"
+
+
+@pytest.fixture(scope="module")
+def fp32_curve(tmp_path_factory, tiny_shards):
+    root = tmp_path_factory.mktemp("fp32")
+    exp = write_experiment(root / "e.yaml", tiny_shards)
+    train(load_experiment(exp, ["train.micro_batch=2"]), out=root / "run")
+    return records(root / "run")
+
+
+@pytest.mark.parametrize("layout", ["dp2", "cp2"])
+def test_bf16_two_ranks_trains_checkpoints_and_resumes(layout, tiny_shards, fp32_curve, tmp_path):
+    flags = ["--set", "parallel.cp=2", "--set", "data.seq_len=128"] if layout == "cp2" else []
+    exp, run = _bf16_run(tmp_path, tiny_shards, *flags)
+    got = records(run)
+    want = fp32_curve
+    if layout == "cp2":  # one sequence of 128 per step, split in two slabs: its own float32 reference
+        one = tmp_path / "fp32_one"
+        train(load_experiment(exp, ["model.dtype=float32", "data.seq_len=128"]), out=one)
+        want = records(one)
+    for step in range(1, 5):
+        assert got[step]["loss"] == pytest.approx(want[step]["loss"], **BF16), step
+    assert got[4]["loss"] < got[1]["loss"]  # it learns
+    last = run / "checkpoints" / "last"
+    config = json.loads((last / "model" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    from safetensors import safe_open
+
+    with safe_open(str(last / "model" / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes["model.embed_tokens.weight"] == "BF16" and dtypes["model.layers.0.self_attn.A_log"] == "F32"
+    resumed = truncate_to(run, tmp_path / "resumed", 2)
+    assert main(["train", exp, "--out", str(resumed), "--nproc", "2", "--resume", *flags]) == 0
+    assert_same_curve(records(resumed), got, range(1, 5))
+
+
+def test_fsdp_groups_float32_exceptions():
+    """Every float32-exception parameter sits in an FSDP2 group of its own dtype, and the one
+    process bf16 forward equals the plain bf16 model's (same bf16 compute)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from genome_lm.model import apply_long_context, build
+    from genome_lm.model.load import keep_fp32
+    from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
+
+    torch.manual_seed(0)
+    plain = build("glm53-tiny", dtype="bfloat16")
+    apply_long_context(plain)
+    model = build("glm53-tiny", dtype="bfloat16")
+    model.load_state_dict(plain.state_dict())
+    apply_long_context(model)
+    owners = [name for name, _ in fp32_modules(model)]
+    assert any(n.endswith("self_attn.conv1d") for n in owners) and any(n.endswith("mlp.gate") for n in owners)
+    assert all(not keep_fp32(n) or any(n.startswith(o + ".") for o in owners) for n, _ in model.named_parameters())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), torch.device("cpu"),
+                   compute_dtype=torch.bfloat16)
+        for name, _ in fp32_modules(model):
+            sub = model.get_submodule(name)
+            assert isinstance(sub, FSDPModule) and sub._get_fsdp_state()._mp_policy.param_dtype is None, name
+        ids = torch.randint(0, 8, (1, 64))
+        got = model(input_ids=ids, labels=ids).loss
+        got.backward()
+        assert float(got.detach()) == pytest.approx(float(plain(input_ids=ids, labels=ids).loss.detach()), rel=1e-6)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for n, p in model.named_parameters()
+                   if p.requires_grad and "indexer" not in n)
+    finally:
+        dist.destroy_process_group()
