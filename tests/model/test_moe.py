@@ -102,3 +102,15 @@ def test_expert_load_stats():
     assert stats["a"]["mean"] == pytest.approx(30 * 2 / 8)
     assert stats["a"]["max"] == counts.max().item()
     assert stats["a"]["imbalance"] == pytest.approx(counts.max().item() / counts.mean().item())
+
+
+def test_eager_experts_equal_grouped_mm():
+    """The eager loop `_experts` takes for float32 on CUDA computes what grouped_mm does."""
+    from genome_lm.model.ops.moe.chunk import _experts
+
+    module = _moe()
+    module.config._experts_implementation = "grouped_mm"  # what a built model's config says
+    x = torch.randn(40, module.config.hidden_size)
+    _, weights, indices = module.gate(x)
+    eager = type(module.experts).forward.__wrapped__(module.experts, x, indices, weights)
+    assert_close(eager, _experts(module.experts, x, indices, weights), name="experts")

@@ -21,6 +21,7 @@ unchanged. After each forward `module.last_expert_counts` holds the [E] int64 to
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.moe.naive import expert_counts
@@ -29,10 +30,19 @@ from genome_lm.model.upstream import Glm5NextTextMoE
 DEFAULT_BLOCK_TOKENS = 8192
 
 
+def _experts(experts: nn.Module, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
+    """Upstream's experts on x [M, D]: the implementation the config names (`grouped_mm` by
+    default), except float32 on CUDA, where torch's grouped_mm takes bf16 only: there upstream's
+    eager loop over the experts hit (the same arithmetic)."""
+    if x.is_cuda and x.dtype == torch.float32 and experts.config._experts_implementation == "grouped_mm":
+        return type(experts).forward.__wrapped__(experts, x, topk_indices, topk_weights)
+    return experts(x, topk_indices, topk_weights)
+
+
 def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Upstream MoE on one block: x [M, D] -> (out [M, D], topk_indices [M, k])."""
     _, topk_weights, topk_indices = module.gate(x)
-    out = module.experts(x, topk_indices, topk_weights)
+    out = _experts(module.experts, x, topk_indices, topk_weights)
     out = out + module.shared_experts(x)
     return out, topk_indices
 
