@@ -69,10 +69,17 @@ class Assumptions:
     """'fla' (Triton kernels, CUDA), 'torch' (genome_lm's chunked op), or 'auto' (fla on GPUs)."""
 
     def override(self, assignments: list[str] | tuple[str, ...]) -> "Assumptions":
-        """Apply `key=value` overrides; unknown keys and bad values are one-line errors."""
+        """Apply `key=value` overrides, or the `assume` object of a JSON file (what
+        benchmarks/gpu_check.py measured); unknown keys and bad values are one-line errors."""
         known = {f.name: f for f in fields(self)}
         values = {}
+        expanded = []
         for item in assignments:
+            if "=" not in item and item.endswith(".json"):
+                expanded += [f"{k}={v}" for k, v in _assume_file(item).items()]
+            else:
+                expanded.append(item)
+        for item in expanded:
             key, sep, raw = item.partition("=")
             key = key.strip()
             if not sep or key not in known:
@@ -126,3 +133,16 @@ def _field_docs() -> dict[str, str]:
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docs[prev.target.id] = " ".join(str(node.value.value).split())
     return docs
+
+
+def _assume_file(path: str) -> dict:
+    import json
+    from pathlib import Path
+
+    try:
+        found = json.loads(Path(path).read_text()).get("assume")
+    except (OSError, ValueError, AttributeError) as e:
+        raise GenomeLMError(f"--assume {path}: cannot read it as JSON ({e}); give KEY=VALUE or a gpu_check.json") from None
+    if not isinstance(found, dict):
+        raise GenomeLMError(f"--assume {path}: no 'assume' object in it; benchmarks/gpu_check.py writes one on a GPU")
+    return found

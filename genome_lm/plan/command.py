@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="override an experiment value, e.g. --set memory.dsa_block_queries=512 (repeatable)")
     p.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a planner assumption, e.g. --assume matmul_efficiency=0.35 (repeatable)")
+                   help="override a planner assumption, e.g. --assume matmul_efficiency=0.35, or take those a "
+                   "GPU measured: --assume benchmarks/results/gpu_check.json (repeatable)")
     p.add_argument("--fit", action="store_true",
                    help="search recompute/offload/cp/block sizes for the fastest layout that fits")
     p.add_argument("--json", action="store_true", help="print JSON instead of the report")

@@ -4,7 +4,8 @@ The step is walked phase by phase, as the trainer runs it:
     forward of each layer (op by op) -> loss forward/backward -> backward of each layer from the
     last (recomputing it first when it is wrapped) -> optimizer step.
 At every point the live bytes are
-    persistent     sharded parameters + AdamW states (+ the gradients produced so far)
+    persistent     sharded float32 master weights + float32 AdamW states (+ the float32
+                   gradients produced so far): 16 bytes per parameter over the shard degree
     comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer, and in
                    backward its unsharded gradients and the float32 reduce-scatter input
     kept           what earlier layers keep for backward: everything (recompute none), their
@@ -26,6 +27,7 @@ from genome_lm.plan.layout import Layout
 from genome_lm.plan.ops import Op, layer_ops, loss_transients
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
+MASTER_BYTES = 4  # float32 master weights, gradients, and each AdamW state, per parameter
 INPUT_TENSORS = 4  # hidden_states, attention_mask, position_ids, input_ids: what a wrapped layer saves
 
 
@@ -106,12 +108,14 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     n, a = layout.tokens, m.act_bytes
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1
-    params = m.param_bytes // F
+    # training holds float32 master weights, float32 gradients and two float32 AdamW states per
+    # parameter, sharded (genome_lm.parallel.fsdp); the gathered copies are in the model's dtype
+    params = MASTER_BYTES * m.param_count // F
     persistent = {"parameters": params if gpu else 0, "optimizer_states": 2 * params if gpu else 0}
     if fsdp:
         persistent["fsdp_root_unsharded"] = m.root_param_bytes  # embeddings, final norm, LM head
-    layer_grads = [lay.param_bytes // F for lay in m.layers]
-    root_grads = (m.param_bytes - sum(lay.param_bytes for lay in m.layers)) // F
+    layer_grads = [MASTER_BYTES * lay.param_count // F for lay in m.layers]
+    root_grads = MASTER_BYTES * (m.param_count - sum(lay.param_count for lay in m.layers)) // F
     prefetch = 1 + assume.fsdp_prefetch_layers
     red = assume.reduce_dtype_bytes / a
 

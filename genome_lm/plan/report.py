@@ -7,9 +7,9 @@ import dataclasses
 from genome_lm.plan.hardware import GiB
 
 LABELS = {
-    "parameters": "parameters (FSDP2 shard)",
-    "optimizer_states": "AdamW states (shard)",
-    "gradients": "gradients (shard, produced so far)",
+    "parameters": "float32 master weights (FSDP2 shard)",
+    "optimizer_states": "AdamW states, float32 (shard)",
+    "gradients": "float32 gradients (shard, so far)",
     "fsdp_root_unsharded": "embeddings + LM head (unsharded)",
     "fsdp_buffers": "FSDP2 all-gather / reduce-scatter buffers",
     "kept_activations": "kept by earlier layers for backward",

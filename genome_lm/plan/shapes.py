@@ -69,6 +69,7 @@ class ModelShape:
     layers: tuple[LayerShape, ...]
     counts: dict = field(default_factory=dict)  # count_parameters() groups
     param_bytes: int = 0  # whole model, as stored
+    param_count: int = 0  # whole model (numel)
     root_param_bytes: int = 0  # embeddings + final norm + LM head (outside the decoder layers)
     lm_head_bytes: int = 0
 
@@ -123,5 +124,6 @@ def shape_of(model: torch.nn.Module, name: str = "model", dtype: str = "bfloat16
         shared_width=c.moe_intermediate_size * c.n_shared_experts, experts=c.n_routed_experts,
         top_k=c.num_experts_per_tok, n_group=c.n_group, topk_group=c.topk_group,
         layers=tuple(layers), counts=counts, param_bytes=all_bytes, root_param_bytes=all_bytes - layer_bytes,
+        param_count=sum(p.numel() for p in model.parameters()),
         lm_head_bytes=model.lm_head.weight.numel() * model.lm_head.weight.element_size(),
     )

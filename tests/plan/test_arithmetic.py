@@ -56,11 +56,12 @@ def test_host_memory_of_offloaded_inputs_by_hand(flash):
 
 
 def test_persistent_shards_by_hand(flash):
-    """FSDP2 over dp x cp = 64: parameters /64, AdamW states 2x that, in the model's bf16."""
+    """FSDP2 over dp x cp = 64: float32 master weights (4 bytes per parameter) /64, float32 AdamW
+    states 2x that, whatever the model's (bf16) dtype."""
     plan = make_plan(flash, reference(2**18), make_cluster("b200", 64))
     b = plan.memory.breakdown
-    assert b["parameters"] == flash.param_bytes // 64
-    assert b["optimizer_states"] == 2 * (flash.param_bytes // 64)
+    assert b["parameters"] == 4 * flash.param_count // 64
+    assert b["optimizer_states"] == 2 * (4 * flash.param_count // 64)
     assert b["fsdp_root_unsharded"] == flash.root_param_bytes
     assert sum(b.values()) == plan.peak_gpu_bytes
 

@@ -38,6 +38,16 @@ def test_readable_report_and_overrides(capsys):
     assert "matmul_efficiency = 0.3" in out and "cp=8 dp=8" in out
 
 
+def test_assume_takes_what_gpu_check_measured(capsys, tmp_path):
+    measured = tmp_path / "gpu_check.json"
+    measured.write_text(json.dumps({"checks": {}, "assume": {"matmul_efficiency": 0.21}}))
+    code, out, _ = run(capsys, EXP_1M, "--gpus", "64", "--assume", str(measured))
+    assert code == 0 and "matmul_efficiency = 0.21" in out
+    measured.write_text(json.dumps({"checks": {}}))
+    code, _, err = run(capsys, EXP_1M, "--gpus", "64", "--assume", str(measured))
+    assert code == 2 and "no 'assume' object" in err and len(err.strip().splitlines()) == 1
+
+
 def test_fit_finds_a_layout_where_the_naive_one_does_not_fit(capsys):
     code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "256k", "--gpus", "64", "--fit", "--json")
     assert code == 0
