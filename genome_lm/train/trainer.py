@@ -202,6 +202,8 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
     print(f"memory: recompute={m.recompute}{' ' + str(m.recompute_layers) if m.recompute == 'selective' else ''}, "
           f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
           f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}")
+    summary["precision"] = _precision_line(cfg, model)
+    print(summary["precision"])
     print(f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}")
     print(format_layout(summary["layout"]))
     summary["init"], summary["checkpoints"] = _init_line(cfg, summary["layout"]), _checkpoint_line(cfg)
@@ -209,6 +211,18 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
     print(summary["checkpoints"])
     print("dry run OK: nothing was trained")
     return summary
+
+
+def _precision_line(cfg: ExperimentConfig, model) -> str:
+    """What training computes in and what the optimizer updates (`genome_lm.parallel.fsdp`)."""
+    from genome_lm.parallel.fsdp import fp32_modules
+
+    if compute_dtype(cfg) is None:
+        return "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
+    groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)
+    return ("precision: bf16 compute; float32 master weights, gradients and AdamW states, sharded by FSDP2 (16 "
+            f"bytes per parameter); upstream's float32 exceptions in {groups} float32 FSDP2 groups of their own "
+            "(routers, conv1d, forget gates, hyper-connections); model/ exports in bf16")
 
 
 def _init_line(cfg: ExperimentConfig, layout: dict) -> str:

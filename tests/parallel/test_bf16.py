@@ -65,6 +65,19 @@ def test_bf16_two_ranks_trains_checkpoints_and_resumes(layout, tiny_shards, fp32
     assert_same_curve(records(resumed), got, range(1, 5))
 
 
+def test_bf16_one_process_trains_and_resumes(tiny_shards, fp32_curve, tmp_path):
+    """One process: a 1-rank FSDP2 mesh of its own, same numbers within bf16 tolerance."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, model={"dtype": "bfloat16"})
+    run = tmp_path / "run"
+    train(load_experiment(exp, ["train.micro_batch=2"]), out=run)
+    got = records(run)
+    for step in range(1, 5):
+        assert got[step]["loss"] == pytest.approx(fp32_curve[step]["loss"], **BF16), step
+    resumed = truncate_to(run, tmp_path / "resumed", 2)
+    train(load_experiment(exp, ["train.micro_batch=2"]), out=resumed, resume=True)
+    assert_same_curve(records(resumed), got, range(1, 5))
+
+
 def test_fsdp_groups_float32_exceptions():
     """Every float32-exception parameter sits in an FSDP2 group of its own dtype, and the one
     process bf16 forward equals the plain bf16 model's (same bf16 compute)."""

@@ -181,6 +181,7 @@ def test_dry_run_full_size(tiny_shards, capsys, name):
     assert code == 0
     assert "313,326,816,766" in out and "dry run OK" in out
     assert "recompute=per-layer, offload_layer_inputs=True" in out
+    assert "precision: bf16 compute; float32 master weights" in out and "in 200 float32 FSDP2 groups" in out
 
 
 def test_init_from_checkpoint(tmp_path, tiny_shards):
