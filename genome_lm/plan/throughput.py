@@ -27,7 +27,7 @@ from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import Cluster
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.memory import shard_degree, unsharded_layer_bytes
+from genome_lm.plan.memory import MASTER_BYTES, shard_degree, unsharded_layer_bytes
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 
@@ -102,7 +102,8 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     parts["loss"] = max(8 * n * m.D * m.V / gemm, n * m.V * (3 * a + 24) / hbm)
     flops += 8 * n * m.D * m.V
     F = shard_degree(layout, assume)
-    parts["optimizer"] = 12 * m.param_bytes / F / hbm  # read/write param, grad, two states, temp
+    # read/write the float32 master weights, gradient, two states, temp
+    parts["optimizer"] = 12 * MASTER_BYTES * m.param_count / F / hbm
     compute = sum(parts.values())
 
     fsdp = 0.0
