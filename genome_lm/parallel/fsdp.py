@@ -76,26 +76,21 @@ def _needs_groups(model: nn.Module, compute_dtype: torch.dtype | None) -> bool:
     return compute_dtype not in (None, torch.float32) or len(dtypes) > 1
 
 
-def _shard_fp32_modules(block: nn.Module, mesh, compute_dtype: torch.dtype | None) -> int:
-    """`fully_shard` the float32-owning modules of `block` (a decoder layer or the root) as float32
-    groups; their sub-modules without exceptions first, as one group in the compute dtype.
-    Returns the number of groups made."""
+def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None) -> None:
+    """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their
+    sub-modules without exceptions first, as one group gathered in `param_dtype`."""
     from torch.distributed.fsdp import fully_shard
 
-    groups = 0
-    for _, module in fp32_modules(block):
+    for _, module in fp32_modules(layer):
         inner = [child for _, child in module.named_children()
                  if any(True for _ in child.parameters()) and not fp32_modules(child)]
         if inner:
-            fully_shard(inner, mesh=mesh, mp_policy=_policy(compute_dtype))
-            groups += 1
+            fully_shard(inner, mesh=mesh, mp_policy=_policy(param_dtype))
         for param in module.parameters(recurse=False):  # e.g. a hyper-connection's bf16 `fn`
             if param.is_floating_point():
                 param.data = param.data.to(torch.float32)
         # float32 as stored; inputs not cast: upstream's forward casts what it needs itself
         fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
-        groups += 1
-    return groups
 
 
 def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None) -> nn.Module:
