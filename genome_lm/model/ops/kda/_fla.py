@@ -1,26 +1,82 @@
-"""Access to `fla` (flash-linear-attention) without tripping over its Triton kernels.
+"""Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-`import fla` imports every Triton op and fails where Triton is missing; and with Triton
-present but no GPU, its kernels fail on CPU tensors ("0 active drivers"). So:
-- CUDA kernels are imported lazily and only used for CUDA tensors (`fla_chunk_kda`);
-- pure-torch references are loaded straight from their source file (`load_fla_reference`),
-  which needs only torch and einops.
+Backend, read at every call from the environment (so it reaches spawned worker processes):
+
+    GENOME_LM_KDA_BACKEND=auto   (default, or unset) CUDA tensors -> fla's Triton kernels,
+                                 every other device -> genome_lm's torch op
+    GENOME_LM_KDA_BACKEND=fla    every tensor -> fla; CPU tensors need Triton's interpreter
+                                 (TRITON_INTERPRET=1 before triton is imported): the test tier
+                                 `make test-interpret` runs fla's kernels this way
+    GENOME_LM_KDA_BACKEND=torch  every tensor -> genome_lm's torch op (also on CUDA)
+
+On CUDA fla is not optional: when it does not import (missing, or Triton broken) the call raises
+`GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a silent fallback to torch.
+
+`import fla` imports every Triton op and fails where Triton is missing, so fla's kernels are
+imported lazily (`fla_chunk_kda`), and the pure-torch references are loaded straight from their
+source file (`load_fla_reference`), which needs only torch and einops.
 """
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 
+from genome_lm.errors import GenomeLMError
+
+BACKEND_ENV = "GENOME_LM_KDA_BACKEND"
+BACKENDS = ("auto", "fla", "torch")
+GPU_EXTRA_FIX = "pip install -e '.[gpu]'"
+
+
+def kda_backend() -> str:
+    """The KDA backend asked for by `GENOME_LM_KDA_BACKEND`: "auto" (also when unset), "fla" or "torch"."""
+    raw = os.environ.get(BACKEND_ENV, "")
+    value = raw.strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise GenomeLMError(f"{BACKEND_ENV}={raw!r}: use one of {', '.join(BACKENDS)} (unset means auto)")
+    return value
+
+
+def use_fla(device_type: str) -> bool:
+    """Whether a KDA call on tensors of this device type ("cuda", "cpu", ...) goes to fla.
+
+    Raises `GenomeLMError` for `GENOME_LM_KDA_BACKEND=fla` with CPU tensors outside Triton's
+    interpreter, where fla's kernels would fail with "0 active drivers".
+    """
+    backend = kda_backend()
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return device_type == "cuda"
+    if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise GenomeLMError(
+            f"{BACKEND_ENV}=fla with CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+            f"triton is imported (as `make test-interpret` does), or unset {BACKEND_ENV}"
+        )
+    return True
+
 
 @functools.cache
-def fla_chunk_kda() -> Callable | None:
-    """`fla.ops.kda.chunk_kda` if fla and its Triton kernels import, else None."""
+def _import_fla_chunk_kda() -> tuple[Callable | None, str]:
     try:
         from fla.ops.kda import chunk_kda
-    except Exception:  # ImportError, or Triton/driver errors raised at import time
-        return None
-    return chunk_kda
+    except Exception as exc:  # ImportError, or Triton/driver errors raised at import time
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return None, (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)
+    return chunk_kda, ""
+
+
+def fla_chunk_kda() -> Callable:
+    """`fla.ops.kda.chunk_kda`; `GenomeLMError` naming the fix when fla or its Triton kernels do not import."""
+    fn, error = _import_fla_chunk_kda()
+    if fn is None:
+        raise GenomeLMError(
+            f"fla's KDA kernels (flash-linear-attention) do not import ({error}); install them with "
+            f"`{GPU_EXTRA_FIX}`, or set {BACKEND_ENV}=torch for genome_lm's slower torch op"
+        )
+    return fn
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.kda._fla import fla_chunk_kda
+from genome_lm.model.ops.kda._fla import fla_chunk_kda, use_fla
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
@@ -62,12 +62,14 @@ def chunk_kda(
     Returns:
         `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
 
-    On CUDA with fla importable this calls `fla.ops.kda.chunk_kda` (same argument meaning,
-    g pre-computed in log space). CPU tensors never go to fla. The torch path computes in fp32
-    and is differentiable w.r.t. every tensor argument, `initial_state` included.
+    Backend (`GENOME_LM_KDA_BACKEND`, read at each call; see `_fla`): by default CUDA tensors go
+    to `fla.ops.kda.chunk_kda` (same argument meaning, g pre-computed in log space; a missing fla
+    is a `GenomeLMError`) and CPU tensors to the torch path; `=fla` sends every tensor to fla
+    (CPU tensors under Triton's interpreter, for tests), `=torch` none. The torch path computes in
+    fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
-    if q.is_cuda and (fla_kda := fla_chunk_kda()) is not None:
-        o, S = fla_kda(
+    if use_fla(q.device.type):
+        o, S = fla_chunk_kda()(
             q=q,
             k=k,
             v=v,
