@@ -1,13 +1,17 @@
-"""Launching `genome-lm train` on several processes: one node (torch elastic) or a Ray cluster.
+"""Launching a job (`genome-lm train`, `genome-lm eval`) on several processes: one node (torch
+elastic) or a Ray cluster.
 
     launch_local(cfg, nproc=8, out=..., resume=...)       # genome-lm train EXP --nproc 8
     launch_ray(cfg, address=None, nproc=None, out=...)    # genome-lm train EXP --ray [ADDRESS]
+    run_local(job, nproc) / run_ray(job, address, nproc)  # any Job (eval: genome_lm.eval.sharded)
 
-Both run the same function on every worker: `genome_lm.train.train(cfg, out, resume)`, which
-joins the process group the launcher prepared (gloo on CPU, nccl on GPU) and lays the ranks
-out as `parallel: {cp, dp}` says (`mesh.init_parallel`). The run directory, metrics and
-checkpoints are those of a one-process run (rank 0 writes them; the directory must be on a
-filesystem every worker sees).
+A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
+launcher can pickle it by reference), how its layout fits a number of processes, and where its
+workers leave their error messages. Training's job runs `genome_lm.train.train(cfg, out,
+resume)`, which joins the process group the launcher prepared (gloo on CPU, nccl on GPU) and lays
+the ranks out as `parallel: {cp, dp}` says (`mesh.init_parallel`); eval's runs `evaluate` the
+same way. Rank 0 writes the outputs (run directory, eval directory), which must be on a
+filesystem every worker sees.
 
 - `--nproc N`: `torch.distributed.launcher.elastic_launch` with a local c10d rendezvous on a
   free port, N workers, no restarts; one GPU per worker (`LOCAL_RANK`) or CPU threads split.
@@ -16,11 +20,12 @@ filesystem every worker sees).
   host:port), none starts a local instance (no dashboard). Workers start in the driver's
   working directory, so relative paths mean the same as locally.
 A failed worker (an exception, a crash, a killed process) ends the launch with a GenomeLMError
-naming the rank and its error; the checkpoints written so far stay, and `--resume` continues
-from the newest one.
+naming the rank and its error, and what the job keeps (training: the checkpoints written so far,
+and `--resume` continues from the newest one; eval: the windows scored so far).
 
 `GENOME_LM_FAULT=STEP[:RANK]` (testing): the worker of RANK (default 1) dies with exit code 13
-right after optimizer step STEP, as a crashed or killed process would.
+right after optimizer step STEP (eval: after scoring round STEP), as a crashed or killed process
+would.
 """
 
 from __future__ import annotations
@@ -34,13 +39,32 @@ import sys
 import tempfile
 import traceback
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from genome_lm.errors import GenomeLMError
 
 log = logging.getLogger(__name__)
 FAULT_ENV = "GENOME_LM_FAULT"
 FORWARDED_ENV = (FAULT_ENV, "WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
+
+
+@dataclass
+class Job:
+    """One distributed launch: every worker runs `fn(*args, device=DEVICE)` (DEVICE None: the
+    worker picks its own from LOCAL_RANK)."""
+
+    fn: Callable  # module level: pickled by reference
+    args: tuple
+    layout: Callable[[int], tuple[int, int]]  # processes -> (dp, cp); GenomeLMError when they do not fit
+    describe: str  # for the log: "parallel: cp=8, dp=auto"
+    keeps: str  # what stays after a failed worker and how to continue
+    work_dir: Path  # the workers' error messages (and Ray's files): on a filesystem all workers see
+    name: str = "run"
+    default_workers: int | None = None  # Ray without --nproc: this many, else one per GPU of the cluster
+    workers_hint: str = ""  # another way to give the number of Ray workers, for the error without GPUs
+    ray_storage: Path | None = None  # default work_dir / "ray"
 
 
 def maybe_inject_fault(step: int, rank: int) -> None:
@@ -55,18 +79,16 @@ def maybe_inject_fault(step: int, rank: int) -> None:
         os._exit(13)
 
 
-def check_nproc(nproc: int, cfg) -> int:
-    """Validate `--nproc` against the machine and `parallel: {cp, dp}`; return the world size."""
+def check_nproc(nproc: int, job: Job) -> int:
+    """Validate `--nproc` against the machine and the job's layout; return the world size."""
     import torch
-
-    from genome_lm.parallel.mesh import resolve_layout
 
     if nproc < 1:
         raise GenomeLMError(f"--nproc {nproc}: the number of processes must be >= 1")
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
                             "use --ray for several nodes")
-    resolve_layout(cfg.parallel.cp, cfg.parallel.dp, nproc)
+    job.layout(nproc)
     return nproc
 
 
@@ -76,19 +98,16 @@ def _setup_worker_logging(rank: int) -> None:
                         force=True)
 
 
-def _run_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str | None, device=None):
-    """Body of every worker: train, and leave a one-line error behind for the launcher."""
+def _run_worker(fn: Callable, args: tuple, error_dir: str | None, device=None):
+    """Body of every worker: run the job, and leave a one-line error behind for the launcher."""
     import torch
-
-    from genome_lm.config import parse_experiment
-    from genome_lm.train import train
 
     rank = int(os.environ.get("RANK", "0"))
     try:
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-        return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
+        return fn(*args, device=device)
     except BaseException as e:
         user = isinstance(e, GenomeLMError)
         if error_dir:
@@ -102,16 +121,16 @@ def _run_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str | 
         raise
 
 
-def elastic_worker(cfg_json: dict, out: str | None, resume: bool, error_dir: str):
+def elastic_worker(fn: Callable, args: tuple, error_dir: str):
     """Entry point of each `--nproc` process (module level: the launcher pickles it)."""
     _setup_worker_logging(int(os.environ.get("RANK", "0")))
     try:
-        return _run_worker(cfg_json, out, resume, error_dir)
+        return _run_worker(fn, args, error_dir)
     except GenomeLMError:
         sys.exit(2)  # the launcher reports the message; no traceback for a user error
 
 
-def _worker_error(error_dir: str, world: int, launcher: str) -> GenomeLMError | None:
+def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> GenomeLMError | None:
     """The error to report for a failed launch, from the messages the workers left. A user error
     (GenomeLMError, the same on every rank) is reported as is. A rank that left no message died
     (crash, kill, out of memory) and is the likely cause: the others then fail on a closed
@@ -128,12 +147,11 @@ def _worker_error(error_dir: str, world: int, launcher: str) -> GenomeLMError | 
     else:
         rank = min(found)
         msg = found[rank]["message"]
-    return _failed(launcher, rank, msg)
+    return _failed(launcher, rank, msg, keeps)
 
 
-def _failed(launcher: str, rank: int, msg: str) -> GenomeLMError:
-    return GenomeLMError(f"{launcher}: rank {rank} failed: {msg}. Checkpoints written so far are kept; rerun with "
-                         "--resume to continue from the newest")
+def _failed(launcher: str, rank: int, msg: str, keeps: str) -> GenomeLMError:
+    return GenomeLMError(f"{launcher}: rank {rank} failed: {msg}. {keeps}")
 
 
 def _free_port() -> int:
@@ -142,36 +160,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
-    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
+def run_local(job: Job, nproc: int):
+    """Run `job` on `nproc` local processes through torch's elastic launcher; rank 0's return value."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    check_nproc(nproc, cfg)
+    check_nproc(nproc, job)
     error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=0.5, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="genome_lm_elastic_")),
     )
-    log.info("launching %d processes (parallel: cp=%s, dp=%s)", nproc, cfg.parallel.cp, cfg.parallel.dp)
+    log.info("launching %d processes (%s)", nproc, job.describe)
     # the launcher logs each failed worker's traceback; workers print their own (none for user errors)
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level
     elastic_log.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, elastic_worker)(cfg.model_dump(mode="json"), out, resume, error_dir)
+        results = elastic_launch(config, elastic_worker)(job.fn, job.args, error_dir)
     except ChildFailedError as e:
-        err = _worker_error(error_dir, nproc, f"--nproc {nproc}")
+        err = _worker_error(error_dir, nproc, f"--nproc {nproc}", job.keeps)
         if err is None:
             rank, failure = min(e.failures.items())
-            err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}")
+            err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}", job.keeps)
         raise err from None
     finally:
         elastic_log.setLevel(level)
         shutil.rmtree(error_dir, ignore_errors=True)
-    return results.get(0) or {}
+    return results.get(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,8 +210,7 @@ def _ray_worker(config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     os.environ.setdefault("RANK", str(rank))
     _setup_worker_logging(rank)
-    _run_worker(config["cfg"], config["out"], config["resume"], config["error_dir"],
-                device=ray.train.torch.get_device())
+    _run_worker(config["fn"], config["args"], config["error_dir"], device=ray.train.torch.get_device())
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -230,32 +247,28 @@ def _ray_init(address: str | None, nproc: int | None):
                             "there, or give no address for a local instance") from None
 
 
-def ray_workers(cfg, nproc: int | None) -> tuple[int, bool]:
-    """(number of workers, use_gpu) on the connected cluster: --nproc, else cp x dp when dp is a
-    number, else one per GPU of the cluster."""
+def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
+    """(number of workers, use_gpu) on the connected cluster: --nproc, else the job's default
+    (training: cp x dp when dp is a number), else one per GPU of the cluster."""
     import ray
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    if nproc is None and cfg.parallel.dp != "auto":
-        nproc = cfg.parallel.cp * int(cfg.parallel.dp)
+    nproc = nproc if nproc is not None else job.default_workers
     if nproc is None:
         if not gpus:
-            raise GenomeLMError("--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N "
-                                "(or set parallel.dp to a number)")
+            raise GenomeLMError(f"--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N"
+                                f"{job.workers_hint}")
         nproc = gpus
     if nproc < 1:
         raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
-    from genome_lm.parallel.mesh import resolve_layout
-
-    resolve_layout(cfg.parallel.cp, cfg.parallel.dp, nproc)
+    job.layout(nproc)
     if gpus and nproc > gpus:
         raise GenomeLMError(f"--ray: {nproc} workers need {nproc} GPUs, the cluster has {gpus}")
     return nproc, gpus > 0
 
 
-def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
-               resume: bool = False) -> None:
-    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
+def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> None:
+    """Run `job` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
     if nproc is not None and nproc < 1:
         raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
     if address:
@@ -264,30 +277,66 @@ def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: s
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    workers, use_gpu = ray_workers(cfg, nproc)
-    run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
-    run_dir.mkdir(parents=True, exist_ok=True)  # on the filesystem every worker sees: so are their messages
-    error_dir = tempfile.mkdtemp(prefix=".errors-", dir=run_dir)
+    workers, use_gpu = ray_workers(job, nproc)
+    job.work_dir.mkdir(parents=True, exist_ok=True)  # on the filesystem every worker sees: so are their messages
+    error_dir = tempfile.mkdtemp(prefix=".errors-", dir=job.work_dir)
     env = {k: os.environ.get(k) for k in FORWARDED_ENV}
     trainer = TorchTrainer(
         _ray_worker,
-        train_loop_config={"cfg": cfg.model_dump(mode="json"), "out": out, "resume": resume, "cwd": os.getcwd(),
-                           "error_dir": error_dir, "env": env},
+        train_loop_config={"fn": job.fn, "args": job.args, "cwd": os.getcwd(), "error_dir": error_dir, "env": env},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
-        run_config=RunConfig(name=f"{cfg.name or 'run'}-{uuid.uuid4().hex[:6]}",
-                             storage_path=str((run_dir / "ray").resolve()),
+        run_config=RunConfig(name=f"{job.name}-{uuid.uuid4().hex[:6]}",
+                             storage_path=str((job.ray_storage or job.work_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=0)),
     )
-    log.info("Ray Train: %d workers (%s), parallel: cp=%s, dp=%s", workers, "GPU" if use_gpu else "CPU",
-             cfg.parallel.cp, cfg.parallel.dp)
+    log.info("Ray Train: %d workers (%s), %s", workers, "GPU" if use_gpu else "CPU", job.describe)
     try:
         trainer.fit()
     except Exception as e:  # Ray wraps worker errors (TrainingFailedError, WorkerGroupError, ...)
-        err = _worker_error(error_dir, workers, "--ray")
+        err = _worker_error(error_dir, workers, "--ray", job.keeps)
         if err is None:
             err = GenomeLMError(f"--ray: a worker failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}. "
-                                "Checkpoints written so far are kept; rerun with --resume to continue from the newest")
+                                f"{job.keeps}")
         raise err from None
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
+    """Every worker of a training launch."""
+    from genome_lm.config import parse_experiment
+    from genome_lm.train import train
+
+    return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
+
+
+def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
+    """`genome-lm train` as a Job: run directory `out` (default runs/NAME)."""
+    from genome_lm.parallel.mesh import resolve_layout
+
+    par = cfg.parallel
+    return Job(
+        fn=_train, args=(cfg.model_dump(mode="json"), out, resume),
+        layout=lambda world: resolve_layout(par.cp, par.dp, world),
+        describe=f"parallel: cp={par.cp}, dp={par.dp}",
+        keeps="Checkpoints written so far are kept; rerun with --resume to continue from the newest",
+        work_dir=Path(out) if out else Path("runs") / (cfg.name or "run"), name=cfg.name or "run",
+        default_workers=par.cp * int(par.dp) if par.dp != "auto" else None,
+        workers_hint=" (or set parallel.dp to a number)",
+    )
+
+
+def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
+    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
+    return run_local(train_job(cfg, out, resume), nproc) or {}
+
+
+def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
+               resume: bool = False) -> None:
+    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
+    run_ray(train_job(cfg, out, resume), address, nproc)
