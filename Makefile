@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-interpret test-all bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -31,6 +31,20 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# fla's Triton kernels on CPU tensors under Triton's interpreter (tests/interpret; docs/testing.md).
+# The triton wheel goes into its own folder, on PYTHONPATH for this tier only: importable from the
+# venv it would make every process that imports the model import all of fla (seconds each).
+TRITON_SPEC   ?= triton==3.9.0
+INTERPRET_DIR := $(VENV)/interpret
+
+$(INTERPRET_DIR)/.installed: | $(VENV)/.installed
+	rm -rf $(INTERPRET_DIR)
+	$(PIP) install -q --no-deps --target $(INTERPRET_DIR) "$(TRITON_SPEC)"
+	touch $@
+
+test-interpret: setup $(INTERPRET_DIR)/.installed
+	PYTHONPATH="$(abspath $(INTERPRET_DIR))" TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/interpret $(PYTEST_ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)

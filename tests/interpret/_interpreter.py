@@ -1,0 +1,84 @@
+"""Run fla's Triton kernels on CPU tensors: Triton's interpreter plus two shims.
+
+Import this before triton is imported (fla imports it, and so does transformers' glm5_next
+when fla is importable): `triton.jit` picks the interpreter at decoration time.
+
+1. Autotuning: every `triton.autotune` kernel keeps the first config that pruning leaves, so
+   nothing is benchmarked (benchmarking needs a GPU driver, and would take minutes anyway).
+2. Loop variables: in compiled Triton the variable of a `range`/`tl.range` loop over runtime
+   bounds is a tensor; the interpreter makes it a Python int, and fla calls `i_t.to(tl.int64)`.
+   Such loops are rewritten so the variable is an int32 tensor (static loops keep ints).
+"""
+
+import ast
+import os
+import sys
+import warnings
+
+if "fla" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    raise RuntimeError("fla was imported before Triton's interpreter was switched on; import this module first")
+os.environ["TRITON_INTERPRET"] = "1"
+# fla's import-time notice that no GPU driver is active: expected here
+warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
+
+import triton.language as tl
+from triton.runtime import autotuner, interpreter
+
+_RANGE_CALL = "_genome_lm_interpreter_range"
+
+
+def _first_config_only() -> None:
+    """Autotuning would benchmark every config; keep the first one that pruning leaves."""
+    prune = autotuner.Autotuner.prune_configs
+    if getattr(prune, "_genome_lm_shim", False):
+        return
+
+    def prune_configs(self, kwargs):
+        return prune(self, kwargs)[:1]
+
+    prune_configs._genome_lm_shim = True
+    autotuner.Autotuner.prune_configs = prune_configs
+
+
+def _interpreter_range(range_fn, *args, **kwargs):
+    """`range(...)` / `tl.range(...)` inside a kernel; the loop variable is a tensor when any
+    bound is (a runtime value), as in compiled Triton, so `i_t.to(tl.int64)` works."""
+    steps = range_fn(*args, **kwargs)
+    if not any(isinstance(a, tl.tensor) for a in (*args, *kwargs.values())):
+        yield from steps
+        return
+    for i in steps:
+        yield interpreter.interpreter_semantic.to_tensor(i, False)
+
+
+class _Transformer(interpreter.ASTTransformer):
+    def visit_For(self, node):
+        node = self.generic_visit(node)
+        call = node.iter
+        is_range = isinstance(call, ast.Call) and (
+            (isinstance(call.func, ast.Name) and call.func.id == "range")
+            or (isinstance(call.func, ast.Attribute) and call.func.attr == "range")
+        )
+        if is_range:
+            node.iter = ast.copy_location(
+                ast.Call(func=ast.Name(id=_RANGE_CALL, ctx=ast.Load()), args=[call.func, *call.args],
+                         keywords=call.keywords),
+                call,
+            )
+        return node
+
+
+def _tensor_loop_variables() -> None:
+    if isinstance(interpreter.FunctionRewriter.ast_transformer, _Transformer):
+        return
+    # the rewriter execs kernels with the interpreter module's globals added to theirs
+    setattr(interpreter, _RANGE_CALL, _interpreter_range)
+    interpreter.FunctionRewriter.ast_transformer = _Transformer()
+
+
+def install() -> None:
+    _first_config_only()
+    _tensor_loop_variables()
+
+
+install()

@@ -1,0 +1,50 @@
+"""The interpreter tier: fla's Triton kernels on CPU tensors, `make test-interpret`.
+
+Collected only when TRITON_INTERPRET=1 is set before pytest starts (the Makefile sets it, and
+puts the `triton` wheel on PYTHONPATH for this tier only); the default `make test` run skips
+this folder. The shims (`_interpreter.py`) are installed here, before anything imports triton,
+and again by each test module, so that spawned gloo workers get them too.
+"""
+
+import os
+
+import pytest
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+if INTERPRETING:
+    from tests.interpret import _interpreter  # noqa: F401  (shims, before triton is imported)
+else:
+    collect_ignore_glob = ["*.py"]  # not the interpreter tier's own invocation
+
+
+def pytest_report_header(config):
+    if not INTERPRETING:
+        return "tests/interpret: collected only with TRITON_INTERPRET=1; run `make test-interpret`"
+
+
+def pytest_configure(config):
+    if INTERPRETING:
+        # the interpreter also computes masked-out lanes (exp2 of what the kernel then discards)
+        config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
+        config.addinivalue_line("filterwarnings", "ignore:Triton is not supported on current platform:UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def kda_on_fla(monkeypatch):
+    """Every `chunk_kda` call of the test goes to fla (the env var reaches spawned workers)."""
+    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")
+
+
+@pytest.fixture
+def fla_calls(monkeypatch):
+    """The keyword arguments of every call that reaches fla (so no test passes on the torch path)."""
+    from genome_lm.model.ops.kda import chunk as chunk_mod
+
+    calls, real = [], chunk_mod.fla_chunk_kda()
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_mod, "fla_chunk_kda", lambda: counting)
+    return calls

@@ -1,0 +1,76 @@
+"""A 2-rank context-parallel step on gloo with every KDA call on fla (interpreted) vs one process in torch.
+
+Rank r runs its slab's two KDA passes (`cp_kda_core`: the ordinary pass and the state-map pass)
+on fla; loss, per-token NLL and every parameter gradient must equal the single-process run on
+genome_lm's torch op. glm53-demo (one KDA layer with 2 heads of 32, two DSA layers), T = 50:
+slabs of 25 tokens (fla's forward interprets one program per token and head: short slabs).
+"""
+
+from tests.interpret import _interpreter  # noqa: F401, I001  (before anything imports triton)
+
+import torch
+import torch.distributed as dist
+
+from tests.parallel.conftest import spawn
+
+B, T = 1, 50
+# the bounds of tests/parallel/test_cp.py; gradients: max |Δ| / max |ref| per parameter
+RTOL = {"loss": 1e-5, "nll": 1e-4, "grad": 1e-4}
+
+
+def _batch():
+    ids = torch.randint(0, 5, (B, T), generator=torch.Generator().manual_seed(T))
+    labels = ids.clone()
+    labels[:, ::7] = -100
+    return ids, labels
+
+
+def _step(cp: bool) -> dict:
+    """One forward + backward of glm53-demo (long-context ops; CP over the world when `cp`)."""
+    from genome_lm.model import build
+    from genome_lm.model.patch import apply_long_context
+    from genome_lm.parallel import apply_context_parallel
+
+    torch.manual_seed(0)
+    model = apply_long_context(build("glm53-demo"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
+    if cp:
+        apply_context_parallel(model)
+    ids, labels = _batch()
+    out = model(ids, labels=labels, return_per_token_nll=True)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": out.loss.detach(), "nll": out.per_token_nll.detach(), "grads": grads}
+
+
+def _cp_worker(rank: int, world: int, out_dir: str) -> None:
+    from genome_lm.model.ops.kda import chunk as chunk_mod
+
+    real, calls = chunk_mod.fla_chunk_kda(), []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["v"].shape)
+        return real(*args, **kwargs)
+
+    chunk_mod.fla_chunk_kda = lambda: counting
+    res = _step(cp=True)
+    for g in res["grads"].values():  # CP ranks share parameters: their gradients add up
+        dist.all_reduce(g)
+    res["fla_calls"] = calls
+    torch.save(res, f"{out_dir}/rank{rank}.pt")
+
+
+def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "torch")
+    ref = _step(cp=False)
+    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")  # inherited by the spawned ranks
+    spawn(_cp_worker, 2, str(tmp_path), timeout=280)
+    for rank, slab in enumerate([25, 25]):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        # the ordinary pass (values of width V) and the state-map pass (width K), both on fla
+        assert [tuple(s) for s in got["fla_calls"]] == [(B, slab, 2, 32), (B, slab, 2, 32)], rank
+        torch.testing.assert_close(got["loss"], ref["loss"], rtol=RTOL["loss"], atol=1e-6, msg="loss")
+        torch.testing.assert_close(got["nll"], ref["nll"], rtol=RTOL["nll"], atol=1e-5, msg="per-token NLL")
+        assert got["grads"].keys() == ref["grads"].keys()
+        for name, r in ref["grads"].items():
+            err = float((got["grads"][name] - r).abs().max() / r.abs().max().clamp_min(1e-6))
+            assert err < RTOL["grad"], f"rank {rank}: gradient of {name} differs by {err:.2e} (relative to its max)"
