@@ -9,6 +9,11 @@ Steps, top to bottom:
      window at a time (memory bounded by one window / piece), with a progress bar;
   3. build the outputs under a temporary name (`utils.atomic_directory`): tokens.parquet,
      summary.json (and parity.json with --parity), then rename into place and drop the cache.
+
+The same function runs on every rank of a distributed eval (`--nproc N`, `--ray`): the model
+sharded by FSDP2, the windows shared out over the dp replicas, each window split over a CP
+group; rank 0 does steps 1 and 3 and keeps the cache (`sharded.py`). dtype: `cfg.dtype`, else
+float32 on CPU and bfloat16 on CUDA.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import parity as parity_mod
+from genome_lm.eval import sharded
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
-from genome_lm.eval.config import EvalConfig
+from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import score_window, streaming_scorer
 from genome_lm.eval.stats import summarize, window_stats
@@ -54,9 +60,13 @@ def checkpoint_record(checkpoint: str) -> dict:
     return record
 
 
-def _check(cfg: EvalConfig) -> tuple[Path, dict, object]:
-    from genome_lm.genome.shards import load_manifest, load_shards
-
+def check_inputs(cfg: EvalConfig) -> None:
+    """One-line errors for the inputs (out, engine, checkpoint, shards, split, pieces for --cp)
+    before anything is scored or written."""
+    if not cfg.shards:
+        raise GenomeLMError("--shards: give the directory written by `genome-lm prepare`")
+    if not cfg.out:
+        raise GenomeLMError("--out: give the output directory (tokens.parquet, summary.json)")
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
@@ -65,19 +75,31 @@ def _check(cfg: EvalConfig) -> tuple[Path, dict, object]:
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")
+    lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows)
+    sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
+
+
+def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
+    from genome_lm.genome.shards import load_manifest, load_shards
+
     manifest = load_manifest(cfg.shards)
     ds = load_shards(cfg.shards, cfg.split)
     if len(ds) == 0:
         raise GenomeLMError(f"{cfg.shards}/{cfg.split} has no windows to score")
-    return out, manifest, ds
+    return manifest, ds
 
 
-def _load_model(cfg: EvalConfig, model_dir: str, manifest: dict):
-    from genome_lm.model import apply_long_context, build, token_map
+def window_lengths(ds, max_windows: int | None) -> np.ndarray:
+    """Tokens [W] of the first `max_windows` windows (all by default) of a shard split."""
+    n = len(ds) if max_windows is None else min(max_windows, len(ds))
+    rows = ds.select_columns(["start", "end"]).select(range(n))
+    return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(model_dir, dtype=cfg.dtype, device=device)
-    apply_long_context(model, loss_chunk_tokens=cfg.loss_chunk_tokens)
+
+def _load_model(cfg: EvalConfig, model_dir: str, manifest: dict, par):
+    from genome_lm.model import token_map
+
+    model = sharded.build_model(cfg, model_dir, cfg.dtype, par)
     model.eval()
     mapped = np.asarray(token_map(manifest["vocab"], model_dir))
     lut = np.zeros(256, dtype=np.int64)
@@ -85,11 +107,32 @@ def _load_model(cfg: EvalConfig, model_dir: str, manifest: dict):
     return model, lut, len(mapped)
 
 
-def evaluate(cfg: EvalConfig, show_progress: bool | None = None) -> dict:
-    """Run the eval described by `cfg`; return the summary (also written to OUT/summary.json)."""
+def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
+    """Run the eval described by `cfg`; return the summary (also written to OUT/summary.json).
+
+    One process, or every rank of a distributed launch (`--nproc`, `--ray`; see `sharded.py`):
+    the same call on each, rank 0 writes the outputs and every rank returns the summary."""
+    from genome_lm.config import ParallelConfig
+    from genome_lm.parallel.mesh import init_parallel
+
     t0 = time.perf_counter()
-    out, manifest, ds = _check(cfg)
-    ckpt = checkpoint_record(cfg.checkpoint)
+    world = sharded.world_size()
+    sharded.check(cfg, world)
+    par = init_parallel(ParallelConfig(cp=cfg.cp), sharded.device_for(cfg, device, world))
+    try:
+        return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
+                         show_progress, t0)
+    finally:
+        par.shutdown()
+
+
+def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
+    from genome_lm.parallel.launch import maybe_inject_fault
+
+    par.on_main(lambda: check_inputs(cfg))
+    out = Path(cfg.out)
+    manifest, ds = _inputs(cfg)
+    ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
     n = len(ds) if cfg.max_windows is None else min(cfg.max_windows, len(ds))
     head = ds.select(range(n))
     meta = {c: np.asarray(head[c]) for c in ("chrom", "start", "end", "strand")}
@@ -100,25 +143,35 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None) -> dict:
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
            "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype}
-    cache = WindowCache(out, key)
+    cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
-    todo = [i for i in range(n) if not cache.has(i)]
-    log.info("eval %s on %s/%s: %d windows (%s tokens), seq_len %d, engine %s%s; %d already cached",
-             ckpt["model_dir"], cfg.shards, cfg.split, n, f"{int(lengths.sum()):,}", seq_len, cfg.engine,
-             " + parity" if cfg.parity else "", n - len(todo))
+    todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
+    log.info("eval %s on %s/%s: %d windows (%s tokens), seq_len %d, engine %s%s, %s on %d process%s (dp %d x cp %d); "
+             "%d already cached", ckpt["model_dir"], cfg.shards, cfg.split, n, f"{int(lengths.sum()):,}", seq_len,
+             cfg.engine, " + parity" if cfg.parity else "", cfg.dtype, par.world, "es" if par.world > 1 else "",
+             par.dp, par.cp, n - len(todo))
     scored_tokens, t_score = 0, time.perf_counter()
     if todo:
-        model, lut, n_known = _load_model(cfg, ckpt["model_dir"], manifest)
+        model, lut, n_known = _load_model(cfg, ckpt["model_dir"], manifest, par)
+        pieces = [sharded.n_pieces(length, seq_len) * len(engines) for length in lengths]
         bar = tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
-                   unit_scale=True, desc=f"eval {out.name}", disable=None if show_progress is None else not show_progress)
+                   unit_scale=True, desc=f"eval {out.name}",
+                   disable=not par.is_main or (None if show_progress is None else not show_progress))
         try:
-            for i in todo:
-                tokens = ds[i]["tokens"]
-                arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
-                          for name, engine in zip(("nll", "nll_alt"), engines)}
-                cache.put(i, **arrays)
-                scored_tokens += len(tokens)
-                bar.update(len(tokens))
+            for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
+                i = rnd.windows[par.dp_rank]
+                scored = None
+                if i is not None:
+                    tokens = ds[i]["tokens"]
+                    scored = (i, {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
+                                  for name, engine in zip(("nll", "nll_alt"), engines)})
+                for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
+                    sharded.idle_forward(model, par.cp)
+                for j, arrays in sharded.gather_on_main(par, scored):
+                    cache.put(j, **arrays)
+                    scored_tokens += int(lengths[j])
+                    bar.update(int(lengths[j]))
+                maybe_inject_fault(r + 1, par.rank)
         finally:
             bar.close()
     t_score = time.perf_counter() - t_score
@@ -128,12 +181,18 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None) -> dict:
         "shards": {"path": str(cfg.shards), "split": cfg.split, "manifest_sha256": key["manifest_sha256"],
                    "n_windows": n, "n_windows_in_split": len(ds)},
         "config": {**cfg.model_dump(), "seq_len": seq_len, "seq_len_requested": cfg.seq_len,
-                   "bucket_edges": edges.tolist(), "engines": engines},
+                   "bucket_edges": edges.tolist(), "engines": engines,
+                   "parallel": {"world": par.world, "dp": par.dp, "cp": par.cp}},
         "timing": {"elapsed_s": time.perf_counter() - t0, "scored_tokens": scored_tokens,
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
-    summary = _write_outputs(cfg, out, ds, meta, n, seq_len, edges, cache, engines, extra)
-    cache.remove()
+
+    def finish() -> dict:
+        summary = _write_outputs(cfg, out, ds, meta, n, seq_len, edges, cache, engines, extra)
+        cache.remove()
+        return summary
+
+    summary = par.on_main(finish)
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)

@@ -1,0 +1,208 @@
+"""Eval over several processes: the model sharded by FSDP2, long windows split by context parallelism.
+
+    genome-lm eval --checkpoint C --shards S --out O --nproc 8 [--cp 2]    # one node (torch elastic)
+    genome-lm eval --checkpoint C --shards S --out O --ray [ADDRESS]       # Ray, one worker per GPU
+
+Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one
+process. The W processes form dp x cp ranks (`--cp`, dp = W / cp; `parallel.mesh`), as training:
+
+- **Model.** Built on the meta device and `parallelize`d as training does it (long-context ops
+  -> context parallelism over the CP group -> FSDP2 over all W ranks), then each rank allocates
+  its shards and reads just their rows from the safetensors files (`parallel.materialize`): no
+  rank ever holds the whole model. One process builds it whole, as before.
+- **Windows.** Scored in rounds: in round r, dp replica d scores window `todo[r * dp + d]`. The
+  CP ranks of a replica score the same window, each its contiguous slab of every piece
+  (`parallel.cp`); the causal LM's CP forward gathers the per-token NLL of the whole piece.
+  FSDP2 all-gathers every layer's parameters over all W ranks in every forward, so all replicas
+  make the same number of forwards per round: one with fewer pieces, or no window left in the
+  last round, runs an idle forward (a few tokens, nothing scored) per missing piece.
+- **Results.** After each round the first CP rank of every replica sends its window's NLL to
+  rank 0 (`gather_object`), which puts it in the per-window cache (`eval/cache.py`). Rank 0
+  alone writes anything (cache, tokens.parquet, summary.json), from the cache in window order,
+  so the outputs are those of one process: same rows, same order, same layout.
+- **Cache and resume.** The cache is rank 0's; a killed distributed eval continues from it, on
+  any number of processes or on one (the layout is not part of the cache key: it changes scores
+  by float rounding only, <= 1e-5 nats in float32, tested).
+- **Engines.** Only the parallel (training) forward is sharded. The streaming engine
+  (`model/streaming.py`) replays the layers' parts on their own parameters, which FSDP2 holds
+  as shards outside a layer's forward, and its caches are O(T) per DSA layer on one device: it
+  is the one-process engine (for models that fit one device, and for `--parity`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from genome_lm.errors import GenomeLMError
+
+IDLE_TOKENS_PER_RANK = 8  # tokens per CP rank of an idle forward
+
+
+def layout(cp: int, world: int) -> tuple[int, int]:
+    """(dp, cp) of an eval with `--cp cp` on `world` processes; a one-line error naming the fix."""
+    if world < 1:
+        raise GenomeLMError(f"--nproc {world}: the number of processes must be >= 1")
+    if cp > world:
+        where = "add --nproc" if world == 1 else "launch with --nproc"
+        raise GenomeLMError(f"--cp {cp} splits each window over {cp} processes, this eval has {world}; "
+                            f"{where} {cp} (or a multiple of {cp}), or lower --cp")
+    if world % cp:
+        up = -(-world // cp) * cp
+        raise GenomeLMError(f"--cp {cp} does not divide the {world} processes of this eval (dp = processes / cp); "
+                            f"use --nproc {world - world % cp} or {up}, or a --cp that divides {world}")
+    return world // cp, cp
+
+
+def world_size() -> int:
+    """Processes of this launch: the initialised process group's, else the launcher's WORLD_SIZE, else 1."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check(cfg, world: int) -> tuple[int, int]:
+    """What an eval on `world` processes needs of `cfg` (before anything starts); returns (dp, cp)."""
+    dp, cp = layout(cfg.cp, world)
+    if world > 1:
+        check_engine(cfg)
+    return dp, cp
+
+
+def check_engine(cfg) -> None:
+    if cfg.engine != "parallel" or cfg.parity:
+        raise GenomeLMError("--engine streaming and --parity run on one process (the streaming engine walks the "
+                            "whole model on one device); leave out --nproc / --ray, or score with --engine parallel "
+                            "and no --parity")
+
+
+def device_for(cfg, device, world: int) -> torch.device | None:
+    """The device of this process: `device` (Ray gives one), `cfg.device`, or None for the default
+    (`mesh.default_device`: the GPU of LOCAL_RANK, else CPU). A plain 'cuda' on several processes
+    means each its own GPU."""
+    if device is not None:
+        return torch.device(device)
+    if cfg.device is None:
+        return None
+    dev = torch.device(cfg.device)
+    return None if world > 1 and dev.type == "cuda" and dev.index is None else dev
+
+
+def n_pieces(length: int, seq_len: int) -> int:
+    return max(1, -(-int(length) // seq_len))
+
+
+def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
+    """Every piece must have at least `cp` tokens to be split over the CP group."""
+    if cp == 1:
+        return
+    last = lengths - (np.maximum(1, -(-lengths // seq_len)) - 1) * seq_len  # [W] tokens of each window's last piece
+    short = int(np.argmin(last))
+    if last[short] < cp:
+        raise GenomeLMError(f"--cp {cp}: window {short} ends in a piece of {int(last[short])} token(s), fewer than the "
+                            f"{cp} CP ranks it is split over; choose a --seq-len that leaves longer last pieces, "
+                            "or a smaller --cp")
+
+
+def build_model(cfg, model_dir: str, dtype: str, par):
+    """The causal LM ready to score: long-context ops (eval's block sizes), CP, FSDP2 (`parallelize`).
+    Distributed: meta device, then each rank reads its rows (`materialize_`)."""
+    from genome_lm.config import MemoryConfig
+    from genome_lm.model import build
+    from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
+    from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES
+    from genome_lm.parallel.materialize import materialize_
+    from genome_lm.train.parallelize import parallelize
+
+    memory = MemoryConfig(loss_chunk_tokens=cfg.loss_chunk_tokens, moe_block_tokens=DEFAULT_BLOCK_TOKENS,
+                          dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES, moe_recompute=True)
+    if not par.distributed:
+        return parallelize(build(model_dir, dtype=dtype, device=par.device), memory, par)
+    model = parallelize(build(model_dir, dtype=dtype, meta=True), memory, par)
+    return materialize_(model, par.device, model_dir)
+
+
+@dataclass
+class Round:
+    windows: list[int | None]  # [dp] the window each replica scores (None: none left for it)
+    forwards: int  # forward passes every replica makes: the most pieces of the round's windows
+
+
+def rounds(todo: list[int], pieces: list[int] | np.ndarray, dp: int) -> list[Round]:
+    """`todo` windows in rounds of one window per dp replica; `pieces[i]` forwards window i takes."""
+    out = []
+    for r in range(0, len(todo), dp):
+        windows = list(todo[r : r + dp])
+        out.append(Round(windows + [None] * (dp - len(windows)), max(int(pieces[i]) for i in windows)))
+    return out
+
+
+def idle_forward(model, cp: int) -> None:
+    """A forward that scores nothing, so that this replica's FSDP2 all-gathers (and its CP group's
+    collectives) meet those of the replicas still scoring."""
+    from genome_lm.eval.scoring import IGNORE_INDEX, score_piece
+
+    ids = torch.zeros(1, IDLE_TOKENS_PER_RANK * cp, dtype=torch.int64)
+    score_piece(model, ids, torch.full_like(ids, IGNORE_INDEX))
+
+
+def gather_on_main(par, item):
+    """Rank 0: the non-None `item`s of every replica's first CP rank, in dp order; other ranks: []."""
+    if not par.distributed:
+        return [] if item is None else [item]
+    box = [None] * par.world if par.is_main else None
+    dist.gather_object(item if par.cp_rank == 0 else None, box, dst=0)
+    return [x for x in box if x is not None] if par.is_main else []
+
+
+# ---------------------------------------------------------------------------------------------
+# launching (--nproc / --ray)
+
+
+def worker(cfg_json: dict, device=None) -> dict:
+    """Every process of a distributed eval (module level: the launchers pickle it)."""
+    from genome_lm.eval.config import EvalConfig
+    from genome_lm.eval.run import evaluate
+
+    return evaluate(EvalConfig(**cfg_json), device=device)
+
+
+def eval_job(cfg):
+    """`genome-lm eval` as a `parallel.launch.Job`; its Ray files and error messages go to a hidden
+    directory beside --out (removed afterwards)."""
+    from genome_lm.eval.cache import cache_dir_for
+    from genome_lm.parallel.launch import Job
+
+    out = Path(cfg.out)
+    return Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
+               describe=f"eval: cp={cfg.cp}, dp=processes/cp",
+               keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
+               work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
+
+
+def launch(cfg, nproc: int | None, ray: str | None | bool = None) -> dict:
+    """Run the eval `cfg` on `nproc` local processes, or under Ray (`ray`: an address, "" or True
+    for a local instance); return the summary rank 0 wrote."""
+    from genome_lm.eval.outputs import load_summary
+    from genome_lm.eval.run import check_inputs
+    from genome_lm.parallel.launch import run_local, run_ray
+
+    check_engine(cfg)  # one-line errors before any process starts
+    if nproc is not None:
+        layout(cfg.cp, nproc)
+    check_inputs(cfg)
+    job = eval_job(cfg)
+    try:
+        if ray is None:
+            run_local(job, nproc)
+        else:
+            run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc)
+    finally:
+        shutil.rmtree(job.work_dir, ignore_errors=True)
+    return load_summary(cfg.out)

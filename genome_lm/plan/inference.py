@@ -1,0 +1,79 @@
+"""Memory per GPU of a forward pass without gradients: what `genome-lm eval` needs on each rank.
+
+    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20, cp=8, dp=8, moe_recompute=True))
+    plan.peak_bytes, plan.peak_where, plan.breakdown
+
+The forward is walked layer by layer, as `memory.plan_memory` walks training's, but nothing is
+kept for backward. At every point the live bytes are
+    weights          the FSDP2 shard of every parameter (1 / (dp x cp) of the model; on one
+                     process the whole model)
+    root gathered    embeddings, final norm and LM head, all-gathered for the whole forward
+                     (FSDP2 does not reshard its root after forward)
+    layer gathered   the running decoder layer's parameters all-gathered, plus the prefetched
+                     next layer(s) (`fsdp_prefetch_layers`)
+    streams          the residual streams entering and leaving the layer (2 x a·S·D per token)
+    op               the layer's largest op: the tensors it computes (the `ops.layer_ops` saved
+                     terms, alive while it runs; under CP the DSA latent of the whole sequence)
+                     plus its transient
+    input ids        this rank's slab of input ids and labels
+then the LM head: final hidden and norm, one loss chunk's logits, and the per-token NLL of the
+whole piece (gathered over the CP group). Layouts use `moe_recompute=True`: without autograd the
+MoE keeps no block's activations beyond the block running, which is how that option is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genome_lm.plan import activations as act
+from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.layout import Layout
+from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
+from genome_lm.plan.ops import layer_ops, loss_transients
+from genome_lm.plan.shapes import ModelShape
+
+F32 = 4
+
+
+@dataclass
+class ForwardPlan:
+    peak_bytes: int
+    peak_where: str
+    breakdown: dict[str, int]  # components of the peak, summing to peak_bytes
+    weights_bytes: int  # this rank's shard of the parameters
+    phases: list[tuple[str, int]] = field(default_factory=list)
+
+
+def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
+                 sharded: bool | None = None) -> ForwardPlan:
+    """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
+    `layout.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
+    assume = assume or Assumptions()
+    layout.check()
+    fsdp = layout.gpus > 1 if sharded is None else sharded
+    n = layout.tokens
+    weights = m.param_bytes // shard_degree(layout, assume) if fsdp else m.param_bytes
+    persistent = {"weights": weights}
+    if fsdp:
+        persistent["root_gathered"] = m.root_param_bytes
+    prefetch = 1 + assume.fsdp_prefetch_layers
+    ids = 2 * n * 8  # input ids and labels, int64
+    phases: list[tuple[str, dict[str, int]]] = []
+    by_kind: dict[tuple, list] = {}
+    for i, lay in enumerate(m.layers):
+        kind = (lay.attn, lay.mlp, lay.indexer)
+        if kind not in by_kind:
+            by_kind[kind] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
+        streams, op_bytes, op = _nograd_forward(by_kind[kind], m, n)
+        gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
+        phases.append((f"forward of layer {i} ({lay.kind}): {op}",
+                       {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes, "input_ids": ids}))
+    outside = act.outside_layers(m, n)
+    per_token = layout.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
+    phases.append(("LM head + per-token NLL", {**persistent, "final": outside["final_norm"] + outside["final_hidden"],
+                                               "loss_chunk": loss_transients(m, layout)[0], "per_token_nll": per_token,
+                                               "input_ids": ids}))
+    where, parts = max(phases, key=lambda p: sum(p[1].values()))
+    parts = {k: v for k, v in parts.items() if v}
+    return ForwardPlan(peak_bytes=sum(parts.values()), peak_where=where, breakdown=parts, weights_bytes=weights,
+                       phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]))

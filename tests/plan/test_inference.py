@@ -1,0 +1,36 @@
+"""`plan_forward` (what `genome-lm eval --dry-run` prints) by hand on GLM-5.3-Flash's shape: the
+FSDP2 terms follow the parameter counts, the activations the slab. Its activation terms against
+a measured forward: benchmarks/bench_eval.py (docs/parallel.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from genome_lm.plan import Layout, model_shape
+from genome_lm.plan.inference import plan_forward
+
+
+@pytest.fixture(scope="module")
+def flash():
+    return model_shape("glm53-flash", "bfloat16")
+
+
+def test_sharded_terms_by_hand(flash):
+    layout = Layout(seq_len=2**19, cp=8, dp=8, moe_recompute=True)
+    plan = plan_forward(flash, layout)
+    b = plan.breakdown
+    assert b["weights"] == plan.weights_bytes == flash.param_bytes // 64
+    assert b["root_gathered"] == flash.root_param_bytes
+    assert b["layer_gathered"] == 2 * max(lay.param_bytes for lay in flash.layers)  # running + prefetched MoE layer
+    assert b["streams"] == 2 * 2**16 * 2 * flash.S * flash.D  # slab of 65,536 tokens in and out, bf16
+    assert sum(b.values()) == plan.peak_bytes
+    # twice the window: the activation terms double, the parameter terms stay
+    long = plan_forward(flash, layout.replace(seq_len=2**20)).breakdown
+    assert long["streams"] == 2 * b["streams"] and long["op"] == pytest.approx(2 * b["op"], rel=1e-3)
+    assert (long["weights"], long["layer_gathered"]) == (b["weights"], b["layer_gathered"])
+
+
+def test_one_process_holds_the_whole_model_and_gathers_nothing(flash):
+    plan = plan_forward(flash, Layout(seq_len=4096, moe_recompute=True))
+    assert plan.breakdown["weights"] == flash.param_bytes
+    assert "root_gathered" not in plan.breakdown and "layer_gathered" not in plan.breakdown
