@@ -3,7 +3,10 @@
 One window of T synthetic-genome-like tokens (random A/C/G/T) is scored through the same code
 path as `genome-lm eval` (`genome_lm.eval.scoring.score_window`, no gradients, whole window as
 one piece). Each (engine, T) runs in its own subprocess so the peak-memory number (GPU: max
-allocated; CPU: resident high-water mark VmHWM minus the resident size before scoring) is its own.
+allocated; CPU: resident high-water mark VmHWM minus the resident size before scoring, with the
+malloc mmap threshold fixed so that freed tensors leave the resident set) is its own. Next to it,
+for the parallel engine, `planned`: what `genome-lm eval --dry-run` estimates for the same forward
+(`genome_lm.plan.inference.plan_forward`, one process: its peak minus the weights).
 The streaming engine is measured only if `genome_lm.model.streaming` is importable.
 
     python benchmarks/bench_eval.py                         # T = 16k, 64k; both engines
@@ -60,7 +63,24 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
     best = min(times)
     return {"engine": engine, "T": T, "device": device, "chunk_tokens": chunk_tokens if engine == "streaming" else None,
             "seconds": best, "seconds_all": times, "tokens_per_s": T / best, "peak_mem_bytes": int(peak),
+            "planned_bytes": _planned(model, T, device) if engine == "parallel" else None,
             "mean_nll": float(np.nanmean(nll)), "threads": torch.get_num_threads()}
+
+
+def _planned(model, T: int, device: str) -> int:
+    """The dry run's estimate of the same forward's activations (peak minus weights), one process."""
+    from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
+    from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES, DEFAULT_LOSS_CHUNK_TOKENS
+    from genome_lm.plan import Layout
+    from genome_lm.plan.inference import plan_forward
+    from genome_lm.plan.layout import hc_recompute_available
+    from genome_lm.plan.shapes import shape_of
+
+    layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=hc_recompute_available(),
+                    moe_block_tokens=DEFAULT_BLOCK_TOKENS, dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES,
+                    loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS)
+    plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout, backend="fla" if device == "cuda" else "torch")
+    return plan.peak_bytes - plan.weights_bytes
 
 
 def _streaming_available() -> bool:
@@ -98,7 +118,8 @@ def main() -> None:
     for T in (parse_size(t) for t in args.T):
         for engine in engines:
             cmd = [sys.executable, __file__, "--child", f"{engine}:{T}:{args.repeats}:{chunk}:{device}"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+            env = {**os.environ, "TQDM_DISABLE": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
                 rows.append({"engine": engine, "T": T, "device": device, "error": last})
@@ -110,13 +131,14 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"model": "glm53-tiny", "device": device, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                    "results": rows}, indent=2) + "\n")
-    print(f"\n{'engine':>10} {'T':>8} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9} {'mean NLL':>9}")
+    print(f"\n{'engine':>10} {'T':>8} {'seconds':>9} {'tokens/s':>10} {'peak MiB':>9} {'planned':>8} {'mean NLL':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['engine']:>10} {r['T']:>8,}  error: {r['error']}")
             continue
+        planned = f"{r['planned_bytes'] / 2**20:>8.0f}" if r.get("planned_bytes") else f"{'':>8}"
         print(f"{r['engine']:>10} {r['T']:>8,} {r['seconds']:>9.2f} {r['tokens_per_s']:>10,.0f} "
-              f"{r['peak_mem_bytes'] / 2**20:>9.0f} {r['mean_nll']:>9.4f}")
+              f"{r['peak_mem_bytes'] / 2**20:>9.0f} {planned} {r['mean_nll']:>9.4f}")
     print(f"-> {RESULTS}")
 
 
