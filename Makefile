@@ -7,8 +7,10 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
+# The package's extras; on a GPU node add gpu (pinned fla kernels): make setup EXTRAS=test,megatron,gpu
+EXTRAS ?= test,megatron
 
-.PHONY: setup demo test test-interpret test-all bench clean
+.PHONY: setup demo test test-interpret test-gpu test-all bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -21,7 +23,7 @@ $(VENV)/.torch: | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e ".[test,megatron]"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -45,6 +47,11 @@ $(INTERPRET_DIR)/.installed: | $(VENV)/.installed
 
 test-interpret: setup $(INTERPRET_DIR)/.installed
 	PYTHONPATH="$(abspath $(INTERPRET_DIR))" TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/interpret $(PYTEST_ARGS)
+
+# On a machine with CUDA: the gpu-marked tests with CUDA visible (the default suite hides it), among
+# them benchmarks/gpu_check.py on the GPU (benchmarks/results/gpu_check.json). Skipped without CUDA.
+test-gpu: setup
+	GENOME_LM_TEST_GPU=1 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)

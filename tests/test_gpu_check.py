@@ -5,17 +5,31 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_runs_on_cpu(tmp_path):
+def _load():
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_gpu_check_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
-    assert gpu_check.main(["--device", "cpu", "--out", str(out)]) == 0
+    assert _load().main(["--device", "cpu", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["checks"]) == {"kda", "offload", "fsdp", "fp32_experts", "eval", "throughput"}
     assert all(check["ok"] for check in result["checks"].values())
     assert result["checks"]["offload"]["loss"][0] == result["checks"]["offload"]["loss"][1]
     assert result["checks"]["throughput"]["tokens_per_s"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (make test-gpu)")
+def test_gpu_check_on_cuda():
+    """The full-size check on the GPU; its JSON is the record (benchmarks/results/gpu_check.json)."""
+    assert _load().main(["--device", "cuda"]) == 0
