@@ -76,6 +76,8 @@ def build(
         elif dtype is not None:
             _cast_(model, dtype)
     model.source = source_str
+    if dtype is not None:  # the dtype the weights are built in (sharded loads round to it: materialize)
+        model.config.dtype = dtype
     return model
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.checkpoint import model_tensors
+from genome_lm.model.load import cast_tensor
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,18 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 def copy_rows_(model: nn.Module, read: ReadRows) -> None:
     """Fill every tensor of `model.state_dict()` (parameters and buffers) with the rows this rank
     holds, `read(name, full_shape, start, stop)` giving them; one tensor at a time. A tied
-    `lm_head.weight` is the embedding and is skipped."""
+    `lm_head.weight` is the embedding and is skipped. The rows are first rounded to the dtype the
+    model was built in (`model.config.dtype`, upstream's float32 exceptions kept), so float32
+    master weights of a bf16 model hold what one process's bf16 model holds."""
+    built = getattr(getattr(model, "config", None), "dtype", None)
+    built = built if isinstance(built, torch.dtype) else None
     for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
         local, start = local_rows(tensor)
         if local.dim() == 0:
             raise ValueError(f"copy_rows_: {name} is a scalar; the model has none")
         if local.shape[0] == 0:
             continue  # this rank holds no rows of a tensor shorter than the world
-        rows = read(name, tuple(tensor.shape), start, start + local.shape[0])
+        rows = cast_tensor(name, read(name, tuple(tensor.shape), start, start + local.shape[0]), built)
         if rows.shape != local.shape:
             raise GenomeLMError(f"model: {name}: got rows of shape {tuple(rows.shape)}, expected "
                                 f"{tuple(local.shape)}; the checkpoint does not match the model's config")

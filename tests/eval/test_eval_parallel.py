@@ -29,7 +29,9 @@ ATOL = 1e-5  # nats
 def _configs(d, root) -> dict[str, dict]:
     base = dict(checkpoint=str(d.ckpt0), shards=str(d.shards), resamples=500)
     return {"dp2": dict(base, out=str(root / "dp2"), max_windows=N_WINDOWS),
-            "cp2": dict(base, out=str(root / "cp2"), max_windows=2, seq_len=300, cp=2)}
+            "cp2": dict(base, out=str(root / "cp2"), max_windows=2, seq_len=300, cp=2),
+            # bf16 from a float32 checkpoint: each rank's shards are rounded as one process's bf16 model
+            "bf16": dict(base, out=str(root / "bf16"), max_windows=2, dtype="bfloat16")}
 
 
 def _worker(rank: int, world: int, configs: dict) -> None:
@@ -44,7 +46,9 @@ def launched(evaluated, tmp_path_factory):
     spawn(_worker, 2, configs, timeout=240)
     one = EvalConfig(**dict(configs["cp2"], out=str(root / "cp2_one"), cp=1))
     evaluate(one, show_progress=False)
-    return {"dp2": (root / "dp2", evaluated.eval0), "cp2": (root / "cp2", root / "cp2_one")}
+    evaluate(EvalConfig(**dict(configs["bf16"], out=str(root / "bf16_one"))), show_progress=False)
+    return {"dp2": (root / "dp2", evaluated.eval0), "cp2": (root / "cp2", root / "cp2_one"),
+            "bf16": (root / "bf16", root / "bf16_one")}
 
 
 def max_nll_diff(got, want) -> float:
@@ -62,6 +66,12 @@ def max_nll_diff(got, want) -> float:
         scored = ~np.isnan(y["nll"])
         worst = max(worst, float(np.abs(x["nll"][scored].astype(np.float64) - y["nll"][scored]).max()))
     return worst
+
+
+def test_bf16_two_ranks_equal_one_process(launched):
+    got, want = launched["bf16"]
+    assert max_nll_diff(got, want) <= ATOL
+    assert load_summary(got)["config"]["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("case", ["dp2", "cp2"])
