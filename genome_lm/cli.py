@@ -169,6 +169,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-tokens", default="4096", help="tokens per chunk of the streaming engine")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                   help="on CUDA, float32 matmuls on TF32 tensor cores (default); --no-tf32: full float32")
     p.add_argument("--nproc", default=None, metavar="N",
                    help="score on N local processes (torch elastic; one per GPU, gloo on CPU): the model sharded "
                         "over all N (FSDP2), the windows shared out over N / --cp replicas. With --dry-run: the "
@@ -199,7 +201,7 @@ def _run_eval(args: argparse.Namespace) -> None:
             seq_len=parse_size(args.seq_len, "--seq-len") if args.seq_len else None, max_windows=args.max_windows,
             buckets=args.buckets, engine=args.engine, parity=args.parity,
             chunk_tokens=parse_size(args.chunk_tokens, "--chunk-tokens"), dtype=args.dtype, device=args.device,
-            cp=args.cp, overwrite=args.overwrite,
+            cp=args.cp, tf32=args.tf32, overwrite=args.overwrite,
         )
     except ValidationError as e:
         err = e.errors()[0]

@@ -28,6 +28,7 @@ class EvalConfig(BaseModel):
     loss_chunk_tokens: int = Field(default=2048, gt=0, description="tokens per chunk of the LM head + loss")
     dtype: str | None = Field(default=None, description="float32 or bfloat16; None: float32 on CPU, bfloat16 on CUDA")
     device: str | None = Field(default=None, description="cuda if available, else cpu")
+    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls on TF32 tensor cores; false: full float32")
     cp: int = Field(default=1, gt=0, description="context-parallel ranks per window (distributed eval): each "
                     "piece split into cp contiguous slabs; the processes form processes / cp data-parallel replicas")
     resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")

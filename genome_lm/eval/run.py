@@ -32,6 +32,7 @@ from genome_lm.eval import parity as parity_mod
 from genome_lm.eval import sharded
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
+from genome_lm.utils import set_tf32
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import score_window, streaming_scorer
@@ -119,6 +120,8 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
     world = sharded.world_size()
     sharded.check(cfg, world)
     par = init_parallel(ParallelConfig(cp=cfg.cp), sharded.device_for(cfg, device, world))
+    if par.device.type == "cuda":
+        set_tf32(cfg.tf32)
     try:
         return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
                          show_progress, t0)
@@ -142,7 +145,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     engines = [cfg.engine] + ([parity_mod.other_engine(cfg.engine)] if cfg.parity else [])
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
-           "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype}
+           "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
+           "tf32": par.device.type == "cuda" and cfg.tf32}
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
