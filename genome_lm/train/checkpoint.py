@@ -90,6 +90,15 @@ def _rng_state() -> dict:
     return state
 
 
+def _rng_like(stored: dict) -> dict:
+    """Tensors to load the RNG states of a checkpoint (its DCP metadata `stored`) into, the CUDA
+    one in the shape it was saved in."""
+    rng = {"torch": torch.get_rng_state()}
+    if "rng.cuda" in stored:
+        rng["cuda"] = torch.empty(tuple(stored["rng.cuda"].size), dtype=torch.uint8)
+    return rng
+
+
 def _restore_rng(rng: dict) -> None:
     torch.set_rng_state(rng["torch"])
     cuda = rng.get("cuda")
@@ -172,10 +181,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     if not any(key.startswith("model.") for key in stored):
         state.pop("model")
         load_weights(model, path)
-    if "rng.cuda" in stored:  # load the CUDA state in the shape it was saved in
-        state["rng"]["cuda"] = torch.empty(tuple(stored["rng.cuda"].size), dtype=torch.uint8)
-    else:
-        state["rng"].pop("cuda", None)
+    state["rng"] = _rng_like(stored)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
