@@ -54,11 +54,6 @@ def codes_to_tokens(codes: np.ndarray) -> np.ndarray:
     return codes & TOKEN_MASK
 
 
-def codes_to_softmask(codes: np.ndarray) -> np.ndarray:
-    """codes [T] -> bool [T], True where the source base was lowercase (soft-masked repeat)."""
-    return (codes & SOFTMASK_BIT).astype(bool)
-
-
 def encode(seq: str) -> np.ndarray:
     """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N.
 
