@@ -55,11 +55,6 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
     return ChromScan(runs[(runs[:, 1] - runs[:, 0]) >= min_gap], n_bases, softmasked, counts)
 
 
-def n_runs(codes: np.ndarray, min_len: int = 1) -> np.ndarray:
-    """Maximal runs of N in codes [T] as int64 [R, 2] (start, end), keeping runs >= min_len."""
-    return scan(codes, min_len).gaps
-
-
 def contigs(length: int, gaps: np.ndarray) -> list[tuple[int, int]]:
     """The spans between `gaps` [R, 2] (sorted, disjoint) on a sequence of `length` bases."""
     out, pos = [], 0
