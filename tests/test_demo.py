@@ -1,7 +1,30 @@
-"""The quick demo runs end to end (fast; part of the default suite)."""
+"""The quick demo runs end to end (fast; part of the default suite), and its training losses and
+held-out mean NLL match the committed golden file `tests/assets/losses/demo_quick.json` (as
+torchtitan keeps golden loss files). After a change that is meant to move them, regenerate it:
+`GENOME_LM_UPDATE_GOLDEN=1 pytest tests/test_demo.py`, and say why in the commit."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
 
 from genome_lm.demo import main
+from genome_lm.eval import load_summary
 from genome_lm.genome import load_shards
+
+GOLDEN = Path(__file__).parent / "assets" / "losses" / "demo_quick.json"
+GOLDEN_TOL = dict(rel=1e-4)  # same arithmetic; room for another CPU's float summation order
+
+
+def demo_losses(root: Path) -> dict:
+    def losses(run: str) -> list[float]:
+        lines = (root / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["loss"] for line in lines]
+
+    return {"base": losses("demo_quick_base"), "longctx": losses("demo_quick_longctx"),
+            "eval_mean_nll": {name: load_summary(root / "evals" / f"demo_quick_{name}")["overall"]["mean_nll"]
+                              for name in ("base", "longctx")}}
 
 
 def test_quick_demo_end_to_end(tmp_path, capsys):
@@ -14,6 +37,14 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert (tmp_path / d / "summary.json").exists()
     html = (tmp_path / "reports" / "demo_quick.html").read_text()
     assert html.count("data:image/png;base64,") >= 3
+    got = demo_losses(tmp_path)
+    if os.environ.get("GENOME_LM_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps(got, indent=2) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    assert got["base"] == pytest.approx(want["base"], **GOLDEN_TOL)
+    assert got["longctx"] == pytest.approx(want["longctx"], **GOLDEN_TOL)
+    assert got["eval_mean_nll"] == pytest.approx(want["eval_mean_nll"], **GOLDEN_TOL)
     # a rerun reuses every step
     assert main(["--quick", "--root", str(tmp_path)]) == 0
     assert "already complete" in capsys.readouterr().out
