@@ -27,7 +27,6 @@ from genome_lm.errors import GenomeLMError
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
-DEFAULT_CHROMS = ("chr1", "chr2", "chr22")
 CHUNK = 1 << 20
 ATTEMPTS = 3  # downloads cut short are resumed this many times in one run
 _MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
