@@ -28,7 +28,6 @@ from genome_lm.plan.ops import Op, layer_ops, loss_transients
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights, gradients, and each AdamW state, per parameter
-INPUT_TENSORS = 4  # hidden_states, attention_mask, position_ids, input_ids: what a wrapped layer saves
 
 
 @dataclass
