@@ -141,10 +141,6 @@ class DSACache:
     tail_gate: torch.Tensor | None = None
     total_len: int | None = None
 
-    @property
-    def latent(self) -> torch.Tensor:
-        return self.kv[:, : self.length]  # [B, length, R]
-
 
 def _append(buf: torch.Tensor | None, used: int, new: torch.Tensor) -> torch.Tensor:
     """Write new [B, n, X] after the first `used` rows of buf [B, cap, X], doubling cap when full."""
