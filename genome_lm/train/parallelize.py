@@ -81,15 +81,6 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
         if compute_dtype not in (None, torch.float32):
             to_master_dtype_(model)
         apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype)
-    model.memory_strategy = {
-        "recompute": memory.recompute,
-        "recompute_layers": memory.recompute_layers,
-        "offload_layer_inputs": memory.offload_layer_inputs,
-        "wrapped": len(wrapped),
-        "block_sizes": {"moe_block_tokens": memory.moe_block_tokens, "dsa_block_queries": memory.dsa_block_queries,
-                        "loss_chunk_tokens": memory.loss_chunk_tokens},
-        "parallel": {"dp": parallel.dp, "cp": parallel.cp, "fsdp": parallel.sharded} if parallel else None,
-    }
     log.info("memory strategy: recompute=%s%s, offload=%s, %d modules wrapped", memory.recompute,
              f" {memory.recompute_layers}" if memory.recompute == "selective" else "", memory.offload_layer_inputs,
              len(wrapped))
