@@ -14,7 +14,7 @@ Shapes: B batch, T tokens, S hc streams, D model dim.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -129,5 +129,4 @@ def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
         return outs if returns_tuple[0] else outs[0]
 
     module.forward = forward
-    module._genome_lm_recompute = {"offload": offload}
     return module
