@@ -3,8 +3,9 @@ offload of each checkpointed layer's input to (pinned) host memory.
 
 `checkpoint_module(module, offload=...)` replaces `module.forward` with a recomputing version:
 the forward runs without keeping activations, the module's tensor inputs are saved — on the
-device, or copied asynchronously to pinned host memory when `offload` — and the backward
-copies them back (prefetched on a side stream on CUDA), replays the forward with the same RNG
+device, or copied to pinned host memory on a side stream when `offload` — and the module's
+backward copies them back (on CUDA: waits for the copy out to finish, then copies back on the
+current stream, not prefetched ahead of the backward), replays the forward with the same RNG
 state and back-propagates through it. The saved input is released right after that module's
 backward. On CPU the offload copy goes to a separate host buffer, so the path is exercised
 (and tested) everywhere.
