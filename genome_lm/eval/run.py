@@ -35,7 +35,7 @@ from genome_lm.eval.cache import WindowCache
 from genome_lm.utils import set_tf32
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
-from genome_lm.eval.scoring import score_window, streaming_scorer
+from genome_lm.eval.scoring import score_window
 from genome_lm.eval.stats import summarize, window_stats
 from genome_lm.genome.tokenizer import unpack_mask
 from genome_lm.utils import atomic_directory, sha256_file, write_json_atomic
@@ -62,7 +62,7 @@ def checkpoint_record(checkpoint: str) -> dict:
 
 
 def check_inputs(cfg: EvalConfig) -> None:
-    """One-line errors for the inputs (out, engine, checkpoint, shards, split, pieces for --cp)
+    """One-line errors for the inputs (out, checkpoint, shards, split, pieces for --cp)
     before anything is scored or written."""
     if not cfg.shards:
         raise GenomeLMError("--shards: give the directory written by `genome-lm prepare`")
@@ -71,8 +71,6 @@ def check_inputs(cfg: EvalConfig) -> None:
     out = Path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
-    if cfg.engine == "streaming" or cfg.parity:
-        streaming_scorer()
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")

@@ -18,8 +18,6 @@ Engines:
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
@@ -28,18 +26,6 @@ from genome_lm.genome.tokenizer import N_ID
 
 IGNORE_INDEX = -100
 ENGINES = ("parallel", "streaming")
-
-
-def streaming_scorer() -> Callable:
-    """`score_streaming` from `genome_lm.model.streaming`, or a one-line error if it is not there."""
-    try:
-        from genome_lm.model.streaming import score_streaming
-    except ImportError:
-        raise GenomeLMError(
-            "the streaming engine is not available yet (genome_lm.model.streaming); "
-            "use --engine parallel and leave out --parity"
-        ) from None
-    return score_streaming
 
 
 def piece_inputs(piece: np.ndarray, lut: np.ndarray, n_known: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +53,9 @@ def score_piece(model, input_ids: torch.Tensor, labels: torch.Tensor, engine: st
         nll = out.per_token_nll[0].float().cpu().numpy()
         mask = out.nll_mask[0].cpu().numpy()
     elif engine == "streaming":
-        nll = streaming_scorer()(model, input_ids, chunk_tokens).float().reshape(-1).cpu().numpy()
+        from genome_lm.model.streaming import score_streaming
+
+        nll = score_streaming(model, input_ids, chunk_tokens).float().reshape(-1).cpu().numpy()
         mask = labels[0].numpy() != IGNORE_INDEX
         mask[0] = False
     else:

@@ -131,14 +131,6 @@ def test_existing_out_is_refused(evaluated):
         evaluate(cfg)
 
 
-def test_streaming_engine_missing_is_a_user_error(eval_inputs, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "genome_lm.model.streaming", None)  # import fails
-    for kwargs in ({"engine": "streaming"}, {"parity": True}):
-        cfg = EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"), **kwargs)
-        with pytest.raises(GenomeLMError, match="streaming engine is not available yet"):
-            evaluate(cfg)
-
-
 def test_parity_report_with_a_stand_in_engine(eval_inputs, tmp_path, monkeypatch):
     """The --parity plumbing, with a stand-in streaming engine (the parallel forward + a known offset)."""
     def score_streaming(model, input_ids, chunk_tokens):
@@ -160,7 +152,6 @@ def test_parity_report_with_a_stand_in_engine(eval_inputs, tmp_path, monkeypatch
 
 def test_parity_streaming_engine_fp32(eval_inputs, tmp_path):
     """The real streaming engine agrees with the training forward within 1e-4 (fp32)."""
-    pytest.importorskip("genome_lm.model.streaming")
     s = evaluate(EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
                             max_windows=1, parity=True, chunk_tokens=128, resamples=100), show_progress=False)
     assert s["parity"]["overall"]["n_tokens"] > 0
