@@ -7,7 +7,6 @@ allocated; CPU: resident high-water mark VmHWM minus the resident size before sc
 malloc mmap threshold fixed so that freed tensors leave the resident set) is its own. Next to it,
 for the parallel engine, `planned`: what `genome-lm eval --dry-run` estimates for the same forward
 (`genome_lm.plan.inference.plan_forward`, one process: its peak minus the weights).
-The streaming engine is measured only if `genome_lm.model.streaming` is importable.
 
     python benchmarks/bench_eval.py                         # T = 16k, 64k; both engines
     python benchmarks/bench_eval.py --T 16k --engines parallel --repeats 3
@@ -83,14 +82,6 @@ def _planned(model, T: int, device: str) -> int:
     return plan.peak_bytes - plan.weights_bytes
 
 
-def _streaming_available() -> bool:
-    try:
-        import genome_lm.model.streaming  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def main() -> None:
     from genome_lm.utils import parse_size
 
@@ -110,13 +101,10 @@ def main() -> None:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engines = [e for e in args.engines if e != "streaming" or _streaming_available()]
-    if len(engines) < len(args.engines):
-        print("streaming engine not available (genome_lm.model.streaming): measuring parallel only")
     chunk = parse_size(args.chunk_tokens)
     rows = []
     for T in (parse_size(t) for t in args.T):
-        for engine in engines:
+        for engine in args.engines:
             cmd = [sys.executable, __file__, "--child", f"{engine}:{T}:{args.repeats}:{chunk}:{device}"]
             env = {**os.environ, "TQDM_DISABLE": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
