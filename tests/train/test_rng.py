@@ -5,10 +5,13 @@ the suite runs on CPU."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from genome_lm.train import checkpoint as ckpt
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process
 
 
 class FakeCuda:
