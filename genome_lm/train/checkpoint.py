@@ -21,8 +21,8 @@ ranks see). `model/` is streamed (`save_pretrained`): all ranks gather one tenso
 the same order, and rank 0 converts it to the on-disk layout and writes each safetensors file as
 soon as it is complete, so rank 0 holds about one file (5 GiB) plus one tensor, never the whole
 model. Rank 0 also writes the metadata and does the renames. DCP stores global shapes, so a
-checkpoint resumes on any number of processes (sharded or not). Checkpoints without the model
-in `train_state/` (older runs) load their weights from `model/`.
+checkpoint resumes on any number of processes (sharded or not). A `train_state/` without the
+model (written by versions before the weights went into DCP) is refused with a one-line error.
 
 Weights into a model (`load_weights`, also `model.init`): tensor by tensor from the safetensors
 files straight into the parameters, each rank of a sharded model reading only its rows
@@ -173,22 +173,28 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
 
 
 
+def stored_state(state_dir: Path) -> dict:
+    """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored. A one-line error
+    for a checkpoint of an older version, whose `train_state/` has no model weights."""
+    stored = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
+    if not any(key.startswith("model.") for key in stored):
+        raise GenomeLMError(f"{state_dir} holds no model weights (a checkpoint from an older version, which this "
+                            "version cannot resume or export); its model/ directory has them: start a new run "
+                            "from it with model.init")
+    return stored
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
     Collective in a distributed run; the checkpoint may come from any number of processes."""
     state = _train_state(model, optimizer, scheduler, data, 0)
-    stored = dcp.FileSystemReader(str(path / "train_state")).read_metadata().state_dict_metadata
-    if not any(key.startswith("model.") for key in stored):
-        state.pop("model")
-        load_weights(model, path)
-    state["rng"] = _rng_like(stored)
+    state["rng"] = _rng_like(stored_state(path / "train_state"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
         # without gradients) have no optimizer state in the checkpoint; the fresh one is unused.
         dcp.load(state, checkpoint_id=str(path / "train_state"), planner=DefaultLoadPlanner(allow_partial_load=True))
-        if "model" in state:
-            set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     data.load_state_dict(state["data"])

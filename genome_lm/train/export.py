@@ -56,9 +56,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Write the model directory of training checkpoint `checkpoint` (`RUN/checkpoints/step_N` or
     `last`) to `out` (atomically); return `out`."""
-    import torch.distributed.checkpoint as dcp
-
     from genome_lm.config import load_experiment
+    from genome_lm.train.checkpoint import stored_state
     from genome_lm.train.trainer import build_model
 
     ckpt = Path(checkpoint)
@@ -72,10 +71,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                             "checkpoint inside its run directory (RUN/checkpoints/step_N)")
     cfg = load_experiment(config_path)
     model = build_model(cfg, torch.device("cpu"), None, meta=True)
-    stored = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
-    if not any(key.startswith("model.") for key in stored):
-        raise GenomeLMError(f"{state_dir} holds no model weights (a checkpoint from an older version); its model/ "
-                            "directory has them")
+    stored = stored_state(state_dir)
     specs = []
     for name, tensor in model_tensors(model).items():
         meta = stored.get(f"model.{name}")

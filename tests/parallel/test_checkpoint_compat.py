@@ -1,14 +1,17 @@
-"""Checkpoints written before the model went into DCP (weights only in `model/`) still resume."""
+"""Checkpoints written before the model went into DCP (weights only in `model/`) are refused with a
+one-line error: every checkpoint this version writes has the model in `train_state/`."""
 
 from __future__ import annotations
 
 import shutil
 import warnings
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from genome_lm.config import MemoryConfig, TrainConfig
+from genome_lm.errors import GenomeLMError
 from genome_lm.model import build
 from genome_lm.train.checkpoint import _train_state, load_checkpoint, save_checkpoint
 from genome_lm.train.parallelize import parallelize
@@ -34,7 +37,7 @@ def _setup(seed: int):
     return model, opt, make_scheduler(opt, cfg)
 
 
-def test_checkpoint_without_dcp_weights_loads_them_from_model_dir(tmp_path):
+def test_checkpoint_without_dcp_weights_is_refused(tmp_path):
     model, opt, sched = _setup(0)
     ids = torch.randint(0, 5, (1, 40))
     model(ids, labels=ids).loss.backward()
@@ -49,9 +52,12 @@ def test_checkpoint_without_dcp_weights_loads_them_from_model_dir(tmp_path):
         dcp.save(old, checkpoint_id=str(ckpt / "train_state"))
 
     fresh, opt2, sched2 = _setup(1)
-    data = _Data()
-    assert load_checkpoint(ckpt, fresh, opt2, sched2, data) == 1
-    assert data.index == 7
-    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
-        assert torch.equal(a, b), name
-    assert sched2.last_epoch == 1 and opt2.state_dict()["state"]
+    with pytest.raises(GenomeLMError, match="holds no model weights .*older version.*model.init"):
+        load_checkpoint(ckpt, fresh, opt2, sched2, _Data())
+
+
+def test_checkpoint_this_version_writes_has_dcp_weights(tmp_path):
+    model, opt, sched = _setup(0)
+    ckpt = save_checkpoint(tmp_path, 1, model, opt, sched, _Data(7), {}, keep=1, export_model=False)
+    stored = dcp.FileSystemReader(str(ckpt / "train_state")).read_metadata().state_dict_metadata
+    assert {f"model.{name}" for name in model.state_dict()} <= set(stored)
