@@ -23,8 +23,8 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.tokenizer import N_ID
+from genome_lm.model.ops.loss import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 ENGINES = ("parallel", "streaming")
 
 

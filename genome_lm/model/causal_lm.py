@@ -23,10 +23,8 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from genome_lm.model.ops.loss import DEFAULT_CHUNK_TOKENS, chunked_cross_entropy
+from genome_lm.model.ops.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_cross_entropy
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
-
-IGNORE_INDEX = -100
 
 
 @dataclass

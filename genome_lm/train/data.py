@@ -21,9 +21,9 @@ import torch
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest, load_shards
 from genome_lm.genome.tokenizer import N_ID
+from genome_lm.model.ops.loss import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
-IGNORE_INDEX = -100
 
 
 def cut_pieces(lengths: np.ndarray, seq_len: int, min_piece: int) -> np.ndarray:

@@ -41,6 +41,7 @@ from tqdm import tqdm
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
+from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.train.checkpoint import (
     clean_partials, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights, resolve_model_dir,
     save_checkpoint,
@@ -325,7 +326,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             memory.reset()
             t0 = time.perf_counter()
             batches = _micro_batches(stream, cfg, par)
-            n_targets = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
+            n_targets = [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches]
             total_targets = max(1, int(par.sum_dp(sum(n_targets))[0]))  # over all replicas
             loss_sum = 0.0
             for batch, n in zip(batches, n_targets):

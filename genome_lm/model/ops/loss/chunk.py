@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from genome_lm.model.ops.loss.naive import IGNORE_INDEX
+
 DEFAULT_CHUNK_TOKENS = 2048
 
 
@@ -77,7 +79,7 @@ def chunked_cross_entropy(
     weight: torch.Tensor,
     targets: torch.Tensor,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     return_per_token: bool = False,
 ):
     """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.

@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = -100  # a target that is not scored (F.cross_entropy's default; labels of Hugging Face causal LMs)
+
 
 def naive_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     return_per_token: bool = False,
 ):
     """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
