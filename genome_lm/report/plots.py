@@ -15,9 +15,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from genome_lm.eval.stats import LN2
 from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
 
-LN2 = math.log(2.0)
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 DPI = 110
 

@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 
+from genome_lm.eval.stats import LN2
 from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
-
-LN2 = math.log(2.0)
 
 
 def _table(header: list[str], rows: list[list[str]], caption: str = "") -> str:
