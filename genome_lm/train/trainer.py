@@ -49,17 +49,13 @@ from genome_lm.train.checkpoint import (
 from genome_lm.train.data import SequenceStream
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
-from genome_lm.parallel.mesh import ParallelContext, init_parallel
+from genome_lm.parallel.mesh import ParallelContext, default_device, init_parallel
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 from genome_lm.utils import set_tf32
 
 log = logging.getLogger(__name__)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def check_data(cfg: ExperimentConfig) -> dict:
