@@ -96,14 +96,11 @@ def window_lengths(ds, max_windows: int | None) -> np.ndarray:
 
 
 def _load_model(cfg: EvalConfig, model_dir: str, manifest: dict, par):
-    from genome_lm.model import token_map
+    from genome_lm.model import token_lut
 
     model = sharded.build_model(cfg, model_dir, cfg.dtype, par)
     model.eval()
-    mapped = np.asarray(token_map(manifest["vocab"], model_dir))
-    lut = np.zeros(256, dtype=np.int64)
-    lut[: len(mapped)] = mapped
-    return model, lut, len(mapped)
+    return model, token_lut(manifest["vocab"], model_dir), len(manifest["vocab"])
 
 
 def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:

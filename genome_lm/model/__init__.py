@@ -13,7 +13,7 @@ from genome_lm.model.ops.moe import expert_load
 from genome_lm.model.params import count_parameters, format_counts
 from genome_lm.model.patch import apply_long_context
 from genome_lm.model.presets import PRESETS, preset_config
-from genome_lm.model.tokens import token_map
+from genome_lm.model.tokens import token_lut, token_map
 from genome_lm.model.upstream import route_cpu_to_torch, use_torch_fallbacks
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "expert_load",
     "PRESETS",
     "preset_config",
+    "token_lut",
     "token_map",
     "route_cpu_to_torch",
     "use_torch_fallbacks",

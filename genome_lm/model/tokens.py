@@ -5,6 +5,8 @@
 - a directory with `tokenizer.json` (a real GLM tokenizer, or a checkpoint fine-tuned from one):
   the id of the single-character token for each shard symbol (A, C, G, T, N), read with the
   `tokenizers` library (no pickles); a missing symbol is an error.
+
+`token_lut`: the same map as a lookup table over every uint8 shard id, for indexing shard tokens.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.presets import is_preset, preset_config
 
 SMALL_VOCAB = 256
+SHARD_IDS = 256  # shard tokens are uint8
 
 
 def _tokenizer_ids(path: Path, symbols: list[str]) -> list[int | None]:
@@ -81,3 +85,11 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
             f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)"
         )
     return torch.tensor(mapping, dtype=torch.long)
+
+
+def token_lut(shard_vocab: dict[str, int], model_source: str | Path) -> np.ndarray:
+    """`token_map` padded to int64 [256], one entry per uint8 shard id (0 past the vocabulary)."""
+    mapped = token_map(shard_vocab, model_source).numpy()
+    lut = np.zeros(SHARD_IDS, dtype=np.int64)
+    lut[: len(mapped)] = mapped
+    return lut

@@ -143,11 +143,9 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
 
 
 def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init: str | None) -> np.ndarray:
-    from genome_lm.model import token_map
+    from genome_lm.model import token_lut
 
-    mapped = token_map(manifest["vocab"], resolve_model_dir(init) if init else cfg.model.name)
-    lut = np.zeros(256, dtype=np.int64)
-    lut[: len(mapped)] = np.asarray(mapped)
+    lut = token_lut(manifest["vocab"], resolve_model_dir(init) if init else cfg.model.name)
     if int(lut.max()) >= vocab_size:
         raise GenomeLMError(f"model: token id {int(lut.max())} does not fit the model vocabulary ({vocab_size})")
     return lut

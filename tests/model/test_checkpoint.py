@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -10,7 +11,7 @@ from safetensors.torch import save_file
 from transformers.models.glm5_next import Glm5NextConfig, Glm5NextForConditionalGeneration
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_map
+from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_lut, token_map
 from genome_lm.model import checkpoint as checkpoint_mod
 from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
 
@@ -186,6 +187,8 @@ def test_token_map(tmp_path):
     assert token_map(SHARD_VOCAB, "glm53-flash").dtype == torch.long
     glm_vocab = {"<unk>": 0, "AC": 1, "G": 3, "N": 5, "A": 7, "C": 9, "T": 12}
     assert token_map(SHARD_VOCAB, _tokenizer_dir(tmp_path / "glm", glm_vocab)).tolist() == [7, 9, 3, 12, 5]
+    lut = token_lut(SHARD_VOCAB, tmp_path / "glm")  # every uint8 shard id, 0 past the vocabulary
+    assert lut.dtype == np.int64 and lut.tolist() == [7, 9, 3, 12, 5] + [0] * 251
     with pytest.raises(GenomeLMError, match=r"\['N'\]"):
         token_map(SHARD_VOCAB, _tokenizer_dir(tmp_path / "no_n", {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4}))
     saved = save_pretrained(tiny(), tmp_path / "tiny_ckpt")
