@@ -10,7 +10,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 from genome_lm.errors import GenomeLMError
 
@@ -52,20 +52,29 @@ def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
-    """Write JSON to a temporary name beside `path`, then rename: readers never see half a file."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+    """Open a temporary file `.NAME.*.tmp` beside `path` for writing; when the block ends without
+    an error, give it the permissions a plain open would and rename it to `path` (readers never
+    see half a file). On any exception the temporary file is removed and `path` is untouched."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=indent, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
+    """Write JSON to a temporary name beside `path`, then rename: readers never see half a file."""
+    with atomic_file(path) as f:
+        json.dump(obj, f, indent=indent, sort_keys=False)
+        f.write("\n")
 
 
 def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,8 @@ class WindowCache:
         return sorted(int(p.stem[1:]) for p in self.dir.glob("w*.npz"))
 
     def put(self, index: int, **arrays: np.ndarray) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".w{index:07d}.", suffix=".tmp", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, self._path(index))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(self._path(index), "wb") as f:  # .wNNNNNNN.npz.*.tmp until complete
+            np.savez(f, **arrays)
 
     def get(self, index: int) -> dict[str, np.ndarray]:
         with np.load(self._path(index)) as z:

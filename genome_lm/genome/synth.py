@@ -32,7 +32,6 @@ mtime 0 and no file name. Coordinates are 0-based, half-open, on the forward str
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import gzip
 import logging
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -438,19 +438,6 @@ class WrittenGenome:
     repeat_fraction: float
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Call write(f) on a temporary file beside `path`, then rename it to `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
                           params: SynthParams | None = None) -> WrittenGenome:
     """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
@@ -482,8 +469,9 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
         f.write(TSV_HEADER.encode())
         f.write("".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n" for c in genome.copies).encode())
 
-    _write_atomic(tsv, write_tsv)
-    _write_atomic(out, write_fasta)
+    for path, write in ((tsv, write_tsv), (out, write_fasta)):
+        with atomic_file(path, "wb") as f:
+            write(f)
     lengths = {k: len(v) for k, v in genome.sequences.items()}
     frac = genome.repeat_fraction()
     n_tandem = sum(c.family == "tandem" for c in genome.copies)

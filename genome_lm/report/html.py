@@ -13,14 +13,13 @@ from __future__ import annotations
 import base64
 import html
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.report import plots, tables
 from genome_lm.report.data import CompareResult, implied_compares, load_dirs, load_run
+from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +114,9 @@ def write_report(dirs: list[str | Path], out: str | Path, runs: list[str | Path]
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        with atomic_file(out, encoding="utf-8") as f:
+            f.write(page)
     except OSError as e:
         raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     log.info("report -> %s (%d kB)", out, len(page) // 1024)
     return out
