@@ -92,9 +92,9 @@ def _nproc(value: str | None) -> int | None:
         nproc = int(value)
     except ValueError:
         raise GenomeLMError(f"--nproc {value!r}: expected a number of processes, e.g. --nproc 8") from None
-    if nproc < 1:
-        raise GenomeLMError(f"--nproc {nproc}: the number of processes must be >= 1")
-    return nproc
+    from genome_lm.parallel.launch import check_count
+
+    return check_count(nproc)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:

@@ -79,12 +79,18 @@ def maybe_inject_fault(step: int, rank: int) -> None:
         os._exit(13)
 
 
+def check_count(nproc: int, what: str = "processes") -> int:
+    """`--nproc N`, a number of local processes or Ray workers (`what`), must be >= 1; return it."""
+    if nproc < 1:
+        raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
+    return nproc
+
+
 def check_nproc(nproc: int, job: Job) -> int:
     """Validate `--nproc` against the machine and the job's layout; return the world size."""
     import torch
 
-    if nproc < 1:
-        raise GenomeLMError(f"--nproc {nproc}: the number of processes must be >= 1")
+    check_count(nproc)
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
                             "use --ray for several nodes")
@@ -259,8 +265,7 @@ def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
             raise GenomeLMError(f"--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N"
                                 f"{job.workers_hint}")
         nproc = gpus
-    if nproc < 1:
-        raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
+    check_count(nproc, "workers")
     job.layout(nproc)
     if gpus and nproc > gpus:
         raise GenomeLMError(f"--ray: {nproc} workers need {nproc} GPUs, the cluster has {gpus}")
@@ -269,8 +274,8 @@ def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
 
 def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> None:
     """Run `job` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
-    if nproc is not None and nproc < 1:
-        raise GenomeLMError(f"--nproc {nproc}: the number of workers must be >= 1")
+    if nproc is not None:
+        check_count(nproc, "workers")
     if address:
         _check_reachable(address)
     _ray_init(address, nproc)
