@@ -32,8 +32,9 @@ ATTEMPTS = 3  # downloads cut short are resumed this many times in one run
 _MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
 
 
-def normalize_chrom(name: str) -> str:
-    """'22' -> 'chr22', 'chrX' -> 'chrX', 'x' -> 'chrx' (UCSC names are case-sensitive)."""
+def add_chr_prefix(name: str) -> str:
+    """The UCSC file name of a chromosome: 'chr' added where missing, case kept ('22' -> 'chr22',
+    'chrX' -> 'chrX', 'x' -> 'chrx'; UCSC names are case-sensitive)."""
     name = name.strip()
     if not name:
         raise GenomeLMError("empty chromosome name; pass e.g. --chroms chr1,chr2,chr22")
@@ -174,7 +175,7 @@ def fetch_chromosomes(
     """
     out_dir = Path(out_dir)
     base_url = base_url.rstrip("/")
-    names = list(dict.fromkeys(normalize_chrom(c) for c in chroms))
+    names = list(dict.fromkeys(add_chr_prefix(c) for c in chroms))
     if not names:
         raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
     _check_writable(out_dir)

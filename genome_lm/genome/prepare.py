@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = "genome_lm.shards/1"
 
 
-def normalize_chrom(name: str) -> str:
-    """'chr22', 'Chr22' and '22' all match: compare without a 'chr' prefix, case-insensitively."""
+def chrom_match_key(name: str) -> str:
+    """The key chromosome names are matched by: no 'chr' prefix, lowercase ('chr22', 'Chr22', '22' -> '22')."""
     n = name.strip()
     return (n[3:] if n.lower().startswith("chr") else n).lower()
 
@@ -69,12 +69,12 @@ class PrepareParams:
         if not self.train_chroms and not self.eval_chroms:
             raise GenomeLMError("no chromosomes requested: set --train-chroms and/or --eval-chroms")
         for flag, chroms in (("--train-chroms", self.train_chroms), ("--eval-chroms", self.eval_chroms)):
-            norms = [normalize_chrom(c) for c in chroms]
+            norms = [chrom_match_key(c) for c in chroms]
             if len(set(norms)) != len(norms):
                 raise GenomeLMError(f"{flag} names a chromosome twice: {','.join(chroms)}")
-        both = {normalize_chrom(c) for c in self.train_chroms} & {normalize_chrom(c) for c in self.eval_chroms}
+        both = {chrom_match_key(c) for c in self.train_chroms} & {chrom_match_key(c) for c in self.eval_chroms}
         if both:
-            names = ", ".join(c for c in self.train_chroms if normalize_chrom(c) in both)
+            names = ", ".join(c for c in self.train_chroms if chrom_match_key(c) in both)
             raise GenomeLMError(f"chromosome {names} is in both --train-chroms and --eval-chroms; held-out data must not be trained on")
 
     @classmethod
@@ -103,10 +103,10 @@ class PrepareParams:
         return d
 
     def split_of(self, record_name: str) -> str | None:
-        n = normalize_chrom(record_name)
-        if n in {normalize_chrom(c) for c in self.train_chroms}:
+        n = chrom_match_key(record_name)
+        if n in {chrom_match_key(c) for c in self.train_chroms}:
             return "train"
-        if n in {normalize_chrom(c) for c in self.eval_chroms}:
+        if n in {chrom_match_key(c) for c in self.eval_chroms}:
             return "eval"
         return None
 
@@ -153,8 +153,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
 
 
 def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[str]]) -> None:
-    present = {normalize_chrom(n): n for names in names_by_file.values() for n in names}
-    missing = [c for c in params.train_chroms + params.eval_chroms if normalize_chrom(c) not in present]
+    present = {chrom_match_key(n): n for names in names_by_file.values() for n in names}
+    missing = [c for c in params.train_chroms + params.eval_chroms if chrom_match_key(c) not in present]
     if missing:
         listing = "; ".join(f"{Path(f).name}: {', '.join(n[:40])}{' …' if len(n) > 40 else ''}" for f, n in names_by_file.items())
         raise GenomeLMError(
@@ -245,7 +245,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
         claimed: dict[str, str] = {}
         for reader in readers:
             for rec in reader.records(lambda name: params.split_of(name) is not None):
-                key = normalize_chrom(rec.name)
+                key = chrom_match_key(rec.name)
                 if key in claimed:
                     raise GenomeLMError(
                         f"chromosome {rec.name} appears in both {claimed[key]} and {rec.source}; pass each chromosome once"

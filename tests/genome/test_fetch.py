@@ -16,7 +16,7 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.fetch import fetch_chromosomes, normalize_chrom, read_md5sums
+from genome_lm.genome.fetch import add_chr_prefix, fetch_chromosomes, read_md5sums
 
 
 def fasta_gz(name: str, n: int, seed: int) -> bytes:
@@ -97,11 +97,11 @@ def assert_only_final_files(out_dir, names):
         assert (out_dir / name).read_bytes() == FILES[name]
 
 
-def test_normalize_chrom():
-    assert normalize_chrom("22") == "chr22"
-    assert normalize_chrom(" chrX ") == "chrX"
+def test_add_chr_prefix():
+    assert add_chr_prefix("22") == "chr22"
+    assert add_chr_prefix(" chrX ") == "chrX"
     with pytest.raises(GenomeLMError, match="empty chromosome"):
-        normalize_chrom(" ")
+        add_chr_prefix(" ")
 
 
 def test_fresh_download_verifies(server, tmp_path):
