@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.tokenizer import N_ID
-from genome_lm.model.ops.loss import IGNORE_INDEX
+from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 
 ENGINES = ("parallel", "streaming")
 

@@ -21,7 +21,7 @@ import torch
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest, load_shards
 from genome_lm.genome.tokenizer import N_ID
-from genome_lm.model.ops.loss import IGNORE_INDEX
+from genome_lm.genome.tokenizer import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100  # a target that is not scored (F.cross_entropy's default; labels of Hugging Face causal LMs)
+from genome_lm.genome.tokenizer import IGNORE_INDEX  # re-exported by ops.loss
 
 
 def naive_cross_entropy(
