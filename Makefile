@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The package's extras; on a GPU node add gpu (pinned fla kernels): make setup EXTRAS=test,megatron,gpu
 EXTRAS ?= test,megatron
 
-.PHONY: setup demo test test-interpret test-gpu test-all bench clean
+.PHONY: setup demo test test-interpret test-gpu test-all lint bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -55,6 +55,15 @@ test-gpu: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+# ruff (configured in pyproject.toml: line length 120, pycodestyle, pyflakes, import order)
+RUFF_SPEC ?= ruff==0.17.6
+$(VENV)/.ruff: | $(BIN)/python
+	$(PIP) install -q "$(RUFF_SPEC)"
+	touch $@
+
+lint: $(VENV)/.ruff
+	$(BIN)/ruff check genome_lm tests benchmarks
 
 # Every benchmark in turn (tens of minutes on 2 cores); each writes benchmarks/results/NAME.json.
 bench: setup
