@@ -36,7 +36,8 @@ import torch
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
 from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention
 from genome_lm.model.ops.dsa import patch_dsa_module
-impl, T, block, threads, repeats, cfg_json = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+impl, T, block, threads, repeats, cfg_json = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                              int(sys.argv[5]), sys.argv[6])
 if threads > 0:
     torch.set_num_threads(threads)
 cfg = Glm5NextTextConfig(**json.loads(cfg_json))
@@ -113,7 +114,8 @@ def main() -> None:
         u, p = by.get(("upstream", T)), by.get(("patched", T))
         u = u if u and "seconds" in u else None
         p = p if p and "seconds" in p else None
-        us = f"{u['seconds']:10.2f} {u['cpu_seconds']:7.2f} {u['extra_rss_mib']:7.0f}" if u else f"{'-':>10} {'-':>7} {'-':>7}"
+        us = (f"{u['seconds']:10.2f} {u['cpu_seconds']:7.2f} {u['extra_rss_mib']:7.0f}" if u
+              else f"{'-':>10} {'-':>7} {'-':>7}")
         ps = (f"{p['seconds']:9.2f} {p['cpu_seconds']:7.2f} {p['extra_rss_mib']:7.0f} {p['cpu_us_per_token']:10.1f} "
               f"{p['extra_kib_per_token']:7.1f}" if p else f"{'-':>9} {'-':>7} {'-':>7} {'-':>10} {'-':>7}")
         sp = f"{u['cpu_seconds'] / p['cpu_seconds']:10.1f}x" if u and p else ""

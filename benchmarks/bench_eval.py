@@ -78,7 +78,8 @@ def _planned(model, T: int, device: str) -> int:
     layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=hc_recompute_available(),
                     moe_block_tokens=DEFAULT_BLOCK_TOKENS, dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES,
                     loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS)
-    plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout, backend="fla" if device == "cuda" else "torch")
+    plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout,
+                        backend="fla" if device == "cuda" else "torch")
     return plan.peak_bytes - plan.weights_bytes
 
 
@@ -113,7 +114,8 @@ def main() -> None:
                 rows.append({"engine": engine, "T": T, "device": device, "error": last})
             else:
                 rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(rows[-1] if "error" in rows[-1] else f"  {engine:>9} T={T:>7,}: {rows[-1]['tokens_per_s']:,.0f} tokens/s",
+            print(rows[-1] if "error" in rows[-1]
+                  else f"  {engine:>9} T={T:>7,}: {rows[-1]['tokens_per_s']:,.0f} tokens/s",
                   flush=True)
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

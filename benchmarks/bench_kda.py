@@ -27,7 +27,8 @@ IMPLS = ["chunk", "naive", "upstream"]
 MAX_T = {"chunk": 1 << 20, "naive": 16384, "upstream": 16384}
 
 
-from genome_lm.train.metrics import proc_status_kb as _status_kb, reset_rss_peak as _reset_peak  # noqa: E402
+from genome_lm.train.metrics import proc_status_kb as _status_kb  # noqa: E402
+from genome_lm.train.metrics import reset_rss_peak as _reset_peak
 
 
 def _load(impl: str):

@@ -46,7 +46,8 @@ MAX_T = {"upstream": 4096, "patched": 1 << 20, "recompute": 1 << 20}
 WARMUP_T = 256
 
 
-from genome_lm.train.metrics import proc_status_kb as _status_kb, reset_rss_peak as _reset_peak  # noqa: E402
+from genome_lm.train.metrics import proc_status_kb as _status_kb  # noqa: E402
+from genome_lm.train.metrics import reset_rss_peak as _reset_peak
 
 
 def _mem_available() -> int | None:

@@ -132,7 +132,8 @@ def main() -> None:
                 f.unlink()
     speedup = rows[2]["mb_per_s"] / rows[3]["mb_per_s"]
     speedup_cpu = rows[2]["mb_per_cpu_s"] / rows[3]["mb_per_cpu_s"]
-    result = {"import_baseline_rss_bytes": baseline, "mbp": args.mbp, "seq_len": args.seq_len, "cpus": os.cpu_count(), "rows": rows,
+    result = {"import_baseline_rss_bytes": baseline, "mbp": args.mbp, "seq_len": args.seq_len, "cpus": os.cpu_count(),
+              "rows": rows,
               "speedup_vs_naive_same_input": speedup, "speedup_vs_naive_cpu_time": speedup_cpu,
               "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +143,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['impl']:<20} {r['input']:<16} {r['fasta_bytes'] / 1e6:>8.1f} {r['seconds']:>7.2f} "
               f"{r['mb_per_s']:>8.1f} {r['cpu_seconds']:>7.2f} {r['mb_per_cpu_s']:>9.1f} "
-              f"{r['max_rss_bytes'] / 1e6:>12.0f} {r['rss_over_chrom']:>10.2f} {r['rss_above_imports_over_chrom']:>20.2f}")
+              f"{r['max_rss_bytes'] / 1e6:>12.0f} {r['rss_over_chrom']:>10.2f} "
+              f"{r['rss_above_imports_over_chrom']:>20.2f}")
     print(f"interpreter + imports alone: {baseline / 1e6:.0f} MB peak RSS")
     print(f"speed-up over the naive baseline on the same input: {speedup:.1f}x wall, {speedup_cpu:.1f}x CPU time; "
           f"load average before the run {os.getloadavg()[0]:.1f}  ->  {args.json}")

@@ -73,7 +73,8 @@ def main() -> None:
                 raise SystemExit(f"T={T} {name} failed:\n{res.stderr[-3000:]}")
             r = json.loads(res.stdout.strip().splitlines()[-1])
             rows.append({"seq_len": T, "strategy": name, **r})
-            print(f"  T={T:>7} {name:<18} {r['step_s']:.2f} s/step  peak {r['peak_bytes'] / 2**20:,.0f} MiB", flush=True)
+            print(f"  T={T:>7} {name:<18} {r['step_s']:.2f} s/step  peak {r['peak_bytes'] / 2**20:,.0f} MiB",
+                  flush=True)
     for r in rows:
         base = next(b for b in rows if b["seq_len"] == r["seq_len"] and b["strategy"] == "none")
         r["time_vs_none"] = r["step_s"] / base["step_s"]

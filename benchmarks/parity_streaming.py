@@ -2,8 +2,8 @@
 
 For each dtype and chunk size: max and mean |Δ log-prob| over all tokens of one random sequence,
 the time of each engine (no gradients) and the resident memory a streaming pass adds (VmHWM reset
-before it; streaming runs before the parallel pass, so the first chunk size's figure is clean). Our counterpart of the reference run's comparison of
-training log-probs against vLLM (0.04-0.07 in bf16).
+before it; streaming runs before the parallel pass, so the first chunk size's figure is clean). Our
+counterpart of the reference run's comparison of training log-probs against vLLM (0.04-0.07 in bf16).
 
     python benchmarks/parity_streaming.py                          # T = 8192, fp32 and bf16
     python benchmarks/parity_streaming.py --T 131072 --chunks 4096 --dtypes float32 \
@@ -82,7 +82,8 @@ def main() -> None:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "results": rows}, indent=2))
     tmp.replace(args.out)
-    print(f"{'dtype':<10}{'T':>7}{'chunk':>7}{'max|Δ|':>10}{'mean|Δ|':>10}{'parallel s':>11}{'stream s':>10}{'stream MiB':>11}")
+    print(f"{'dtype':<10}{'T':>7}{'chunk':>7}{'max|Δ|':>10}{'mean|Δ|':>10}"
+          f"{'parallel s':>11}{'stream s':>10}{'stream MiB':>11}")
     for r in rows:
         print(f"{r['dtype']:<10}{r['T']:>7}{r['chunk_tokens']:>7}{r['max_abs_dlogprob']:>10.2e}"
               f"{r['mean_abs_dlogprob']:>10.2e}{r['parallel_s']:>11.2f}{r['streaming_s']:>10.2f}"

@@ -52,7 +52,8 @@ def main() -> None:
                                  "peak_where": p.memory.peak_where, "explanation": result.explain(),
                                  "search_s": round(time.perf_counter() - t0, 2)})
                     r = rows[-1]
-                    print(f"{variant:<30} {gpu} x{gpus:<3} {r['seq']:>5}: fits={r['fits']} peak {r['peak_gib']:.1f} GiB "
+                    print(f"{variant:<30} {gpu} x{gpus:<3} {r['seq']:>5}: fits={r['fits']} "
+                          f"peak {r['peak_gib']:.1f} GiB "
                           f"host {r['host_gib']:.0f} GiB {r['tokens_per_s']:,.0f} tok/s  {r['layout']}", flush=True)
     out = {"model": "glm53-flash", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
            "assumptions": {k: v["value"] for k, v in assume.describe().items()}, "rows": rows}

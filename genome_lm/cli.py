@@ -205,7 +205,8 @@ def _run_eval(args: argparse.Namespace) -> None:
         )
     except ValidationError as e:
         err = e.errors()[0]
-        raise GenomeLMError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise GenomeLMError(f"--{str(err['loc'][0]).replace('_', '-')}: "
+                            f"{err['msg'].removeprefix('Value error, ')}") from None
     if args.dry_run:
         from genome_lm.eval.dry_run import dry_run
 
@@ -242,7 +243,8 @@ def _run_compare(args: argparse.Namespace) -> None:
 def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="self-contained HTML report (plots + tables) from eval/compare/run directories")
     p.add_argument("dirs", nargs="*", metavar="DIR", help="eval or compare output directories")
-    p.add_argument("--run", action="append", default=[], metavar="RUN_DIR", help="training run (metrics.jsonl); repeatable")
+    p.add_argument("--run", action="append", default=[], metavar="RUN_DIR",
+                   help="training run (metrics.jsonl); repeatable")
     p.add_argument("--title", default="genome_lm: loss by preceding context")
     p.add_argument("--out", required=True, help="HTML file to write")
     p.set_defaults(func=_run_report)

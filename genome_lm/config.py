@@ -109,7 +109,8 @@ class MemoryConfig(Section):
         if self.recompute == "selective" and not self.recompute_layers:
             raise ValueError("recompute: selective needs recompute_layers (any of kda, dsa, moe, dense)")
         if self.offload_layer_inputs and self.recompute == "none":
-            raise ValueError("offload_layer_inputs needs recompute per-layer or selective (it offloads checkpointed inputs)")
+            raise ValueError("offload_layer_inputs needs recompute per-layer or selective "
+                             "(it offloads checkpointed inputs)")
         return self
 
 

@@ -124,7 +124,8 @@ def run(root: Path, quick: bool = False) -> dict:
     print()
     print(f"genome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
     for split, info in manifest["splits"].items():
-        print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens ({', '.join(info['chroms'])})")
+        print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
+              f"({', '.join(info['chroms'])})")
     print(f"  held-out chr22 loss, bits/base: base {s_base['overall']['bits_per_base']:.4f}, "
           f"long-context {s_long['overall']['bits_per_base']:.4f}")
     print(format_table(result))

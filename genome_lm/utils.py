@@ -24,7 +24,8 @@ def parse_size(value: str | int, what: str = "size") -> int:
         return value
     m = _SIZE_RE.match(str(value))
     if not m:
-        raise GenomeLMError(f"{what}: cannot read {value!r} as a size; use an integer or a suffix k/M/G (e.g. 512k, 1M)")
+        raise GenomeLMError(f"{what}: cannot read {value!r} as a size; "
+                            "use an integer or a suffix k/M/G (e.g. 512k, 1M)")
     return int(m.group(1)) * _SIZE_MULT[m.group(2).lower()]
 
 
@@ -99,7 +100,8 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Itera
         parent.mkdir(parents=True, exist_ok=True)
         tmp = make_temp_dir(parent, f".{final.name}.partial-")
     except OSError as e:
-        raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; choose a writable location with --out") from None
+        raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; "
+                            "choose a writable location with --out") from None
     try:
         yield tmp
         if final.exists():

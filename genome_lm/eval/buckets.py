@@ -32,7 +32,8 @@ def parse_edges(spec: str) -> np.ndarray:
     try:
         edges = np.asarray([parse_size(p, "--buckets") for p in parts], dtype=np.int64)
     except GenomeLMError:
-        raise GenomeLMError(f"--buckets {spec!r}: use 'log2' or comma-separated integer edges, e.g. 0,16,256,4k") from None
+        raise GenomeLMError(f"--buckets {spec!r}: use 'log2' or comma-separated integer edges, "
+                            "e.g. 0,16,256,4k") from None
     if len(edges) < 2 or np.any(np.diff(edges) <= 0):
         raise GenomeLMError(f"--buckets {spec!r}: give at least two strictly increasing edges, e.g. 0,16,256,4k")
     return edges

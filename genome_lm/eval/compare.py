@@ -19,9 +19,17 @@ import numpy as np
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.buckets import bucket_edges, contexts_of
-from genome_lm.eval.outputs import iter_windows, read_meta
-from genome_lm.eval.outputs import load_summary
-from genome_lm.eval.stats import CLASSES, DEFAULT_RESAMPLES, DEFAULT_SEED, LN2, bootstrap_ci, jfloat, ratio, window_stats
+from genome_lm.eval.outputs import iter_windows, load_summary, read_meta
+from genome_lm.eval.stats import (
+    CLASSES,
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    LN2,
+    bootstrap_ci,
+    jfloat,
+    ratio,
+    window_stats,
+)
 from genome_lm.utils import atomic_directory, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -67,7 +75,8 @@ def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
 
 def _concentration(table: dict) -> dict:
     total = table["overall"]["n_tokens"] or 1
-    big = [b for b in table["buckets"] if b["n_tokens"] >= MIN_SHARE_FOR_HEADLINE * total and b["rel_change_pct"] is not None]
+    big = [b for b in table["buckets"]
+           if b["n_tokens"] >= MIN_SHARE_FOR_HEADLINE * total and b["rel_change_pct"] is not None]
     best = min(big, key=lambda b: b["rel_change_pct"], default=None)
     top = max(big, key=lambda b: b["gain_share"] or 0.0, default=None)
     keep = ("lo", "hi", "n_tokens", "rel_change_pct", "rel_ci_low", "rel_ci_high", "gain_share")
@@ -97,8 +106,10 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
         sb[i], _, _ = window_stats(np.where(both, wb["nll"], np.nan), contexts, wa["repeat"], edges)
         ctx += x
     result = {
-        "a": {"dir": str(a), "checkpoint": sum_a.get("checkpoint", {}).get("path"), "seq_len": sum_a["config"]["seq_len"]},
-        "b": {"dir": str(b), "checkpoint": sum_b.get("checkpoint", {}).get("path"), "seq_len": sum_b["config"]["seq_len"]},
+        "a": {"dir": str(a), "checkpoint": sum_a.get("checkpoint", {}).get("path"),
+              "seq_len": sum_a["config"]["seq_len"]},
+        "b": {"dir": str(b), "checkpoint": sum_b.get("checkpoint", {}).get("path"),
+              "seq_len": sum_b["config"]["seq_len"]},
         "definition": "diff = mean_nll_B - mean_nll_A (nats/token); rel_change_pct = 100 * (mean_B / mean_A - 1); "
                       "negative = B has lower loss; gain_share = the bucket's share of the total NLL reduction",
         "context": f"tokens of preceding context (position modulo seq_len {seq_len}); lo inclusive, hi exclusive",
@@ -119,14 +130,16 @@ def _pct(x) -> str:
 def format_table(result: dict) -> str:
     """The comparison as a fixed-width text table (printed by the CLI)."""
     lines = [f"A = {result['a']['dir']}", f"B = {result['b']['dir']}",
-             f"{'context':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17} {'share':>6}"]
+             f"{'context':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} "
+             f"{'95% CI (%)':>17} {'share':>6}"]
 
     def row(label: str, e: dict) -> str:
         ci = f"[{_pct(e['rel_ci_low']).strip()}, {_pct(e['rel_ci_high']).strip()}]"
         share = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
         fmt = lambda x: "       -" if x is None else f"{x:8.4f}"  # noqa: E731
         diff = "       -" if e["diff"] is None else f"{e['diff']:+8.4f}"
-        return f"{label:>17} {e['n_tokens']:>10,} {fmt(e['mean_nll_a'])} {fmt(e['mean_nll_b'])} {diff} {_pct(e['rel_change_pct'])} {ci:>17} {share:>6}"
+        return (f"{label:>17} {e['n_tokens']:>10,} {fmt(e['mean_nll_a'])} {fmt(e['mean_nll_b'])} {diff} "
+                f"{_pct(e['rel_change_pct'])} {ci:>17} {share:>6}")
 
     for bk in result["buckets"]:
         if bk["n_tokens"]:

@@ -39,7 +39,8 @@ class EvalConfig(BaseModel):
     @classmethod
     def _known_dtype(cls, v: str | None) -> str | None:
         if v is not None and v not in DTYPES:
-            raise ValueError(f"unknown dtype {v!r}; use float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
+            raise ValueError(f"unknown dtype {v!r}; use float32 or bfloat16 "
+                             "(default: float32 on CPU, bfloat16 on CUDA)")
         return v
 
 

@@ -115,7 +115,8 @@ def dry_run(cfg, world: int | None = None) -> dict:
     print(f"eval dry run: {source} ({dtype}), {shape.counts['total']:,} parameters = {_gib(shape.param_bytes)}")
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
           f"{_n(pieces, 'piece')} of up to {piece:,} tokens")
-    print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time ({_n(summary['rounds'], 'round')}); "
+    print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
+          f"({_n(summary['rounds'], 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     print("memory per rank (estimate: forward only, no gradients):")
     share = f"FSDP2 shard, 1/{world}" if world > 1 else "whole model, one process"

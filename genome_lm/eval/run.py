@@ -32,13 +32,12 @@ from genome_lm.eval import parity as parity_mod
 from genome_lm.eval import sharded
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
-from genome_lm.utils import set_tf32
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import score_window
 from genome_lm.eval.stats import summarize, window_stats
 from genome_lm.genome.tokenizer import unpack_mask
-from genome_lm.utils import atomic_directory, sha256_file, write_json_atomic
+from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 HASH_WEIGHTS_UP_TO = 2 << 30  # hash checkpoint weights up to this size; larger ones by size/mtime

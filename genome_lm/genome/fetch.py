@@ -105,7 +105,8 @@ def _download_once(url: str, part: Path, timeout: float) -> bool:
         if resp.status == 206:
             m = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", ""))
             if not m or int(m.group(1)) != offset:
-                raise GenomeLMError(f"{url}: the server answered a resume request with the wrong range; delete {part} and rerun")
+                raise GenomeLMError(f"{url}: the server answered a resume request with the wrong range; "
+                                    f"delete {part} and rerun")
             mode = "ab"
         else:
             if offset:
@@ -116,7 +117,8 @@ def _download_once(url: str, part: Path, timeout: float) -> bool:
         total = offset + expected if expected is not None else None
         received = 0
         with open(part, mode) as f, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name.removesuffix(".part"), leave=False
+            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=part.name.removesuffix(".part"), leave=False
         ) as bar:
             while True:
                 try:
@@ -145,12 +147,14 @@ def _fetch_one(url: str, final: Path, md5: str, timeout: float) -> None:
         if attempt < ATTEMPTS:
             log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
     else:
-        raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; rerun `genome-lm fetch` to resume from {part}")
+        raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; "
+                            f"rerun `genome-lm fetch` to resume from {part}")
     got = md5_file(part)
     if got != md5:
         part.unlink()
         raise GenomeLMError(
-            f"checksum mismatch for {url}: expected md5 {md5}, got {got}; the download was deleted, rerun `genome-lm fetch`"
+            f"checksum mismatch for {url}: expected md5 {md5}, got {got}; "
+            "the download was deleted, rerun `genome-lm fetch`"
         )
     os.replace(part, final)
     log.info("%s: %d bytes, md5 %s verified", final, final.stat().st_size, md5)
@@ -163,7 +167,8 @@ def _check_writable(out_dir: Path) -> None:
         probe.touch()
         probe.unlink()
     except OSError as e:
-        raise GenomeLMError(f"cannot write to {out_dir} ({e.strerror}); choose a writable directory with --out") from None
+        raise GenomeLMError(f"cannot write to {out_dir} ({e.strerror}); "
+                            "choose a writable directory with --out") from None
 
 
 def fetch_chromosomes(
@@ -185,7 +190,8 @@ def fetch_chromosomes(
         present = sorted(f.removesuffix(".fa.gz") for f in sums if f.endswith(".fa.gz"))
         shown = ", ".join(present[:30]) + (", ..." if len(present) > 30 else "")
         raise GenomeLMError(
-            f"{', '.join(missing)} not found in {base_url}/md5sum.txt (it lists: {shown or 'no .fa.gz files'}); check --chroms"
+            f"{', '.join(missing)} not found in {base_url}/md5sum.txt "
+            f"(it lists: {shown or 'no .fa.gz files'}); check --chroms"
         )
 
     paths = []
@@ -197,7 +203,8 @@ def fetch_chromosomes(
                 log.info("%s already present, md5 %s matches; skipped", final, sums[fname])
                 paths.append(final)
                 continue
-            log.warning("%s exists but its md5 does not match %s; removing it and downloading again", final, sums[fname])
+            log.warning("%s exists but its md5 does not match %s; removing it and downloading again",
+                        final, sums[fname])
             with contextlib.suppress(FileNotFoundError):
                 final.unlink()
         log.info("downloading %s/%s -> %s", base_url, fname, final)

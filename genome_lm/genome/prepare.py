@@ -19,7 +19,12 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.shards import MegatronWriter, SplitWriter, fingerprint_of, load_manifest
 from genome_lm.genome.tokenizer import (
-    N_ID, SOFTMASK_BIT, TOKEN_DTYPE, TOKEN_MASK, VOCAB, reverse_complement,
+    N_ID,
+    SOFTMASK_BIT,
+    TOKEN_DTYPE,
+    TOKEN_MASK,
+    VOCAB,
+    reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
 from genome_lm.utils import atomic_directory, format_size, parse_size, write_json_atomic
@@ -75,7 +80,8 @@ class PrepareParams:
         both = {chrom_match_key(c) for c in self.train_chroms} & {chrom_match_key(c) for c in self.eval_chroms}
         if both:
             names = ", ".join(c for c in self.train_chroms if chrom_match_key(c) in both)
-            raise GenomeLMError(f"chromosome {names} is in both --train-chroms and --eval-chroms; held-out data must not be trained on")
+            raise GenomeLMError(f"chromosome {names} is in both --train-chroms and --eval-chroms; "
+                                "held-out data must not be trained on")
 
     @classmethod
     def from_cli(cls, *, fasta, train_chroms, eval_chroms, seq_len, stride=None, min_gap="1000", max_n_frac=0.05,
@@ -137,7 +143,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
     if overwrite or not any(out.iterdir()):
         return None
     if not (out / "manifest.json").exists():
-        raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards; pass --overwrite or choose another --out")
+        raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards; "
+                            "pass --overwrite or choose another --out")
     existing = load_manifest(out)
     same_params = existing.get("parameters") == params.recorded()
     from genome_lm.utils import sha256_file
@@ -156,7 +163,8 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
     present = {chrom_match_key(n): n for names in names_by_file.values() for n in names}
     missing = [c for c in params.train_chroms + params.eval_chroms if chrom_match_key(c) not in present]
     if missing:
-        listing = "; ".join(f"{Path(f).name}: {', '.join(n[:40])}{' …' if len(n) > 40 else ''}" for f, n in names_by_file.items())
+        listing = "; ".join(f"{Path(f).name}: {', '.join(n[:40])}{' …' if len(n) > 40 else ''}"
+                            for f, n in names_by_file.items())
         raise GenomeLMError(
             f"chromosome {', '.join(missing)} not found in the FASTA input (records present — {listing}); "
             "fix --train-chroms/--eval-chroms or add the --fasta file that holds it"
@@ -248,7 +256,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 key = chrom_match_key(rec.name)
                 if key in claimed:
                     raise GenomeLMError(
-                        f"chromosome {rec.name} appears in both {claimed[key]} and {rec.source}; pass each chromosome once"
+                        f"chromosome {rec.name} appears in both {claimed[key]} and {rec.source}; "
+                        "pass each chromosome once"
                     )
                 claimed[key] = rec.source
                 stats[rec.name] = _process_record(rec, params.split_of(rec.name), spec, params, writers, mwriters)
@@ -288,8 +297,10 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             "parameters": params.recorded(),
             "vocab": dict(VOCAB),
             "token_dtype": np.dtype(TOKEN_DTYPE).name,
-            "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big", "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
-            "coordinates": "0-based, half-open, forward strand; strand '-' rows hold the reverse complement of [start, end)",
+            "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
+                            "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
+            "coordinates": "0-based, half-open, forward strand; "
+                           "strand '-' rows hold the reverse complement of [start, end)",
             "splits": manifest_splits,
         }
         if mwriters:

@@ -74,7 +74,8 @@ def _offsets(lengths) -> pa.Array:
 def _strings(values) -> pa.Array:
     encoded = [v.encode() for v in values]
     offsets = _offsets([len(b) for b in encoded])
-    return pa.Array.from_buffers(pa.string(), len(values), [None, offsets.buffers()[1], pa.py_buffer(b"".join(encoded))])
+    return pa.Array.from_buffers(pa.string(), len(values),
+                                 [None, offsets.buffers()[1], pa.py_buffer(b"".join(encoded))])
 
 
 def _lists(arrays) -> pa.Array:

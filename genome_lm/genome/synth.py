@@ -123,7 +123,8 @@ class SynthParams:
         ]
         for ok, what in checks:
             if not ok:
-                raise GenomeLMError(f"synthetic genome parameters: need {what}; change the --param (or keyword) that sets it")
+                raise GenomeLMError(f"synthetic genome parameters: need {what}; "
+                                    "change the --param (or keyword) that sets it")
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ def _families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndarray]
 
 # --- one chromosome --------------------------------------------------------------------
 
-def _n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float, p: SynthParams) -> list[tuple[int, int]]:
+def _n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float,
+            p: SynthParams) -> list[tuple[int, int]]:
     """Sorted, disjoint N runs [start, end): telomeres, short arm, centromere, inner gaps."""
     tel = max(50, min(round(p.telomere * scale), length // 20))
     runs = [(0, max(tel, round(spec.short_arm * length))), (length - tel, length)]
@@ -318,7 +320,8 @@ def _plant_tandems(rng, name, seq, occ, p: SynthParams) -> list[RepeatCopy]:
     return copies
 
 
-def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams, families) -> tuple[np.ndarray, list[RepeatCopy]]:
+def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams,
+                families) -> tuple[np.ndarray, list[RepeatCopy]]:
     rng = np.random.default_rng([seed, 1, index])
     length = round(spec.length * scale)
     runs = _n_runs(rng, spec, length, scale, p)
@@ -358,7 +361,8 @@ def make_params(**overrides) -> SynthParams:
     known = {f.name for f in dataclasses.fields(SynthParams)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise GenomeLMError(f"synthetic genome parameters: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise GenomeLMError(f"synthetic genome parameters: unknown {', '.join(unknown)}; "
+                            f"known: {', '.join(sorted(known))}")
     params = dataclasses.replace(SynthParams(), **overrides)
     params.validate()
     return params
@@ -467,7 +471,8 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
 
     def write_tsv(f):
         f.write(TSV_HEADER.encode())
-        f.write("".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n" for c in genome.copies).encode())
+        f.write("".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
+                        for c in genome.copies).encode())
 
     for path, write in ((tsv, write_tsv), (out, write_fasta)):
         with atomic_file(path, "wb") as f:

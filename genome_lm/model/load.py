@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
-
-from huggingface_hub.errors import StrictDataclassError
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.convert import ModuleLayout, read_rows

@@ -180,7 +180,8 @@ class StreamingScorer:
 
 
 @torch.no_grad()
-def score_streaming(model: nn.Module, input_ids: torch.Tensor, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def score_streaming(model: nn.Module, input_ids: torch.Tensor,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token NLL float32 [T] of one sequence `input_ids` [1, T], in chunks of `chunk_tokens`.
 
     Same convention as the parallel forward's `per_token_nll[0]`: element t = -log p(x_t | x_<t),

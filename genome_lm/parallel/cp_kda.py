@@ -47,12 +47,14 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
-    kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     Bsz, T, HV, V = v.shape
     K = q.shape[-1]
     o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]
     eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(Bsz, HV, K, K)
-    o_m, M_r = chunk_kda(q, k, v.new_zeros(Bsz, T, HV, K), g, beta, initial_state=eye, **kw)  # [B, T, HV, K], [B, HV, K, K]
+    # [B, T, HV, K], [B, HV, K, K]
+    o_m, M_r = chunk_kda(q, k, v.new_zeros(Bsz, T, HV, K), g, beta, initial_state=eye, **kw)
     mine = torch.cat([M_r.float(), B_r.float()], dim=-1)[:, None]  # [B, 1, HV, K, K + V]
     maps = gather_seq(mine, [1] * cp.size, cp.group)  # [B, R, HV, K, K + V]
     s_in = _compose_incoming(maps, cp.rank, V)  # [B, HV, K, V]

@@ -248,7 +248,8 @@ def _ray_init(address: str | None, nproc: int | None):
             ray.init(num_cpus=(nproc or 1) + 1, include_dashboard=False, object_store_memory=200 * 2**20)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address}" if address else "a local Ray instance"
-        raise GenomeLMError(f"--ray: cannot start or reach {where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
+        raise GenomeLMError(f"--ray: cannot start or reach {where}: "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; "
                             "check the address (ray://HOST:10001, HOST:6379 or auto) and that `ray status` works "
                             "there, or give no address for a local instance") from None
 

@@ -71,6 +71,7 @@ def format_layout(s: dict) -> str:
         f"  KDA layers ({s['layers']['kda']}): all-gather maps {s['kda_exchange_per_layer']['maps']} fp32 and conv "
         f"tails {s['kda_exchange_per_layer']['conv_tails']}",
         f"  DSA layers ({s['layers']['dsa']}): all-gather latent {dsa['latent']} and index keys {dsa['index_keys']}",
-        f"  FSDP2 over {s['world']} ranks: {s['parameters_per_rank']:,} of {s['parameters_total']:,} parameters per rank "
+        f"  FSDP2 over {s['world']} ranks: {s['parameters_per_rank']:,} of {s['parameters_total']:,} "
+        "parameters per rank "
         f"({_gib(s['parameter_bytes_per_rank'])} weights + {_gib(s['adam_state_bytes_per_rank'])} AdamW state)",
     ])

@@ -107,7 +107,8 @@ class ParallelContext:
         return self.mesh["cp"] if self.cp > 1 else self.mesh["dp"]
 
     def describe(self) -> str:
-        return f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}) on {self.device}"
+        return (f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}) "
+                f"on {self.device}")
 
     # -- small collectives; identities in a single process ---------------------------------------
     def _reduce(self, values: list[float], op, group) -> list[float]:

@@ -142,7 +142,8 @@ def _assume_file(path: str) -> dict:
     try:
         found = json.loads(Path(path).read_text()).get("assume")
     except (OSError, ValueError, AttributeError) as e:
-        raise GenomeLMError(f"--assume {path}: cannot read it as JSON ({e}); give KEY=VALUE or a gpu_check.json") from None
+        raise GenomeLMError(f"--assume {path}: cannot read it as JSON ({e}); "
+                            "give KEY=VALUE or a gpu_check.json") from None
     if not isinstance(found, dict):
         raise GenomeLMError(f"--assume {path}: no 'assume' object in it; benchmarks/gpu_check.py writes one on a GPU")
     return found

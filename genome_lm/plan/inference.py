@@ -67,7 +67,8 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
         streams, op_bytes, op = _nograd_forward(by_kind[kind], m, n)
         gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
         phases.append((f"forward of layer {i} ({lay.kind}): {op}",
-                       {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes, "input_ids": ids}))
+                       {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes,
+                        "input_ids": ids}))
     outside = act.outside_layers(m, n)
     per_token = layout.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
     phases.append(("LM head + per-token NLL", {**persistent, "final": outside["final_norm"] + outside["final_hidden"],

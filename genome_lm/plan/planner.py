@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GiB, Cluster
+from genome_lm.plan.hardware import Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MemoryPlan, plan_memory
 from genome_lm.plan.shapes import ModelShape

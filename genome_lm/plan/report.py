@@ -84,7 +84,8 @@ def format_plan(plan) -> str:
         lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
     if plan.cluster is not None:
         limit = plan.cluster.gpu.memory_bytes
-        lines.append(f"  limit: {gib(limit):,.1f} GiB per GPU, of which {plan.assume.runtime_reserved_gib:g} GiB runtime "
+        lines.append(f"  limit: {gib(limit):,.1f} GiB per GPU, "
+                     f"of which {plan.assume.runtime_reserved_gib:g} GiB runtime "
                      f"and {plan.assume.fragmentation:.0%} allocator overhead reserved")
     lines.append("activations of one layer without recompute / kept between forward and backward:")
     for kind, full in mem.activations_by_layer_type.items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GiB, Cluster
+from genome_lm.plan.hardware import Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.planner import Plan, make_plan
 from genome_lm.plan.shapes import ModelShape
@@ -39,16 +39,19 @@ class FitResult:
 
     def explain(self) -> list[str]:
         g = self.given
-        lines = [f"given layout: {g.layout.describe()}: " + ("fits" if g.fits else "does not fit: " + "; ".join(g.problems))
+        lines = [f"given layout: {g.layout.describe()}: "
+                 + ("fits" if g.fits else "does not fit: " + "; ".join(g.problems))
                  + (f", {g.tokens_per_s:,.0f} tokens/s" if g.fits else "")]
         if self.best is None:
             c = self.closest
-            lines.append(f"nothing fits among {self.tried} layouts; the lowest peak is {c.peak_gpu_bytes / GiB:,.1f} GiB "
+            lines.append(f"nothing fits among {self.tried} layouts; "
+                         f"the lowest peak is {c.peak_gpu_bytes / GiB:,.1f} GiB "
                          f"({c.layout.describe()}): " + "; ".join(c.problems)
                          + ". Use more GPUs, GPUs with more memory, or a shorter sequence.")
             return lines
         b = self.best
-        lines.append(f"chosen ({self.tried} layouts tried): {b.layout.describe()}: peak {b.peak_gpu_bytes / GiB:,.1f} GiB, "
+        lines.append(f"chosen ({self.tried} layouts tried): {b.layout.describe()}: "
+                     f"peak {b.peak_gpu_bytes / GiB:,.1f} GiB, "
                      f"host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
                      f"{b.tokens_per_s:,.0f} tokens/s")
         lines.append("  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "

@@ -98,7 +98,8 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
             bodies[key] = sum(act.layer_body(m, layer, layout, backend, assume.expert_imbalance).values())
         saved = bodies[key]
         hc = 2 * n * 6 * 4 * m.S * m.D * (3 + layer_recompute)
-        parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm  # recompute: +1 write
+        # recompute: +1 write
+        parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm
     parts["loss"] = max(8 * n * m.D * m.V / gemm, n * m.V * (3 * a + 24) / hbm)
     flops += 8 * n * m.D * m.V
     F = shard_degree(layout, assume)
@@ -141,5 +142,6 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     step = sum(parts.values()) * layout.grad_accum
     tokens = layout.dp * layout.micro_batch * layout.seq_len * layout.grad_accum
     active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
-    return TimePlan(step_time_s=step, tokens_per_s=tokens / step, parts_s={k: v * layout.grad_accum for k, v in parts.items()},
+    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
+                    parts_s={k: v * layout.grad_accum for k, v in parts.items()},
                     flops_per_step=flops * layout.grad_accum, model_flops_per_token=6 * active)

@@ -8,11 +8,22 @@
 """
 
 from genome_lm.report.data import (
-    CompareResult, EvalResult, RunMetrics, implied_compares, load_compare_dir, load_dirs, load_eval, load_run,
+    CompareResult,
+    EvalResult,
+    RunMetrics,
+    implied_compares,
+    load_compare_dir,
+    load_dirs,
+    load_eval,
+    load_run,
 )
 from genome_lm.report.html import build_report, write_report
 from genome_lm.report.plots import (
-    figure_png, plot_loss_by_context, plot_relative_change, plot_repeat_split, plot_training_curves,
+    figure_png,
+    plot_loss_by_context,
+    plot_relative_change,
+    plot_repeat_split,
+    plot_training_curves,
 )
 from genome_lm.report.tables import bucket_table, compare_table, parity_table, repeat_table, run_table
 

@@ -62,7 +62,8 @@ def headline(compares: list[CompareResult]) -> str:
     return f'<div class="headline">{"".join(lines)}</div>' if lines else ""
 
 
-def build_report(dirs: list[str | Path], runs: list[str | Path] = (), title: str = "genome_lm: loss by preceding context") -> str:
+def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
+                 title: str = "genome_lm: loss by preceding context") -> str:
     """The report page as an HTML string."""
     evals, compares = load_dirs(list(dirs))
     run_metrics = [load_run(r) for r in runs]
@@ -78,7 +79,8 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (), title: str
         items = "".join(
             f"<li><b>{html.escape(e.label)}</b>: {html.escape(str(e.dir))} &mdash; checkpoint "
             f"{html.escape(str(e.summary.get('checkpoint', {}).get('path', '?')))}, "
-            f"{e.summary['overall']['n_tokens']:,} tokens in {e.summary.get('shards', {}).get('n_windows', '?')} windows, "
+            f"{e.summary['overall']['n_tokens']:,} tokens in "
+            f"{e.summary.get('shards', {}).get('n_windows', '?')} windows, "
             f"{e.summary['overall']['bits_per_base']:.4f} bits/base</li>" for e in evals)
         parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>",
                   "<h2>Loss vs preceding context</h2>",

@@ -80,7 +80,8 @@ def plot_loss_by_context(evals: list[EvalResult], title: str = "Held-out loss by
     return fig
 
 
-def plot_relative_change(compares: list[CompareResult], title: str = "Relative change in loss by preceding context") -> Figure:
+def plot_relative_change(compares: list[CompareResult],
+                         title: str = "Relative change in loss by preceding context") -> Figure:
     """One line per comparison: 100 * (mean_B / mean_A - 1) per bucket with its paired 95% CI."""
     fig = Figure(figsize=(8.5, 5))
     ax = fig.add_subplot()
@@ -102,7 +103,8 @@ def plot_repeat_split(evals: list[EvalResult], title: str = "Repeat-masked vs un
     """Two panels (unmasked, repeat-masked) sharing the y-axis: loss by context, one line per eval."""
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, (name, what) in zip(axes, (("unmasked", "unmasked bases"), ("masked", "repeat-masked (soft-masked) bases"))):
+    for ax, (name, what) in zip(axes, (("unmasked", "unmasked bases"),
+                                       ("masked", "repeat-masked (soft-masked) bases"))):
         for i, ev in enumerate(evals):
             color = COLORS[i % len(COLORS)]
             part = ev.summary["repeat"][name]

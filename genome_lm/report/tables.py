@@ -34,12 +34,14 @@ def bucket_table(ev: EvalResult) -> str:
         if not b["n_tokens"]:
             continue
         ci = (f"{_num(b['ci_low'] and b['ci_low'] / LN2)} &ndash; {_num(b['ci_high'] and b['ci_high'] / LN2)}")
-        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")),
+        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}",
+                     str(b.get("n_windows", "")),
                      _num(b["mean_nll"]), _num(b["bits_per_base"]), ci])
     cfg = s.get("config", {})
     caption = (f"{ev.label}: loss by preceding context (checkpoint {s.get('checkpoint', {}).get('path', '?')}, "
                f"seq_len {cfg.get('seq_len', '?')}, engine {cfg.get('engine', '?')})")
-    return _table(["context (tokens)", "tokens", "windows", "nats/token", "bits/base", "95% CI (bits/base)"], rows, caption)
+    return _table(["context (tokens)", "tokens", "windows", "nats/token", "bits/base", "95% CI (bits/base)"], rows,
+                  caption)
 
 
 def repeat_table(evals: list[EvalResult]) -> str:
@@ -79,7 +81,8 @@ def parity_table(ev: EvalResult) -> str:
     rows = [[_ctx(b), f"{b['n_tokens']:,}", _num(b["max_abs_diff"], "{:.2e}"), _num(b["mean_abs_diff"], "{:.2e}")]
             for b in p["buckets"] if b["n_tokens"]]
     o = p["overall"]
-    rows.append(["<b>all</b>", f"{o['n_tokens']:,}", _num(o["max_abs_diff"], "{:.2e}"), _num(o["mean_abs_diff"], "{:.2e}")])
+    rows.append(["<b>all</b>", f"{o['n_tokens']:,}", _num(o["max_abs_diff"], "{:.2e}"),
+                 _num(o["mean_abs_diff"], "{:.2e}")])
     return _table(["context (tokens)", "tokens", "max |&Delta; log-prob|", "mean |&Delta; log-prob|"], rows,
                   f"{ev.label}: log-prob parity, {' vs '.join(p['engines'])} (nats)")
 
@@ -91,7 +94,8 @@ def run_table(runs: list[RunMetrics]) -> str:
         last = lambda k: c[k][np.isfinite(c[k])][-1] if np.isfinite(c[k]).any() else None  # noqa: E731
         agg = lambda f, k: f(c[k][np.isfinite(c[k])]) if np.isfinite(c[k]).any() else None  # noqa: E731
         peak = agg(np.max, "peak_mem_bytes")
-        rows.append([html.escape(run.label), _num(last("step"), "{:.0f}"), _num(c["loss"][0] if len(c["loss"]) else None),
+        rows.append([html.escape(run.label), _num(last("step"), "{:.0f}"),
+                     _num(c["loss"][0] if len(c["loss"]) else None),
                      _num(last("loss")), _num(agg(np.median, "tokens_per_s"), "{:,.0f}"),
                      _num(peak and peak / 2**30, "{:.2f}")])
     return _table(["run", "steps", "first loss", "last loss", "median tokens/s", "peak memory (GiB)"], rows,

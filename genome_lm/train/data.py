@@ -20,8 +20,7 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest, load_shards
-from genome_lm.genome.tokenizer import N_ID
-from genome_lm.genome.tokenizer import IGNORE_INDEX
+from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,8 @@ class SequenceStream:
         pieces[:, 0] = rows[pieces[:, 0]]  # back to dataset row ids
         if len(pieces) == 0:
             raise GenomeLMError(
-                f"{shards}/{split}: no training pieces of at least {min_piece} tokens; lower data.min_piece or data.seq_len"
+                f"{shards}/{split}: no training pieces of at least {min_piece} tokens; "
+                "lower data.min_piece or data.seq_len"
             )
         self.pieces = pieces
         self.seq_len = seq_len

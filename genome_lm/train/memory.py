@@ -92,7 +92,8 @@ class _Recompute(torch.autograd.Function):
             with torch.enable_grad():
                 out = ctx.run(*inputs)
         outs = out if isinstance(out, tuple) else (out,)
-        pairs = [(o, g) for o, g in zip(outs, grads) if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None, None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])

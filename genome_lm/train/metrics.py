@@ -81,7 +81,8 @@ class MetricsLog:
             import wandb
 
             self.wandb = wandb.init(project=project, name=name, dir=str(run_dir), mode=wandb_mode, config=config,
-                                    resume="allow", id=f"{name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}")
+                                    resume="allow",
+                                    id=f"{name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}")
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record) + "\n")

@@ -42,14 +42,19 @@ from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.ops.loss import IGNORE_INDEX
-from genome_lm.train.checkpoint import (
-    clean_partials, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights, resolve_model_dir,
-    save_checkpoint,
-)
-from genome_lm.train.data import SequenceStream
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
 from genome_lm.parallel.mesh import ParallelContext, default_device, init_parallel
+from genome_lm.train.checkpoint import (
+    clean_partials,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_weights,
+    resolve_model_dir,
+    save_checkpoint,
+)
+from genome_lm.train.data import SequenceStream
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
@@ -179,14 +184,16 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
         "data": {"shards": cfg.data.shards, "split": cfg.data.split, "pieces": len(stream.pieces),
                  "tokens_per_epoch": stream.tokens_per_epoch},
         "token_map": {sym: int(lut[i]) for sym, i in manifest["vocab"].items()},
-        "shapes": {"input_ids": [B, T], "hidden_per_layer_input": [B, T, model.config.hc_mult, model.config.hidden_size]},
+        "shapes": {"input_ids": [B, T],
+                   "hidden_per_layer_input": [B, T, model.config.hc_mult, model.config.hidden_size]},
         "tokens_per_step": tokens_per_step,
         "steps": cfg.train.steps,
         "memory": cfg.memory.model_dump(),
         "parallel": cfg.parallel.model_dump(),
         "layout": layout_summary(model, cfg, world),
     }
-    print(f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), init {cfg.model.init or 'preset initialisation'}")
+    print(f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), "
+          f"init {cfg.model.init or 'preset initialisation'}")
     print(format_counts(counts))
     print(f"layers: {summary['layers']}")
     print(f"data: {cfg.data.shards}/{cfg.data.split}: {len(stream.pieces)} pieces, "
@@ -345,7 +352,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             load = expert_load(model)
             record = {
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed, "peak_mem_bytes": int(par.max_all(memory.peak())),
+                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed,
+                "peak_mem_bytes": int(par.max_all(memory.peak())),
                 "epoch": stream.epoch,
             }
             if par.distributed:
@@ -367,7 +375,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                         f"checkpoint: {last or 'none'}. Lower train.lr, check the data, or set "
                         "train.on_nonfinite: skip"
                     )
-                log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
+                log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped",
+                            step, loss, grad_norm)
             if step % cfg.log.every == 0 or step == cfg.train.steps or not finite:
                 metrics.write(record)
             bar.update(1)

@@ -17,12 +17,14 @@ def test_compare_two_evals(evaluated):
     a, b = load_summary(evaluated.eval0), load_summary(evaluated.eval1)
     o = r["overall"]
     assert o["n_tokens"] == a["overall"]["n_tokens"] == b["overall"]["n_tokens"]  # same tokens scored
-    assert o["mean_nll_a"] == pytest.approx(a["overall"]["mean_nll"]) and o["mean_nll_b"] == pytest.approx(b["overall"]["mean_nll"])
+    assert (o["mean_nll_a"] == pytest.approx(a["overall"]["mean_nll"])
+            and o["mean_nll_b"] == pytest.approx(b["overall"]["mean_nll"]))
     assert o["diff"] == pytest.approx(b["overall"]["mean_nll"] - a["overall"]["mean_nll"])
     assert o["rel_change_pct"] == pytest.approx(100 * (b["overall"]["mean_nll"] / a["overall"]["mean_nll"] - 1))
     assert o["diff_ci_low"] <= o["diff"] <= o["diff_ci_high"]
     assert o["rel_ci_low"] <= o["rel_change_pct"] <= o["rel_ci_high"]
-    assert [(x["lo"], x["hi"], x["n_tokens"]) for x in r["buckets"]] == [(x["lo"], x["hi"], x["n_tokens"]) for x in a["buckets"]]
+    assert ([(x["lo"], x["hi"], x["n_tokens"]) for x in r["buckets"]]
+            == [(x["lo"], x["hi"], x["n_tokens"]) for x in a["buckets"]])
     shares = [x["gain_share"] for x in r["buckets"] if x["n_tokens"]]
     assert sum(shares) == pytest.approx(1.0)
     assert r["concentration"]["largest_relative_gain"]["lo"] in {x["lo"] for x in r["buckets"]}
@@ -62,7 +64,8 @@ def test_cli_compare_mismatched_evals(evaluated, tmp_path, capsys):
 @pytest.mark.parametrize("case", ["missing_checkpoint", "missing_shards", "bad_buckets", "out_exists", "bad_split",
                                   "compare_missing"])
 def test_cli_user_errors_are_one_line(evaluated, tmp_path, capsys, case):
-    base = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards), "--out", str(tmp_path / "e")]
+    base = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards),
+            "--out", str(tmp_path / "e")]
     argv, command, expect = {
         "missing_checkpoint": (["eval", "--checkpoint", str(tmp_path / "nope"), "--shards", str(evaluated.shards),
                                 "--out", str(tmp_path / "e")], "eval", "does not exist"),
@@ -79,7 +82,8 @@ def test_cli_user_errors_are_one_line(evaluated, tmp_path, capsys, case):
 
 
 def test_cli_eval_explicit_buckets(evaluated, tmp_path, capsys):
-    argv = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards), "--out", str(tmp_path / "e"),
+    argv = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards),
+            "--out", str(tmp_path / "e"),
             "--max-windows", "1", "--buckets", "0,16,256,1k"]
     assert main(argv) == 0
     assert "bits/base" in capsys.readouterr().out

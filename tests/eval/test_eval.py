@@ -45,7 +45,8 @@ def test_outputs_and_summary_shape(evaluated):
     assert table.schema.field("nll").type.value_type == "float" and table.num_rows == N_WINDOWS
     for w in iter_windows(evaluated.eval0):
         row = ds[w["window"]]
-        assert (w["chrom"], w["start"], w["end"], w["strand"]) == (row["chrom"], row["start"], row["end"], row["strand"])
+        assert ((w["chrom"], w["start"], w["end"], w["strand"])
+                == (row["chrom"], row["start"], row["end"], row["strand"]))
         unscored = row["tokens"] == N_ID
         unscored[0] = True
         assert np.array_equal(np.isnan(w["nll"]), unscored)

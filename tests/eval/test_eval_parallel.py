@@ -9,8 +9,6 @@ with the same rows, order and layout of tokens.parquet.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -121,7 +119,8 @@ def test_cli_nproc_2_end_to_end(evaluated, tmp_path, monkeypatch, capsys):
     (["--ray", "127.0.0.1:1", "--nproc", "2"], "--ray 127.0.0.1:1: cannot reach a Ray cluster there"),
 ])
 def test_user_errors_are_one_line_exit_2(evaluated, tmp_path, capsys, argv, message):
-    base = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards), "--out", str(tmp_path / "e")]
+    base = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards),
+            "--out", str(tmp_path / "e")]
     assert main([*base, *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
@@ -158,7 +157,7 @@ def test_dry_run_glm53_flash_on_64_gpus(capsys):
     shard = model_shape("glm53-flash", "bfloat16").param_bytes / 64 / 2**30
     assert "eval dry run: glm53-flash (bfloat16)" in out
     assert "layout: 64 GPUs = dp 8 x cp 8" in out and "CP slabs of 131,072 tokens x 8" in out
-    assert f"weights (FSDP2 shard, 1/64)" in out and f"{shard:.2f} GiB" in out
+    assert "weights (FSDP2 shard, 1/64)" in out and f"{shard:.2f} GiB" in out
     for line in ("root gathered", "decoder layers gathered", "residual streams", "largest op", "peak", "fits b200"):
         assert line in out, line
     assert "dry run OK: nothing was scored" in out

@@ -92,7 +92,8 @@ def test_bootstrap_ci_covers_true_mean_at_nominal_rate():
         tokens = [true + o + rng.normal(0, 1.0, n) for o, n in zip(offsets, sizes)]
         s = np.array([[t.sum()] for t in tokens])
         n = sizes[:, None].astype(float)
-        low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": s, "n": n}, resamples=400, seed=int(rng.integers(1 << 30)))
+        low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": s, "n": n}, resamples=400,
+                                 seed=int(rng.integers(1 << 30)))
         covered += low[0] <= true <= high[0]
         all_tok = np.concatenate(tokens)
         half = 1.96 * all_tok.std() / math.sqrt(len(all_tok))

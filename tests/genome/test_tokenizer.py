@@ -4,7 +4,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from genome_lm.genome.tokenizer import (
-    VOCAB, decode, encode, pack_mask, reverse_complement, unpack_mask,
+    VOCAB,
+    decode,
+    encode,
+    pack_mask,
+    reverse_complement,
+    unpack_mask,
 )
 
 

@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 
-from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda import chunk as chunk_mod
+from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda._fla import load_fla_reference
 from genome_lm.model.ops.kda.chunk import l2norm
 from genome_lm.model.ops.kda.layer import (

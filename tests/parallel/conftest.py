@@ -12,7 +12,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory):
     from genome_lm.genome.prepare import PrepareParams, prepare

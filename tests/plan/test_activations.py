@@ -14,10 +14,10 @@ import torch
 
 from genome_lm.config import MemoryConfig
 from genome_lm.model import build
+from genome_lm.model.upstream import glm
 from genome_lm.plan import activations
 from genome_lm.plan.layout import Layout, hc_recompute_available
 from genome_lm.plan.shapes import shape_of
-from genome_lm.model.upstream import glm
 from genome_lm.train.parallelize import parallelize
 
 Glm5NextTextHyperConnection = glm.Glm5NextTextHyperConnection

@@ -79,7 +79,8 @@ def check(rows: list[dict]) -> list[str]:
 
 def test_planner_matches_trainer_one_case(long_shards, tmp_path):
     rows = measure(long_shards, tmp_path, [{"seq_len": 8192, "memory": {"recompute": "per-layer"}},
-                                           {"seq_len": 8192, "memory": {"recompute": "per-layer", "offload_layer_inputs": True}}])
+                                           {"seq_len": 8192,
+                                            "memory": {"recompute": "per-layer", "offload_layer_inputs": True}}])
     assert len(rows) == 2 and not check(rows)
 
 
@@ -91,7 +92,8 @@ def test_planner_matches_trainer_three_lengths_two_strategies(long_shards, tmp_p
               {"seq_len": 8192, "memory": {"recompute": "none", "moe_recompute": True}}]
     # cases whose peak is an op's transient rather than saved activations
     cases += [{"seq_len": 16384, "memory": {"recompute": "per-layer", "dsa_block_queries": 4096}},  # DSA indexer
-              {"seq_len": 16384, "memory": {"recompute": "per-layer", "moe_recompute": True, "moe_block_tokens": 16384}},
+              {"seq_len": 16384,
+               "memory": {"recompute": "per-layer", "moe_recompute": True, "moe_block_tokens": 16384}},
               {"seq_len": 8192, "memory": {"recompute": "per-layer", "loss_chunk_tokens": 8192},  # LM head chunk
                "model_overrides": {"vocab_size": 8192}},
               {"seq_len": 8192, "memory": {"recompute": "per-layer", "dsa_block_queries": 512},  # sparse attention

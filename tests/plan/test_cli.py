@@ -76,7 +76,8 @@ def test_fit_says_when_nothing_fits(capsys):
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--cp", "3"], "--cp"),
     (["--model", "glm53-flash", "--gpus", "8"], "--seq-len"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "speed=11"], "--assume"),
-    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "matmul_efficiency=2"], "matmul_efficiency"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "matmul_efficiency=2"],
+     "matmul_efficiency"),
     (["--model", "nope-model", "--seq-len", "1M", "--gpus", "8"], "nope-model"),
     ([EXP_1M, "--gpus", "64", "--set", "memory.recompute=sometimes"], "memory.recompute"),
 ])

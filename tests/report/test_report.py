@@ -44,7 +44,8 @@ def test_figures_have_labelled_axes(evaluated):
 
 def test_cli_report(evaluated, tmp_path, capsys):
     out = tmp_path / "report.html"
-    assert main(["report", str(evaluated.eval0), str(evaluated.eval1), "--run", str(evaluated.run), "--out", str(out)]) == 0
+    assert main(["report", str(evaluated.eval0), str(evaluated.eval1), "--run", str(evaluated.run),
+                 "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     assert len(_images(out.read_text())) == 4
 

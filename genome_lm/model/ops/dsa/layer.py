@@ -188,7 +188,8 @@ def dsa_stream_step(
     if attn.indexer is None:
         selection = _as_selection(prev_selection, attn.layer_idx)
         if selection.start != start or selection.num_queries != n:
-            raise ValueError(f"layer {attn.layer_idx}: prev_selection covers {selection.start}+{selection.num_queries}, "
+            raise ValueError(f"layer {attn.layer_idx}: "
+                             f"prev_selection covers {selection.start}+{selection.num_queries}, "
                              f"this chunk is {start}+{n}")
     else:
         ix = attn.indexer

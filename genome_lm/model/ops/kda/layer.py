@@ -2,8 +2,9 @@
 
 `kda_layer_forward` reproduces `Glm5NextTextLinearAttention.forward` on the module's own
 parameters (names unchanged) but calls `chunk_kda`, so activations stay O(T·H·K); `chunk_kda`
-picks fla or torch by device (`GENOME_LM_KDA_BACKEND`, see `chunk.py`). `kda_layer_step` is the functional streaming form: given the state
-after some prefix, process the next piece of tokens and return the new state.
+picks fla or torch by device (`GENOME_LM_KDA_BACKEND`, see `chunk.py`). `kda_layer_step` is the
+functional streaming form: given the state after some prefix, process the next piece of tokens and
+return the new state.
 `patch_kda_module` installs `kda_layer_forward` on one module in place.
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
