@@ -123,11 +123,11 @@ def _run_train(args: argparse.Namespace) -> None:
     if args.dry_run:
         dry_run(cfg, world=nproc)
     elif args.ray is not None:
-        from genome_lm.parallel.launch import launch_ray
+        from genome_lm.train.launch import launch_ray
 
         launch_ray(cfg, address=args.ray or None, nproc=nproc, out=args.out, resume=args.resume)
     elif nproc is not None and nproc > 1:
-        from genome_lm.parallel.launch import launch_local
+        from genome_lm.train.launch import launch_local
 
         launch_local(cfg, nproc, out=args.out, resume=args.resume)
     else:
@@ -208,7 +208,7 @@ def _run_eval(args: argparse.Namespace) -> None:
         raise GenomeLMError(f"--{str(err['loc'][0]).replace('_', '-')}: "
                             f"{err['msg'].removeprefix('Value error, ')}") from None
     if args.dry_run:
-        from genome_lm.eval.dry_run import dry_run
+        from genome_lm.plan.eval_dry_run import dry_run
 
         dry_run(cfg, world=nproc)
         return

@@ -1,9 +1,8 @@
 """Launching a job (`genome-lm train`, `genome-lm eval`) on several processes: one node (torch
 elastic) or a Ray cluster.
 
-    launch_local(cfg, nproc=8, out=..., resume=...)       # genome-lm train EXP --nproc 8
-    launch_ray(cfg, address=None, nproc=None, out=...)    # genome-lm train EXP --ray [ADDRESS]
-    run_local(job, nproc) / run_ray(job, address, nproc)  # any Job (eval: genome_lm.eval.sharded)
+    run_local(job, nproc) / run_ray(job, address, nproc)  # any Job: training's is genome_lm.train.launch,
+                                                          # eval's genome_lm.eval.sharded
 
 A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
 launcher can pickle it by reference), how its layout fits a number of processes, and where its
@@ -307,42 +306,3 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> N
         raise err from None
     finally:
         shutil.rmtree(error_dir, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# training
-
-
-def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
-    """Every worker of a training launch."""
-    from genome_lm.config import parse_experiment
-    from genome_lm.train import train
-
-    return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
-
-
-def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
-    """`genome-lm train` as a Job: run directory `out` (default runs/NAME)."""
-    from genome_lm.parallel.mesh import resolve_layout
-
-    par = cfg.parallel
-    return Job(
-        fn=_train, args=(cfg.model_dump(mode="json"), out, resume),
-        layout=lambda world: resolve_layout(par.cp, par.dp, world),
-        describe=f"parallel: cp={par.cp}, dp={par.dp}",
-        keeps="Checkpoints written so far are kept; rerun with --resume to continue from the newest",
-        work_dir=Path(out) if out else Path("runs") / (cfg.name or "run"), name=cfg.name or "run",
-        default_workers=par.cp * int(par.dp) if par.dp != "auto" else None,
-        workers_hint=" (or set parallel.dp to a number)",
-    )
-
-
-def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
-    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
-    return run_local(train_job(cfg, out, resume), nproc) or {}
-
-
-def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
-               resume: bool = False) -> None:
-    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
-    run_ray(train_job(cfg, out, resume), address, nproc)

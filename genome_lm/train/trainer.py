@@ -278,7 +278,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
           device: torch.device | None = None, show_progress: bool | None = None) -> dict:
     """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
     from genome_lm.model import expert_load
-    from genome_lm.model.ops.moe.balance import ExpertBalancer
+    from genome_lm.train.balance import ExpertBalancer
 
     par = init_parallel(cfg.parallel, device, sharded=compute_dtype(cfg) is not None)
     device = par.device

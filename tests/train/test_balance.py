@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from genome_lm.config import load_experiment
 from genome_lm.model import apply_long_context, build
-from genome_lm.model.ops.moe.balance import ExpertBalancer
 from genome_lm.train import train
+from genome_lm.train.balance import ExpertBalancer
 from tests.parallel.test_train_parallel import truncate_to
 
 from .conftest import write_experiment

@@ -1,0 +1,49 @@
+"""`genome-lm train --nproc N | --ray [ADDRESS]`: training as a `Job` of `genome_lm.parallel.launch`.
+
+    launch_local(cfg, nproc=8, out=..., resume=...)       # genome-lm train EXP --nproc 8
+    launch_ray(cfg, address=None, nproc=None, out=...)    # genome-lm train EXP --ray [ADDRESS]
+
+Every worker runs `genome_lm.train.train(cfg, out, resume)`, which joins the process group the
+launcher prepared and lays the ranks out as `parallel: {cp, dp}` says (`mesh.init_parallel`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from genome_lm.parallel.launch import Job, run_local, run_ray
+
+
+def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
+    """Every worker of a training launch."""
+    from genome_lm.config import parse_experiment
+    from genome_lm.train.trainer import train
+
+    return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
+
+
+def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
+    """`genome-lm train` as a Job: run directory `out` (default runs/NAME)."""
+    from genome_lm.parallel.mesh import resolve_layout
+
+    par = cfg.parallel
+    return Job(
+        fn=_train, args=(cfg.model_dump(mode="json"), out, resume),
+        layout=lambda world: resolve_layout(par.cp, par.dp, world),
+        describe=f"parallel: cp={par.cp}, dp={par.dp}",
+        keeps="Checkpoints written so far are kept; rerun with --resume to continue from the newest",
+        work_dir=Path(out) if out else Path("runs") / (cfg.name or "run"), name=cfg.name or "run",
+        default_workers=par.cp * int(par.dp) if par.dp != "auto" else None,
+        workers_hint=" (or set parallel.dp to a number)",
+    )
+
+
+def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
+    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
+    return run_local(train_job(cfg, out, resume), nproc) or {}
+
+
+def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
+               resume: bool = False) -> None:
+    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
+    run_ray(train_job(cfg, out, resume), address, nproc)
