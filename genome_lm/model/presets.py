@@ -13,13 +13,8 @@ expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
 - `glm53-demo`: ~0.2M parameters, the model `make demo` trains from scratch on a CPU. Tiny's
   widths, three layers `KDA DSA(full) DSA(shared)` with hc_mult 4, four MLA heads, a KDA short
   convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a from-scratch
-  model's indexer is untrained) and dense MLPs. Why: a model learns in-context copying of DNA
-  only once a key can encode the preceding k-mer, and with 4 letters that needs k >= 6 or so.
-  On copy tasks (4 letters, T 128, 2 CPU cores) glm53-tiny stays at chance for 3000 steps;
-  three layers with a 4-wide convolution start copying after ~1700 steps, with an 8-wide one
-  after ~500-700. On the demo genome at 256 tokens, the same model with MoE (8 experts top-2,
-  which from scratch route every token to 2 of them within a few steps) learnt copying in 1 of
-  2 seeds within 1200 steps, with dense MLPs after ~300-500 steps (3 of 3 seeds).
+  model's indexer is untrained) and dense MLPs: what learns in-context copying of DNA within a
+  CPU budget (the copy-probe measurements behind this choice: docs/model.md, "Why glm53-demo").
 
 Small presets default to a 16-id vocabulary (a nucleotide alphabet needs only a handful of ids)
 and no padding id. Any `Glm5NextTextConfig` field can be overridden.
