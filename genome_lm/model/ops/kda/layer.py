@@ -83,9 +83,11 @@ def kda_layer_step(
     else:
         prev = state.conv_state.to(mixed.dtype)
     full = torch.cat([prev, mixed], dim=-1)  # [B, 3·H·K, W-1+T]
-    # upstream's depthwise Conv1d (weight [3·H·K, 1, W], float32 upstream, padding W-1 on both sides),
-    # called as a module so that a sharded conv1d is gathered; its valid part is [B, 3·H·K, T]
-    qkv = module.conv1d(full.to(module.conv1d.weight.dtype))[..., width - 1 : full.shape[-1]]
+    # upstream's depthwise Conv1d (weight [3·H·K, 1, W], float32 upstream), called as a module so
+    # that a sharded conv1d is gathered; padding 0 once patched (W-1 as upstream builds it): the
+    # valid convolution of [prefix | x] is [B, 3·H·K, T]
+    pad = module.conv1d.padding[0]
+    qkv = module.conv1d(full.to(module.conv1d.weight.dtype))[..., pad : pad + T]
     qkv = ACT2FN[module.activation](qkv).to(hidden_states.dtype)
     new_conv_state = full[..., full.shape[-1] - (width - 1) :]  # [B, 3·H·K, W-1]
 
@@ -160,9 +162,12 @@ def patch_kda_module(module: nn.Module, chunk_size: int = 64) -> nn.Module:
     """Make one `Glm5NextTextLinearAttention` run `kda_layer_forward`, in place; returns it.
 
     Parameters, buffers and the state dict are untouched. Idempotent; `copy.deepcopy` of the
-    module (or model) rebinds the method to the copy. Undo with `del module.forward`.
+    module (or model) rebinds the method to the copy. Undo with `del module.forward`. The conv's
+    padding becomes 0 (upstream never calls `conv1d`'s forward: its causal conv reads the weight),
+    so `kda_layer_step`'s call is exactly the valid convolution, without padded columns.
     """
     module.kda_chunk_size = chunk_size
+    module.conv1d.padding = (0,)
     module.forward = types.MethodType(kda_layer_forward, module)
     return module
 
