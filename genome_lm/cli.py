@@ -14,21 +14,24 @@ EXIT_INTERRUPTED = 130
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
+    from genome_lm.genome.synth import SynthParams
+    from genome_lm.utils import add_options
+
     p = sub.add_parser("synth", help="write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
     p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
     p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a generator parameter (repeatable), e.g. --param max_distance=8192; "
-                        "names and defaults: genome_lm/genome/synth.py SynthParams")
+    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth.py SynthParams
+    p.add_argument("--param", action="append", dest="overrides", help=argparse.SUPPRESS)  # older name of --set
     p.set_defaults(func=_run_synth)
 
 
 def _run_synth(args: argparse.Namespace) -> None:
-    from genome_lm.genome.synth import make_params, parse_param, write_synthetic_fasta
+    from genome_lm.genome.synth import SynthParams, write_synthetic_fasta
+    from genome_lm.utils import from_args
 
-    params = make_params(**dict(parse_param(a) for a in args.param))
+    params = from_args(SynthParams, args)
     write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite, params=params)
 
 
@@ -48,18 +51,11 @@ def _run_fetch(args: argparse.Namespace) -> None:
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    from genome_lm.genome.prepare import PrepareParams
+    from genome_lm.utils import add_options
+
     p = sub.add_parser("prepare", help="FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest")
-    p.add_argument("--fasta", action="append", required=True, help="FASTA file (plain, gzip or bgzip); repeatable")
-    p.add_argument("--train-chroms", default="chr1,chr2")
-    p.add_argument("--eval-chroms", default="chr22")
-    p.add_argument("--seq-len", default="1M", help="tokens per window: integer or 512k / 1M (powers of two)")
-    p.add_argument("--stride", default=None, help="start-to-start distance of windows (default: --seq-len)")
-    p.add_argument("--min-gap", default="1000", help="N runs at least this long split a chromosome into contigs")
-    p.add_argument("--max-n-frac", type=float, default=0.05, help="drop windows with a larger fraction of N")
-    p.add_argument("--tail", choices=["keep", "drop"], default="keep", help="the short last window of a contig")
-    p.add_argument("--min-len", default=None, help="shortest tail window kept (default: seq-len / 8)")
-    p.add_argument("--reverse-complement", action="store_true", help="add reverse-complement copies to train")
-    p.add_argument("--format", choices=["hf", "megatron"], default="hf")
+    add_options(p, PrepareParams)
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_run_prepare)
@@ -67,21 +63,9 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 def _run_prepare(args: argparse.Namespace) -> None:
     from genome_lm.genome.prepare import PrepareParams, prepare
+    from genome_lm.utils import from_args
 
-    params = PrepareParams.from_cli(
-        fasta=args.fasta,
-        train_chroms=args.train_chroms,
-        eval_chroms=args.eval_chroms,
-        seq_len=args.seq_len,
-        stride=args.stride,
-        min_gap=args.min_gap,
-        max_n_frac=args.max_n_frac,
-        tail=args.tail,
-        min_len=args.min_len,
-        reverse_complement=args.reverse_complement,
-        format=args.format,
-    )
-    prepare(params, args.out, overwrite=args.overwrite)
+    prepare(from_args(PrepareParams, args), args.out, overwrite=args.overwrite)
 
 
 def _nproc(value: str | None) -> int | None:

@@ -10,34 +10,23 @@
 
 `load_experiment(path, overrides=["train.lr=1e-5", ...])` validates everything; an unknown or
 mistyped key or a bad value raises GenomeLMError naming the file and the key. Sizes accept
-`512k` / `1M` (2^19 / 2^20).
+`512k` / `1M` (2^19 / 2^20; `utils.parse_size`).
+
+`Size`, the error messages and `--set` are those of every command (`utils.validate`, docs/config.md).
 """
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import parse_size
+from genome_lm.utils import Size, apply_override, read_yaml, validate
 
-
-def _size(v: Any) -> int:
-    if isinstance(v, bool):
-        raise ValueError("expected a size such as 4096, 64k or 1M")
-    if isinstance(v, (int, str)):
-        try:
-            return parse_size(v)
-        except GenomeLMError:
-            raise ValueError(f"cannot read {v!r} as a size; use an integer or 64k / 1M") from None
-    raise ValueError("expected a size such as 4096, 64k or 1M")
-
-
-Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
+__all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
 
 
 class Section(BaseModel):
@@ -93,16 +82,21 @@ class TrainConfig(Section):
         "ranks. 0 keeps the bias as loaded (upstream). DeepSeek-V3 and Megatron use 1e-3")
 
 
-class MemoryConfig(Section):
+class BlockSizes(Section):
+    """Block sizes of the long-context ops, shared by training (`memory:`) and eval (its defaults)."""
+
+    moe_block_tokens: Size = Field(default=4096, description="tokens per block of the chunked MoE")
+    dsa_block_queries: Size = Field(default=1024, description="queries per block of DSA sparse attention")
+    loss_chunk_tokens: Size = Field(default=4096, description="tokens per chunk of the LM head + loss")
+
+
+class MemoryConfig(BlockSizes):
     recompute: Literal["none", "per-layer", "selective"] = "none"
     recompute_layers: list[Literal["kda", "dsa", "moe", "dense"]] = Field(
         default_factory=list, description="with recompute: selective, the layer kinds to recompute"
     )
     offload_layer_inputs: bool = False
     moe_recompute: bool = Field(default=False, description="rebuild each MoE block's expert activations in backward")
-    moe_block_tokens: Size = 4096
-    dsa_block_queries: Size = 1024
-    loss_chunk_tokens: Size = 4096
 
     @model_validator(mode="after")
     def _selective_needs_layers(self):
@@ -135,63 +129,15 @@ class ExperimentConfig(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
 
-def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
-    for name, field in model.model_fields.items():
-        keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += _known_keys(ann, prefix + name + ".")
-    return keys
-
-
-def _describe(err: ValidationError, source: str) -> GenomeLMError:
-    e = err.errors()[0]
-    key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    if e["type"] == "extra_forbidden":
-        near = difflib.get_close_matches(key, _known_keys(ExperimentConfig), n=1)
-        hint = f"; did you mean {near[0]}?" if near else "; remove it"
-        return GenomeLMError(f"{source}: unknown key {key}{hint}")
-    if e["type"] == "missing":
-        return GenomeLMError(f"{source}: missing required key {key}; add it")
-    msg = e["msg"].removeprefix("Value error, ")
-    got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-    return GenomeLMError(f"{source}: {key}: {msg}{got}")
-
-
-def apply_override(raw: dict, assignment: str) -> None:
-    """Apply one `a.b.c=value` override to the raw YAML dict; the value is parsed as YAML."""
-    if "=" not in assignment:
-        raise GenomeLMError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set train.lr=1e-5")
-    key, value = assignment.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise GenomeLMError(f"--set {assignment!r}: empty key")
-    node = raw
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise GenomeLMError(f"--set {assignment!r}: {p} is not a section")
-    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
-
-
 def parse_experiment(raw: dict, source: str = "config") -> ExperimentConfig:
-    try:
-        return ExperimentConfig.model_validate(raw)
-    except ValidationError as err:
-        raise _describe(err, source) from None
+    return validate(ExperimentConfig, raw, source)
 
 
 def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     path = Path(path)
     if not path.exists():
         raise GenomeLMError(f"experiment file {path} does not exist; see experiments/ for examples")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise GenomeLMError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise GenomeLMError(f"{path} must hold a mapping with sections data, model, train, ...")
+    raw = read_yaml(path, "sections data, model, train, ...")
     for assignment in overrides:
         apply_override(raw, assignment)
     cfg = parse_experiment(raw, str(path))

@@ -1,32 +1,52 @@
-"""Small shared helpers: size parsing, atomic writes, hashing, float32 matmul precision."""
+"""Small shared helpers: sizes, parameter models, atomic writes, hashing, float32 matmul precision.
+
+Parameters of every command are pydantic models (docs/config.md): `Size` reads `512k` / `1M`;
+`validate` turns a pydantic error into one GenomeLMError naming where the value came from (a file,
+`--set`, a flag) with a did-you-mean for unknown keys; `add_options` / `from_args` give a model's
+fields as flags, plus `--config FILE.yaml` and `--set KEY=VALUE` (prepare, synth, eval).
+"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+from fractions import Fraction
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Annotated, Any, Iterator, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic_core import PydanticUndefined
 
 from genome_lm.errors import GenomeLMError
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)\s*$")
-_SIZE_MULT = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
 def parse_size(value: str | int, what: str = "size") -> int:
-    """Parse a token count: '512k' -> 524288 (2^19), '1M' -> 1048576 (2^20), '4096' -> 4096."""
+    """A size (tokens or bytes), with one meaning of the suffixes everywhere (docs/config.md):
+
+    a bare `k` / `M` / `G` / `T`, or `KiB` / `MiB` / `GiB` / `TiB`, is a power of two ('512k' -> 524288
+    = 2^19, '1M' -> 2^20, '5G' -> 5 x 2^30 bytes); `KB` / `MB` / `GB` / `TB` are powers of ten ('141GB'
+    -> 141 x 10^9). Case does not matter; a trailing `B` alone means bytes. Fractions are fine when the
+    result is whole ('1.5GiB'); a plain integer is taken as it is."""
     if isinstance(value, int):
         return value
     m = _SIZE_RE.match(str(value))
-    if not m:
-        raise GenomeLMError(f"{what}: cannot read {value!r} as a size; "
-                            "use an integer or a suffix k/M/G (e.g. 512k, 1M)")
-    return int(m.group(1)) * _SIZE_MULT[m.group(2).lower()]
+    unit, tail = (m.group(2).lower(), m.group(3).lower()) if m else ("", "i")
+    if tail != "i" and (unit or tail != "ib"):  # i, iB without k/M/G/T are not units
+        n = Fraction(m.group(1)) * (1000 if tail == "b" else 1024) ** ("kmgt".index(unit) + 1 if unit else 0)
+        if n.denominator == 1:
+            return int(n)
+    raise GenomeLMError(f"{what}: cannot read {value!r} as a size; use an integer or a suffix k/M/G "
+                        "(powers of two, e.g. 512k, 1M, 180GiB) or GB/TB (powers of ten, e.g. 141GB)")
 
 
 def format_size(n: int) -> str:
@@ -35,6 +55,142 @@ def format_size(n: int) -> str:
         if n >= mult and n % mult == 0:
             return f"{n // mult}{suffix}"
     return str(n)
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected a size such as 4096, 64k or 1M")
+    if isinstance(v, (int, str)):
+        try:
+            return parse_size(v)
+        except GenomeLMError as e:
+            raise ValueError(str(e).removeprefix("size: ")) from None
+    raise ValueError("expected a size such as 4096, 64k or 1M")
+
+
+Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _known_keys(ann, prefix + name + ".")
+    return keys
+
+
+_MESSAGES = {"int_parsing": "expected an integer", "int_from_float": "expected an integer",
+             "float_parsing": "expected a number", "bool_parsing": "expected true or false"}
+
+
+def _describe(err: ValidationError, model: type[BaseModel], source: str, origin: dict[str, str],
+              unknown: str) -> GenomeLMError:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"])
+    src = origin.get(key.split(".")[0], source)  # a file, --set, or the flag that gave the value
+    if e["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(key, _known_keys(model), n=1)
+        hint = f"; did you mean {near[0]}?" if near else "; remove it"
+        return GenomeLMError(f"{src}: {unknown} {key}{hint}")
+    if e["type"] == "missing":
+        flag = "--" + key.replace("_", "-")
+        return GenomeLMError(f"{src}: missing required key {key}; add it" if src else f"{flag} is required; add it")
+    msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
+    got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+    at = f"--set {key}" if src == "--set" else src if src.startswith("--") else ": ".join(filter(None, [src, key]))
+    return GenomeLMError(f"{at}: {msg}{got}" if at else msg)
+
+
+def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: dict[str, str] | None = None,
+             unknown: str = "unknown key"):
+    """`model` from `raw`; a bad value is one GenomeLMError naming the key (or the flag, file or --set that
+    `origin` says gave it; else `source`), with a did-you-mean for an unknown key."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise _describe(err, model, source, origin or {}, unknown) from None
+
+
+def apply_override(raw: dict, assignment: str, flag: str = "--set") -> str:
+    """Apply one `a.b.c=value` override to the raw YAML dict (the value is parsed as YAML); return a."""
+    if "=" not in assignment:
+        raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} train.lr=1e-5")
+    key, value = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise GenomeLMError(f"{flag} {assignment!r}: empty key")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise GenomeLMError(f"{flag} {assignment!r}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return parts[0]
+
+
+def read_yaml(path: str | Path, hint: str) -> dict:
+    """The mapping in a YAML file; `hint` says what it should hold."""
+    path = Path(path)
+    if not path.exists():
+        raise GenomeLMError(f"config file {path} does not exist; {hint}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise GenomeLMError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise GenomeLMError(f"{path} must hold a mapping: {hint}")
+    return raw
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _default(v) -> str:
+    if v is None or v is False or v is PydanticUndefined:
+        return ""
+    shown = ",".join(map(str, v)) if isinstance(v, list) else format_size(v) if type(v) is int else v
+    return f" (default {shown})"
+
+
+def add_options(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = (),
+                fields: bool = True) -> None:
+    """`--config FILE.yaml`, `--set KEY=VALUE` and (with `fields`) one flag per field of `model`
+    (`seq_len` -> `--seq-len`; help: the field's description and default; every flag unset by default,
+    so that `from_args` can tell given from default)."""
+    for name, f in model.model_fields.items() if fields else ():
+        if name in skip:
+            continue
+        kw: dict[str, Any] = {"default": None, "dest": name}
+        if f.annotation is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif (f.json_schema_extra or {}).get("repeat"):
+            kw["action"] = "append"
+        elif get_origin(f.annotation) is Literal:
+            kw["choices"] = get_args(f.annotation)
+        kw["help"] = (f.description or "") + _default(f.default)
+        p.add_argument(_flag(name), **kw)
+    p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
+                   "(flags and --set override it; docs/config.md)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override one parameter, e.g. --set seed=3 (repeatable)")
+
+
+def from_args(model: type[BaseModel], args: argparse.Namespace, skip: tuple[str, ...] = (), unknown="unknown key"):
+    """`model` from the --config file, then the flags given, then --set (see `add_options`)."""
+    raw: dict = {}
+    origin: dict[str, str] = {}
+    if args.config:
+        raw = read_yaml(args.config, f"{model.__name__} fields, e.g. {', '.join(list(model.model_fields)[:3])}")
+        origin = dict.fromkeys(raw, str(args.config))
+    for name in model.model_fields:
+        if name not in skip and getattr(args, name, None) is not None:
+            raw[name], origin[name] = getattr(args, name), _flag(name)
+    for assignment in args.overrides:
+        origin[apply_override(raw, assignment)] = "--set"
+    return validate(model, raw, "", origin, unknown)
 
 
 def _umask() -> int:

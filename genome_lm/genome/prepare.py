@@ -11,8 +11,10 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
@@ -27,7 +29,7 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
-from genome_lm.utils import atomic_directory, format_size, parse_size, write_json_atomic
+from genome_lm.utils import Size, atomic_directory, format_size, validate, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -40,73 +42,59 @@ def chrom_match_key(name: str) -> str:
     return (n[3:] if n.lower().startswith("chr") else n).lower()
 
 
-@dataclass
-class PrepareParams:
-    fasta: list[str]
-    train_chroms: list[str]
-    eval_chroms: list[str]
-    seq_len: int
-    stride: int
-    min_gap: int = 1000
-    max_n_frac: float = 0.05
-    tail: str = "keep"
-    min_len: int = 1
-    reverse_complement: bool = False
-    format: str = "hf"
+def _names(v):
+    """'chr1,chr2' (a flag) or a list (YAML) -> ['chr1', 'chr2']."""
+    return [c.strip() for c in (v.split(",") if isinstance(v, str) else v) if str(c).strip()]
 
-    def __post_init__(self) -> None:
-        if not self.fasta:
-            raise GenomeLMError("no input: pass at least one --fasta FILE")
-        if self.seq_len < 1:
-            raise GenomeLMError(f"--seq-len must be at least 1 (got {self.seq_len})")
-        if self.stride < 1:
-            raise GenomeLMError(f"--stride must be at least 1 (got {self.stride})")
-        if self.min_gap < 1:
-            raise GenomeLMError(f"--min-gap must be at least 1 (got {self.min_gap})")
-        if not 0.0 <= self.max_n_frac <= 1.0:
-            raise GenomeLMError(f"--max-n-frac must lie in [0, 1] (got {self.max_n_frac})")
-        if self.tail not in ("keep", "drop"):
-            raise GenomeLMError(f"--tail must be keep or drop (got {self.tail!r})")
-        if not 1 <= self.min_len <= self.seq_len:
-            raise GenomeLMError(f"--min-len must lie in [1, --seq-len={self.seq_len}] (got {self.min_len})")
-        if self.format not in ("hf", "megatron"):
-            raise GenomeLMError(f"--format must be hf or megatron (got {self.format!r})")
+
+Names = Annotated[list[str], BeforeValidator(_names)]
+
+
+class PrepareParams(BaseModel):
+    """The parameters of `genome-lm prepare` (flags, a --config YAML file or --set; docs/config.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fasta: Annotated[list[str], BeforeValidator(lambda v: [str(f) for f in v])] = Field(
+        min_length=1, json_schema_extra={"repeat": True}, description="FASTA file (plain, gzip or bgzip); repeatable")
+    train_chroms: Names = Field(default=["chr1", "chr2"], description="comma-separated chromosomes to train on")
+    eval_chroms: Names = Field(default=["chr22"], description="comma-separated held-out chromosomes")
+    seq_len: Size = Field(default=2**20, description="tokens per window: integer or 512k / 1M (powers of two)")
+    stride: Size | None = Field(default=None, description="start-to-start distance of windows (default: --seq-len)")
+    min_gap: Size = Field(default=1000, description="N runs at least this long split a chromosome into contigs")
+    max_n_frac: float = Field(default=0.05, ge=0, le=1, description="drop windows with a larger fraction of N")
+    tail: Literal["keep", "drop"] = Field(default="keep", description="the short last window of a contig")
+    min_len: Size | None = Field(default=None, description="shortest tail window kept (default: seq-len / 8)")
+    reverse_complement: bool = Field(default=False, description="add reverse-complement copies to train")
+    format: Literal["hf", "megatron"] = "hf"
+
+    @model_validator(mode="after")
+    def _check(self):
+        self.stride = self.seq_len if self.stride is None else self.stride
+        self.min_len = max(1, self.seq_len // 8) if self.min_len is None else self.min_len
+        if not self.min_len <= self.seq_len:
+            raise ValueError(f"--min-len must lie in [1, --seq-len={self.seq_len}] (got {self.min_len})")
         if not self.train_chroms and not self.eval_chroms:
-            raise GenomeLMError("no chromosomes requested: set --train-chroms and/or --eval-chroms")
+            raise ValueError("no chromosomes requested: set --train-chroms and/or --eval-chroms")
         for flag, chroms in (("--train-chroms", self.train_chroms), ("--eval-chroms", self.eval_chroms)):
             norms = [chrom_match_key(c) for c in chroms]
             if len(set(norms)) != len(norms):
-                raise GenomeLMError(f"{flag} names a chromosome twice: {','.join(chroms)}")
+                raise ValueError(f"{flag} names a chromosome twice: {','.join(chroms)}")
         both = {chrom_match_key(c) for c in self.train_chroms} & {chrom_match_key(c) for c in self.eval_chroms}
         if both:
             names = ", ".join(c for c in self.train_chroms if chrom_match_key(c) in both)
-            raise GenomeLMError(f"chromosome {names} is in both --train-chroms and --eval-chroms; "
-                                "held-out data must not be trained on")
+            raise ValueError(f"chromosome {names} is in both --train-chroms and --eval-chroms; "
+                             "held-out data must not be trained on")
+        return self
 
     @classmethod
-    def from_cli(cls, *, fasta, train_chroms, eval_chroms, seq_len, stride=None, min_gap="1000", max_n_frac=0.05,
-                 tail="keep", min_len=None, reverse_complement=False, format="hf") -> "PrepareParams":
-        split = lambda s: [c.strip() for c in (s.split(",") if isinstance(s, str) else s) if c.strip()]  # noqa: E731
-        L = parse_size(seq_len, "--seq-len")
-        return cls(
-            fasta=[str(f) for f in fasta],
-            train_chroms=split(train_chroms),
-            eval_chroms=split(eval_chroms),
-            seq_len=L,
-            stride=parse_size(stride, "--stride") if stride is not None else L,
-            min_gap=parse_size(min_gap, "--min-gap"),
-            max_n_frac=float(max_n_frac),
-            tail=tail,
-            min_len=parse_size(min_len, "--min-len") if min_len is not None else max(1, L // 8),
-            reverse_complement=bool(reverse_complement),
-            format=format,
-        )
+    def from_cli(cls, **params) -> "PrepareParams":
+        """The parameters from keyword arguments as the command line gives them ('chr1,chr2', '1M', None)."""
+        return validate(cls, {k: v for k, v in params.items() if v is not None}, "prepare")
 
     def recorded(self) -> dict:
         """The parameters as the manifest records them (input files are recorded separately)."""
-        d = asdict(self)
-        d.pop("fasta")
-        return d
+        return self.model_dump(exclude={"fasta"})
 
     def split_of(self, record_name: str) -> str | None:
         n = chrom_match_key(record_name)

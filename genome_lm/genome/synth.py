@@ -32,7 +32,6 @@ mtime 0 and no file name. Coordinates are 0-based, half-open, on the forward str
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import gzip
 import logging
 import os
@@ -41,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import atomic_file
+from genome_lm.utils import atomic_file, validate
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,11 @@ class ChromSpec:
     short_arm: float = 0.0  #: leading fraction that is one N block (acrocentric short arm)
 
 
-@dataclass(frozen=True)
-class SynthParams:
-    """Everything that shapes the synthetic genome; `synthesize(**overrides)` replaces fields."""
+class SynthParams(BaseModel):
+    """Everything that shapes the synthetic genome; `synthesize(**overrides)` replaces fields, and
+    `genome-lm synth --config FILE.yaml --set NAME=VALUE` (docs/config.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     chroms: tuple[ChromSpec, ...] = (
         ChromSpec("chr1", 1_800_000, centromere=0.45),
@@ -104,7 +106,8 @@ class SynthParams:
     tandem_copies_max: int = 16  #: most units in one array
     tandem_divergence: float = 0.01  #: per-base substitution rate of a unit vs the one before it
 
-    def validate(self) -> None:
+    @model_validator(mode="after")
+    def _check(self):
         checks = [
             (0 <= self.gc_min <= self.gc_max <= 1, "gc_min <= gc_max within [0, 1]"),
             (0 < self.isochore_min <= self.isochore_max, "0 < isochore_min <= isochore_max"),
@@ -123,8 +126,8 @@ class SynthParams:
         ]
         for ok, what in checks:
             if not ok:
-                raise GenomeLMError(f"synthetic genome parameters: need {what}; "
-                                    "change the --param (or keyword) that sets it")
+                raise ValueError(f"need {what}; change the --set (or keyword) that sets it")
+        return self
 
 
 @dataclass(frozen=True)
@@ -357,35 +360,13 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
 # --- public API ------------------------------------------------------------------------
 
 def make_params(**overrides) -> SynthParams:
-    """SynthParams with some fields replaced; an unknown name is a GenomeLMError."""
-    known = {f.name for f in dataclasses.fields(SynthParams)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise GenomeLMError(f"synthetic genome parameters: unknown {', '.join(unknown)}; "
-                            f"known: {', '.join(sorted(known))}")
-    params = dataclasses.replace(SynthParams(), **overrides)
-    params.validate()
-    return params
-
-
-def parse_param(text: str) -> tuple[str, int | float]:
-    """'NAME=VALUE' from the command line -> (name, number typed like the SynthParams field)."""
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    fields = {f.name for f in dataclasses.fields(SynthParams)} - {"chroms"}
-    if not sep or name not in fields:
-        raise GenomeLMError(f"--param {text!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(fields))}")
-    kind = int if isinstance(getattr(SynthParams, name), int) else float
-    try:
-        return name, kind(value)
-    except ValueError:
-        raise GenomeLMError(f"--param {text!r}: {name} takes {'an integer' if kind is int else 'a number'}") from None
+    """SynthParams with some fields replaced; an unknown name or a bad value is a GenomeLMError."""
+    return validate(SynthParams, overrides, "synthetic genome parameters", unknown="unknown")
 
 
 def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | None = None) -> SynthGenome:
     """Generate the genome in memory, with its families and planted copies."""
     params = params or SynthParams()
-    params.validate()
     if not (scale > 0) or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     fam_rng = np.random.default_rng([seed, 0])
