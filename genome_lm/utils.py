@@ -95,11 +95,13 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
         hint = f"; did you mean {near[0]}?" if near else "; remove it"
         return GenomeLMError(f"{src}: {unknown} {key}{hint}")
     if e["type"] == "missing":
-        flag = "--" + key.replace("_", "-")
-        return GenomeLMError(f"{src}: missing required key {key}; add it" if src else f"{flag} is required; add it")
+        return GenomeLMError(f"{src}: missing required key {key}; add it" if src else f"{_flag(key)} is required")
     msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
     got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-    at = f"--set {key}" if src == "--set" else src if src.startswith("--") else ": ".join(filter(None, [src, key]))
+    if src == _flag(key.split(".")[0]):  # the field's own flag
+        at = src
+    else:  # --set key, --assume key, file: key
+        at = f"{src} {key}" if src.startswith("--") else ": ".join(filter(None, [src, key]))
     return GenomeLMError(f"{at}: {msg}{got}" if at else msg)
 
 

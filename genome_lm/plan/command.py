@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, help="GPUs in the job (default: the experiment's cp x dp)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
     p.add_argument("--gpu", default="b200", help="b200, h200 or h100")
-    p.add_argument("--gpu-mem", default=None, help="usable memory per GPU, e.g. 180GiB (default: the GPU's)")
+    p.add_argument("--gpu-mem", default=None, help="usable memory per GPU, e.g. 180GiB or 141GB "
+                   "(G = GiB, GB = 10^9 bytes; default: the GPU's)")
     p.add_argument("--host-mem", default=None, help="host memory per node, e.g. 2TiB (default 2 TiB)")
     p.add_argument("--cp", type=int, default=None, help="context-parallel ranks (default: experiment's, else 1)")
     p.add_argument("--ep", default="1",
@@ -69,9 +70,10 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep choices) from the arguments."""
     from genome_lm.plan.assumptions import Assumptions
-    from genome_lm.plan.hardware import make_cluster, parse_bytes
+    from genome_lm.plan.hardware import make_cluster
     from genome_lm.plan.layout import layout_from_config
     from genome_lm.plan.shapes import model_shape
+    from genome_lm.utils import parse_size
 
     cfg = _experiment(args)
     if args.cp is not None:
@@ -84,8 +86,8 @@ def build(args):
         gpus = cfg.parallel.cp * cfg.parallel.dp
     if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
         cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp
-    gpu_mem = parse_bytes(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
-    host_mem = parse_bytes(args.host_mem, "--host-mem") if args.host_mem is not None else None
+    gpu_mem = parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
+    host_mem = parse_size(args.host_mem, "--host-mem") if args.host_mem is not None else None
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, gpu_mem, host_mem)
     if gpus % cfg.parallel.cp:
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")

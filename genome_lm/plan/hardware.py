@@ -92,23 +92,3 @@ def make_cluster(gpu: str = "b200", gpus: int = 8, gpus_per_node: int | None = N
     if host < 1 * GiB:
         raise GenomeLMError(f"--host-mem: {host:,} bytes is not a node's host memory; use e.g. 2TiB")
     return Cluster(gpu=spec, gpus=gpus, gpus_per_node=min(per_node, gpus), host_memory_per_node=host)
-
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": GB, "gb": GB, "t": TB, "tb": TB,
-          "kib": 2**10, "mib": MiB, "gib": GiB, "tib": 2**40}
-
-
-def parse_bytes(text: str | int, what: str) -> int:
-    """'180GiB' -> 193273528320, '2TB' -> 2e12, '1.5TiB', '141GB'; plain integers are bytes."""
-    if isinstance(text, int):
-        return text
-    s = str(text).strip().lower().replace(" ", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        raise GenomeLMError(f"{what}: cannot read {text!r} as a memory size; use e.g. 180GiB, 141GB or 2TiB") from None
-    if unit not in _UNITS or value <= 0:
-        raise GenomeLMError(f"{what}: cannot read {text!r} as a memory size; use e.g. 180GiB, 141GB or 2TiB")
-    return int(value * _UNITS[unit])

@@ -6,12 +6,13 @@ import pytest
 
 from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GiB, MiB, make_cluster, parse_bytes
+from genome_lm.plan.hardware import GiB, MiB, make_cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import kept, pow2
 from genome_lm.plan.ops import layer_ops
 from genome_lm.plan.planner import make_plan
 from genome_lm.plan.shapes import model_shape
+from genome_lm.utils import parse_size
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +30,11 @@ def reference(seq_len: int, **changes) -> Layout:
                   moe_block_tokens=65536, dsa_block_queries=1024, loss_chunk_tokens=4096).replace(**changes)
 
 
-def test_parse_bytes_and_pow2():
-    assert parse_bytes("180GiB", "x") == 180 * GiB
-    assert parse_bytes("141GB", "x") == 141 * 10**9
-    assert parse_bytes("2TiB", "x") == 2 * 1024 * GiB
-    assert parse_bytes("1.5GiB", "x") == 3 * GiB // 2
+def test_parse_size_of_bytes_and_pow2():
+    assert parse_size("180GiB", "x") == 180 * GiB
+    assert parse_size("141GB", "x") == 141 * 10**9
+    assert parse_size("2TiB", "x") == 2 * 1024 * GiB
+    assert parse_size("1.5GiB", "x") == 3 * GiB // 2
     assert [pow2(n) for n in (1, 2, 3, 4096, 4097)] == [1, 2, 4, 4096, 8192]
 
 
