@@ -8,7 +8,7 @@ process. The W processes form dp x cp ranks (`--cp`, dp = W / cp; `parallel.mesh
 
 - **Model.** Built on the meta device and `parallelize`d as training does it (long-context ops
   -> context parallelism over the CP group -> FSDP2 over all W ranks), then each rank allocates
-  its shards and reads just their rows from the safetensors files (`parallel.materialize`): no
+  its shards and reads just their rows from the safetensors files (`model.weights.load_weights_`): no
   rank ever holds the whole model. One process builds it whole, as before.
 - **Windows.** Scored in rounds: in round r, dp replica d scores window `todo[r * dp + d]`. The
   CP ranks of a replica score the same window, each its contiguous slab of every piece
@@ -112,12 +112,12 @@ def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
 
 def build_model(cfg, model_dir: str, dtype: str, par):
     """The causal LM ready to score: long-context ops (eval's block sizes), CP, FSDP2 (`parallelize`).
-    Distributed: meta device, then each rank reads its rows (`materialize_`)."""
+    Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
     from genome_lm.config import MemoryConfig
     from genome_lm.model import build
     from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
     from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES
-    from genome_lm.parallel.materialize import materialize_
+    from genome_lm.model.weights import load_weights_
     from genome_lm.train.parallelize import parallelize
 
     memory = MemoryConfig(loss_chunk_tokens=cfg.loss_chunk_tokens, moe_block_tokens=DEFAULT_BLOCK_TOKENS,
@@ -125,7 +125,7 @@ def build_model(cfg, model_dir: str, dtype: str, par):
     if not par.distributed:
         return parallelize(build(model_dir, dtype=dtype, device=par.device), memory, par)
     model = parallelize(build(model_dir, dtype=dtype, meta=True), memory, par)
-    return materialize_(model, par.device, model_dir)
+    return load_weights_(model, model_dir, par.device)
 
 
 @dataclass

@@ -3,10 +3,10 @@
 - Preset (`glm53-tiny`, `glm53-mini`, `glm53-flash`): upstream initialisation (seed with
   `torch.manual_seed` before calling). `glm53-flash` is built on the meta device unless a
   non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B parameters).
-- Checkpoint directory: config from `config.json`; the model is built on the meta device and the
-  text tower + `lm_head` are assigned tensor by tensor from the safetensors shards (vision and MTP
-  skipped), so nothing is initialised twice and peak host memory is about one model. Missing
-  weights are an error; unexpected ones are logged; both are kept in `model.load_report`.
+- Checkpoint directory: config from `config.json`; the model is built on the meta device, then
+  allocated and filled tensor by tensor from the safetensors shards (`weights.load_weights_`;
+  vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
+  model. Missing weights are an error; unused ones are logged and kept in `model.load_report`.
 - `meta=True`: structure only (parameter counting, planning, dry runs); nothing is allocated.
 - `dtype`: parameters in `dtype`, except those upstream keeps in float32 under bf16/fp16 (router,
   conv1d, KDA gate `dt_bias`/`A_log`, hyper-connection `base`/`scale`). None: float32 for presets,
@@ -17,7 +17,6 @@ The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
@@ -25,11 +24,9 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
-from genome_lm.model.load import cast_tensor, iter_text_tensors, read_text_config
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
-
-log = logging.getLogger(__name__)
+from genome_lm.model.weights import cast_tensor, load_weights_, read_text_config
 
 
 def build(
@@ -72,11 +69,11 @@ def build(
         config = read_text_config(source_str, **config_overrides)
         model = _construct(config, "meta")
         if not meta:
-            load_text_weights_(model, source_str, dtype=dtype, device=device or "cpu")
+            load_weights_(model, source_str, device or "cpu", dtype)
         elif dtype is not None:
             _cast_(model, dtype)
     model.source = source_str
-    if dtype is not None:  # the dtype the weights are built in (sharded loads round to it: materialize)
+    if dtype is not None:  # the dtype the weights are built in (load_weights_ rounds to it)
         model.config.dtype = dtype
     return model
 
@@ -103,52 +100,3 @@ def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
         for name, buf in module.named_buffers(recurse=False):
             module._buffers[name] = cast_tensor(f"{module_name}.{name}", buf, dtype)
 
-
-def load_text_weights_(
-    model: Glm5NextCausalLM,
-    ckpt_dir: str | Path,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-) -> dict[str, list[str]]:
-    """Assign the checkpoint's text weights to `model` (built on meta) in place.
-
-    Returns and stores `model.load_report` = {"missing": [...], "unexpected": [...]}.
-    Raises GenomeLMError on missing weights or shape mismatches.
-    """
-    expected = dict(model.state_dict(keep_vars=True))
-    tied = model.config.tie_word_embeddings
-    loaded, unexpected = set(), []
-    for name, tensor in iter_text_tensors(ckpt_dir, model.config, device=device):
-        if name not in expected:
-            unexpected.append(name)
-            continue
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise GenomeLMError(
-                f"model: {ckpt_dir}: {name} has shape {tuple(tensor.shape)}, the config expects "
-                f"{tuple(expected[name].shape)}; check config.json and the config overrides"
-            )
-        _assign(model, name, cast_tensor(name, tensor, dtype))
-        loaded.add(name)
-    if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight
-        loaded.add("lm_head.weight")
-    missing = sorted(set(expected) - loaded)
-    model.load_report = {"missing": missing, "unexpected": sorted(unexpected)}
-    if unexpected:
-        log.warning("%s: %d unexpected weights ignored, e.g. %s", ckpt_dir, len(unexpected), unexpected[:5])
-    if missing:
-        raise GenomeLMError(
-            f"model: {ckpt_dir} lacks {len(missing)} weights of the text model, e.g. {missing[:5]}; "
-            "is it a GLM-5.3-Flash checkpoint matching its config.json?"
-        )
-    return model.load_report
-
-
-def _assign(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    module_name, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_name)
-    if attr in module._parameters:
-        old = module._parameters[attr]
-        module._parameters[attr] = nn.Parameter(tensor, requires_grad=old.requires_grad)
-    else:
-        module._buffers[attr] = tensor

@@ -23,10 +23,7 @@ soon as it is complete, so rank 0 holds about one file (5 GiB) plus one tensor, 
 model. Rank 0 also writes the metadata and does the renames. DCP stores global shapes, so a
 checkpoint resumes on any number of processes (sharded or not). A `train_state/` without the
 model (written by versions before the weights went into DCP) is refused with a one-line error.
-
-Weights into a model (`load_weights`, also `model.init`): tensor by tensor from the safetensors
-files straight into the parameters, each rank of a sharded model reading only its rows
-(`genome_lm.parallel.materialize`).
+`model.init` reads the `model/` of a checkpoint (`resolve_model_dir`) with `model.weights.load_weights_`.
 """
 
 from __future__ import annotations
@@ -132,8 +129,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     """Write checkpoint `step` (collective in a distributed run: every rank calls it); `model/` only
     with `export_model`, in files of at most `max_shard_bytes` (default 5 GiB), its weights in
     `export_dtype` (the model's dtype when training keeps float32 master weights; None: as held)."""
-    from genome_lm.model import save_pretrained
-    from genome_lm.model.checkpoint import DEFAULT_MAX_SHARD_BYTES
+    from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, save_pretrained
 
     par = parallel or ParallelContext()
     final = ckpt_dir / f"step_{step:08d}"
@@ -174,8 +170,6 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     return final
 
 
-
-
 def stored_state(state_dir: Path) -> dict:
     """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored. A one-line error
     for a checkpoint of an older version, whose `train_state/` has no model weights."""
@@ -203,15 +197,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     data.load_state_dict(state["data"])
     _restore_rng(state["rng"])
     return int(state["step"])
-
-
-def load_weights(model, path: str | os.PathLike) -> None:
-    """Copy the weights of a checkpoint (training or model directory) into `model`, exactly: one
-    tensor at a time from the safetensors files, straight into the parameters (a sharded model:
-    each rank reads only its rows). No second model is built."""
-    from genome_lm.parallel.materialize import load_weights_
-
-    load_weights_(model, resolve_model_dir(path))
 
 
 def clean_partials(ckpt_dir: Path) -> None:

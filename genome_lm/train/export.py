@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.checkpoint import DEFAULT_MAX_SHARD_BYTES, TensorSpec, model_tensors, write_model_dir
+from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, model_tensors, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                             "checkpoint inside its run directory (RUN/checkpoints/step_N)")
     cfg = load_experiment(config_path)
     model = build_model(cfg, torch.device("cpu"), None, meta=True)
-    stored = stored_state(state_dir)
-    specs = []
-    for name, tensor in model_tensors(model).items():
+    stored, tensors = stored_state(state_dir), model_tensors(model)
+    for name, tensor in tensors.items():
         meta = stored.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):
             raise GenomeLMError(f"{state_dir} lacks the weight model.{name} of the model in {config_path}; is it a "
@@ -81,11 +80,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
         if tuple(meta.size) != tuple(tensor.shape):
             raise GenomeLMError(f"{state_dir}: model.{name} has shape {tuple(meta.size)}, the model in {config_path} "
                                 f"has {tuple(tensor.shape)}; is it a checkpoint of this run?")
-        specs.append((name, tuple(tensor.shape), meta.properties.dtype))
     # read as stored (a bf16 model's float32 master weights), written in the model's dtype
-    model_dtype = {name: t.dtype for name, t in model_tensors(model).items()}
-    tensors = ((name, t.to(model_dtype[name])) for name, t in _dcp_tensors(state_dir, specs, max_shard_bytes))
-    specs = [(name, shape, model_dtype[name]) for name, shape, _ in specs]
-    write_model_dir(model, out, specs, tensors, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    read = [(name, shape, stored[f"model.{name}"].properties.dtype) for name, shape, _ in specs]
+    loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
+    write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
     log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
     return Path(out)

@@ -42,6 +42,7 @@ from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.ops.loss import IGNORE_INDEX
+from genome_lm.model.weights import load_weights_
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
 from genome_lm.parallel.mesh import ParallelContext, default_device, init_parallel
@@ -50,7 +51,6 @@ from genome_lm.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    load_weights,
     resolve_model_dir,
     save_checkpoint,
 )
@@ -99,7 +99,7 @@ def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, m
     model = build(cfg.model.name, dtype=cfg.model.dtype, device=None if meta else device, meta=meta,
                   **cfg.model.overrides)
     if init and not meta:
-        load_weights(model, init)
+        load_weights_(model, resolve_model_dir(init))
         log.info("initialised weights from %s", init)
     return model
 
@@ -123,11 +123,10 @@ def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
 def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str | None):
     """The model ready to train: built, then `parallelize`d. Distributed: built on the meta device,
     parallelized there (FSDP2 shards), then each rank allocates only its shards and fills them
-    (`materialize_`): from the weights directory, reading just its rows of each tensor; from
+    (`load_weights_`): from the weights directory, reading just its rows of each tensor; from
     scratch, as slices of the preset model built in full on CPU with the same seed as one process
     (so a distributed run starts from the same weights; not meant for glm53-flash)."""
     from genome_lm.model.presets import META_ONLY
-    from genome_lm.parallel.materialize import materialize_
 
     compute = compute_dtype(cfg)
     if not par.distributed:
@@ -141,7 +140,7 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
             raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
                                 "every rank's CPU first; set model.init to its checkpoint directory")
         reference = build_model(cfg, torch.device("cpu"), None)
-    materialize_(model, par.device, weights, reference)
+    load_weights_(model, reference.state_dict() if weights is None else weights, par.device)
     del reference
     log.info("rank %d: materialised its shards from %s", par.rank, weights or "the preset initialisation")
     return model

@@ -1,5 +1,5 @@
-"""Reading weights a slice at a time: `convert.read_rows` inverts `to_disk_layout` for any rows,
-`CheckpointReader` reads them from safetensors, `load_weights` fills a model in place (no second
+"""Reading weights a slice at a time: `read_rows` inverts `to_disk_layout` for any rows,
+`CheckpointReader` reads them from safetensors, `load_weights_` fills a model in place (no second
 model), and a checkpoint that does not fit is a GenomeLMError naming the key."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from safetensors.torch import save_file
 import genome_lm.model as model_pkg
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build, save_pretrained
-from genome_lm.model.convert import read_rows, to_disk_layout
-from genome_lm.model.load import CheckpointReader
-from genome_lm.train.checkpoint import load_weights
+from genome_lm.model.weights import CheckpointReader, load_weights_, read_rows, to_disk_layout
 
 from .test_checkpoint import tiny
 
@@ -57,10 +55,10 @@ def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
     params = {n: p for n, p in target.named_parameters()}
 
     def no_build(*args, **kwargs):
-        raise AssertionError("load_weights built a model")
+        raise AssertionError("load_weights_ built a model")
 
     monkeypatch.setattr(model_pkg, "build", no_build)
-    load_weights(target, ckpt)
+    load_weights_(target, ckpt)
     for name, tensor in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], tensor), name
     assert all(p is params[n] for n, p in target.named_parameters())  # filled in place
@@ -69,7 +67,7 @@ def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
 def test_load_weights_casts_like_build(tmp_path):
     ckpt = save_pretrained(tiny(1), tmp_path / "ckpt")
     target = build("glm53-tiny", dtype="bfloat16")
-    load_weights(target, ckpt)
+    load_weights_(target, ckpt)
     want = build(ckpt, dtype="bfloat16").state_dict()
     got = target.state_dict()
     assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in want.items())
@@ -90,31 +88,31 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     key = "model.layers.2.mlp.experts.3.up_proj.weight"
     missing = variant("missing", lambda t: {k: v for k, v in t.items() if k != key})
     with pytest.raises(GenomeLMError, match=rf"lacks 1 weight\(s\) of the text model, e.g. \['{key}'\]"):
-        load_weights(tiny(), missing)
+        load_weights_(tiny(), missing)
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
-        load_weights(tiny(), wrong)
+        load_weights_(tiny(), wrong)
     with CheckpointReader(ckpt, tiny().config) as reader:
         assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
         # unused: what none of the given tensors needs (whatever this reader happened to read)
-        unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
+        _, unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
         assert "model.layers.1.mlp.experts.7.up_proj.weight" not in unused and "model.norm.weight" not in unused
         assert {"lm_head.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= set(unused)
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
     with pytest.raises(GenomeLMError, match="no \\*.safetensors"):
-        load_weights(tiny(), tmp_path / "nothing")
+        load_weights_(tiny(), tmp_path / "nothing")
 
 
 def test_only_weights_the_model_has_no_place_for_are_logged(tmp_path, caplog):
     ckpt = save_pretrained(tiny(1), tmp_path / "ckpt", max_shard_bytes=60_000)
     with caplog.at_level("WARNING"):
-        load_weights(tiny(), ckpt)
+        load_weights_(tiny(), ckpt)
     assert "not used" not in caplog.text
     save_file({"model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(ckpt / "model-extra.safetensors"))
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.layers.0.mlp.extra.weight"] = "model-extra.safetensors"
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     with caplog.at_level("WARNING"):
-        load_weights(tiny(), ckpt)
+        load_weights_(tiny(), ckpt)
     assert "1 weights not used by the model, e.g. ['model.layers.0.mlp.extra.weight']" in caplog.text

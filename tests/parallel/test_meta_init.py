@@ -26,11 +26,10 @@ SMALL_SHARDS = 60_000  # bytes: glm53-tiny (~1.9 MB in fp32) in many files, expe
 
 
 def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
-    """Every rank: meta build -> parallelize -> materialize from each source; gather the weights;
+    """Every rank: meta build -> parallelize -> load_weights_ from each source; gather the weights;
     export streamed with small and default shard sizes, recording what the writer held."""
     from genome_lm.config import MemoryConfig, ParallelConfig
-    from genome_lm.model.checkpoint import ShardWriter
-    from genome_lm.parallel.materialize import materialize_
+    from genome_lm.model.weights import ShardWriter, load_weights_
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.parallelize import parallelize
 
@@ -39,7 +38,7 @@ def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
     for label, source in sources.items():
         model = build("glm53-tiny", meta=True)
         parallelize(model, MemoryConfig(recompute="per-layer"), par)
-        materialize_(model, par.device, source)
+        load_weights_(model, source, par.device)
         local = {n: t.to_local().clone() for n, t in model.state_dict().items() if hasattr(t, "to_local")}
         full = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in model.state_dict().items()}
         torch.save({"full": full, "local_numel": sum(t.numel() for t in local.values())}, out / f"{label}.r{rank}.pt")
