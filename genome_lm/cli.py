@@ -138,59 +138,29 @@ def _run_export(args: argparse.Namespace) -> None:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from genome_lm.eval.config import EvalConfig
+    from genome_lm.utils import add_options
+
     p = sub.add_parser("eval", help="score held-out windows: per-token NLL and loss by preceding context")
-    p.add_argument("--checkpoint", required=True, help="run checkpoint (RUN/checkpoints/last) or model directory "
-                   "(with --dry-run also a preset, e.g. glm53-flash)")
-    p.add_argument("--shards", default=None, help="directory written by `genome-lm prepare` (required, except that "
-                   "--dry-run can plan a window of --seq-len tokens without it)")
-    p.add_argument("--split", default="eval")
-    p.add_argument("--seq-len", default=None, help="tokens per scored piece (default: the whole window); longer "
-                   "windows are scored in consecutive pieces whose context restarts")
-    p.add_argument("--max-windows", type=int, default=None, help="score only the first N windows")
-    p.add_argument("--buckets", default="log2", help="'log2' ([0,1), [1,2), [2,4), ...) or edges, e.g. 0,16,256,4k")
-    p.add_argument("--engine", choices=["parallel", "streaming"], default="parallel")
-    p.add_argument("--parity", action="store_true", help="also score with the other engine; report |delta log-prob|")
-    p.add_argument("--chunk-tokens", default="4096", help="tokens per chunk of the streaming engine")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
-    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
-                   help="on CUDA, float32 matmuls on TF32 tensor cores (default); --no-tf32: full float32")
+    add_options(p, EvalConfig)
     p.add_argument("--nproc", default=None, metavar="N",
                    help="score on N local processes (torch elastic; one per GPU, gloo on CPU): the model sharded "
                         "over all N (FSDP2), the windows shared out over N / --cp replicas. With --dry-run: the "
                         "memory per rank on N GPUs")
-    p.add_argument("--cp", type=int, default=1, metavar="C",
-                   help="context parallelism: split each window (piece) into C contiguous slabs, one per process, "
-                        "for windows longer than one GPU holds; N must be a multiple of C (default 1)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="score under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a local Ray "
                         "instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
     p.add_argument("--dry-run", action="store_true", help="check the inputs and print the memory per rank (sharded "
                    "weights + one window slab's activations) on --nproc N GPUs; scores nothing, needs no GPU")
-    p.add_argument("--out", default=None, help="output directory (tokens.parquet, summary.json)")
-    p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_run_eval)
 
 
 def _run_eval(args: argparse.Namespace) -> None:
-    from pydantic import ValidationError
-
-    from genome_lm.eval import EvalConfig
-    from genome_lm.utils import parse_size
+    from genome_lm.eval.config import EvalConfig
+    from genome_lm.utils import from_args
 
     nproc = _nproc(args.nproc)
-    try:
-        cfg = EvalConfig(
-            checkpoint=args.checkpoint, shards=args.shards, out=args.out, split=args.split,
-            seq_len=parse_size(args.seq_len, "--seq-len") if args.seq_len else None, max_windows=args.max_windows,
-            buckets=args.buckets, engine=args.engine, parity=args.parity,
-            chunk_tokens=parse_size(args.chunk_tokens, "--chunk-tokens"), dtype=args.dtype, device=args.device,
-            cp=args.cp, tf32=args.tf32, overwrite=args.overwrite,
-        )
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise GenomeLMError(f"--{str(err['loc'][0]).replace('_', '-')}: "
-                            f"{err['msg'].removeprefix('Value error, ')}") from None
+    cfg = from_args(EvalConfig, args)
     if args.dry_run:
         from genome_lm.plan.eval_dry_run import dry_run
 
@@ -205,7 +175,7 @@ def _run_eval(args: argparse.Namespace) -> None:
 
         s = evaluate(cfg)
     o = s["overall"]
-    print(f"{args.out}: {o['n_tokens']:,} tokens, mean NLL {o['mean_nll']:.4f} nats/token = "
+    print(f"{cfg.out}: {o['n_tokens']:,} tokens, mean NLL {o['mean_nll']:.4f} nats/token = "
           f"{o['bits_per_base']:.4f} bits/base (95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats)")
 
 

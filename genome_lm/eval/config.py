@@ -1,36 +1,45 @@
-"""`EvalConfig`: the settings of one `genome-lm eval` run (recorded in summary.json)."""
+"""`EvalConfig`: the settings of one `genome-lm eval` run (recorded in summary.json); the command's
+flags, `--config FILE.yaml` and `--set` are generated from it (docs/config.md)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from genome_lm.config import BlockSizes
+from genome_lm.utils import Size
 
 DTYPES = ("float32", "bfloat16")
 
 
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalConfig(BlockSizes):
+    """The long-context block sizes (`moe_block_tokens`, `dsa_block_queries`, `loss_chunk_tokens`) and
+    their defaults are training's (`config.BlockSizes`, the `memory:` section)."""
 
-    checkpoint: str = Field(description="training checkpoint (RUN/checkpoints/last, step_N) or model directory "
-                            "(a preset name for --dry-run)")
-    shards: str | None = Field(default=None, description="directory written by `genome-lm prepare` (required "
-                               "except for a dry run)")
-    out: str | None = Field(default=None, description="output directory (required except for a dry run)")
+    checkpoint: str = Field(description="run checkpoint (RUN/checkpoints/last, step_N) or model directory "
+                            "(with --dry-run also a preset, e.g. glm53-flash)")
+    shards: str | None = Field(default=None, description="directory written by `genome-lm prepare` (required, "
+                               "except that --dry-run can plan a window of --seq-len tokens without it)")
+    out: str | None = Field(default=None, description="output directory: tokens.parquet, summary.json (required "
+                            "except for a dry run)")
     split: str = "eval"
-    seq_len: int | None = Field(default=None, gt=0, description="tokens per scored piece; None = whole window. "
-                                "Longer windows are scored in consecutive pieces whose context restarts")
+    seq_len: Size | None = Field(default=None, description="tokens per scored piece (default: the whole window); "
+                                 "longer windows are scored in consecutive pieces whose context restarts")
     max_windows: int | None = Field(default=None, gt=0, description="score only the first N windows of the split")
-    buckets: str = Field(default="log2", description="'log2' or comma-separated edges of context buckets")
+    buckets: str = Field(default="log2", description="'log2' ([0,1), [1,2), [2,4), ...) or edges of context "
+                         "buckets, e.g. 0,16,256,4k")
     engine: Literal["parallel", "streaming"] = "parallel"
     parity: bool = Field(default=False, description="also score with the other engine; report |delta log-prob|")
-    chunk_tokens: int = Field(default=4096, gt=0, description="tokens per chunk of the streaming engine")
-    loss_chunk_tokens: int = Field(default=2048, gt=0, description="tokens per chunk of the LM head + loss")
-    dtype: str | None = Field(default=None, description="float32 or bfloat16; None: float32 on CPU, bfloat16 on CUDA")
-    device: str | None = Field(default=None, description="cuda if available, else cpu")
-    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls on TF32 tensor cores; false: full float32")
-    cp: int = Field(default=1, gt=0, description="context-parallel ranks per window (distributed eval): each "
-                    "piece split into cp contiguous slabs; the processes form processes / cp data-parallel replicas")
+    chunk_tokens: Size = Field(default=4096, description="tokens per chunk of the streaming engine")
+    dtype: str | None = Field(default=None, description="float32 or bfloat16 (default: float32 on CPU, "
+                              "bfloat16 on CUDA)")
+    device: str | None = Field(default=None, description="cuda / cpu (default: cuda if available)")
+    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls on TF32 tensor cores (default); "
+                       "--no-tf32: full float32")
+    cp: int = Field(default=1, gt=0, description="context parallelism: split each window (piece) into C contiguous "
+                    "slabs, one per process, for windows longer than one GPU holds; --nproc N must be a multiple "
+                    "of C; the processes form N / C data-parallel replicas")
     resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")
     seed: int = Field(default=0, description="bootstrap seed")
     overwrite: bool = False

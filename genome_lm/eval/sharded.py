@@ -113,15 +113,14 @@ def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
 def build_model(cfg, model_dir: str, dtype: str, par):
     """The causal LM ready to score: long-context ops (eval's block sizes), CP, FSDP2 (`parallelize`).
     Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
-    from genome_lm.config import MemoryConfig
+    from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model import build
-    from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
-    from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES
     from genome_lm.model.weights import load_weights_
     from genome_lm.train.parallelize import parallelize
 
-    memory = MemoryConfig(loss_chunk_tokens=cfg.loss_chunk_tokens, moe_block_tokens=DEFAULT_BLOCK_TOKENS,
-                          dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES, moe_recompute=True)
+    # training's block sizes unless the eval sets them (EvalConfig inherits config.BlockSizes); MoE blocks
+    # are rebuilt in backward only, so moe_recompute changes nothing without autograd
+    memory = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)
     if not par.distributed:
         return parallelize(build(model_dir, dtype=dtype, device=par.device), memory, par)
     model = parallelize(build(model_dir, dtype=dtype, meta=True), memory, par)

@@ -75,8 +75,7 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
 
 def dry_run(cfg, world: int | None = None) -> dict:
     """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
-    from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
-    from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES
+    from genome_lm.config import BlockSizes
     from genome_lm.parallel.cp import slab_bounds
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
     from genome_lm.plan.inference import plan_forward
@@ -96,8 +95,7 @@ def dry_run(cfg, world: int | None = None) -> dict:
     sharded.check_pieces(lengths, seq_len, cp)
     shape = model_shape(source, dtype)
     layout = Layout(seq_len=piece, cp=cp, dp=dp, moe_recompute=True, hc_recompute=hc_recompute_available(),
-                    moe_block_tokens=DEFAULT_BLOCK_TOKENS, dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES,
-                    loss_chunk_tokens=cfg.loss_chunk_tokens)
+                    **cfg.model_dump(include=set(BlockSizes.model_fields)))  # the block sizes eval runs with
     assume = Assumptions()
     plan = plan_forward(shape, layout, assume, backend="fla" if gpu else "torch")
     need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30

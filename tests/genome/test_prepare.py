@@ -309,3 +309,16 @@ def test_cli_success(tmp_path, genome, capsys):
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["parameters"]["min_len"] == 64  # default: seq-len / 8
     assert manifest["splits"]["eval"]["windows"] > 0
+
+
+def test_cli_config_file_flags_and_set(tmp_path, genome, capsys):
+    fa = write_fasta(tmp_path / "g.fa", genome)
+    cfg = tmp_path / "prepare.yaml"
+    cfg.write_text(f"fasta: [{fa}]\nseq_len: 1k\nmin_gap: 100\ntrain_chroms: [chr1]\n")
+    code = main(["prepare", "--config", str(cfg), "--seq-len", "512", "--set", "eval_chroms=chr2,chr22",
+                 "--out", str(tmp_path / "o")])
+    assert code == 0, capsys.readouterr().err
+    params = json.loads((tmp_path / "o" / "manifest.json").read_text())["parameters"]
+    assert params["seq_len"] == 512 and params["min_len"] == 64 and params["eval_chroms"] == ["chr2", "chr22"]
+    cfg.write_text(f"fasta: [{fa}]\nseq_lenn: 1k\n")
+    _cli_fails(capsys, tmp_path, ["--config", str(cfg)], r"prepare.yaml: unknown key seq_lenn; did you mean seq_len\?")

@@ -260,3 +260,16 @@ def test_cli_param_overrides_reach_the_genome_and_bad_ones_are_named(tmp_path, c
         assert main(["synth", "--out", str(fresh), "--scale", "0.05", "--param", bad]) == 2
         err = capsys.readouterr().err
         assert named in err and "Traceback" not in err and not fresh.exists()
+
+
+def test_cli_config_file_and_set(tmp_path, capsys):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text("max_distance: 8192\nsubstitution_rate: 0.5\n")
+    out = tmp_path / "g.fa.gz"
+    assert main(["synth", "--out", str(out), "--scale", "0.05", "--seed", "3", "--config", str(cfg),
+                 "--set", "substitution_rate=0.01"]) == 0
+    want = synthesize_genome(scale=0.05, seed=3, params=make_params(max_distance=8192, substitution_rate=0.01))
+    assert read_repeats(repeats_path(out)) == want.copies
+    cfg.write_text("n_familes: 3\n")
+    assert main(["synth", "--out", str(tmp_path / "h.fa.gz"), "--config", str(cfg)]) == 2
+    assert "synth.yaml: unknown key n_familes; did you mean n_families?" in capsys.readouterr().err
