@@ -137,7 +137,7 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     path = Path(path)
     if not path.exists():
         raise GenomeLMError(f"experiment file {path} does not exist; see experiments/ for examples")
-    raw = read_yaml(path, "sections data, model, train, ...")
+    raw = read_yaml(path, "data, model, train, ... (the sections)")
     for assignment in overrides:
         apply_override(raw, assignment)
     cfg = parse_experiment(raw, str(path))

@@ -58,14 +58,12 @@ def format_size(n: int) -> str:
 
 
 def _size(v: Any) -> int:
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError("expected a size such as 4096, 64k or 1M")
-    if isinstance(v, (int, str)):
-        try:
-            return parse_size(v)
-        except GenomeLMError as e:
-            raise ValueError(str(e).removeprefix("size: ")) from None
-    raise ValueError("expected a size such as 4096, 64k or 1M")
+    try:
+        return parse_size(v)
+    except GenomeLMError as e:
+        raise ValueError(str(e).removeprefix("size: ")) from None
 
 
 Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
@@ -133,16 +131,16 @@ def apply_override(raw: dict, assignment: str, flag: str = "--set") -> str:
 
 
 def read_yaml(path: str | Path, hint: str) -> dict:
-    """The mapping in a YAML file; `hint` says what it should hold."""
+    """The mapping in a YAML file; `hint` names the keys it should hold."""
     path = Path(path)
     if not path.exists():
-        raise GenomeLMError(f"config file {path} does not exist; {hint}")
+        raise GenomeLMError(f"config file {path} does not exist")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise GenomeLMError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
-        raise GenomeLMError(f"{path} must hold a mapping: {hint}")
+        raise GenomeLMError(f"{path} must hold a mapping with keys {hint}")
     return raw
 
 
@@ -157,14 +155,11 @@ def _default(v) -> str:
     return f" (default {shown})"
 
 
-def add_options(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...] = (),
-                fields: bool = True) -> None:
+def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True) -> None:
     """`--config FILE.yaml`, `--set KEY=VALUE` and (with `fields`) one flag per field of `model`
     (`seq_len` -> `--seq-len`; help: the field's description and default; every flag unset by default,
     so that `from_args` can tell given from default)."""
     for name, f in model.model_fields.items() if fields else ():
-        if name in skip:
-            continue
         kw: dict[str, Any] = {"default": None, "dest": name}
         if f.annotation is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -177,22 +172,19 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[
     p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
                    "(flags and --set override it; docs/config.md)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override one parameter, e.g. --set seed=3 (repeatable)")
+                   help=f"set a field of {model.__module__}.{model.__name__} (repeatable; wins over the flags)")
 
 
-def from_args(model: type[BaseModel], args: argparse.Namespace, skip: tuple[str, ...] = (), unknown="unknown key"):
+def from_args(model: type[BaseModel], args: argparse.Namespace):
     """`model` from the --config file, then the flags given, then --set (see `add_options`)."""
-    raw: dict = {}
-    origin: dict[str, str] = {}
-    if args.config:
-        raw = read_yaml(args.config, f"{model.__name__} fields, e.g. {', '.join(list(model.model_fields)[:3])}")
-        origin = dict.fromkeys(raw, str(args.config))
+    raw = read_yaml(args.config, f"{', '.join(list(model.model_fields)[:3])}, ...") if args.config else {}
+    origin = dict.fromkeys(raw, str(args.config))
     for name in model.model_fields:
-        if name not in skip and getattr(args, name, None) is not None:
+        if getattr(args, name, None) is not None:
             raw[name], origin[name] = getattr(args, name), _flag(name)
     for assignment in args.overrides:
         origin[apply_override(raw, assignment)] = "--set"
-    return validate(model, raw, "", origin, unknown)
+    return validate(model, raw, "", origin)
 
 
 def _umask() -> int:
