@@ -35,7 +35,7 @@ import json, resource, sys, time
 import torch
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
 from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention
-from genome_lm.model.ops.dsa import patch_dsa_module
+from genome_lm.model.ops.dsa import LongDSA
 impl, T, block, threads, repeats, cfg_json = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
                                               int(sys.argv[5]), sys.argv[6])
 if threads > 0:
@@ -45,7 +45,7 @@ cfg._attn_implementation = "eager"
 torch.manual_seed(0)
 attn = Glm5NextTextAttention(cfg, 0)
 if impl == "patched":
-    patch_dsa_module(attn, block_queries=block)
+    LongDSA.install(attn, block_queries=block)
 def step(n):
     x = torch.randn(1, n, cfg.hidden_size, requires_grad=True)
     out, _, _ = attn(x, attention_mask=torch.ones(1, n, dtype=torch.bool))

@@ -68,16 +68,15 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
 
 def _planned(model, T: int, device: str) -> int:
     """The dry run's estimate of the same forward's activations (peak minus weights), one process."""
-    from genome_lm.model.ops.moe.chunk import DEFAULT_BLOCK_TOKENS
-    from genome_lm.model.patch import DEFAULT_DSA_BLOCK_QUERIES, DEFAULT_LOSS_CHUNK_TOKENS
+    from genome_lm.model.patch import DEFAULTS
     from genome_lm.plan import Layout
     from genome_lm.plan.inference import plan_forward
     from genome_lm.plan.layout import hc_recompute_available
     from genome_lm.plan.shapes import shape_of
 
     layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=hc_recompute_available(),
-                    moe_block_tokens=DEFAULT_BLOCK_TOKENS, dsa_block_queries=DEFAULT_DSA_BLOCK_QUERIES,
-                    loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS)
+                    moe_block_tokens=DEFAULTS.moe_block_tokens, dsa_block_queries=DEFAULTS.dsa_block_queries,
+                    loss_chunk_tokens=DEFAULTS.loss_chunk_tokens)
     plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout,
                         backend="fla" if device == "cuda" else "torch")
     return plan.peak_bytes - plan.weights_bytes

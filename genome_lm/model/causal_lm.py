@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from genome_lm.model.cp import all_reduce_sum, gather_seq
 from genome_lm.model.ops.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_cross_entropy
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
@@ -56,7 +57,8 @@ class Glm5NextCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
-        self.long_context_patches: dict = {}
+        self.long_context = None  # the LongContextSettings applied (`apply_long_context`)
+        self.cp = None  # a CPContext under context parallelism (`apply_context_parallel`)
 
     @property
     def device(self) -> torch.device:
@@ -81,7 +83,7 @@ class Glm5NextCausalLM(nn.Module):
         """Mean next-token loss over non-ignored labels, optionally per-token NLL.
 
         Args:
-            input_ids: [B, T] int64.
+            input_ids: [B, T] int64 (under context parallelism: the full batch on every CP rank).
             labels: [B, T] int64, normally `input_ids` (shifted inside; -100 = not scored).
                 Without labels, `input_ids` are the labels when `return_per_token_nll` is set;
                 otherwise no loss is computed.
@@ -89,32 +91,66 @@ class Glm5NextCausalLM(nn.Module):
         Returns:
             `CausalLMOutput` with `loss` (float32, 0 when nothing is scored), `num_targets` and,
             when asked, `per_token_nll` [B, T] float32 with `nll_mask` [B, T], `hidden_states`.
+            Under context parallelism (`self.cp`, set by `apply_context_parallel`) the decoder runs
+            this rank's slab [B, T_r]: `loss` is the group's mean (its gradient this rank's share:
+            its NLL sum / the group's target count, so summing the ranks' gradients gives the
+            gradient of the mean), `num_targets` the group's, `per_token_nll` the whole sequence's
+            (gathered, no gradient), `hidden_states` the slab's.
         """
-        hidden = self.hidden(input_ids, **kwargs)  # [B, T, D]
+        cp = self.cp
+        B, T = input_ids.shape
+        s, e = cp.split(T) if cp is not None else (0, T)
+        if cp is not None and kwargs.get("attention_mask") is not None:
+            kwargs["attention_mask"] = kwargs["attention_mask"][:, s:e]
+        hidden = self.hidden(input_ids[:, s:e], **kwargs)  # [B, T_r, D]
         if labels is None and return_per_token_nll:
             labels = input_ids
         out = CausalLMOutput(hidden_states=hidden if return_hidden else None)
         if labels is None:
             return out
-        b, t, d = hidden.shape
-        targets = shift_labels(labels).reshape(-1)  # [B*T]; position t predicts token t+1
-        loss, nll = chunked_cross_entropy(
-            hidden.reshape(b * t, d),
-            self.lm_head.weight,
-            targets,
-            chunk_tokens=self.loss_chunk_tokens,
-            ignore_index=IGNORE_INDEX,
-            return_per_token=True,
-        )
-        out.loss = loss
-        out.num_targets = (targets != IGNORE_INDEX).sum()
+        targets = shift_labels(labels)[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
+        loss, nll = chunked_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
+                                          chunk_tokens=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
+                                          return_per_token=True)  # nll [B*T_r] float32, 0 where ignored
+        if cp is None:
+            out.loss, out.num_targets = loss, (targets != IGNORE_INDEX).sum()
+            pred = nll.view(B, T)  # [B, T], indexed by predicting position
+        else:
+            local = nll.sum()
+            totals = all_reduce_sum(torch.stack([local.detach(), (targets != IGNORE_INDEX).sum().to(local.dtype)]),
+                                    cp.group)
+            count = totals[1].clamp(min=1)
+            out.loss = local / count + (totals[0] - local.detach()) / count  # value: group mean; grad: this share
+            out.num_targets = totals[1].to(torch.int64)
+            if return_per_token_nll:
+                with torch.no_grad():
+                    pred = gather_seq(nll.detach().view(B, e - s), cp.lengths, cp.group)  # [B, T]
         if return_per_token_nll:
-            pred = nll.view(b, t)  # [B, T], indexed by predicting position
-            out.per_token_nll = torch.cat([pred.new_zeros(b, 1), pred[:, :-1]], dim=1)  # by scored token
+            out.per_token_nll = torch.cat([pred.new_zeros(B, 1), pred[:, :-1]], dim=1)  # by scored token
             mask = labels != IGNORE_INDEX
             mask[:, 0] = False
             out.nll_mask = mask
         return out
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
+        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens].
+
+        The prompt runs once through `cache` (default a new transformers `DynamicCache`: KDA conv
+        and recurrent state, DSA latent rows and index keys, as upstream fills it), then one
+        token at a time from it. Works on the model with or without `apply_long_context`.
+        """
+        from transformers import DynamicCache
+
+        if self.cp is not None:
+            raise NotImplementedError("generate runs in one process (this model is context-parallel)")
+        cache = DynamicCache(config=self.config) if cache is None else cache
+        ids, step = input_ids, input_ids
+        for _ in range(max_new_tokens):
+            hidden = self.model(input_ids=step, cache=cache, use_cache=True).last_hidden_state[:, -1]  # [B, D]
+            step = self.lm_head(hidden).float().argmax(-1, keepdim=True)  # [B, 1]
+            ids = torch.cat([ids, step], dim=1)
+        return ids
 
     def logits(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """All logits [B, T, V] in float32 (small T only): logits[:, t] predicts token t+1."""

@@ -61,7 +61,7 @@ def hc_intermediates(m: ModelShape) -> int:
 
 
 def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> dict[str, int]:
-    """Under context parallelism (parallel/cp_kda.py) the op runs twice per slab (ordinary run, and
+    """Under context parallelism (model/ops/kda/cp.py) the op runs twice per slab (ordinary run, and
     the slab's affine map with zero values of width K), and o^M is kept in float32 for the einsum."""
     a, D, H, K = m.act_bytes, m.D, m.kda_heads, m.kda_head_dim
     HK = H * K

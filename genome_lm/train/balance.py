@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from genome_lm.parallel.collectives import all_reduce_sum
+from genome_lm.model.cp import all_reduce_sum
 
 __all__ = ["ExpertBalancer"]
 

@@ -1,9 +1,9 @@
 """Memory strategies applied from outside the model: per-layer / selective recompute, and
 offload of each checkpointed layer's input to (pinned) host memory.
 
-`checkpoint_module(module, offload=...)` replaces `module.forward` with a recomputing version:
-the forward runs without keeping activations, the module's tensor inputs are saved — on the
-device, or copied to pinned host memory on a side stream when `offload` — and the module's
+`recompute(module, offload=...)`: the forward runs without keeping activations. Without offload
+that is torch's composable `checkpoint`. With offload the module's tensor inputs are copied to
+pinned host memory on a side stream (and nothing else is kept), and the module's
 backward copies them back (on CUDA: waits for the copy out to finish, then copies back on the
 current stream, not prefetched ahead of the backward), replays the forward with the same RNG
 state and back-propagates through it. The saved input is released right after that module's
@@ -19,6 +19,9 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed._composable import checkpoint
+
+from genome_lm.model.ops.install import swap_class
 
 
 class _HostCopy:
@@ -57,18 +60,15 @@ def _stream_for(device: torch.device):
 
 
 class _Recompute(torch.autograd.Function):
-    """forward(run, offload, n_tensors, *tensors) -> outputs of run(*tensors), without activations."""
+    """forward(run, *tensors) -> outputs of run(*tensors), without activations; the tensors parked
+    in host memory until backward."""
 
     @staticmethod
-    def forward(ctx, run: Callable, offload: bool, *tensors: torch.Tensor):
+    def forward(ctx, run: Callable, *tensors: torch.Tensor):
         ctx.run = run
-        ctx.offload = offload
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        if offload:
-            ctx.parked = [_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors]
-        else:
-            ctx.save_for_backward(*tensors)
+        ctx.parked = [_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors]
         with torch.no_grad():
             out = run(*tensors)
         outs = out if isinstance(out, tuple) else (out,)
@@ -77,13 +77,10 @@ class _Recompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if ctx.offload:
-            inputs = [p.back() if isinstance(p, _HostCopy) else p for p in ctx.parked]
-            del ctx.parked  # released after this module's backward
-        else:
-            inputs = list(ctx.saved_tensors)
+        inputs = [p.back() if isinstance(p, _HostCopy) else p for p in ctx.parked]
+        del ctx.parked  # released after this module's backward
         inputs = [t.detach().requires_grad_(t.is_floating_point() and g) if isinstance(t, torch.Tensor) else t
-                  for t, g in zip(inputs, ctx.needs_input_grad[2:])]
+                  for t, g in zip(inputs, ctx.needs_input_grad[1:])]
         rng_devices = list(range(torch.cuda.device_count())) if ctx.cuda_rng is not None else []
         with torch.random.fork_rng(devices=rng_devices):
             torch.set_rng_state(ctx.cpu_rng)
@@ -96,22 +93,25 @@ class _Recompute(torch.autograd.Function):
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None, None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
+        return (None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
 
 
-def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
-    """Make `module.forward(x, *args, **kwargs)` recompute in backward; tensor arguments are the
-    saved inputs (offloaded when asked), everything else is captured as is."""
-    inner = module.forward
+class _OffloadedRecompute:
+    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory."""
 
-    def forward(*args, **kwargs):
+    def extra_repr(self) -> str:
+        inner = super().extra_repr()
+        return f"{inner}, recompute=offload" if inner else "recompute=offload"
+
+    def forward(self, *args, **kwargs):
+        inner = super().forward
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         tensor_kw = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         tensors = [args[i] for i in tensor_pos] + [kwargs[k] for k in tensor_kw]
-        # The replay closure must not hold the tensors themselves: with offload, the saved copy
-        # lives in host memory and the device tensor has to be free to go after the forward.
+        # The replay closure must not hold the tensors themselves: the saved copy lives in host
+        # memory and the device tensor has to be free to go after the forward.
         arg_template = [None if i in tensor_pos else a for i, a in enumerate(args)]
         kw_template = {k: (None if k in tensor_kw else v) for k, v in kwargs.items()}
         returns_tuple = []
@@ -127,8 +127,25 @@ def checkpoint_module(module: nn.Module, offload: bool = False) -> nn.Module:
             return out
 
         del args, kwargs
-        outs = _Recompute.apply(run, offload, *tensors)
+        outs = _Recompute.apply(run, *tensors)
         return outs if returns_tuple[0] else outs[0]
 
-    module.forward = forward
-    return module
+
+_OFFLOADED: dict[type, type] = {}
+
+
+def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
+    """Make `module` recompute its activations in backward (in place; names and parameters kept).
+
+    Without offload: torch's composable `checkpoint` (non-reentrant, forward hooks). With offload,
+    our own `_Recompute`: torch's checkpoint keeps the module's inputs referenced on the device
+    until backward (so `save_on_cpu` around it would add a host copy and free nothing); ours saves
+    only the host copy, so the device input goes (tests/train/test_memory.py checks it). The module
+    becomes an `Offloaded<Class>` subclass (`ops.install.swap_class`); `print(model)` shows it.
+    """
+    if not offload:
+        return checkpoint(module)
+    cls = type(module)
+    if cls not in _OFFLOADED:
+        _OFFLOADED[cls] = type(f"Offloaded{cls.__name__}", (_OffloadedRecompute, cls), {})
+    return swap_class(module, _OFFLOADED[cls])

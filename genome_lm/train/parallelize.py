@@ -1,18 +1,17 @@
 """One place that turns a single-device model into the one that trains, in a fixed order
 (as torchtitan's `parallelize`):
 
-  1. long-context ops with the configured block sizes (`apply_long_context`)
-  2. context parallelism (`genome_lm.parallel.cp`): swaps the KDA / DSA forwards for their
-     slab-wise versions and the LM forward for the slab split + group loss; it comes before
-     recompute so that recomputed modules replay the CP version
+  1. the long-context classes with the configured block sizes (`apply_long_context`)
+  2. context parallelism (`genome_lm.parallel.cp`): hands the CP group to the causal LM and the
+     long-context layers, which take the slab path themselves (so 2 and 3 commute)
   3. recompute (per decoder layer, or selected sub-modules), with layer-input offload
+     (`genome_lm.train.memory`)
   4. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), last, as torchtitan does;
      with `compute_dtype` (a bf16 model) the parameters are first made float32 master weights
      and FSDP2 gathers them in bf16 for compute (upstream's float32 exceptions in float32)
 Step 2 runs only with cp > 1; step 4 with a mesh (`ParallelContext.sharded`: several ranks, or
-one process training a bf16 model).
-
-Model code itself stays single-device and knows nothing of these.
+one process training a bf16 model). Out of order, 1 after 3 (with offload) or after 4 and 3 after
+4 raise an error naming the order; 2 before 1 too.
 """
 
 from __future__ import annotations
@@ -24,35 +23,34 @@ from torch import nn
 
 from genome_lm.config import MemoryConfig
 from genome_lm.parallel.mesh import ParallelContext
-from genome_lm.train.memory import checkpoint_module
+from genome_lm.train.memory import recompute
 
 log = logging.getLogger(__name__)
 
 
-def _layer_kind(layer: nn.Module) -> tuple[str, str]:
-    attn = "kda" if getattr(layer, "block_type", "") == "linear_attention" else "dsa"
-    mlp = "moe" if type(layer.mlp).__name__.endswith("MoE") or hasattr(layer.mlp, "experts") else "dense"
-    return attn, mlp
-
-
 def apply_recompute(model: nn.Module, memory: MemoryConfig) -> list[str]:
-    """Wrap decoder layers (per-layer) or their attention / MLP sub-modules (selective)."""
-    wrapped = []
+    """Recompute decoder layers (per-layer) or their attention / MLP sub-modules (selective);
+    returns the names of the modules wrapped."""
+    from torch.distributed.fsdp import FSDPModule
+
     if memory.recompute == "none":
-        return wrapped
+        return []
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise RuntimeError("apply_recompute: recompute before FSDP2 shards the model (see train/parallelize.py)")
+    targets = {}
     for i, layer in enumerate(model.model.layers):
         if memory.recompute == "per-layer":
-            checkpoint_module(layer, offload=memory.offload_layer_inputs)
-            wrapped.append(f"layers.{i}")
+            targets[f"layers.{i}"] = layer
             continue
-        attn, mlp = _layer_kind(layer)
+        attn = "kda" if layer.block_type == "linear_attention" else "dsa"
+        mlp = "moe" if hasattr(layer.mlp, "experts") else "dense"
         if attn in memory.recompute_layers:
-            checkpoint_module(layer.self_attn, offload=memory.offload_layer_inputs)
-            wrapped.append(f"layers.{i}.self_attn")
+            targets[f"layers.{i}.self_attn"] = layer.self_attn
         if mlp in memory.recompute_layers:
-            checkpoint_module(layer.mlp, offload=memory.offload_layer_inputs)
-            wrapped.append(f"layers.{i}.mlp")
-    return wrapped
+            targets[f"layers.{i}.mlp"] = layer.mlp
+    for module in targets.values():
+        recompute(module, offload=memory.offload_layer_inputs)
+    return list(targets)
 
 
 def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContext | None = None,
@@ -67,13 +65,8 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
     if compute_dtype not in (None, torch.float32) and not (parallel is not None and parallel.sharded):
         raise ValueError("parallelize: a compute dtype needs FSDP2 (a sharded ParallelContext)")
 
-    apply_long_context(
-        model,
-        dsa_block_queries=memory.dsa_block_queries,
-        moe_block_tokens=memory.moe_block_tokens,
-        loss_chunk_tokens=memory.loss_chunk_tokens,
-        moe_recompute=memory.moe_recompute,
-    )
+    apply_long_context(model, dsa_block_queries=memory.dsa_block_queries, moe_block_tokens=memory.moe_block_tokens,
+                       loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute)
     if parallel is not None and parallel.cp > 1:
         apply_context_parallel(model, parallel.cp_group)
     wrapped = apply_recompute(model, memory)

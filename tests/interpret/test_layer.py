@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from genome_lm.model.ops.kda.layer import patch_kda_module, upstream_torch_fallbacks
+from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
 from tests.model.test_kda import cached_outputs, close, forward_backward, tiny_layer
 
 # max |Δ| / max(1, max |reference|); measured (fp32): out 1.5e-6, dx 1e-6, parameter gradients <= 6.5e-6
@@ -19,7 +19,7 @@ TOL = {"out": 1e-5, "grad": 5e-5}
 
 def test_patched_layer_on_fla_matches_upstream(fla_calls):
     _, upstream = tiny_layer(31, num_heads=2)
-    patched = patch_kda_module(copy.deepcopy(upstream))
+    patched = LongKDA.install(copy.deepcopy(upstream))
     T = 70
     x = torch.randn(1, T, 64, generator=torch.Generator().manual_seed(31))
     mask = torch.ones(1, T, dtype=torch.bool)

@@ -19,6 +19,7 @@ from genome_lm.model import (
     use_torch_fallbacks,
 )
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.patch import LongContextSettings
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel, glm
 
 torch.set_num_threads(1)
@@ -183,12 +184,13 @@ def _loss_and_grads(model, x, labels):
 def test_moe_and_loss_patches_equal_unpatched(seq_len):
     ref_model = tiny(seed=seq_len)
     patched = copy.deepcopy(ref_model)
-    apply_long_context(patched, ops=("moe", "loss"), moe_block_tokens=37, loss_chunk_tokens=29)
-    assert patched.long_context_patches == {
-        "moe": {"block_tokens": 37, "recompute": True},
-        "loss": {"chunk_tokens": 29},
-    }
+    apply_long_context(patched, ops=("moe", "loss"), moe_block_tokens=37, loss_chunk_tokens=29, moe_recompute=True)
+    assert patched.long_context == LongContextSettings(ops=("moe", "loss"), moe_block_tokens=37,
+                                                       loss_chunk_tokens=29, moe_recompute=True)
+    assert patched.loss_chunk_tokens == 29
     assert all(type(layer.mlp) is BlockedGlm5NextTextMoE for layer in patched.model.layers[1:])
+    assert all((layer.mlp.block_tokens, layer.mlp.recompute) == (37, True) for layer in patched.model.layers[1:])
+    assert "(mlp): BlockedGlm5NextTextMoE(" in repr(patched) and "block_tokens=37, recompute=True" in repr(patched)
     x = torch.randint(0, 5, (1, seq_len), generator=torch.Generator().manual_seed(seq_len))
     with use_torch_fallbacks():
         ref_out, ref_grads = _loss_and_grads(ref_model, x, x)
@@ -205,7 +207,8 @@ def test_moe_and_loss_patches_equal_unpatched(seq_len):
 def test_apply_long_context_on_bare_text_model():
     model = Glm5NextTextModel(preset_config("glm53-tiny"))
     assert apply_long_context(model, ops=("moe", "loss"), moe_block_tokens=16) is model
-    assert model.long_context_patches == {"moe": {"block_tokens": 16, "recompute": True}}
+    assert model.long_context.moe_block_tokens == 16
+    assert all(type(layer.mlp) is BlockedGlm5NextTextMoE for layer in model.layers[1:])
     counts = count_parameters(model)  # bare text model: no lm_head, same grouping
     assert counts["lm_head"] == 0 and counts["other"] == 0
     assert counts["total"] == config_arithmetic(model.config) - 16 * 64

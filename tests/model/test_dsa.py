@@ -17,11 +17,10 @@ from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttenti
 
 from genome_lm.model.ops.dsa import (
     DSASelection,
+    LongDSA,
     absorbed_mla_attention,
     dsa_stream_step,
-    is_patched,
     naive_dsa_forward,
-    patch_dsa_module,
     sparse_latent_attention,
 )
 from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention
@@ -104,7 +103,7 @@ def test_patched_matches_upstream(T, seeds, block):
     cfg = tiny_config()
     for seed in seeds:
         up = make_attn(cfg, 0, seed)
-        mine = patch_dsa_module(copy.deepcopy(up), block_queries=block)
+        mine = LongDSA.install(copy.deepcopy(up), block_queries=block)
         x = torch.randn(2, T, cfg.hidden_size, generator=torch.Generator().manual_seed(seed))
         ref = run(up, x)
         got = run(mine, x, w=ref[3])
@@ -127,7 +126,7 @@ def test_exact_score_ties_resolve_as_upstream(T):
         up.kv_a_proj_with_mqa.weight[:, :half] = 0
     x = torch.randn(2, T, cfg.hidden_size)
     x[:, :, :half] = torch.randn(2, 4, half).repeat(1, T // 4 + 1, 1)[:, :T]
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=50)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=50)
     ref = run(up, x)
     got = run(mine, x, w=ref[3])
     assert torch.equal(got[1].to_token_indices(cfg.index_topk), ref[1])
@@ -137,8 +136,8 @@ def test_exact_score_ties_resolve_as_upstream(T):
 def test_sdpa_upstream_and_patched_parameter_names():
     cfg = tiny_config(attn="sdpa")
     up = make_attn(cfg, 0, 3)
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=32)
-    assert is_patched(mine) and not is_patched(up)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=32)
+    assert type(mine) is LongDSA and type(up) is not LongDSA
     assert [n for n, _ in mine.named_parameters()] == [n for n, _ in up.named_parameters()]
     x = torch.randn(1, 77, cfg.hidden_size)
     ref = run(up, x)
@@ -148,7 +147,7 @@ def test_sdpa_upstream_and_patched_parameter_names():
 def test_bfloat16_matches_upstream_in_bfloat16():
     cfg = tiny_config()
     up = make_attn(cfg, 0, 14).to(torch.bfloat16)
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=32)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=32)
     x = torch.randn(2, 90, cfg.hidden_size).bfloat16()
     ref = run(up, x)
     got = run(mine, x, w=ref[3])
@@ -161,7 +160,7 @@ def test_shared_layer_reuses_selection():
     cfg = tiny_config(layers=("full", "shared"))
     up0, up1 = make_attn(cfg, 0, 4), make_attn(cfg, 1, 5)
     assert up1.indexer is None and up0.next_skip_topk
-    p0, p1 = (patch_dsa_module(copy.deepcopy(m), block_queries=19) for m in (up0, up1))
+    p0, p1 = (LongDSA.install(copy.deepcopy(m), block_queries=19) for m in (up0, up1))
     x = torch.randn(2, 203, cfg.hidden_size)
     ref0 = run(up0, x)
     got0 = run(p0, x, w=ref0[3])
@@ -180,7 +179,7 @@ def test_without_tail_selection():
     upstream's eager path spreads them uniformly over all keys (future ones too). Elsewhere equal."""
     cfg = tiny_config(tail=False)
     up = make_attn(cfg, 0, 6)
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=10)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=10)
     x = torch.randn(2, 45, cfg.hidden_size)
     rows = slice(cfg.index_kpool - 1, None)
     ref = run(up, x, rows=rows)
@@ -204,7 +203,7 @@ def test_pool_size_one_matches_fla_naive():
     up = make_attn(cfg, 0, 7)
     B, T, H = 2, 64, cfg.num_attention_heads
     x = torch.randn(B, T, cfg.hidden_size)
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=24)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=24)
     with torch.no_grad():
         _, _, sel = mine(x, attention_mask=None)
         q_resid = up.q_a_layernorm(up.q_a_proj(x))
@@ -236,7 +235,7 @@ def test_dense_fast_path_matches_upstream_and_sparse_path(T, kpool, tail):
     the blockwise sparse kernel fed the same selection."""
     cfg = tiny_config(topk=1024, kpool=kpool, tail=tail)
     up = make_attn(cfg, 0, 5)
-    mine = patch_dsa_module(copy.deepcopy(up), block_queries=40)
+    mine = LongDSA.install(copy.deepcopy(up), block_queries=40)
     x = torch.randn(2, T, cfg.hidden_size, generator=torch.Generator().manual_seed(5))
     ref = run(up, x)
     got = run(mine, x, w=ref[3])
@@ -255,7 +254,8 @@ def test_dense_fast_path_matches_upstream_and_sparse_path(T, kpool, tail):
 
 def test_sparse_topk_is_not_dense():
     cfg = tiny_config(topk=16, kpool=4)
-    sel = patch_dsa_module(make_attn(cfg, 0, 2))(torch.randn(1, 100, cfg.hidden_size), attention_mask=None)[2]
+    attn = LongDSA.install(make_attn(cfg, 0, 2), block_queries=128)
+    sel = attn(torch.randn(1, 100, cfg.hidden_size), attention_mask=None)[2]
     assert not sel.is_dense(100) and sel.is_dense(19)
 
 
@@ -273,7 +273,7 @@ def test_sparse_latent_attention_gradcheck():
 def test_streaming_in_pieces_equals_one_pass():
     cfg = tiny_config(layers=("full", "shared"))
     up0, up1 = make_attn(cfg, 0, 8), make_attn(cfg, 1, 9)
-    p0, p1 = (patch_dsa_module(copy.deepcopy(m), block_queries=16) for m in (up0, up1))
+    p0, p1 = (LongDSA.install(copy.deepcopy(m), block_queries=16) for m in (up0, up1))
     T, pieces = 150, (1, 6, 17, 40, 86)
     x0, x1 = torch.randn(2, T, cfg.hidden_size), torch.randn(2, T, cfg.hidden_size)
     with torch.no_grad():
@@ -302,7 +302,7 @@ def test_patched_decoder_stack_matches_upstream_model():
     up = Glm5NextTextModel(cfg)
     mine = copy.deepcopy(up)
     for layer in mine.layers:
-        patch_dsa_module(layer.self_attn, block_queries=24)
+        LongDSA.install(layer.self_attn, block_queries=24)
     ids = torch.randint(0, cfg.vocab_size, (2, 70))
     outs, grads = [], []
     for model in (up, mine):
@@ -334,7 +334,7 @@ class _LargestTensor(TorchDispatchMode):
 def test_long_sequence_never_allocates_t_by_t():
     T = 16384
     cfg = tiny_config(topk=32)
-    attn = patch_dsa_module(make_attn(cfg, 0, 11), block_queries=512)
+    attn = LongDSA.install(make_attn(cfg, 0, 11), block_queries=512)
     x = torch.randn(1, T, cfg.hidden_size, requires_grad=True)
     with _LargestTensor() as mode:
         out, _, _ = attn(x, attention_mask=None)
@@ -346,14 +346,12 @@ def test_long_sequence_never_allocates_t_by_t():
 
 def test_unsupported_inputs_raise():
     cfg = tiny_config()
-    attn = patch_dsa_module(make_attn(cfg, 0, 12))
+    attn = LongDSA.install(make_attn(cfg, 0, 12), block_queries=128)
     x = torch.randn(1, 8, cfg.hidden_size)
     mask = torch.ones(1, 8, dtype=torch.bool)
     mask[0, 0] = False
     with pytest.raises(ValueError, match="unpadded"):
         attn(x, attention_mask=mask)
-    with pytest.raises(NotImplementedError, match="Cache"):
-        attn(x, attention_mask=None, cache=object())
     attn.config.qk_rope_head_dim = 4  # upstream's config rejects this at construction
     with pytest.raises(NotImplementedError, match="NoPE"):
-        patch_dsa_module(attn)
+        LongDSA.install(attn)

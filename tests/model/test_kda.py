@@ -16,9 +16,8 @@ from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda._fla import load_fla_reference
 from genome_lm.model.ops.kda.chunk import l2norm
 from genome_lm.model.ops.kda.layer import (
-    is_kda_patched,
+    LongKDA,
     kda_layer_step,
-    patch_kda_module,
     upstream_torch_fallbacks,
 )
 
@@ -234,7 +233,7 @@ def forward_backward(layer, x, seed, **kw):
 @pytest.mark.parametrize("seed,T,num_heads", [(0, 1, 2), (1, 7, 4), (2, 100, 2)])
 def test_patched_layer_matches_upstream(seed, T, num_heads):
     _, upstream = tiny_layer(seed, num_heads)
-    patched = patch_kda_module(copy.deepcopy(upstream), chunk_size=32)
+    patched = LongKDA.install(copy.deepcopy(upstream), chunk_size=32)
     x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(2, T, dtype=torch.bool)
     mask[1, : T // 3] = False  # left padding on the second row
@@ -248,15 +247,18 @@ def test_patched_layer_matches_upstream(seed, T, num_heads):
         close(name, grads[name], grads_ref[name], LAYER_TOL["grad"])
 
 
-def test_patch_keeps_parameters_and_survives_deepcopy():
+def test_install_keeps_parameters_and_survives_deepcopy():
     _, layer = tiny_layer(3)
     keys = list(layer.state_dict())
-    patch_kda_module(layer)
-    assert is_kda_patched(layer) and list(layer.state_dict()) == keys
+    params = [p.data_ptr() for p in layer.parameters()]
+    assert LongKDA.install(layer, chunk_size=16) is layer
+    assert type(layer) is LongKDA and list(layer.state_dict()) == keys
+    assert [p.data_ptr() for p in layer.parameters()] == params  # the same tensors, nothing copied
+    assert repr(layer).startswith("LongKDA(\n  chunk_size=16, cp=None\n")
     twin = copy.deepcopy(layer)
-    assert is_kda_patched(twin) and twin.forward.__self__ is twin
-    del layer.forward
-    assert not is_kda_patched(layer)
+    assert type(twin) is LongKDA and twin.chunk_size == 16
+    with pytest.raises(TypeError, match="expects a Glm5NextTextLinearAttention"):
+        LongKDA.install(torch.nn.Linear(2, 2))
 
 
 def test_upstream_fallbacks_context_restores():
@@ -294,7 +296,7 @@ def cached_outputs(seed: int, T: int, bounds) -> dict[str, torch.Tensor]:
     from transformers import DynamicCache
 
     config, upstream = tiny_layer(seed)
-    patched = patch_kda_module(copy.deepcopy(upstream))
+    patched = LongKDA.install(copy.deepcopy(upstream))
     x = torch.randn(1, T, 64, generator=torch.Generator().manual_seed(seed))
     outs = {}
     for name, layer in [("upstream", upstream), ("patched", patched)]:

@@ -18,7 +18,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from genome_lm.model import apply_long_context, build, use_torch_fallbacks
-from genome_lm.model.ops.hc import is_hc_patched
+from genome_lm.model.ops.dsa import LongDSA
+from genome_lm.model.ops.hc import RecomputedHyperConnection
+from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.upstream import glm
 
 TOL = 1e-4
@@ -36,7 +39,7 @@ def pair(seed: int, **overrides):
     torch.manual_seed(seed)
     ref = build("glm53-tiny", **overrides)
     patched = apply_long_context(copy.deepcopy(ref), dsa_block_queries=100, moe_block_tokens=77,
-                                 loss_chunk_tokens=50, kda_chunk_size=16)
+                                 loss_chunk_tokens=50, kda_chunk_size=16, moe_recompute=True)
     return ref, patched
 
 
@@ -56,8 +59,11 @@ def loss_and_grads(model, x):
 ])
 def test_patched_model_matches_upstream(T, seed, overrides):
     ref, patched = pair(seed, **overrides)
-    assert set(patched.long_context_patches) == {"kda", "dsa", "moe", "hc", "loss"}
-    assert all(is_hc_patched(m) for m in patched.modules() if isinstance(m, glm.Glm5NextTextHyperConnection))
+    assert set(patched.long_context.ops) == {"kda", "dsa", "moe", "hc", "loss"}
+    for upstream, cls in [(glm.Glm5NextTextHyperConnection, RecomputedHyperConnection), (glm.Glm5NextTextMoE,
+                          BlockedGlm5NextTextMoE), (glm.Glm5NextTextLinearAttention, LongKDA),
+                          (glm.Glm5NextTextAttention, LongDSA)]:
+        assert all(type(m) is cls for m in patched.modules() if isinstance(m, upstream))
     x = torch.randint(0, 16, (1, T), generator=torch.Generator().manual_seed(T))
     with use_torch_fallbacks():
         ref_out, ref_grads = loss_and_grads(ref, x)

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from genome_lm.model import preset_config
-from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE, expert_load, naive_moe_forward, patch_moe_module
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE, expert_load, naive_moe_forward
 from genome_lm.model.upstream import Glm5NextTextMoE, glm
+
+install = BlockedGlm5NextTextMoE.install
 
 torch.set_num_threads(1)
 
@@ -42,7 +44,7 @@ def _grads(module, x):
 @pytest.mark.parametrize("recompute", [True, False])
 def test_blocked_equals_upstream(block, recompute):
     ref_module = _moe()
-    patched = patch_moe_module(copy.deepcopy(ref_module), block_tokens=block, recompute=recompute)
+    patched = install(copy.deepcopy(ref_module), block_tokens=block, recompute=recompute)
     x = torch.randn(2, 25, 64, generator=torch.Generator().manual_seed(1))  # N=50 tokens
     ref_out, ref_dx, ref_dp = _grads(ref_module, x)
     out, dx, dp = _grads(patched, x)
@@ -57,7 +59,7 @@ def test_blocked_equals_upstream(block, recompute):
 
 def test_grouped_routing_equals_upstream():
     ref_module = _moe(n_group=2, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.5)
-    patched = patch_moe_module(copy.deepcopy(ref_module), block_tokens=9)
+    patched = install(copy.deepcopy(ref_module), block_tokens=9, recompute=True)
     x = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert_close(patched(x), ref_module(x), name="out")
@@ -65,16 +67,16 @@ def test_grouped_routing_equals_upstream():
     assert torch.equal(patched.last_expert_counts, counts)
 
 
-def test_patch_keeps_names_type_and_is_idempotent():
+def test_install_keeps_names_type_and_reconfigures():
     module = _moe()
     keys = list(module.state_dict())
-    patch_moe_module(module, block_tokens=8)
-    patch_moe_module(module, block_tokens=5, recompute=False)
+    install(module, block_tokens=8, recompute=True)
+    install(module, block_tokens=5, recompute=False)
     assert isinstance(module, Glm5NextTextMoE) and type(module) is BlockedGlm5NextTextMoE
     assert list(module.state_dict()) == keys
     assert module.block_tokens == 5 and module.recompute is False
     with pytest.raises(TypeError):
-        patch_moe_module(torch.nn.Linear(2, 2), block_tokens=4)
+        install(torch.nn.Linear(2, 2), block_tokens=4)
 
 
 def test_blocks_bound_the_dispatch_size(monkeypatch):
@@ -86,14 +88,14 @@ def test_blocks_bound_the_dispatch_size(monkeypatch):
         return experts_forward(self, hidden, top_k_index, top_k_weights)
 
     monkeypatch.setattr(glm.Glm5NextTextExperts, "forward", spy)
-    module = patch_moe_module(_moe(), block_tokens=16)
+    module = install(_moe(), block_tokens=16, recompute=True)
     with torch.no_grad():
         module(torch.randn(1, 50, 64))
     assert sizes == [16, 16, 16, 2]
 
 
 def test_expert_load_stats():
-    model = torch.nn.ModuleDict({"a": patch_moe_module(_moe(), block_tokens=8), "b": _moe()})
+    model = torch.nn.ModuleDict({"a": install(_moe(), block_tokens=8, recompute=True), "b": _moe()})
     with torch.no_grad():
         model["a"](torch.randn(1, 30, 64))
     stats = expert_load(model)

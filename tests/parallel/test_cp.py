@@ -2,7 +2,7 @@
 
 One launch of 4 gloo processes covers CP = 4 (the world) and CP = 2 (two groups of 2: one
 plain, one with per-layer recompute + layer-input offload, whose backward replays the CP
-layers and their collectives). T = 203 is neither a multiple of the KDA chunk (64), of the
+layers and their collectives, applied before and after CP). T = 203 is neither a multiple of the KDA chunk (64), of the
 k-pool (4) nor of cp; T = 7 gives slabs of 1-2 tokens, shorter than the conv window (3 tokens
 of history), so conv tails and KDA states cross several ranks.
 """
@@ -45,6 +45,21 @@ def _model(recompute: str = "none", cp_group=None, cp: int = 1):
     return parallelize(model, memory, layout)
 
 
+def _model_cp_last(cp_group):
+    """As `_model("per-layer", ...)`, but CP applied after recompute + offload (out of
+    `parallelize`'s order): the layers look up their CP context when called, so it is the same."""
+    from genome_lm.config import MemoryConfig
+    from genome_lm.model import apply_long_context, build
+    from genome_lm.parallel import apply_context_parallel
+    from genome_lm.train.parallelize import apply_recompute
+
+    torch.manual_seed(0)
+    model = apply_long_context(build("glm53-tiny"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
+    apply_recompute(model, MemoryConfig(recompute="per-layer", offload_layer_inputs=True))
+    apply_context_parallel(model, cp_group)
+    return model
+
+
 def _run(model, ids, labels):
     out = model(ids, labels=labels, return_per_token_nll=True)
     out.loss.backward()
@@ -58,9 +73,10 @@ def _cp_worker(rank: int, world: int, out_dir: str) -> None:
         for name, (B, T) in CASES.items():
             torch.save(_run(_model(), *_batch(B, T)), f"{out_dir}/ref_{name}.pt")
 
-    def cp_run(tag: str, group, cases, recompute="none"):
+    def cp_run(tag: str, group, cases, recompute="none", make=None):
         for name in cases:
-            res = _run(_model(recompute, group, dist.get_world_size(group)), *_batch(*CASES[name]))
+            model = make(group) if make else _model(recompute, group, dist.get_world_size(group))
+            res = _run(model, *_batch(*CASES[name]))
             for g in res["grads"].values():  # CP ranks share parameters: their gradients add up
                 dist.all_reduce(g, group=group)
             if dist.get_rank(group) == 0:
@@ -71,6 +87,7 @@ def _cp_worker(rank: int, world: int, out_dir: str) -> None:
         cp_run("cp2", pairs[0], CASES)
     else:
         cp_run("cp2recompute", pairs[1], ["T203"], recompute="per-layer")
+        cp_run("cp2cplast", pairs[1], ["T203"], make=_model_cp_last)
 
 
 def _compare(got: dict, ref: dict, what: str) -> float:
@@ -88,6 +105,7 @@ def _compare(got: dict, ref: dict, what: str) -> float:
 def test_cp_parity_2_and_4_ranks(tmp_path):
     spawn(_cp_worker, 4, str(tmp_path), timeout=600)
     runs = [("cp4", name) for name in CASES] + [("cp2", name) for name in CASES] + [("cp2recompute", "T203")]
+    runs += [("cp2cplast", "T203")]
     for tag, name in runs:
         got = torch.load(tmp_path / f"{tag}_{name}.pt")
         ref = torch.load(tmp_path / f"ref_{name}.pt")

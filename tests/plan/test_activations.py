@@ -12,15 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genome_lm.config import MemoryConfig
-from genome_lm.model import build
-from genome_lm.model.upstream import glm
+from genome_lm.model import apply_long_context, build
+from genome_lm.model.patch import ALL_OPS
 from genome_lm.plan import activations
 from genome_lm.plan.layout import Layout, hc_recompute_available
 from genome_lm.plan.shapes import shape_of
-from genome_lm.train.parallelize import parallelize
-
-Glm5NextTextHyperConnection = glm.Glm5NextTextHyperConnection
 
 T = 1024
 
@@ -63,12 +59,9 @@ def test_saved_bytes_per_layer_match_autograd(dtype, moe_recompute, hc_recompute
         pytest.skip("this checkout's apply_long_context does not recompute hyper-connections")
     torch.manual_seed(0)
     model = build("glm53-tiny", dtype=dtype)
-    mem = MemoryConfig(recompute="none", moe_recompute=moe_recompute, moe_block_tokens=1024, dsa_block_queries=512)
-    parallelize(model, mem)
-    if not hc_recompute:  # upstream's hyper-connections, keeping their Sinkhorn intermediates
-        for module in model.modules():
-            if isinstance(module, Glm5NextTextHyperConnection) and "forward" in module.__dict__:
-                del module.forward
+    # without "hc": upstream's hyper-connections, keeping their Sinkhorn intermediates
+    apply_long_context(model, moe_recompute=moe_recompute, moe_block_tokens=1024, dsa_block_queries=512,
+                       ops=ALL_OPS if hc_recompute else tuple(op for op in ALL_OPS if op != "hc"))
     measured = saved_by_layer(model, T)
     m = shape_of(model, "glm53-tiny", dtype)
     layout = Layout(seq_len=T, moe_recompute=moe_recompute, moe_block_tokens=1024, dsa_block_queries=512,

@@ -6,7 +6,7 @@ import weakref
 import torch
 from torch import nn
 
-from genome_lm.train.memory import checkpoint_module
+from genome_lm.train.memory import recompute
 
 
 class Block(nn.Module):
@@ -20,7 +20,7 @@ class Block(nn.Module):
 
 def _run(offload: bool):
     torch.manual_seed(0)
-    block = checkpoint_module(Block(), offload=offload)
+    block = recompute(Block(), offload=offload)
     x = torch.randn(4, 8, requires_grad=True)
     h = x * 2  # the module's input: a non-leaf activation the caller drops after the forward
     ref = weakref.ref(h)

@@ -3,27 +3,27 @@
 - `naive`: plain O(T²) reference of upstream's semantics (tests only).
 - `indexer`: blockwise k-pool indexer -> `DSASelection` (pool ids per query + tail rule).
 - `chunk`: blockwise sparse attention in absorbed-MLA (latent) form, custom autograd.
-- `layer`: `patch_dsa_module` (training path) and `dsa_stream_step` + `DSACache` (streaming).
+- `layer`: `LongDSA` (training, context parallel, transformers Cache) and `dsa_stream_step` +
+  `DSACache` (streaming).
 """
 
 from .chunk import absorbed_mla_attention, sparse_latent_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
-from .layer import DSACache, dsa_stream_step, is_patched, patch_dsa_module
+from .layer import DSACache, LongDSA, dsa_stream_step
 from .naive import naive_dsa_forward, naive_kpool_indexer, naive_mla_attention, naive_selection_mask
 
 __all__ = [
     "DSACache",
     "DSASelection",
+    "LongDSA",
     "absorbed_mla_attention",
     "chunk_kpool_indexer",
     "dsa_stream_step",
     "index_inputs",
-    "is_patched",
     "kpool_keys",
     "naive_dsa_forward",
     "naive_kpool_indexer",
     "naive_mla_attention",
     "naive_selection_mask",
-    "patch_dsa_module",
     "sparse_latent_attention",
 ]

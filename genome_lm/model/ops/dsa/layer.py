@@ -1,15 +1,8 @@
-"""Patch an upstream `Glm5NextTextAttention` (DSA layer) to the blockwise latent form, in place.
+"""DSA layers (upstream `Glm5NextTextAttention`) in blockwise latent form.
 
-`patch_dsa_module(attn)` keeps every parameter (names, values) and binds a new `forward` with
-upstream's call signature, for the no-cache training path:
-
-    out, None, selection_or_None = attn(hidden_states, attention_mask=mask, prev_topk_indices=sel)
-
-`full` layers run the blockwise k-pool indexer (no gradients, as upstream's
-`@torch.no_grad()` indexer); `shared` layers reuse `prev_topk_indices`, a `DSASelection` from the
-previous (patched) layer or upstream's raw int token indices [B, T, W]. As upstream, the selection
-is returned only when `attn.next_skip_topk` (the next layer is `shared`). `del attn.forward`
-restores upstream's forward.
+`LongDSA.install(attn, block_queries=...)` turns one upstream module into a `LongDSA` in place
+(every parameter kept, names and values): the training path, a rank's slab under context
+parallelism, and upstream's `Cache` for decoding.
 
 `dsa_stream_step(attn, hidden_states, cache)` is the streaming path: it processes the next
 chunk of queries against a `DSACache` (latent rows, pool keys and the incomplete pool's index
@@ -19,15 +12,18 @@ Shapes: B batch, T tokens, D model dim, H heads, R kv_lora_rank, DI indexer head
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 
 import torch
 
+from genome_lm.model.cp import gather_seq
+from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.upstream import Glm5NextTextAttention
+
 from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 
-__all__ = ["patch_dsa_module", "is_patched", "DSACache", "dsa_stream_step"]
+__all__ = ["LongDSA", "DSACache", "dsa_stream_step"]
 
 
 def _check_supported(attn) -> None:
@@ -63,62 +59,79 @@ def _attend(attn, q_nope, kv, selection, block) -> torch.Tensor:
     return attn.o_proj(o.flatten(-2))  # [B, T, D]
 
 
-def _dsa_forward(
-    self,
-    hidden_states: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    cache=None,
-    prev_topk_indices=None,
-    **kwargs,
-):
-    """Patched `Glm5NextTextAttention.forward`: hidden_states [B, T, D] -> ([B, T, D], None, selection|None)."""
-    cache = cache if cache is not None else kwargs.get("past_key_values")
-    if cache is not None:
-        raise NotImplementedError(
-            f"layer {self.layer_idx}: patched DSA layers take no transformers Cache; call the model with "
-            "use_cache=False (the default config has use_cache=True), or stream with dsa_stream_step"
-        )
-    if attention_mask is not None and (attention_mask.dim() != 2 or not bool(attention_mask.all())):
-        raise ValueError("patched DSA layers take unpadded batches only (a [B, T] attention_mask that is all True)")
-    block = self._dsa_block_queries
-    q_resid, q, c = _projections(self, hidden_states)
-    if self.indexer is None:
-        selection = _as_selection(prev_topk_indices, self.layer_idx)
-    else:
-        ix = self.indexer
-        q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
-        with torch.no_grad():
-            pools = kpool_keys(keys, gate, ix.index_kpool_compress_ape, ix.index_kpool)  # [B, T // kpool, DI]
-        selection = chunk_kpool_indexer(
-            q_idx, weights, pools, ix.index_topk, ix.index_kpool, ix.index_kpool_always_select_tail,
-            ix.softmax_scale, block_queries=block,
-        )
-    out = _attend(self, q, c, selection, block)
-    return out, None, selection if self.next_skip_topk else None
+class LongDSA(LongContextModule, Glm5NextTextAttention):
+    """`Glm5NextTextAttention` (a DSA layer) in blockwise latent form (parameters upstream's).
 
+    Upstream's call: `out, None, selection_or_None = attn(hidden_states, attention_mask=mask,
+    cache=cache, prev_topk_indices=sel)`. `full` layers run the blockwise k-pool indexer (no
+    gradients, as upstream's `@torch.no_grad()` indexer); `shared` layers reuse
+    `prev_topk_indices`, a `DSASelection` from the previous layer or upstream's raw int token
+    indices [B, T, W]. As upstream, the selection is returned only when `next_skip_topk`.
 
-def patch_dsa_module(attn, block_queries: int = 128):
-    """Bind the blockwise latent forward to one upstream `Glm5NextTextAttention`, in place.
-
-    Args:
-        attn: the module (parameters untouched); block_queries: queries per indexer/attention block.
-    Returns:
-        attn.
+    Settings: `block_queries` per indexer / attention block; `cp`, a `CPContext` once
+    `apply_context_parallel` ran: this rank's queries then attend over the whole causal prefix —
+    the latent rows c [B, T_r, R] are all-gathered differentiably, and for `full` layers the
+    index keys and gates (no gradient) -> the pool keys of the whole sequence, exactly the row of
+    T // kpool pools one process scores, so ties resolve the same way. Memory per rank: the
+    gathered latent O(T·R) and index keys O(T·DI) per layer, the rest O(T_r).
+    With a transformers `Cache` (decoding, `generate`): the latent rows go through
+    `cache.update` and the index keys through `cache.update_indexer` as upstream stores them, and
+    the new queries attend to every cached row.
     """
-    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention
 
-    if not isinstance(attn, Glm5NextTextAttention):
-        raise TypeError(f"expected Glm5NextTextAttention, got {type(attn).__name__}")
-    if block_queries < 1:
-        raise ValueError(f"block_queries must be >= 1, got {block_queries}")
-    _check_supported(attn)
-    attn._dsa_block_queries = int(block_queries)
-    attn.forward = types.MethodType(_dsa_forward, attn)
-    return attn
+    upstream = Glm5NextTextAttention
+    block_queries: int = 1024
+    cp = None
 
+    def configure(self, block_queries: int = 1024) -> None:
+        if block_queries < 1:
+            raise ValueError(f"block_queries must be >= 1, got {block_queries}")
+        _check_supported(self)
+        self.block_queries = int(block_queries)
 
-def is_patched(attn) -> bool:
-    return getattr(attn.forward, "__func__", None) is _dsa_forward
+    def extra_repr(self) -> str:
+        return f"block_queries={self.block_queries}, cp={self.cp}"
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None,
+                prev_topk_indices=None, **kwargs):
+        """hidden_states [B, T, D] -> ([B, T, D], None, selection | None)."""
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        if attention_mask is not None and (attention_mask.dim() != 2 or not bool(attention_mask.all())):
+            raise ValueError("genome_lm's DSA layers take unpadded batches only (a [B, T] attention_mask "
+                             "that is all True)")
+        cp, block = self.cp, self.block_queries
+        if cp is not None:
+            if cache is not None:
+                raise NotImplementedError("context-parallel DSA is for training (no cache); score with one process")
+            cp.check_local(hidden_states.shape[1])
+        q_resid, q, c = _projections(self, hidden_states)  # c [B, T, R]
+        kv, start = c, 0
+        if cache is not None:  # upstream's layout: latent [B, 1, S, R] and an empty rope part
+            kv = cache.update(c[:, None], c.new_zeros(*c.shape[:2], 0)[:, None], self.layer_idx)[0][:, 0]
+            start = kv.shape[1] - c.shape[1]
+        elif cp is not None:
+            kv, start = gather_seq(c, cp.lengths, cp.group), cp.start  # [B, T, R]
+        if self.indexer is None:
+            selection = _as_selection(prev_topk_indices, self.layer_idx)
+        else:
+            ix = self.indexer
+            q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
+            with torch.no_grad():
+                if cache is not None or cp is not None:  # the index keys of the whole prefix
+                    both = torch.cat([keys, gate.to(keys.dtype)], dim=-1)  # [B, T, 2 DI]
+                    if cache is not None:  # upstream packs [keys | gate | valid]
+                        both = cache.update_indexer(torch.cat([both, both.new_ones(*both.shape[:2], 1)], -1),
+                                                    self.layer_idx)[..., :-1]
+                    else:
+                        both = gather_seq(both, cp.lengths, cp.group)
+                    keys, gate = both[..., : keys.shape[-1]], both[..., keys.shape[-1]:].to(gate.dtype)
+                pools = kpool_keys(keys, gate, ix.index_kpool_compress_ape, ix.index_kpool)  # [B, S // kpool, DI]
+            selection = chunk_kpool_indexer(
+                q_idx, weights, pools, ix.index_topk, ix.index_kpool, ix.index_kpool_always_select_tail,
+                ix.softmax_scale, start=start, block_queries=block,
+            )
+        out = _attend(self, q, kv, selection, block)
+        return out, None, selection if self.next_skip_topk else None
 
 
 @dataclass
@@ -166,7 +179,7 @@ def dsa_stream_step(
     """Process the next chunk of one DSA layer given the cache of the earlier tokens.
 
     Args:
-        attn: an upstream `Glm5NextTextAttention` (patched or not; only its parameters are used).
+        attn: an upstream `Glm5NextTextAttention` or `LongDSA` (only its parameters are used).
         hidden_states: the chunk [B, n, D] at positions cache.length .. cache.length + n - 1.
         cache: state after the earlier tokens (None for the first chunk).
         prev_selection: for `shared` layers, the previous layer's selection for this chunk.
@@ -178,7 +191,7 @@ def dsa_stream_step(
         continue from the returned cache, never twice from the same one.
     """
     _check_supported(attn)
-    block = block_queries or getattr(attn, "_dsa_block_queries", 128)
+    block = block_queries or getattr(attn, "block_queries", 128)
     B, n, _ = hidden_states.shape
     start = 0 if cache is None else cache.length
     total_len = total_len if cache is None else cache.total_len

@@ -7,7 +7,7 @@ intermediate: the float32 copy of the streams and its normalised version (2·S·
 and ~2·iters [S, S] matrices, about 5 KB per token per hyper-connection on glm53-tiny (60% of
 what the patched model keeps per layer) and 128 KB per token on GLM-5.3-Flash in bf16.
 
-`patch_hc_module` runs the same forward under non-reentrant activation checkpointing: what is
+`RecomputedHyperConnection` runs the same forward under non-reentrant activation checkpointing: what is
 kept for backward is only the input streams (alive anyway: the decoder layer's residual) and the
 outputs (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]); the intermediates are rebuilt
 for backward from the input. Everything is per token, so the rebuild is exact (same ops, same
@@ -17,37 +17,28 @@ upstream's forward as is.
 
 from __future__ import annotations
 
-import types
-
 import torch
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import glm
 
-__all__ = ["patch_hc_module", "is_hc_patched", "upstream_hc_forward"]
+__all__ = ["RecomputedHyperConnection", "upstream_hc_forward"]
 
 upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
 
 
-def _hc_forward(self, hidden_streams: torch.Tensor):
-    """Patched forward: (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]), as upstream."""
-    if torch.is_grad_enabled() and (hidden_streams.requires_grad or any(p.requires_grad for p in self.parameters())):
-        return checkpoint(upstream_hc_forward, self, hidden_streams, use_reentrant=False)
-    return upstream_hc_forward(self, hidden_streams)
+class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnection):
+    """`Glm5NextTextHyperConnection` whose intermediates are rebuilt in backward; forward
+    returns (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]) as upstream."""
 
+    upstream = glm.Glm5NextTextHyperConnection
 
-def patch_hc_module(module: nn.Module) -> nn.Module:
-    """Make one `Glm5NextTextHyperConnection` recompute its intermediates in backward (in place).
+    def configure(self) -> None:
+        pass
 
-    Parameters and names are untouched; idempotent; `del module.forward` restores upstream's.
-    """
-    if not isinstance(module, glm.Glm5NextTextHyperConnection):
-        raise TypeError(f"patch_hc_module expects a Glm5NextTextHyperConnection, got {type(module).__name__}")
-    module.forward = types.MethodType(_hc_forward, module)
-    return module
-
-
-def is_hc_patched(module: nn.Module) -> bool:
-    fwd = module.__dict__.get("forward")
-    return isinstance(fwd, types.MethodType) and fwd.__func__ is _hc_forward
+    def forward(self, hidden_streams: torch.Tensor):
+        if torch.is_grad_enabled() and (hidden_streams.requires_grad
+                                        or any(p.requires_grad for p in self.parameters())):
+            return checkpoint(upstream_hc_forward, self, hidden_streams, use_reentrant=False)
+        return upstream_hc_forward(self, hidden_streams)

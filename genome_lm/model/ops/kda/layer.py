@@ -1,11 +1,10 @@
 """Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`.
 
-`kda_layer_forward` reproduces `Glm5NextTextLinearAttention.forward` on the module's own
-parameters (names unchanged) but calls `chunk_kda`, so activations stay O(T·H·K); `chunk_kda`
-picks fla or torch by device (`GENOME_LM_KDA_BACKEND`, see `chunk.py`). `kda_layer_step` is the
-functional streaming form: given the state after some prefix, process the next piece of tokens and
-return the new state.
-`patch_kda_module` installs `kda_layer_forward` on one module in place.
+`LongKDA` is `Glm5NextTextLinearAttention` on the module's own parameters (names unchanged)
+calling `chunk_kda`, so activations stay O(T·H·K); `chunk_kda` picks fla or torch by device
+(`GENOME_LM_KDA_BACKEND`, see `chunk.py`). `kda_layer_step` is the functional streaming form:
+given the state after some prefix, process the next piece of tokens and return the new state.
+`LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place.
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
@@ -15,7 +14,6 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
 """
 
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,8 +21,9 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda.chunk import chunk_kda
-from genome_lm.model.upstream import use_torch_fallbacks
+from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
 
 
 @dataclass
@@ -57,7 +56,7 @@ def kda_layer_step(
         hidden_states: `[B, T, D]` the next T tokens (T >= 1).
         state: the `KDAState` after the previous tokens, or None at sequence start.
         attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
-        chunk_size: chunk of `chunk_kda`; default `module.kda_chunk_size` or 64.
+        chunk_size: chunk of `chunk_kda`; default `module.chunk_size` (a `LongKDA`) or 64.
         kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
             parallelism (`genome_lm.parallel`) passes one that composes the incoming state
             across ranks.
@@ -68,7 +67,7 @@ def kda_layer_step(
         in-place updates), so gradients flow through the carried state too.
     """
     if chunk_size is None:
-        chunk_size = getattr(module, "kda_chunk_size", 64)
+        chunk_size = getattr(module, "chunk_size", 64)
     if attention_mask is not None:  # upstream apply_mask_to_padding_states
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
     B, T, _ = hidden_states.shape
@@ -113,68 +112,67 @@ def kda_layer_step(
     return out, KDAState(new_conv_state, recurrent.float())
 
 
-def kda_layer_forward(
-    module: nn.Module,
-    hidden_states: torch.Tensor,
-    cache=None,
-    attention_mask: torch.Tensor | None = None,
-    **kwargs,
-) -> torch.Tensor:
-    """Replacement for `Glm5NextTextLinearAttention.forward(hidden_states, cache, attention_mask, **kwargs)`.
+class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
+    """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
-    Args:
-        module: the upstream layer (bound as `self` by `patch_kda_module`).
-        hidden_states: `[B, T, D]`.
-        cache: None (training), or a transformers `Cache` with linear-attention layers
-            (`get_conv_state` / `update_conv_state` / `get_recurrent_state` /
-            `update_recurrent_state`, keyed by `module.layer_idx`), updated as upstream does.
-        attention_mask: optional `[B, T]` padding mask.
-        kwargs: ignored (upstream forwards model kwargs); packed sequences are not supported.
-
-    Returns:
-        `[B, T, D]`, equal to upstream's output for the same inputs and cache.
+    Settings: `chunk_size` of `chunk_kda`; `cp`, a `CPContext` once `apply_context_parallel` ran
+    (then the layer runs its rank's slab, `ops/kda/cp.py`). The conv's padding is 0 once installed
+    (upstream never calls `conv1d`'s forward: its causal conv reads the weight), so
+    `kda_layer_step`'s call is exactly the valid convolution, without padded columns.
     """
-    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
-        raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
-    if cache is None:
-        return kda_layer_step(module, hidden_states, None, attention_mask)[0]
 
-    idx = module.layer_idx
-    conv_state = cache.get_conv_state(idx)  # [B, 3·H·K, >= W-1] raw projections, or None
-    recurrent = cache.get_recurrent_state(idx)
-    state = None
-    if conv_state is not None:
-        width = module.conv_kernel_size
-        if recurrent is None:
-            recurrent = conv_state.new_zeros(
-                conv_state.shape[0], module.num_heads, module.head_dim, module.head_dim, dtype=torch.float32
-            )
-        state = KDAState(conv_state[..., conv_state.shape[-1] - (width - 1) :], recurrent)
-    out, new_state = kda_layer_step(module, hidden_states, state, attention_mask)
-    # The cache keeps the last W raw projections; only the last W-1 reach future outputs, and
-    # those are exactly new_state.conv_state (zero-padded at sequence start, as upstream pads).
-    cache.update_conv_state(new_state.conv_state.detach(), idx, conv_kernel_size=module.conv_kernel_size)
-    cache.update_recurrent_state(new_state.recurrent_state.detach(), idx)
-    return out
+    upstream = Glm5NextTextLinearAttention
+    chunk_size: int = 64
+    cp = None
 
+    def configure(self, chunk_size: int = 64) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = int(chunk_size)
+        self.conv1d.padding = (0,)
 
-def patch_kda_module(module: nn.Module, chunk_size: int = 64) -> nn.Module:
-    """Make one `Glm5NextTextLinearAttention` run `kda_layer_forward`, in place; returns it.
+    def extra_repr(self) -> str:
+        return f"chunk_size={self.chunk_size}, cp={self.cp}"
 
-    Parameters, buffers and the state dict are untouched. Idempotent; `copy.deepcopy` of the
-    module (or model) rebinds the method to the copy. Undo with `del module.forward`. The conv's
-    padding becomes 0 (upstream never calls `conv1d`'s forward: its causal conv reads the weight),
-    so `kda_layer_step`'s call is exactly the valid convolution, without padded columns.
-    """
-    module.kda_chunk_size = chunk_size
-    module.conv1d.padding = (0,)
-    module.forward = types.MethodType(kda_layer_forward, module)
-    return module
+    def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
+                **kwargs) -> torch.Tensor:
+        """Upstream's call: hidden_states [B, T, D] -> [B, T, D], equal to upstream's output.
 
+        Args:
+            cache: None (training), or a transformers `Cache` with linear-attention layers
+                (`get_conv_state` / `update_conv_state` / `get_recurrent_state` /
+                `update_recurrent_state`, keyed by `layer_idx`), updated as upstream does.
+            attention_mask: optional `[B, T]` padding mask.
+            kwargs: ignored (upstream forwards model kwargs); packed sequences are not supported.
+        """
+        if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+            raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
+        if self.cp is not None:
+            if cache is not None:
+                raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
+            from genome_lm.model.ops.kda.cp import cp_kda_forward
 
-def is_kda_patched(module: nn.Module) -> bool:
-    fwd = module.__dict__.get("forward")
-    return isinstance(fwd, types.MethodType) and fwd.__func__ is kda_layer_forward
+            return cp_kda_forward(self, hidden_states, attention_mask)
+        if cache is None:
+            return kda_layer_step(self, hidden_states, None, attention_mask)[0]
+
+        idx = self.layer_idx
+        conv_state = cache.get_conv_state(idx)  # [B, 3·H·K, >= W-1] raw projections, or None
+        recurrent = cache.get_recurrent_state(idx)
+        state = None
+        if conv_state is not None:
+            width = self.conv_kernel_size
+            if recurrent is None:
+                recurrent = conv_state.new_zeros(
+                    conv_state.shape[0], self.num_heads, self.head_dim, self.head_dim, dtype=torch.float32
+                )
+            state = KDAState(conv_state[..., conv_state.shape[-1] - (width - 1) :], recurrent)
+        out, new_state = kda_layer_step(self, hidden_states, state, attention_mask)
+        # The cache keeps the last W raw projections; only the last W-1 reach future outputs, and
+        # those are exactly new_state.conv_state (zero-padded at sequence start, as upstream pads).
+        cache.update_conv_state(new_state.conv_state.detach(), idx, conv_kernel_size=self.conv_kernel_size)
+        cache.update_recurrent_state(new_state.recurrent_state.detach(), idx)
+        return out
 
 
 # Unpatched-upstream reference runs: upstream's own torch KDA/conv on every device. Upstream's

@@ -1,19 +1,15 @@
 """MoE in token blocks with per-expert load statistics (`naive` = upstream `Glm5NextTextMoE`)."""
 
 from genome_lm.model.ops.moe.chunk import (
-    DEFAULT_BLOCK_TOKENS,
     BlockedGlm5NextTextMoE,
     blocked_moe_forward,
-    patch_moe_module,
 )
 from genome_lm.model.ops.moe.naive import expert_counts, naive_moe_forward
 from genome_lm.model.ops.moe.stats import expert_load
 
 __all__ = [
-    "DEFAULT_BLOCK_TOKENS",
     "BlockedGlm5NextTextMoE",
     "blocked_moe_forward",
-    "patch_moe_module",
     "expert_counts",
     "naive_moe_forward",
     "expert_load",

@@ -8,14 +8,15 @@ experts), so running upstream's own submodules on consecutive blocks of M tokens
 result as running them on all N tokens at once; only the transient buffers shrink from O(N*k*E)
 (dispatch masks) and O(N*k*I) (expert activations) to the same with M in place of N.
 
-With `recompute=True` (default) and autograd on, each block runs under non-reentrant activation
+With `recompute=True` and autograd on, each block runs under non-reentrant activation
 checkpointing, so what a block keeps for backward is only its input slice (a view of the layer
 input); its expert activations are rebuilt one block at a time during backward. This is what
 makes 1M-token MoE layers fit even inside a per-layer recompute, where the layer's whole
 backward otherwise materialises O(N*k*I) activations at once.
 
-Parameter names are upstream's (the module's class is swapped for a subclass), so checkpoints load
-unchanged. After each forward `module.last_expert_counts` holds the [E] int64 token counts.
+Parameter names are upstream's (`BlockedGlm5NextTextMoE.install(module, ...)` makes the module an
+instance of the subclass in place), so checkpoints load unchanged. After each forward
+`module.last_expert_counts` holds the [E] int64 token counts.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextMoE
-
-DEFAULT_BLOCK_TOKENS = 8192
 
 
 def _experts(experts: nn.Module, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
@@ -78,32 +78,24 @@ def blocked_moe_forward(
     return out.view(shape), counts
 
 
-class BlockedGlm5NextTextMoE(Glm5NextTextMoE):
-    """`Glm5NextTextMoE` whose forward runs in token blocks and records expert counts."""
+class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
+    """`Glm5NextTextMoE` whose forward runs in blocks of `block_tokens` tokens (each recomputed in
+    backward when `recompute`) and records `last_expert_counts` [E] int64."""
 
-    block_tokens: int = DEFAULT_BLOCK_TOKENS
-    recompute: bool = True
+    upstream = Glm5NextTextMoE
+    block_tokens: int = 4096
+    recompute: bool = False
     last_expert_counts: torch.Tensor | None = None
+
+    def configure(self, block_tokens: int = 4096, recompute: bool = False) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"moe block_tokens must be positive, got {block_tokens}")
+        self.block_tokens, self.recompute, self.last_expert_counts = int(block_tokens), bool(recompute), None
+
+    def extra_repr(self) -> str:
+        return f"block_tokens={self.block_tokens}, recompute={self.recompute}"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute)
         self.last_expert_counts = counts
         return out
-
-
-def patch_moe_module(
-    module: Glm5NextTextMoE, block_tokens: int = DEFAULT_BLOCK_TOKENS, recompute: bool = True
-) -> Glm5NextTextMoE:
-    """Make one upstream MoE module run in blocks of `block_tokens` tokens (in place; idempotent).
-
-    The module keeps its parameters, names and `isinstance(module, Glm5NextTextMoE)`.
-    """
-    if not isinstance(module, Glm5NextTextMoE):
-        raise TypeError(f"patch_moe_module expects a Glm5NextTextMoE, got {type(module).__name__}")
-    if block_tokens < 1:
-        raise ValueError(f"moe block_tokens must be positive, got {block_tokens}")
-    module.__class__ = BlockedGlm5NextTextMoE
-    module.block_tokens = int(block_tokens)
-    module.recompute = bool(recompute)
-    module.last_expert_counts = None
-    return module

@@ -9,7 +9,7 @@ from torch import nn
 def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
     """Per MoE layer: tokens per expert `max`, `mean` and `imbalance` = max / mean.
 
-    Reads `last_expert_counts` recorded by `patch_moe_module`d layers during the last forward;
+    Reads `last_expert_counts` recorded by `BlockedGlm5NextTextMoE` layers during the last forward;
     layers without counts (unpatched, or no forward yet) are left out. Keys are module names,
     e.g. `model.layers.3.mlp`. The reference run saw the busiest expert rank carry 4x the mean.
     """

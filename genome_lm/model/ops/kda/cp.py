@@ -1,4 +1,4 @@
-"""Context-parallel KDA layer: each rank runs its slab; the recurrent state crosses slabs.
+"""Context-parallel KDA (`LongKDA` with a `cp`): each rank runs its slab; the recurrent state crosses slabs.
 
 The gated delta rule is affine in the state it starts from. Over one slab, per head,
 
@@ -23,13 +23,12 @@ Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv w
 
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import nn
 
-from genome_lm.model.ops.kda import KDAState, chunk_kda, kda_layer_step
-from genome_lm.parallel.collectives import attach, gather_seq
+from genome_lm.model.cp import attach, gather_seq
+from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.ops.kda.layer import KDAState, kda_layer_step
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
@@ -75,25 +74,14 @@ def _conv_prefix(module: nn.Module, hidden_states: torch.Tensor, cp) -> torch.Te
     return padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
 
 
-def cp_kda_forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
-                   **kwargs) -> torch.Tensor:
-    """`Glm5NextTextLinearAttention.forward` for this rank's slab [B, T, D] -> [B, T, D]."""
-    if cache is not None:
-        raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
-    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
-        raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
-    cp = self._genome_lm_cp
+def cp_kda_forward(module: nn.Module, hidden_states: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A `LongKDA` over this rank's slab [B, T, D] -> [B, T, D] (its `cp` holds the split)."""
+    cp = module.cp
     cp.check_local(hidden_states.shape[1])
     if attention_mask is not None:
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
-    prefix = _conv_prefix(self, hidden_states, cp)
+    prefix = _conv_prefix(module, hidden_states, cp)
     core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
-    out, _ = kda_layer_step(self, hidden_states, KDAState(prefix, None), None, kda_core=core)
+    out, _ = kda_layer_step(module, hidden_states, KDAState(prefix, None), None, kda_core=core)
     return out
-
-
-def patch_cp_kda(module: nn.Module, cp) -> nn.Module:
-    """Make one (long-context patched) KDA module run its slab under context parallelism."""
-    module._genome_lm_cp = cp
-    module.forward = types.MethodType(cp_kda_forward, module)
-    return module

@@ -1,4 +1,11 @@
-"""Autograd-aware collectives for context parallelism, with slabs of unequal length.
+"""Context parallelism inside the model: the slab split (`CPContext`) and the autograd-aware
+collectives the long-context layers and the causal LM call when `apply_context_parallel`
+(`genome_lm.parallel.cp`) has given them a `CPContext`.
+
+Slabs: each sequence is split into contiguous slabs, one per rank of a CP group, boundaries at
+multiples of 64 tokens (the KDA chunk; also whole k-pools) when every rank gets at least one such
+block, the last slab taking the remainder; shorter sequences are split as evenly as possible
+(T >= cp tokens). No padding: collectives pad internally, the model never sees a padded token.
 
 `gather_seq(x, lengths, group)`: every rank's `x` [B, n_r, ...] (n_r = lengths[r]) concatenated
 along dim 1 in rank order -> [B, sum(lengths), ...] on every rank. Backward: each rank gets the
@@ -17,10 +24,64 @@ CPU graph in reverse creation order, so ranks that build the same sequence of ga
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
+
+from genome_lm.errors import GenomeLMError
+
+SLAB_ALIGN = 64
+
+
+def slab_bounds(T: int, cp: int, align: int = SLAB_ALIGN) -> list[int]:
+    """Token boundaries [cp + 1] of the contiguous slabs of a T-token sequence over cp ranks."""
+    if T < cp:
+        raise GenomeLMError(f"a sequence of {T} tokens cannot be split over parallel.cp={cp} ranks; "
+                            "use data.seq_len (and data.min_piece) >= cp, or a smaller cp")
+    if T >= cp * align:
+        blocks = -(-T // align)
+        bounds = [min(T, (r * blocks // cp) * align) for r in range(cp)] + [T]
+        if all(b1 > b0 for b0, b1 in zip(bounds, bounds[1:])):
+            return bounds
+    return [r * T // cp for r in range(cp + 1)]
+
+
+@dataclass
+class CPContext:
+    """One CP group as a rank sees it; `bounds` are set by each forward of the causal LM."""
+
+    group: object
+    rank: int
+    size: int
+    align: int = SLAB_ALIGN
+    bounds: list[int] = field(default_factory=list)
+
+    def split(self, T: int) -> tuple[int, int]:
+        self.bounds = slab_bounds(T, self.size, self.align)
+        return self.start, self.end
+
+    @property
+    def start(self) -> int:
+        return self.bounds[self.rank]
+
+    @property
+    def end(self) -> int:
+        return self.bounds[self.rank + 1]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [b1 - b0 for b0, b1 in zip(self.bounds, self.bounds[1:])]
+
+    def check_local(self, n: int) -> None:
+        if not self.bounds or n != self.end - self.start:
+            raise RuntimeError(f"context parallel: a layer got {n} tokens, the slab of rank {self.rank} is "
+                               f"{self.bounds[self.rank:self.rank + 2] if self.bounds else 'not set'}; "
+                               "call the causal LM (which splits the sequence), not its layers")
+
+    def __repr__(self) -> str:
+        return f"rank {self.rank} of {self.size}"
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""How a genome_lm class takes over an upstream module: `Cls.install(module, **settings)`.
+
+The long-context classes (`LongKDA`, `LongDSA`, `BlockedGlm5NextTextMoE`, `RecomputedHyperConnection`)
+and the offloaded recompute of `genome_lm.train.memory` are subclasses of an upstream module's
+class with the same parameters. `swap_class` is the one place in genome_lm that sets
+`module.__class__`: installing a subclass in place, instead of building a new module and moving
+the parameters over, keeps the object itself — its parent's reference, its parameters (no second
+copy of 313B), hooks, and whatever else already holds it. torch's `fully_shard` installs its
+FSDP classes the same way.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def swap_class(module: nn.Module, cls: type) -> nn.Module:
+    """Make `module` an instance of `cls`, a subclass of its class, in place; returns it."""
+    if not issubclass(cls, type(module)):
+        raise TypeError(f"{cls.__name__} is not a subclass of {type(module).__name__}")
+    module.__class__ = cls
+    return module
+
+
+class LongContextModule:
+    """Mixin of the long-context classes. `upstream` is the upstream class a subclass extends;
+    `configure(**settings)` sets its typed settings (shown by `print(model)`)."""
+
+    upstream: type[nn.Module]
+
+    def configure(self, **settings) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def install(cls, module: nn.Module, **settings) -> nn.Module:
+        """Turn an upstream module into `cls` in place (or reconfigure one that already is); returns it."""
+        if type(module) is not cls:
+            if type(module) is not cls.upstream:
+                hint = ("; install the long-context classes before recompute and FSDP2 wrap the module"
+                        if isinstance(module, cls.upstream) else "")
+                raise TypeError(f"{cls.__name__}.install expects a {cls.upstream.__name__}, "
+                                f"got {type(module).__name__}{hint}")
+            swap_class(module, cls)
+        module.configure(**settings)
+        return module
