@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.settings import DEFAULTS
 from genome_lm.utils import Size, apply_override, read_yaml, validate
 
 __all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
@@ -85,9 +86,11 @@ class TrainConfig(Section):
 class BlockSizes(Section):
     """Block sizes of the long-context ops, shared by training (`memory:`) and eval (its defaults)."""
 
-    moe_block_tokens: Size = Field(default=4096, description="tokens per block of the chunked MoE")
-    dsa_block_queries: Size = Field(default=1024, description="queries per block of DSA sparse attention")
-    loss_chunk_tokens: Size = Field(default=4096, description="tokens per chunk of the LM head + loss")
+    moe_block_tokens: Size = Field(default=DEFAULTS.moe_block_tokens, description="tokens per block of the chunked MoE")
+    dsa_block_queries: Size = Field(default=DEFAULTS.dsa_block_queries,
+                                    description="queries per block of DSA sparse attention")
+    loss_chunk_tokens: Size = Field(default=DEFAULTS.loss_chunk_tokens,
+                                    description="tokens per chunk of the LM head + loss")
 
 
 class MemoryConfig(BlockSizes):
@@ -96,7 +99,8 @@ class MemoryConfig(BlockSizes):
         default_factory=list, description="with recompute: selective, the layer kinds to recompute"
     )
     offload_layer_inputs: bool = False
-    moe_recompute: bool = Field(default=False, description="rebuild each MoE block's expert activations in backward")
+    moe_recompute: bool = Field(default=DEFAULTS.moe_recompute,
+                                description="rebuild each MoE block's expert activations in backward")
 
     @model_validator(mode="after")
     def _selective_needs_layers(self):

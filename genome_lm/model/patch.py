@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
@@ -26,37 +25,11 @@ from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.upstream import route_cpu_to_torch
+from genome_lm.settings import ALL_OPS, DEFAULTS, LongContextSettings
+
+__all__ = ["ALL_OPS", "DEFAULTS", "LongContextSettings", "apply_long_context"]
 
 log = logging.getLogger(__name__)
-
-ALL_OPS = ("kda", "dsa", "moe", "hc", "loss")
-
-
-@dataclass(frozen=True)
-class LongContextSettings:
-    """The long-context classes' settings; the defaults are training's (`MemoryConfig` reads them).
-
-    kda_chunk_size: chunk length of `chunk_kda`.
-    dsa_block_queries: queries per block of the DSA indexer and sparse attention.
-    moe_block_tokens: tokens per MoE block.
-    moe_recompute: rebuild each MoE block's activations in backward (see `ops/moe/chunk.py`).
-    loss_chunk_tokens: tokens per chunk of the LM head + cross-entropy.
-    ops: which of "kda", "dsa", "moe", "hc", "loss" to apply.
-    """
-
-    kda_chunk_size: int = 64
-    dsa_block_queries: int = 1024
-    moe_block_tokens: int = 4096
-    moe_recompute: bool = False
-    loss_chunk_tokens: int = 4096
-    ops: tuple[str, ...] = ALL_OPS
-
-    def __post_init__(self):
-        if unknown := set(self.ops) - set(ALL_OPS):
-            raise ValueError(f"apply_long_context: unknown ops {sorted(unknown)}; choose from {ALL_OPS}")
-
-
-DEFAULTS = LongContextSettings()
 
 
 def apply_long_context(model: nn.Module, settings: LongContextSettings | None = None, **overrides) -> nn.Module:

@@ -1,0 +1,37 @@
+"""Settings shared by layers that do not import each other (no torch here).
+
+`LongContextSettings`: what the long-context classes run with (`model.patch.apply_long_context`);
+its defaults are the ones training uses, and `config.BlockSizes` / `MemoryConfig` and eval's
+config take theirs from it, so each default lives here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALL_OPS = ("kda", "dsa", "moe", "hc", "loss")
+
+
+@dataclass(frozen=True)
+class LongContextSettings:
+    """kda_chunk_size: chunk length of `chunk_kda`.
+    dsa_block_queries: queries per block of the DSA indexer and sparse attention.
+    moe_block_tokens: tokens per MoE block.
+    moe_recompute: rebuild each MoE block's activations in backward (see `model/ops/moe/chunk.py`).
+    loss_chunk_tokens: tokens per chunk of the LM head + cross-entropy.
+    ops: which of "kda", "dsa", "moe", "hc", "loss" to apply.
+    """
+
+    kda_chunk_size: int = 64
+    dsa_block_queries: int = 1024
+    moe_block_tokens: int = 4096
+    moe_recompute: bool = False
+    loss_chunk_tokens: int = 4096
+    ops: tuple[str, ...] = ALL_OPS
+
+    def __post_init__(self):
+        if unknown := set(self.ops) - set(ALL_OPS):
+            raise ValueError(f"apply_long_context: unknown ops {sorted(unknown)}; choose from {ALL_OPS}")
+
+
+DEFAULTS = LongContextSettings()
