@@ -31,7 +31,7 @@ made only when they are needed: with a `compute_dtype` or a model of mixed dtype
   exceptions) and are gathered as they are.
 
 `clip_grad_norm` handles sharded (DTensor) gradients. Sharded models are built on the meta device
-and filled shard by shard (`parallel.materialize`); their Hugging Face-style weights directory is
+and filled shard by shard (`model.weights.load_weights_`); their Hugging Face-style weights directory is
 written one gathered tensor at a time (`model.save_pretrained`), never as one full state dict.
 """
 
@@ -42,7 +42,7 @@ import math
 import torch
 from torch import nn
 
-from genome_lm.model.load import keep_fp32
+from genome_lm.model.weights import keep_fp32
 
 
 def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
