@@ -24,9 +24,9 @@ process. The W processes form dp x cp ranks (`--cp`, dp = W / cp; `parallel.mesh
   any number of processes or on one (the layout is not part of the cache key: it changes scores
   by float rounding only, <= 1e-5 nats in float32, tested).
 - **Engines.** Only the parallel (training) forward is sharded. The streaming engine
-  (`model/streaming.py`) replays the layers' parts on their own parameters, which FSDP2 holds
-  as shards outside a layer's forward, and its caches are O(T) per DSA layer on one device: it
-  is the one-process engine (for models that fit one device, and for `--parity`).
+  (`model/streaming.py`: the model's forward chunk by chunk through one cache) keeps O(T)
+  caches per DSA layer on one device and is not wired to the dp rounds: it is the one-process
+  engine (for models that fit one device, and for `--parity`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from genome_lm.model.ops.dsa import (
     DSASelection,
     LongDSA,
     absorbed_mla_attention,
-    dsa_stream_step,
     naive_dsa_forward,
     sparse_latent_attention,
 )
@@ -270,7 +269,10 @@ def test_sparse_latent_attention_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: sparse_latent_attention(a, b, sel, 0.7, 4), (q, kv))
 
 
-def test_streaming_in_pieces_equals_one_pass():
+def test_cached_pieces_equal_one_pass():
+    """Decoding through upstream's cache (as `model/streaming.py` does), pieces across k-pools."""
+    from genome_lm.model.streaming import StreamingCache
+
     cfg = tiny_config(layers=("full", "shared"))
     up0, up1 = make_attn(cfg, 0, 8), make_attn(cfg, 1, 9)
     p0, p1 = (LongDSA.install(copy.deepcopy(m), block_queries=16) for m in (up0, up1))
@@ -280,15 +282,15 @@ def test_streaming_in_pieces_equals_one_pass():
         ref0, _, sel = p0(x0, attention_mask=None)
         ref1, _, _ = p1(x1, attention_mask=None, prev_topk_indices=sel)
         up_ref0, _, _ = up0(x0, attention_mask=torch.ones(2, T, dtype=torch.bool))
-        c0 = c1 = None
+        cache = StreamingCache(cfg, total_len=T)
         outs0, outs1, pools = [], [], []
         t = 0
         for n in pieces:
-            o0, s, c0 = dsa_stream_step(up0, x0[:, t:t + n], c0, total_len=T)
-            o1, _, c1 = dsa_stream_step(up1, x1[:, t:t + n], c1, prev_selection=s)
+            o0, _, s = p0(x0[:, t:t + n], attention_mask=None, cache=cache)
+            o1, _, _ = p1(x1[:, t:t + n], attention_mask=None, cache=cache, prev_topk_indices=s)
             outs0.append(o0), outs1.append(o1), pools.append(s.pools)
             t += n
-    assert c0.length == T and c0.pool_keys.shape[1] >= T // cfg.index_kpool and c0.tail_keys.shape[1] == T % 4
+    assert cache.get_seq_length(0) == cache.get_seq_length(1) == T
     assert torch.equal(torch.cat(pools, 1), sel.pools)
     close("layer 0", torch.cat(outs0, 1), ref0, TOL["out"])
     close("layer 0 vs upstream", torch.cat(outs0, 1), up_ref0, TOL["out"])

@@ -2,17 +2,12 @@
 
 `LongDSA.install(attn, block_queries=...)` turns one upstream module into a `LongDSA` in place
 (every parameter kept, names and values): the training path, a rank's slab under context
-parallelism, and upstream's `Cache` for decoding.
+parallelism, and upstream's `Cache` for decoding and streaming.
 
-`dsa_stream_step(attn, hidden_states, cache)` is the streaming path: it processes the next
-chunk of queries against a `DSACache` (latent rows, pool keys and the incomplete pool's index
-keys of the earlier tokens) and returns the chunk output, its selection and the updated cache.
 Shapes: B batch, T tokens, D model dim, H heads, R kv_lora_rank, DI indexer head dim.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -23,7 +18,7 @@ from genome_lm.model.upstream import Glm5NextTextAttention
 from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 
-__all__ = ["LongDSA", "DSACache", "dsa_stream_step"]
+__all__ = ["LongDSA"]
 
 
 def _check_supported(attn) -> None:
@@ -74,9 +69,10 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
     index keys and gates (no gradient) -> the pool keys of the whole sequence, exactly the row of
     T // kpool pools one process scores, so ties resolve the same way. Memory per rank: the
     gathered latent O(T·R) and index keys O(T·DI) per layer, the rest O(T_r).
-    With a transformers `Cache` (decoding, `generate`): the latent rows go through
-    `cache.update` and the index keys through `cache.update_indexer` as upstream stores them, and
-    the new queries attend to every cached row.
+    With a transformers `Cache` (decoding, `generate`, `model/streaming.py`): the latent rows go
+    through `cache.update` and the index keys through `cache.update_indexer` as upstream stores
+    them, and the new queries attend to every cached row; a cache with a `total_len` (the final
+    length) gives top-k rows of total_len // kpool pools, as one pass over the sequence.
     """
 
     upstream = Glm5NextTextAttention
@@ -126,99 +122,11 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                         both = gather_seq(both, cp.lengths, cp.group)
                     keys, gate = both[..., : keys.shape[-1]], both[..., keys.shape[-1]:].to(gate.dtype)
                 pools = kpool_keys(keys, gate, ix.index_kpool_compress_ape, ix.index_kpool)  # [B, S // kpool, DI]
+            total = getattr(cache, "total_len", None)  # known final length (`StreamingCache`)
             selection = chunk_kpool_indexer(
                 q_idx, weights, pools, ix.index_topk, ix.index_kpool, ix.index_kpool_always_select_tail,
                 ix.softmax_scale, start=start, block_queries=block,
+                row_pools=None if total is None else max(total // ix.index_kpool, pools.shape[1]),
             )
         out = _attend(self, q, kv, selection, block)
         return out, None, selection if self.next_skip_topk else None
-
-
-@dataclass
-class DSACache:
-    """Streaming state of one DSA layer after `length` tokens (buffers grow by doubling).
-
-    Attributes:
-        kv: [B, capacity, R] latent rows, the first `length` valid.
-        pool_keys: [B, capacity_P, DI] compressed index keys, the first `length // kpool` valid
-            (None for `shared` layers).
-        tail_keys, tail_gate: [B, length % kpool, DI] index keys / gate logits of the incomplete pool.
-        total_len: final sequence length if known; the top-k row then has total_len // kpool pools,
-            as in one pass over the whole sequence, so even exact score ties resolve the same way.
-    """
-
-    kv: torch.Tensor
-    length: int = 0
-    pool_keys: torch.Tensor | None = None
-    tail_keys: torch.Tensor | None = None
-    tail_gate: torch.Tensor | None = None
-    total_len: int | None = None
-
-
-def _append(buf: torch.Tensor | None, used: int, new: torch.Tensor) -> torch.Tensor:
-    """Write new [B, n, X] after the first `used` rows of buf [B, cap, X], doubling cap when full."""
-    need = used + new.shape[1]
-    if buf is None or buf.shape[1] < need:
-        cap = max(need, 2 * (0 if buf is None else buf.shape[1]))
-        grown = new.new_empty(new.shape[0], cap, new.shape[2])
-        if used:
-            grown[:, :used] = buf[:, :used]
-        buf = grown
-    buf[:, used:need] = new
-    return buf
-
-
-def dsa_stream_step(
-    attn,
-    hidden_states: torch.Tensor,
-    cache: DSACache | None = None,
-    prev_selection: DSASelection | None = None,
-    total_len: int | None = None,
-    block_queries: int | None = None,
-) -> tuple[torch.Tensor, DSASelection, DSACache]:
-    """Process the next chunk of one DSA layer given the cache of the earlier tokens.
-
-    Args:
-        attn: an upstream `Glm5NextTextAttention` or `LongDSA` (only its parameters are used).
-        hidden_states: the chunk [B, n, D] at positions cache.length .. cache.length + n - 1.
-        cache: state after the earlier tokens (None for the first chunk).
-        prev_selection: for `shared` layers, the previous layer's selection for this chunk.
-        total_len: final sequence length, if known (first chunk only; kept in the cache).
-    Returns:
-        (output [B, n, D], this chunk's selection, updated cache). Chaining chunks equals one
-        pass over the concatenation (up to float rounding of the per-chunk projections).
-        Inference only: the cache is detached. The step writes into the cache's buffers, so
-        continue from the returned cache, never twice from the same one.
-    """
-    _check_supported(attn)
-    block = block_queries or getattr(attn, "block_queries", 128)
-    B, n, _ = hidden_states.shape
-    start = 0 if cache is None else cache.length
-    total_len = total_len if cache is None else cache.total_len
-    q_resid, q, c = _projections(attn, hidden_states)
-    kv = _append(None if cache is None else cache.kv, start, c.detach())
-    new = DSACache(kv=kv, length=start + n, total_len=total_len)
-    if attn.indexer is None:
-        selection = _as_selection(prev_selection, attn.layer_idx)
-        if selection.start != start or selection.num_queries != n:
-            raise ValueError(f"layer {attn.layer_idx}: "
-                             f"prev_selection covers {selection.start}+{selection.num_queries}, "
-                             f"this chunk is {start}+{n}")
-    else:
-        ix = attn.indexer
-        kpool = ix.index_kpool
-        q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
-        with torch.no_grad():
-            if cache is not None and cache.tail_keys is not None:
-                keys, gate = torch.cat([cache.tail_keys, keys], 1), torch.cat([cache.tail_gate, gate], 1)
-            done = keys.shape[1] // kpool * kpool  # tokens that complete pools now
-            pools = _append(None if cache is None else cache.pool_keys, start // kpool,
-                            kpool_keys(keys[:, :done], gate[:, :done], ix.index_kpool_compress_ape, kpool))
-        new.pool_keys, new.tail_keys, new.tail_gate = pools, keys[:, done:], gate[:, done:]
-        P = (start + n) // kpool
-        selection = chunk_kpool_indexer(
-            q_idx, weights, pools[:, :P], ix.index_topk, kpool, ix.index_kpool_always_select_tail, ix.softmax_scale,
-            start=start, row_pools=None if total_len is None else max(total_len // kpool, P), block_queries=block,
-        )
-    out = _attend(attn, q, kv[:, : start + n], selection, block)
-    return out, selection, new
