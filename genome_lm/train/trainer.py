@@ -45,7 +45,7 @@ from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.model.weights import load_weights_
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
-from genome_lm.parallel.mesh import ParallelContext, default_device, init_parallel
+from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.train.checkpoint import (
     clean_partials,
     latest_checkpoint,
@@ -153,105 +153,6 @@ def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init
     if int(lut.max()) >= vocab_size:
         raise GenomeLMError(f"model: token id {int(lut.max())} does not fit the model vocabulary ({vocab_size})")
     return lut
-
-
-def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> dict:
-    """Check the experiment end to end without training: data, model on the meta device, token
-    map, shapes, memory strategy and the per-rank shapes of the parallel layout on `world`
-    processes (default cp x dp). Prints a summary and returns it."""
-    from genome_lm.model import count_parameters, format_counts
-    from genome_lm.parallel.layout import format_layout, layout_summary
-
-    device = device or default_device()
-    manifest = check_data(cfg)
-    init = resolve_init(cfg, dry=True)
-    model = build_model(cfg, device, init, meta=True)
-    lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
-    stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
-                            reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
-                            ignore_n=cfg.data.ignore_n, token_map=lut)
-    counts = count_parameters(model)
-    B, T = cfg.train.micro_batch, cfg.data.seq_len
-    tokens_per_step = B * T * cfg.train.grad_accum
-    summary = {
-        "experiment": cfg.name,
-        "model": cfg.model.name,
-        "init": cfg.model.init,
-        "dtype": cfg.model.dtype,
-        "parameters": counts,
-        "layers": {t: model.config.layer_types.count(t) for t in sorted(set(model.config.layer_types))},
-        "data": {"shards": cfg.data.shards, "split": cfg.data.split, "pieces": len(stream.pieces),
-                 "tokens_per_epoch": stream.tokens_per_epoch},
-        "token_map": {sym: int(lut[i]) for sym, i in manifest["vocab"].items()},
-        "shapes": {"input_ids": [B, T],
-                   "hidden_per_layer_input": [B, T, model.config.hc_mult, model.config.hidden_size]},
-        "tokens_per_step": tokens_per_step,
-        "steps": cfg.train.steps,
-        "memory": cfg.memory.model_dump(),
-        "parallel": cfg.parallel.model_dump(),
-        "layout": layout_summary(model, cfg, world),
-    }
-    print(f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), "
-          f"init {cfg.model.init or 'preset initialisation'}")
-    print(format_counts(counts))
-    print(f"layers: {summary['layers']}")
-    print(f"data: {cfg.data.shards}/{cfg.data.split}: {len(stream.pieces)} pieces, "
-          f"{stream.tokens_per_epoch:,} tokens per epoch; token map {summary['token_map']}")
-    print(f"per step: input_ids [{B}, {T:,}] x {cfg.train.grad_accum} micro-batches = {tokens_per_step:,} tokens; "
-          f"layer input [{B}, {T:,}, {model.config.hc_mult}, {model.config.hidden_size}]")
-    m = cfg.memory
-    print(f"memory: recompute={m.recompute}{' ' + str(m.recompute_layers) if m.recompute == 'selective' else ''}, "
-          f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
-          f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}")
-    summary["precision"] = _precision_line(cfg, model)
-    print(summary["precision"])
-    print(f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}")
-    print(format_layout(summary["layout"]))
-    summary["init"], summary["checkpoints"] = _init_line(cfg, summary["layout"]), _checkpoint_line(cfg)
-    print(summary["init"])
-    print(summary["checkpoints"])
-    print("dry run OK: nothing was trained")
-    return summary
-
-
-def _precision_line(cfg: ExperimentConfig, model) -> str:
-    """What training computes in and what the optimizer updates (`genome_lm.parallel.fsdp`)."""
-    from genome_lm.parallel.fsdp import fp32_modules
-
-    if compute_dtype(cfg) is None:
-        return "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
-    groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)
-    return ("precision: bf16 compute; float32 master weights, gradients and AdamW states, sharded by FSDP2 (16 "
-            f"bytes per parameter); upstream's float32 exceptions in {groups} float32 FSDP2 groups of their own "
-            "(routers, conv1d, forget gates, hyper-connections); model/ exports in bf16")
-
-
-def _init_line(cfg: ExperimentConfig, layout: dict) -> str:
-    """How the weights get onto the ranks, and the host memory that takes."""
-    from genome_lm.model.presets import is_preset
-
-    def gib(n: float) -> str:
-        return f"{n / 2**30:,.2f} GiB"
-
-    world, itemsize = layout["world"], layout["parameter_bytes_per_rank"] / max(1, layout["parameters_per_rank"])
-    whole, share = layout["parameters_total"] * itemsize, layout["parameter_bytes_per_rank"]
-    source = f"model.init {cfg.model.init}" if cfg.model.init else (
-        "preset initialisation" if is_preset(cfg.model.name) else f"weights of {cfg.model.name}")
-    if world == 1:
-        return f"init: {source}; one process holds the whole model ({gib(whole)})"
-    if cfg.model.init or not is_preset(cfg.model.name):
-        return (f"init: {source}; built on the meta device, sharded, then each of the {world} ranks reads only its "
-                f"rows of each tensor from the safetensors files ({gib(share)} of weights per rank)")
-    return (f"init: {source}; each of the {world} ranks first builds the whole model on CPU ({gib(whole)}), then "
-            f"keeps its shards ({gib(share)})")
-
-
-def _checkpoint_line(cfg: ExperimentConfig) -> str:
-    when = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}
-    export = when[cfg.train.export_model]
-    return (f"checkpoints: every {cfg.train.checkpoint_every} steps, train_state/ (DCP); model/ (Hugging Face "
-            f"weights, streamed one tensor at a time) {export}" +
-            ("" if cfg.train.export_model is True else "; `genome-lm export CHECKPOINT --out DIR` writes it later"))
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
@@ -398,4 +299,4 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     return record
 
 
-__all__ = ["train", "dry_run", "list_checkpoints"]
+__all__ = ["train", "list_checkpoints"]
