@@ -17,12 +17,9 @@ tokens that have long preceding context. What it plants, in the order it is buil
    uniform between max(`min_distance`, source length) and `max_distance` (default 64 kbp).
    A model that sees the source copy in its context can predict ~97% of the copy; a model
    that does not, cannot. About 40% of the non-N bases are repeat copies.
-   Optionally (`tandem_fraction` > 0; 0 by default), tandem arrays are planted next:
-   a random unit of `tandem_unit_min`-`tandem_unit_max` bp (default 20-200) repeated
-   `tandem_copies_min`-`tandem_copies_max` (4-16) times head to tail,
-   each unit the previous one with `tandem_divergence` substitutions, lowercase, family
-   'tandem' in the sidecar TSV. They put copies within a short context (`make demo` uses
-   them to teach a small model in-context copying before the long-context fine-tune).
+   Optionally (`tandem_fraction` > 0), tandem arrays (`tandem_*` fields; family 'tandem' in
+   the sidecar TSV) put copies within a short context: `make demo` uses them to teach a small
+   model in-context copying before the long-context fine-tune.
 4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
 
 Same parameters and seed -> the same bytes: numpy's PCG64 seeded per record, and gzip with
@@ -197,6 +194,14 @@ def _revcomp(seq: np.ndarray) -> np.ndarray:
     return (3 - seq)[::-1]
 
 
+def _first(tries: int, draw, ok):
+    """The first of up to `tries` values `draw()` for which `ok(value)` holds, else None."""
+    for _ in range(tries):
+        if ok(x := draw()):
+            return x
+    return None
+
+
 def _families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndarray]:
     lo, hi = np.log(p.family_min_len), np.log(p.family_max_len)
     lengths = np.exp(rng.uniform(lo, hi, size=p.n_families)).astype(int)
@@ -214,13 +219,14 @@ def _n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float
     half_cen = max(25, round(p.centromere_frac * length / 2))
     mid = round(spec.centromere * length)
     runs.append((mid - half_cen, mid + half_cen))
+    def draw():
+        gap = int(rng.integers(p.inner_gap_min, p.inner_gap_max + 1))
+        a = int(rng.integers(0, length - gap))
+        return a, a + gap
+
     for _ in range(max(1, round(length / p.inner_gap_every))):
-        for _attempt in range(100):
-            gap = int(rng.integers(p.inner_gap_min, p.inner_gap_max + 1))
-            a = int(rng.integers(0, length - gap))
-            if all(a + gap + 1000 <= s or e + 1000 <= a for s, e in runs):
-                runs.append((a, a + gap))
-                break
+        if gap := _first(100, draw, lambda g: all(g[1] + 1000 <= s or e + 1000 <= g[0] for s, e in runs)):
+            runs.append(gap)
     return sorted(runs)
 
 
@@ -262,13 +268,9 @@ def _plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[Repeat
     while covered < target and failures < 200:
         fam = names[rng.integers(len(names))]
         oriented = _substitute(rng, families[fam], p.founder_divergence)
-        start = -1
-        for _ in range(50):
-            a = int(rng.integers(0, len(seq) - len(oriented)))
-            if occ.free(a, a + len(oriented)):
-                start = a
-                break
-        if start < 0:
+        start = _first(50, lambda: int(rng.integers(0, len(seq) - len(oriented))),
+                       lambda a: occ.free(a, a + len(oriented)))
+        if start is None:
             failures += 1
             continue
         source_start = -1
@@ -282,13 +284,9 @@ def _plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[Repeat
             # The next copy: this one mutated, d bases downstream (start to start).
             child = _indels(rng, _substitute(rng, oriented, p.substitution_rate), p.indel_rate)
             lo = np.log(max(p.min_distance, end - start + SPACER))
-            nxt = -1
-            for _ in range(8):
-                d = int(np.exp(rng.uniform(lo, log_max)))
-                if occ.free(start + d, start + d + len(child)):
-                    nxt = start + d
-                    break
-            if nxt < 0 or covered >= target:
+            nxt = _first(8, lambda: start + int(np.exp(rng.uniform(lo, log_max))),
+                         lambda a: occ.free(a, a + len(child)))
+            if nxt is None or covered >= target:
                 break
             source_start, start, oriented = start, nxt, child
     return copies
@@ -349,11 +347,9 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
 
     # IUPAC codes: uppercase, in the background (neither N nor a copy).
     for _ in range(max(1, round(length / p.iupac_every))):
-        for _attempt in range(100):
-            i = int(rng.integers(0, length))
-            if 65 <= seq[i] <= 90 and seq[i] != _N:  # uppercase base, not N
-                seq[i] = IUPAC[rng.integers(len(IUPAC))]
-                break
+        i = _first(100, lambda: int(rng.integers(0, length)), lambda i: 65 <= seq[i] <= 90 and seq[i] != _N)
+        if i is not None:  # an uppercase base, not N
+            seq[i] = IUPAC[rng.integers(len(IUPAC))]
     return seq, copies
 
 
@@ -369,8 +365,7 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     params = params or SynthParams()
     if not (scale > 0) or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
-    fam_rng = np.random.default_rng([seed, 0])
-    families = _families(fam_rng, params)
+    families = _families(np.random.default_rng([seed, 0]), params)
     sequences, copies = {}, []
     for i, spec in enumerate(params.chroms):
         seq, chrom_copies = _chromosome(seed, i, spec, scale, params, families)
@@ -386,14 +381,7 @@ def synthesize(scale: float = 1.0, seed: int = 0, **params) -> dict[str, bytes]:
 
 def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
     """'>name\\n' then the sequence in lines of `width` characters, each ending in '\\n'."""
-    arr = np.frombuffer(seq, dtype=np.uint8)
-    rows = -(-len(arr) // width)
-    grid = np.full((rows, width + 1), ord("\n"), dtype=np.uint8)
-    grid[:, :width] = np.pad(arr, (0, rows * width - len(arr))).reshape(rows, width)
-    body = grid.reshape(-1)
-    if len(arr) % width:  # drop the unused tail of the last line, keep its newline
-        body = np.concatenate([body[: len(arr) + rows - 1], [ord("\n")]]).astype(np.uint8)
-    return b">" + name.encode() + b"\n" + body.tobytes()
+    return b">" + name.encode() + b"\n" + b"".join(seq[i : i + width] + b"\n" for i in range(0, len(seq), width))
 
 
 def repeats_path(fasta: str | os.PathLike) -> Path:
@@ -407,12 +395,8 @@ def repeats_path(fasta: str | os.PathLike) -> Path:
 
 def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
     """Read a sidecar TSV written by `write_synthetic_fasta`."""
-    rows = Path(path).read_text().splitlines()[1:]
-    out = []
-    for row in rows:
-        chrom, start, end, strand, family, source = row.split("\t")
-        out.append(RepeatCopy(chrom, int(start), int(end), strand, family, int(source)))
-    return out
+    rows = (row.split("\t") for row in Path(path).read_text().splitlines()[1:])
+    return [RepeatCopy(chrom, int(a), int(b), strand, fam, int(src)) for chrom, a, b, strand, fam, src in rows]
 
 
 @dataclass(frozen=True)
@@ -445,19 +429,12 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     t0 = time.perf_counter()
     genome = synthesize_genome(scale, seed, params)
 
-    def write_fasta(f):
-        with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
-            for name, seq in genome.sequences.items():
-                gz.write(fasta_lines(name, seq))
-
-    def write_tsv(f):
-        f.write(TSV_HEADER.encode())
-        f.write("".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
-                        for c in genome.copies).encode())
-
-    for path, write in ((tsv, write_tsv), (out, write_fasta)):
-        with atomic_file(path, "wb") as f:
-            write(f)
+    with atomic_file(tsv, "w") as f:
+        f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
+                                     for c in genome.copies))
+    with atomic_file(out, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
+        for name, seq in genome.sequences.items():
+            gz.write(fasta_lines(name, seq))
     lengths = {k: len(v) for k, v in genome.sequences.items()}
     frac = genome.repeat_fraction()
     n_tandem = sum(c.family == "tandem" for c in genome.copies)
