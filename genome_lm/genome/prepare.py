@@ -29,7 +29,7 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
-from genome_lm.utils import Size, atomic_directory, format_size, validate, write_json_atomic
+from genome_lm.utils import Size, atomic_directory, format_size, sha256_file, validate, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +134,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
         raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards; "
                             "pass --overwrite or choose another --out")
     existing = load_manifest(out)
-    same_params = existing.get("parameters") == params.recorded()
-    from genome_lm.utils import sha256_file
-
-    same_inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])] == [
-        (r.size, sha256_file(r.path)) for r in readers
-    ] if same_params else False
-    if same_params and same_inputs:
+    inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
+    if existing.get("parameters") == params.recorded() and inputs == [(r.size, sha256_file(r.path)) for r in readers]:
         return existing
     raise GenomeLMError(
         f"--out {out} already holds shards made from other inputs or parameters; pass --overwrite to replace them"
@@ -159,54 +154,43 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
         )
 
 
-def _window_rows(rec: Record, spec: WindowSpec, params: PrepareParams, stats: ChromStats, gaps=None):
-    """Yield (start, end, tokens, packed mask, n_frac) for the kept forward windows of `rec`."""
-    codes = rec.codes
-    gaps = scan(codes, params.min_gap).gaps if gaps is None else gaps
-    stats.dropped_bases["gap"] = int((gaps[:, 1] - gaps[:, 0]).sum())
-    spans = contigs(len(codes), gaps)
-    stats.contigs = len(spans)
-    stats.longest_contig = max((e - s for s, e in spans), default=0)
-    for c0, c1 in spans:
-        windows, dropped_tail = contig_windows(c0, c1, spec)
-        stats.dropped_bases["tail"] += dropped_tail
-        for s, e in windows:
-            win = codes[s:e]
-            tokens = win & TOKEN_MASK
-            n_frac = np.count_nonzero(tokens == N_ID) / len(tokens)
-            if n_frac > params.max_n_frac:
-                stats.dropped_windows_n_frac += 1
-                stats.dropped_bases["n_frac"] += e - s
-                continue
-            yield s, e, tokens, np.packbits(win & SOFTMASK_BIT), n_frac
-
-
 def _process_record(rec: Record, split: str, spec: WindowSpec, params: PrepareParams, writers, mwriters) -> ChromStats:
+    """Cut `rec` into windows and write them (reverse-complement copies after the forward windows)."""
     t0 = time.perf_counter()
     codes = rec.codes
     found = scan(codes, params.min_gap)
     stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=found.n_bases,
                        softmasked_bases=found.softmasked_bases, iupac=found.iupac)
-    writer = writers[split]
-    writer.open_shard()
+    stats.dropped_bases["gap"] = int((found.gaps[:, 1] - found.gaps[:, 0]).sum())
+    spans = contigs(len(codes), found.gaps)
+    stats.contigs = len(spans)
+    stats.longest_contig = max((e - s for s, e in spans), default=0)
+    writers[split].open_shard()
+
+    def emit(s: int, e: int, strand: str, tokens, mask, n_frac: float) -> None:
+        writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac)
+        if split in mwriters:
+            mwriters[split].add(tokens)
+        stats.tokens += len(tokens)
+
     rc_rows = []
-    for s, e, tokens, packed_mask, n_frac in _window_rows(rec, spec, params, stats, found.gaps):
-        writer.add(rec.name, s, e, "+", tokens, packed_mask, n_frac)
-        if split in mwriters:
-            mwriters[split].add(tokens)
-        stats.windows += 1
-        stats.tokens += len(tokens)
-        if params.reverse_complement and split == "train":
-            rc_rows.append((s, e, n_frac))
-    for s, e, n_frac in rc_rows:  # reverse-complement copies after the forward windows
-        win = codes[s:e]
-        tokens = reverse_complement(win & TOKEN_MASK)
-        mask = (win & SOFTMASK_BIT)[::-1]
-        writer.add(rec.name, s, e, "-", tokens, np.packbits(mask), n_frac)
-        if split in mwriters:
-            mwriters[split].add(tokens)
+    for c0, c1 in spans:
+        windows, dropped_tail = contig_windows(c0, c1, spec)
+        stats.dropped_bases["tail"] += dropped_tail
+        for s, e in windows:
+            tokens = codes[s:e] & TOKEN_MASK
+            n_frac = np.count_nonzero(tokens == N_ID) / len(tokens)
+            if n_frac > params.max_n_frac:
+                stats.dropped_windows_n_frac += 1
+                stats.dropped_bases["n_frac"] += e - s
+                continue
+            emit(s, e, "+", tokens, codes[s:e] & SOFTMASK_BIT, n_frac)
+            stats.windows += 1
+            if params.reverse_complement and split == "train":
+                rc_rows.append((s, e, n_frac))
+    for s, e, n_frac in rc_rows:
+        emit(s, e, "-", reverse_complement(codes[s:e] & TOKEN_MASK), (codes[s:e] & SOFTMASK_BIT)[::-1], n_frac)
         stats.rc_windows += 1
-        stats.tokens += len(tokens)
     log.info(
         "%s (%s): %s bp, %d contigs -> %d windows%s, %d dropped for N (%.1fs)",
         rec.name, split, f"{stats.length:,}", stats.contigs, stats.windows,
@@ -251,10 +235,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 stats[rec.name] = _process_record(rec, params.split_of(rec.name), spec, params, writers, mwriters)
                 del rec
         _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
-        inputs = [
-            {"path": r.info.path, "size": r.info.size, "sha256": r.info.sha256, "compression": r.info.compression}
-            for r in readers
-        ]
+        inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
         manifest_splits = {}
         for split in splits:
             chrom_stats = {name: st for name, st in stats.items() if st.split == split}
