@@ -170,11 +170,6 @@ class FastaReader:
         finally:
             bar.close()
 
-    def _open_stream(self, reader: _HashingReader):
-        if self.compression == "none":
-            return reader
-        return gzip.GzipFile(fileobj=reader, mode="rb")
-
     def _read_block(self, stream) -> bytes:
         try:
             return stream.read(BLOCK_BYTES)
@@ -186,7 +181,7 @@ class FastaReader:
             raise GenomeLMError(f"{self.path}: corrupt gzip data ({e}); re-download the file") from None
 
     def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
-        stream = self._open_stream(reader)
+        stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")
         parser = _RecordParser(self.path, wanted)
         first = True
         while block := self._read_block(stream):
@@ -216,9 +211,8 @@ class FastaReader:
                         remaining -= len(chunk)
                         parser.add_sequence(chunk)
             else:  # bgzip: random access through pyfaidx, in pieces
-                step = BLOCK_BYTES
-                for s in range(0, rec.rlen, step):
-                    piece = self._index.fetch(name, s + 1, min(s + step, rec.rlen))
+                for s in range(0, rec.rlen, BLOCK_BYTES):
+                    piece = self._index.fetch(name, s + 1, min(s + BLOCK_BYTES, rec.rlen))
                     parser.add_sequence(str(piece).encode("ascii"))
             record = parser.end()
             if len(record.codes) != rec.rlen:

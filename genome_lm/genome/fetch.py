@@ -87,11 +87,8 @@ def read_md5sums(base_url: str, timeout: float = 60.0) -> dict[str, str]:
 
 
 def md5_file(path: str | os.PathLike) -> str:
-    h = hashlib.md5()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def _download_once(url: str, part: Path, timeout: float) -> bool:
@@ -112,9 +109,8 @@ def _download_once(url: str, part: Path, timeout: float) -> bool:
             if offset:
                 log.info("%s: the server ignored the resume request; downloading from the start", url)
             offset, mode = 0, "wb"
-        length = resp.headers.get("Content-Length")
-        expected = int(length) if length is not None else None
-        total = offset + expected if expected is not None else None
+        expected = int(resp.headers["Content-Length"]) if "Content-Length" in resp.headers else None
+        total = None if expected is None else offset + expected
         received = 0
         with open(part, mode) as f, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
