@@ -106,14 +106,15 @@ def _run_train(args: argparse.Namespace) -> None:
     nproc = _nproc(args.nproc)
     if args.dry_run:
         dry_run(cfg, world=nproc)
-    elif args.ray is not None:
-        from genome_lm.train.launch import launch_ray
+    elif args.ray is not None or (nproc or 1) > 1:
+        from genome_lm.parallel.launch import run_local, run_ray
+        from genome_lm.train.launch import train_job
 
-        launch_ray(cfg, address=args.ray or None, nproc=nproc, out=args.out, resume=args.resume)
-    elif nproc is not None and nproc > 1:
-        from genome_lm.train.launch import launch_local
-
-        launch_local(cfg, nproc, out=args.out, resume=args.resume)
+        job = train_job(cfg, args.out, args.resume)
+        if args.ray is None:
+            run_local(job, nproc)
+        else:
+            run_ray(job, args.ray or None, nproc)
     else:
         train(cfg, out=args.out, resume=args.resume)
 
@@ -211,17 +212,11 @@ def _run_report(args: argparse.Namespace) -> None:
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    from genome_lm.plan.command import add_arguments
+    from genome_lm.plan.command import add_arguments, run
 
     p = sub.add_parser("plan", help="memory per GPU, host memory and tokens/s of a run, before renting GPUs")
     add_arguments(p)
-    p.set_defaults(func=_run_plan)
-
-
-def _run_plan(args: argparse.Namespace) -> None:
-    from genome_lm.plan.command import run
-
-    run(args)
+    p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:

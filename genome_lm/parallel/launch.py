@@ -1,26 +1,14 @@
-"""Launching a job (`genome-lm train`, `genome-lm eval`) on several processes: one node (torch
-elastic) or a Ray cluster.
+"""Launching a `Job` (`genome-lm train`, `genome-lm eval`) on several processes (docs/parallel.md, Launching):
 
-    run_local(job, nproc) / run_ray(job, address, nproc)  # any Job: training's is genome_lm.train.launch,
-                                                          # eval's genome_lm.eval.sharded
+    run_local(job, nproc)              # --nproc N: torch elastic_launch, local c10d rendezvous, no restarts
+    run_ray(job, address, nproc)       # --ray [ADDRESS]: Ray Train's TorchTrainer (none: a local instance)
 
 A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
-launcher can pickle it by reference), how its layout fits a number of processes, and where its
-workers leave their error messages. Training's job runs `genome_lm.train.train(cfg, out,
-resume)`, which joins the process group the launcher prepared (gloo on CPU, nccl on GPU) and lays
-the ranks out as `parallel: {cp, dp}` says (`mesh.init_parallel`); eval's runs `evaluate` the
-same way. Rank 0 writes the outputs (run directory, eval directory), which must be on a
-filesystem every worker sees.
-
-- `--nproc N`: `torch.distributed.launcher.elastic_launch` with a local c10d rendezvous on a
-  free port, N workers, no restarts; one GPU per worker (`LOCAL_RANK`) or CPU threads split.
-- `--ray [ADDRESS]`: Ray Train's `TorchTrainer`, one worker per GPU (`use_gpu` when the cluster
-  has GPUs) or per CPU slot; ADDRESS is an existing cluster (`ray://host:10001`, `auto`, or
-  host:port), none starts a local instance (no dashboard). Workers start in the driver's
-  working directory, so relative paths mean the same as locally.
-A failed worker (an exception, a crash, a killed process) ends the launch with a GenomeLMError
-naming the rank and its error, and what the job keeps (training: the checkpoints written so far,
-and `--resume` continues from the newest one; eval: the windows scored so far).
+launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
+genome_lm.eval.sharded), how its layout fits a number of processes, and where its workers leave
+their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
+which must be on a filesystem every worker sees. A failed worker ends the launch with one
+GenomeLMError naming the rank and its error, and what the job keeps.
 
 `GENOME_LM_FAULT=STEP[:RANK]` (testing): the worker of RANK (default 1) dies with exit code 13
 right after optimizer step STEP (eval: after scoring round STEP), as a crashed or killed process

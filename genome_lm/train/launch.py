@@ -1,7 +1,7 @@
 """`genome-lm train --nproc N | --ray [ADDRESS]`: training as a `Job` of `genome_lm.parallel.launch`.
 
-    launch_local(cfg, nproc=8, out=..., resume=...)       # genome-lm train EXP --nproc 8
-    launch_ray(cfg, address=None, nproc=None, out=...)    # genome-lm train EXP --ray [ADDRESS]
+    run_local(train_job(cfg, out, resume), nproc)      # genome-lm train EXP --nproc 8
+    run_ray(train_job(cfg, out, resume), address, nproc)   # genome-lm train EXP --ray [ADDRESS]
 
 Every worker runs `genome_lm.train.train(cfg, out, resume)`, which joins the process group the
 launcher prepared and lays the ranks out as `parallel: {cp, dp}` says (`mesh.init_parallel`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genome_lm.parallel.launch import Job, run_local, run_ray
+from genome_lm.parallel.launch import Job
 
 
 def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
@@ -37,13 +37,3 @@ def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
         workers_hint=" (or set parallel.dp to a number)",
     )
 
-
-def launch_local(cfg, nproc: int, out: str | None = None, resume: bool = False) -> dict:
-    """Train `cfg` on `nproc` local processes through torch's elastic launcher; rank 0's last record."""
-    return run_local(train_job(cfg, out, resume), nproc) or {}
-
-
-def launch_ray(cfg, address: str | None = None, nproc: int | None = None, out: str | None = None,
-               resume: bool = False) -> None:
-    """Train `cfg` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
-    run_ray(train_job(cfg, out, resume), address, nproc)
