@@ -1,8 +1,35 @@
 """The suite runs on CPU: CUDA is hidden before torch is imported, so the trainer, meshes and eval
 pick the CPU and gloo on a GPU machine as they do here. The `gpu` tier (`make test-gpu`:
-GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU."""
+GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU.
+
+Session fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and the
+eval inputs and outputs of tests/eval and tests/report (see tests/eval/data.py)."""
 
 import os
 
 if os.environ.get("GENOME_LM_TEST_GPU") != "1":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory):
+    """The synthetic genome at scale 0.05: chr1, chr2 train (with reverse complements), chr22 eval, 4k windows."""
+    from tests.helpers import make_shards
+
+    return make_shards(tmp_path_factory.mktemp("tiny_genome"), reverse_complement=True)
+
+
+@pytest.fixture(scope="session")
+def eval_inputs(tmp_path_factory):
+    from tests.eval import data
+
+    return data.eval_inputs(tmp_path_factory.mktemp("eval_inputs"))
+
+
+@pytest.fixture(scope="session")
+def evaluated(eval_inputs, tmp_path_factory):
+    from tests.eval import data
+
+    return data.evaluated(eval_inputs, tmp_path_factory.mktemp("evals"))

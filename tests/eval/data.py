@@ -2,7 +2,7 @@
 
 One tiny synthetic genome (chr22 held out, 1k-token windows), two `glm53-tiny` checkpoints
 (random initialisations, seeds 0 and 1), and their evals on the first few windows. Built once
-per test session.
+per test session, by the `eval_inputs` and `evaluated` fixtures of tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -14,50 +14,29 @@ from types import SimpleNamespace
 import numpy as np
 
 N_WINDOWS = 3
-_CACHE: dict = {}
 
 
-def _inputs(root: Path) -> SimpleNamespace:
-    import torch
+def eval_inputs(root: Path) -> SimpleNamespace:
+    """Shards of chr1 (train) and chr22 (eval) in 1k windows, and the seed-0 and seed-1 checkpoints."""
+    from genome_lm.model import save_pretrained
+    from tests.helpers import make_shards, tiny_model
 
-    from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth import write_synthetic_fasta
-    from genome_lm.model import build, save_pretrained
-
-    fasta = root / "tiny.fa.gz"
-    write_synthetic_fasta(fasta, scale=0.05, seed=3)
-    params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1", eval_chroms="chr22", seq_len="1k",
-                                    min_len="256")
-    prepare(params, root / "shards", show_progress=False)
-    ckpts = []
+    shards = make_shards(root, train_chroms="chr1", seq_len="1k", min_len="256")
     for seed in (0, 1):
-        torch.manual_seed(seed)
-        save_pretrained(build("glm53-tiny"), root / f"ckpt{seed}")
-        ckpts.append(root / f"ckpt{seed}")
-    return SimpleNamespace(root=root, shards=root / "shards", ckpt0=ckpts[0], ckpt1=ckpts[1])
+        save_pretrained(tiny_model(seed), root / f"ckpt{seed}")
+    return SimpleNamespace(root=root, shards=shards, ckpt0=root / "ckpt0", ckpt1=root / "ckpt1")
 
 
-def eval_inputs(tmp_path_factory) -> SimpleNamespace:
-    if "inputs" not in _CACHE:
-        _CACHE["inputs"] = _inputs(tmp_path_factory.mktemp("eval_inputs"))
-    return _CACHE["inputs"]
+def evaluated(inputs: SimpleNamespace, out: Path) -> SimpleNamespace:
+    """`inputs` plus eval0/eval1 (both checkpoints, first N_WINDOWS windows), a compare dir and a run dir."""
+    from genome_lm.eval import EvalConfig, evaluate, write_compare
 
-
-def evaluated(tmp_path_factory) -> SimpleNamespace:
-    """eval_inputs plus eval0/eval1 (both checkpoints, first N_WINDOWS windows), a compare dir and a run dir."""
-    if "evals" not in _CACHE:
-        from genome_lm.eval import EvalConfig, evaluate, write_compare
-
-        d = eval_inputs(tmp_path_factory)
-        out = tmp_path_factory.mktemp("evals")
-        for i, ckpt in enumerate((d.ckpt0, d.ckpt1)):
-            evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(d.shards), out=str(out / f"eval{i}"),
-                                max_windows=N_WINDOWS, resamples=500), show_progress=False)
-        write_compare(out / "eval0", out / "eval1", out / "cmp01", resamples=500)
-        run = write_fake_run(out / "run")
-        _CACHE["evals"] = SimpleNamespace(**vars(d), eval0=out / "eval0", eval1=out / "eval1", cmp01=out / "cmp01",
-                                          run=run)
-    return _CACHE["evals"]
+    for i, ckpt in enumerate((inputs.ckpt0, inputs.ckpt1)):
+        evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(inputs.shards), out=str(out / f"eval{i}"),
+                            max_windows=N_WINDOWS, resamples=500), show_progress=False)
+    write_compare(out / "eval0", out / "eval1", out / "cmp01", resamples=500)
+    run = write_fake_run(out / "run")
+    return SimpleNamespace(**vars(inputs), eval0=out / "eval0", eval1=out / "eval1", cmp01=out / "cmp01", run=run)
 
 
 def write_fake_run(run_dir: Path, steps: int = 30) -> Path:

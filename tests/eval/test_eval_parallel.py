@@ -19,7 +19,7 @@ from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
 from genome_lm.eval.cache import cache_dir_for
 from genome_lm.eval.config import resolve_dtype
 from tests.eval.data import N_WINDOWS
-from tests.parallel.conftest import spawn
+from tests.helpers import spawn
 
 ATOL = 1e-5  # nats
 

@@ -11,7 +11,7 @@ from tests.interpret import _interpreter  # noqa: F401, I001  (before anything i
 import torch
 import torch.distributed as dist
 
-from tests.parallel.conftest import spawn
+from tests.helpers import spawn
 
 B, T = 1, 50
 # the bounds of tests/parallel/test_cp.py; gradients: max |Δ| / max |ref| per parameter

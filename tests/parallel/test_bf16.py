@@ -17,8 +17,8 @@ import torch
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.train import train
+from tests.helpers import write_experiment
 
-from .conftest import write_experiment
 from .test_train_parallel import assert_same_curve, records, truncate_to
 
 BF16 = dict(rel=1e-2)  # bf16 compute against the float32 run, 4 steps at lr 3e-3

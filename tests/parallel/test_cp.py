@@ -15,8 +15,7 @@ import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.parallel import slab_bounds
-
-from .conftest import spawn
+from tests.helpers import spawn
 
 CASES = {"T203": (2, 203), "T7": (1, 7)}  # name -> (B, T)
 RTOL = 1e-4  # per tensor: max |grad - ref| / max |ref|

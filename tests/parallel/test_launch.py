@@ -10,8 +10,7 @@ import pytest
 from genome_lm.cli import build_parser, main
 from genome_lm.errors import GenomeLMError
 from genome_lm.parallel.mesh import resolve_layout
-
-from .conftest import write_experiment
+from tests.helpers import write_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 

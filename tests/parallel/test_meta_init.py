@@ -17,9 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 from genome_lm.model import build, save_pretrained
+from tests.helpers import spawn
 from tests.model.test_checkpoint import tiny
-
-from .conftest import spawn
 
 WORLD = 3
 SMALL_SHARDS = 60_000  # bytes: glm53-tiny (~1.9 MB in fp32) in many files, experts across files

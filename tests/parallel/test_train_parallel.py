@@ -18,9 +18,8 @@ from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.train import train
+from tests.helpers import write_experiment
 from tests.train.test_export import same_files
-
-from .conftest import write_experiment
 
 TOL = dict(rel=1e-5, abs=1e-6)
 

@@ -12,9 +12,8 @@ from genome_lm.config import load_experiment
 from genome_lm.model import apply_long_context, build
 from genome_lm.train import train
 from genome_lm.train.balance import ExpertBalancer
+from tests.helpers import write_experiment
 from tests.parallel.test_train_parallel import truncate_to
-
-from .conftest import write_experiment
 
 BIAS = "e_score_correction_bias"
 

@@ -14,8 +14,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.model import build
 from genome_lm.train import train
 from genome_lm.train.checkpoint import resolve_model_dir
-
-from .conftest import write_experiment
+from tests.helpers import write_experiment
 
 
 def same_files(a, b) -> None:

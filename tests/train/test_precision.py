@@ -17,8 +17,7 @@ import torch
 from genome_lm.config import load_experiment
 from genome_lm.model import build, save_pretrained
 from genome_lm.train import train
-
-from .conftest import write_experiment
+from tests.helpers import write_experiment
 
 TRACK = 0.3  # ||w_bf16 - w_fp32|| / ||w_fp32 - w_0|| after 10 steps
 

@@ -17,8 +17,7 @@ from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.train import train
-
-from .conftest import write_experiment
+from tests.helpers import write_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 
