@@ -25,7 +25,7 @@ BF16 = dict(rel=1e-2)  # bf16 compute against the float32 run, 4 steps at lr 3e-
 
 
 def _bf16_run(root, shards, *flags: str):
-    exp = write_experiment(root / "e.yaml", shards, model={"dtype": "bfloat16"})
+    exp = write_experiment(root / "e.yaml", shards, micro_batch=1, model={"dtype": "bfloat16"})
     os.environ.setdefault("TQDM_DISABLE", "1")
     assert main(["train", exp, "--out", str(root / "run"), "--nproc", "2", *flags]) == 0
     return exp, root / "run"
@@ -34,7 +34,7 @@ def _bf16_run(root, shards, *flags: str):
 @pytest.fixture(scope="module")
 def fp32_curve(tmp_path_factory, tiny_shards):
     root = tmp_path_factory.mktemp("fp32")
-    exp = write_experiment(root / "e.yaml", tiny_shards)
+    exp = write_experiment(root / "e.yaml", tiny_shards, micro_batch=1)
     train(load_experiment(exp, ["train.micro_batch=2"]), out=root / "run")
     return records(root / "run")
 
@@ -67,7 +67,7 @@ def test_bf16_two_ranks_trains_checkpoints_and_resumes(layout, tiny_shards, fp32
 
 def test_bf16_one_process_trains_and_resumes(tiny_shards, fp32_curve, tmp_path):
     """One process: a 1-rank FSDP2 mesh of its own, same numbers within bf16 tolerance."""
-    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, model={"dtype": "bfloat16"})
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, model={"dtype": "bfloat16"})
     run = tmp_path / "run"
     train(load_experiment(exp, ["train.micro_batch=2"]), out=run)
     got = records(run)

@@ -41,7 +41,7 @@ def test_resolve_layout():
     (["--ray", "127.0.0.1:1", "--nproc", "2"], "--ray 127.0.0.1:1: cannot reach a Ray cluster there"),
 ])
 def test_user_errors_are_one_line(tmp_path, tiny_shards, argv, message):
-    exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1)
     with pytest.raises(GenomeLMError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
         run_train([exp, "--out", str(tmp_path / "run"), *argv])
     assert "\n" not in str(err.value)
@@ -66,7 +66,7 @@ def test_dry_run_prints_per_rank_shapes(tiny_shards, capsys):
 
 @pytest.mark.slow
 def test_crashed_worker_is_one_line_error_and_run_resumes(tmp_path, tiny_shards, monkeypatch):
-    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 3, "checkpoint_every": 1})
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 3, "checkpoint_every": 1})
     run = tmp_path / "run"
     monkeypatch.setenv("GENOME_LM_FAULT", "2:1")
     monkeypatch.setenv("TQDM_DISABLE", "1")

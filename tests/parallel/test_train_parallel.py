@@ -50,7 +50,7 @@ def dp2_run(tmp_path_factory, tiny_shards):
     """4 steps on 2 processes (FSDP2 over dp=2), checkpoints at 2 and 4; expert-bias balancing on,
     so the step loads must be summed over the ranks for the run to equal one process."""
     root = tmp_path_factory.mktemp("dp2")
-    exp = write_experiment(root / "e.yaml", tiny_shards, train={"moe_bias_update_rate": 0.05})
+    exp = write_experiment(root / "e.yaml", tiny_shards, micro_batch=1, train={"moe_bias_update_rate": 0.05})
     os.environ.setdefault("TQDM_DISABLE", "1")
     assert main(["train", exp, "--out", str(root / "run"), "--nproc", "2"]) == 0
     return exp, root / "run"
