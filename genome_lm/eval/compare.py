@@ -19,7 +19,7 @@ import numpy as np
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.buckets import bucket_edges, contexts_of
-from genome_lm.eval.outputs import iter_windows, load_summary, read_meta
+from genome_lm.eval.outputs import iter_windows, load_summary, read_json, read_meta
 from genome_lm.eval.stats import (
     CLASSES,
     DEFAULT_RESAMPLES,
@@ -106,10 +106,8 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
         sb[i], _, _ = window_stats(np.where(both, wb["nll"], np.nan), contexts, wa["repeat"], edges)
         ctx += x
     result = {
-        "a": {"dir": str(a), "checkpoint": sum_a.get("checkpoint", {}).get("path"),
-              "seq_len": sum_a["config"]["seq_len"]},
-        "b": {"dir": str(b), "checkpoint": sum_b.get("checkpoint", {}).get("path"),
-              "seq_len": sum_b["config"]["seq_len"]},
+        **{k: {"dir": str(d), "checkpoint": s.get("checkpoint", {}).get("path"), "seq_len": s["config"]["seq_len"]}
+           for k, d, s in (("a", a, sum_a), ("b", b, sum_b))},
         "definition": "diff = mean_nll_B - mean_nll_A (nats/token); rel_change_pct = 100 * (mean_B / mean_A - 1); "
                       "negative = B has lower loss; gain_share = the bucket's share of the total NLL reduction",
         "context": f"tokens of preceding context (position modulo seq_len {seq_len}); lo inclusive, hi exclusive",
@@ -167,9 +165,4 @@ def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool
 
 
 def load_compare(compare_dir: str | Path) -> dict:
-    import json
-
-    path = Path(compare_dir) / COMPARE_FILE
-    if not path.is_file():
-        raise GenomeLMError(f"{compare_dir} has no {COMPARE_FILE}; is it the --out of `genome-lm compare`?")
-    return json.loads(path.read_text())
+    return read_json(compare_dir, COMPARE_FILE, "compare")

@@ -92,9 +92,14 @@ def iter_windows(eval_dir: str | Path) -> Iterator[dict]:
             yield rec
 
 
+def read_json(directory: str | Path, name: str, command: str) -> dict:
+    """DIR/name, written by `genome-lm command`."""
+    path = Path(directory) / name
+    if not path.is_file():
+        raise GenomeLMError(f"{directory} has no {name}; is it the --out of `genome-lm {command}`?")
+    return json.loads(path.read_text())
+
+
 def load_summary(eval_dir: str | Path) -> dict:
     """OUT/summary.json of an eval directory."""
-    path = Path(eval_dir) / SUMMARY_FILE
-    if not path.is_file():
-        raise GenomeLMError(f"{eval_dir} has no {SUMMARY_FILE}; is it the --out of `genome-lm eval`?")
-    return json.loads(path.read_text())
+    return read_json(eval_dir, SUMMARY_FILE, "eval")

@@ -41,14 +41,9 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
     scored = ~np.isnan(nll)
     bucket = assign(contexts, edges)
     bucket = np.where(bucket < 0, K, bucket)  # outside every bucket: counted in "all" only
-    cls = repeat.astype(np.int64)
-    out = []
-    for values in (nll, contexts):
-        by_bucket = np.bincount((cls * (K + 1) + bucket)[scored], weights=values[scored].astype(np.float64),
-                                minlength=2 * (K + 1)).reshape(2, K + 1)
-        out.append(by_bucket)
-    counts = np.bincount((cls * (K + 1) + bucket)[scored], minlength=2 * (K + 1)).reshape(2, K + 1)
-    sums, ctx = out
+    cell = (repeat.astype(np.int64) * (K + 1) + bucket)[scored]
+    sums, ctx, counts = (np.bincount(cell, weights=w, minlength=2 * (K + 1)).reshape(2, K + 1)
+                         for w in (nll[scored].astype(np.float64), contexts[scored].astype(np.float64), None))
     # the last column so far holds tokens outside the buckets; make it "all scored tokens"
     for arr in (sums, counts, ctx):
         arr[:, K] = arr.sum(axis=1)

@@ -45,18 +45,10 @@ FEATURES = {
 
 
 def arrow_schema() -> pa.Schema:
-    """Arrow schema of a split, with the `huggingface` metadata `datasets` reads back."""
-    schema = pa.schema(
-        [
-            ("chrom", pa.string()),
-            ("start", pa.int64()),
-            ("end", pa.int64()),
-            ("strand", pa.string()),
-            ("tokens", pa.list_(pa.uint8())),
-            ("repeat_mask", pa.list_(pa.uint8())),
-            ("n_frac", pa.float32()),
-        ]
-    )
+    """Arrow schema of a split (the types of FEATURES), with the `huggingface` metadata `datasets` reads back."""
+    arrow = {"string": pa.string(), "int64": pa.int64(), "float32": pa.float32(), "uint8": pa.uint8()}
+    schema = pa.schema([(name, pa.list_(arrow[f["feature"]["dtype"]]) if f["_type"] == "List" else arrow[f["dtype"]])
+                        for name, f in FEATURES.items()])
     return schema.with_metadata({"huggingface": json.dumps({"info": {"features": FEATURES}})})
 
 

@@ -105,12 +105,8 @@ def build(args):
 
 
 def _ep_choices(text: str, cluster) -> tuple[int, ...]:
-    if text == "auto":
-        out, ep = [], 1
-        while ep <= min(cluster.gpus, cluster.gpus_per_node):
-            out.append(ep)
-            ep *= 2
-        return tuple(out)
+    if text == "auto":  # powers of two up to a node
+        return tuple(2**i for i in range(min(cluster.gpus, cluster.gpus_per_node).bit_length()))
     try:
         ep = int(text)
     except ValueError:

@@ -1,19 +1,8 @@
 """GPU and node specifications the planner uses, each one overridable from the command line.
 
-Numbers are vendor peak figures; how much of a peak a run achieves is an *assumption*
-(`assumptions.py`), never folded in here. Sources (see docs/plan.md for the full list):
-
-- B200 (HGX/DGX B200, 1000 W): 183,359 MiB reported by nvidia-smi (NVIDIA/TensorRT-LLM#10278);
-  BF16 dense 2.25 PFLOP/s and HBM 7.67 TB/s (pytorch/ao#4002 roofline table; glennklockwood.com
-  B200 page, HGX variant); NVLink 5: 1.8 TB/s bidirectional = 900 GB/s per direction per GPU
-  (docs.nvidia.com DGX GB200 networking); host link PCIe Gen5 x16 (DGX B200 hosts are Xeon
-  Emerald Rapids, PCIe Gen5): 64 GB/s per direction; scale-out 8x ConnectX-7 400 Gb/s = 50 GB/s
-  per GPU per direction (docs.nvidia.com DGX BasePOD core components); 2 TB host memory per node.
-- H200 SXM: 141 GB HBM3e (nvidia-smi reports ~140 GiB), 4.8 TB/s, BF16 dense 989 TFLOP/s (the
-  1,979 figure is with 2:4 sparsity), NVLink 4 900 GB/s bidirectional, PCIe Gen5, ConnectX-7
-  400 Gb/s, DGX H200 2 TB host memory (docs.nvidia.com DGX BasePOD).
-- H100 SXM: 81,559 MiB reported by nvidia-smi (modal-labs/modal-client#2797), 3.35 TB/s, BF16
-  dense 989 TFLOP/s, NVLink 4 900 GB/s bidirectional, PCIe Gen5, ConnectX-7 400 Gb/s, 2 TB host.
+Numbers are vendor peak figures (per GPU; bandwidths per direction); how much of a peak a run
+achieves is an *assumption* (`assumptions.py`), never folded in here. The table and the source of
+every figure: docs/plan.md (Assumptions, Hardware).
 """
 
 from __future__ import annotations

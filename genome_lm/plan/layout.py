@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import format_size
 
 RECOMPUTE = ("none", "per-layer", "selective")
 
@@ -81,15 +82,10 @@ class Layout:
         rec = self.recompute + (f"[{','.join(self.recompute_layers)}]" if self.recompute == "selective" else "")
         parts = [f"cp={self.cp}", f"dp={self.dp}"] + ([f"ep={self.ep}"] if self.ep > 1 else [])
         parts += [f"recompute={rec}", f"offload={'on' if self.offload else 'off'}",
-                  f"moe_recompute={'on' if self.moe_recompute else 'off'}", f"moe_block={_k(self.moe_block_tokens)}",
-                  f"dsa_block={_k(self.dsa_block_queries)}", f"loss_chunk={_k(self.loss_chunk_tokens)}"]
+                  f"moe_recompute={'on' if self.moe_recompute else 'off'}",
+                  f"moe_block={format_size(self.moe_block_tokens)}", f"dsa_block={format_size(self.dsa_block_queries)}",
+                  f"loss_chunk={format_size(self.loss_chunk_tokens)}"]
         return " ".join(parts)
-
-
-def _k(n: int) -> str:
-    from genome_lm.utils import format_size
-
-    return format_size(n)
 
 
 def layout_from_config(cfg, gpus: int | None = None) -> Layout:
