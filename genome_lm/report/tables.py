@@ -26,13 +26,16 @@ def _ctx(b: dict) -> str:
     return f"[{b['lo']:,}, {b['hi']:,})"
 
 
+def _rows(table: dict) -> list[dict]:
+    """The buckets with tokens, then the overall entry (lo None) if it has any."""
+    return [b for b in table["buckets"] + [dict(table["overall"], lo=None)] if b["n_tokens"]]
+
+
 def bucket_table(ev: EvalResult) -> str:
     """Per bucket: tokens, windows, nats/token, bits/base and the 95% CI (bits/base)."""
     s = ev.summary
     rows = []
-    for b in s["buckets"] + [dict(s["overall"], lo=None)]:
-        if not b["n_tokens"]:
-            continue
+    for b in _rows(s):
         ci = (f"{_num(b['ci_low'] and b['ci_low'] / LN2)} &ndash; {_num(b['ci_high'] and b['ci_high'] / LN2)}")
         rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}",
                      str(b.get("n_windows", "")),
@@ -62,9 +65,7 @@ def compare_table(cmp: CompareResult) -> str:
     """Per bucket: A and B in nats/token, B - A, relative change with its paired 95% CI, gain share."""
     r = cmp.result
     rows = []
-    for b in r["buckets"] + [dict(r["overall"], lo=None)]:
-        if not b["n_tokens"]:
-            continue
+    for b in _rows(r):
         rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
                      _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"), _num(b["rel_change_pct"], "{:+.2f}%"),
                      f"{_num(b['rel_ci_low'], '{:+.2f}')} &ndash; {_num(b['rel_ci_high'], '{:+.2f}')}",
