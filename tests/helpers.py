@@ -19,14 +19,20 @@ def assert_close(name: str, got, ref, tol: float, *, floor: float | None = 1.0) 
     `floor=1.0` (the default): relative to the reference's largest value, absolute where that is
     below 1. `floor=0.0`: relative to max |ref| alone; a small `floor` (1e-6) only keeps a zero
     reference from dividing by zero. `floor=None`: absolute, max |got - ref| <= tol. An all-zero
-    (or empty) reference counts as scale 1. The difference is taken in float64; the message names
-    the tensor, the error, the scale and the relative error.
+    (or empty) reference counts as scale 1. `ref` has `got`'s shape or broadcasts to it (a scalar
+    zero: all of `got` is 0). The difference is taken in float64; the message names the tensor,
+    the error, the scale and the relative error.
     """
     import torch
 
-    got, ref = torch.as_tensor(got).double(), torch.as_tensor(ref).double()
-    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
-    err = (got - ref).abs().max().item() if ref.numel() else 0.0
+    got, ref = torch.as_tensor(got).detach().double(), torch.as_tensor(ref).detach().double()
+    try:
+        fits = torch.broadcast_shapes(got.shape, ref.shape) == got.shape
+    except RuntimeError:
+        fits = False
+    assert fits, f"{name}: shape {tuple(got.shape)}, reference {tuple(ref.shape)}"
+    diff = got - ref
+    err = diff.abs().max().item() if diff.numel() else 0.0
     if floor is None:
         scale = 1.0
     else:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from genome_lm.model.ops.kda.chunk import chunk_kda, chunk_kda_torch
-from tests.model.test_kda import NAMES, close, make_inputs, run_with_grads
+from tests.helpers import assert_close
+from tests.model.test_kda import NAMES, make_inputs, run_with_grads
 
 # max |Δ| / max(1, max |reference|) per tensor. Measured (interpreter vs torch path, this machine):
 # fp32 <= 3e-7 for o and the state, <= 2.3e-6 for gradients; fp16 o 3e-5, state 2e-4, gradients
@@ -36,11 +37,11 @@ def assert_fla_matches_torch(inputs, seed, fla_calls, dtype=torch.float32, use_h
     o_ref, S_ref, grads_ref = run_with_grads(chunk_kda_torch, [x.float() for x in inputs], use_h0, seed, **kw)
     assert o.dtype == dtype and S.dtype == torch.float32
     tol = TOL[dtype]
-    close("o", o, o_ref, tol["o"])
-    close("state", S, S_ref, tol["state"])
+    assert_close("o", o, o_ref, tol["o"])
+    assert_close("state", S, S_ref, tol["state"])
     for name, got, ref in zip(NAMES, grads, grads_ref):
         assert got.dtype == (torch.float32 if name in ("dg", "dh0") else dtype), name
-        close(name, got, ref, tol[name])
+        assert_close(name, got, ref, tol[name])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -77,7 +78,7 @@ def test_fla_cp_second_pass(fla_calls):
     assert len(fla_calls) == 1
     o_ref, M_ref, grads_ref = second_pass(chunk_kda_torch)
     tol = TOL[torch.float32]
-    close("o^M", o, o_ref, tol["o"])
-    close("M", M, M_ref, tol["state"])
+    assert_close("o^M", o, o_ref, tol["o"])
+    assert_close("M", M, M_ref, tol["state"])
     for name, got, ref in zip(["dq", "dk", "dg", "dbeta"], grads, grads_ref):
-        close(name, got, ref, tol[name])
+        assert_close(name, got, ref, tol[name])

@@ -11,7 +11,8 @@ import copy
 import torch
 
 from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
-from tests.model.test_kda import cached_outputs, close, forward_backward, tiny_layer
+from tests.helpers import assert_close
+from tests.model.test_kda import cached_outputs, forward_backward, tiny_layer
 
 # max |Δ| / max(1, max |reference|); measured (fp32): out 1.5e-6, dx 1e-6, parameter gradients <= 6.5e-6
 TOL = {"out": 1e-5, "grad": 5e-5}
@@ -28,14 +29,14 @@ def test_patched_layer_on_fla_matches_upstream(fla_calls):
         out_ref, dx_ref, grads_ref = forward_backward(upstream, x, 31, attention_mask=mask)
     out, dx, grads = forward_backward(patched, x, 31, attention_mask=mask)
     assert len(fla_calls) == 1 and fla_calls[0]["use_qk_l2norm_in_kernel"]
-    close("out", out, out_ref, TOL["out"])
-    close("dx", dx, dx_ref, TOL["grad"])
+    assert_close("out", out, out_ref, TOL["out"])
+    assert_close("dx", dx, dx_ref, TOL["grad"])
     assert grads.keys() == grads_ref.keys()
     for name in grads:
-        close(name, grads[name], grads_ref[name], TOL["grad"])
+        assert_close(name, grads[name], grads_ref[name], TOL["grad"])
 
 
 def test_patched_layer_on_fla_with_cache_matches_upstream(fla_calls):
     outs = cached_outputs(32, 30, [(0, 17), (17, 18), (18, 30)])  # prefill, decode, prefill from the cache
     assert len(fla_calls) == 3 and fla_calls[1]["initial_state"] is not None
-    close("out", outs["patched"], outs["upstream"], TOL["out"])
+    assert_close("out", outs["patched"], outs["upstream"], TOL["out"])

@@ -24,14 +24,9 @@ from genome_lm.model.ops.dsa import (
 )
 from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention
 from genome_lm.model.ops.dsa.indexer import index_inputs
+from tests.helpers import assert_close
 
 TOL = {"out": 1e-5, "grad": 2e-5}  # observed: out <= 2e-7, grads <= 2e-6
-
-
-def close(name, got, ref, tol):
-    err = (got.float() - ref.float()).abs().max().item() if ref.numel() else 0.0
-    bound = tol * max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
-    assert err <= bound, f"{name}: max |Δ| {err:.2e} > {bound:.2e}"
 
 
 def load_fla_naive_dsa():
@@ -86,12 +81,12 @@ def run(attn, x, prev=None, w=None, rows=slice(None)):
 def compare(up, mine, tol=TOL):
     out_u, _, g_u, _ = up
     out_m, _, g_m, _ = mine
-    close("out", out_m, out_u, tol["out"])
+    assert_close("out", out_m, out_u, tol["out"])
     for name, ref in g_u.items():
         if ref is None:  # upstream's indexer runs under no_grad: no gradients, ever
             assert g_m[name] is None, f"{name}: upstream has no gradient, patched has one"
         else:
-            close(f"grad {name}", g_m[name], ref, tol["grad"])
+            assert_close(f"grad {name}", g_m[name], ref, tol["grad"])
 
 
 @pytest.mark.parametrize("T,seeds,block", [
@@ -183,13 +178,13 @@ def test_without_tail_selection():
     rows = slice(cfg.index_kpool - 1, None)
     ref = run(up, x, rows=rows)
     got = run(mine, x, w=ref[3], rows=rows)
-    close("out", got[0][:, rows], ref[0][:, rows], TOL["out"])
+    assert_close("out", got[0][:, rows], ref[0][:, rows], TOL["out"])
     for name, g in ref[2].items():
         if g is not None:
-            close(f"grad {name}", got[2][name], g, TOL["grad"])
+            assert_close(f"grad {name}", got[2][name], g, TOL["grad"])
     o_naive, _ = naive_dsa_forward(up, x)
-    close("naive", got[0], o_naive, TOL["out"])
-    close("empty rows", got[0][:, : cfg.index_kpool - 1], torch.zeros(()), 0.0)
+    assert_close("naive", got[0], o_naive, TOL["out"])
+    assert_close("empty rows", got[0][:, : cfg.index_kpool - 1], torch.zeros(()), 0.0)
 
 
 def test_pool_size_one_matches_fla_naive():
@@ -216,7 +211,7 @@ def test_pool_size_one_matches_fla_naive():
         def chosen(idx):
             return score.gather(-1, idx.clamp(min=0)).masked_fill(idx < 0, float("nan")).sort(-1).values
 
-        close("selected scores", chosen(picked).nan_to_num(-9), chosen(ref_idx).nan_to_num(-9), 1e-5)
+        assert_close("selected scores", chosen(picked).nan_to_num(-9), chosen(ref_idx).nan_to_num(-9), 1e-5)
         # attention over upstream's indices: fla naive (expanded per head) vs latent form
         q = up.q_b_proj(q_resid).view(B, T, H, -1)
         c = up.kv_a_layernorm(up.kv_a_proj_with_mqa(x))
@@ -224,7 +219,7 @@ def test_pool_size_one_matches_fla_naive():
         k, v = kv[..., : cfg.qk_nope_head_dim], kv[..., cfg.qk_nope_head_dim:]
         o_fla = fla.naive_dsa(q, k, v, None, None, indices=picked, scale=up.scaling)
         o_mine = absorbed_mla_attention(q, c, up.kv_b_proj.weight, sel, up.scaling, 16)
-        close("fla naive_dsa", o_mine, o_fla, TOL["out"])
+        assert_close("fla naive_dsa", o_mine, o_fla, TOL["out"])
 
 
 @pytest.mark.parametrize("T,kpool,tail", [(301, 4, True), (64, 1, False), (97, 8, True)])
@@ -292,9 +287,9 @@ def test_cached_pieces_equal_one_pass():
             t += n
     assert cache.get_seq_length(0) == cache.get_seq_length(1) == T
     assert torch.equal(torch.cat(pools, 1), sel.pools)
-    close("layer 0", torch.cat(outs0, 1), ref0, TOL["out"])
-    close("layer 0 vs upstream", torch.cat(outs0, 1), up_ref0, TOL["out"])
-    close("layer 1 (shared)", torch.cat(outs1, 1), ref1, TOL["out"])
+    assert_close("layer 0", torch.cat(outs0, 1), ref0, TOL["out"])
+    assert_close("layer 0 vs upstream", torch.cat(outs0, 1), up_ref0, TOL["out"])
+    assert_close("layer 1 (shared)", torch.cat(outs1, 1), ref1, TOL["out"])
 
 
 def test_patched_decoder_stack_matches_upstream_model():
@@ -312,12 +307,12 @@ def test_patched_decoder_stack_matches_upstream_model():
         (h * torch.linspace(-1, 1, h.shape[-1])).sum().backward()
         outs.append(h.detach())
         grads.append({n: p.grad for n, p in model.named_parameters()})
-    close("hidden", outs[1], outs[0], TOL["out"])
+    assert_close("hidden", outs[1], outs[0], TOL["out"])
     for name, g in grads[0].items():
         if g is None:
             assert grads[1][name] is None, name
         else:
-            close(name, grads[1][name], g, TOL["grad"])
+            assert_close(name, grads[1][name], g, TOL["grad"])
 
 
 class _LargestTensor(TorchDispatchMode):

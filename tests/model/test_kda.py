@@ -20,6 +20,7 @@ from genome_lm.model.ops.kda.layer import (
     kda_layer_step,
     upstream_torch_fallbacks,
 )
+from tests.helpers import assert_close
 
 fla_naive = load_fla_reference("ops/kda/naive.py", "naive_recurrent_kda")
 needs_fla = pytest.mark.skipif(fla_naive is None, reason="flash-linear-attention not installed")
@@ -28,12 +29,6 @@ needs_fla = pytest.mark.skipif(fla_naive is None, reason="flash-linear-attention
 TOL = {"o": 2e-5, "state": 2e-5, "dq": 5e-5, "dk": 5e-5, "dv": 5e-5, "dg": 5e-5, "dbeta": 5e-5, "dh0": 5e-5}
 LAYER_TOL = {"out": 2e-5, "grad": 5e-5}
 NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
-
-
-def close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    err = (got.float() - ref.float()).abs().max().item()
-    bound = tol * max(1.0, ref.abs().max().item())
-    assert err <= bound, f"{name}: max |Δ| {err:.2e} > {bound:.2e}"
 
 
 def make_inputs(seed, B=2, T=64, H=2, HV=None, K=16, V=8, gate="random"):
@@ -67,10 +62,10 @@ def run_with_grads(fn, inputs, use_h0, seed, **kw):
 def assert_matches_naive(inputs, use_h0, seed, fn=chunk_kda, **kw):
     o, S, grads = run_with_grads(fn, inputs, use_h0, seed, **kw)
     o_ref, S_ref, grads_ref = run_with_grads(fla_naive, inputs, use_h0, seed)
-    close("o", o, o_ref, TOL["o"])
-    close("state", S, S_ref, TOL["state"])
+    assert_close("o", o, o_ref, TOL["o"])
+    assert_close("state", S, S_ref, TOL["state"])
     for name, got, ref in zip(NAMES, grads, grads_ref):
-        close(name, got, ref, TOL[name])
+        assert_close(name, got, ref, TOL[name])
 
 
 # --- the naive reference -------------------------------------------------------------------
@@ -144,7 +139,7 @@ def test_chunk_under_outer_activation_checkpointing():
     for reentrant in (False, True):
         got = grads(lambda xs: checkpoint(op, *xs, use_reentrant=reentrant))
         for name, a, b in zip(NAMES, got, ref):
-            close(name, a, b, 1e-6)
+            assert_close(name, a, b, 1e-6)
 
 
 def test_chunk_extreme_decay_is_finite():
@@ -154,8 +149,8 @@ def test_chunk_extreme_decay_is_finite():
     o, S = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
-    close("o", o, o_ref, TOL["o"])
-    close("state", S, S_ref, TOL["state"])
+    assert_close("o", o, o_ref, TOL["o"])
+    assert_close("state", S, S_ref, TOL["state"])
 
 
 def test_chunk_l2norm_flag_scale_and_no_state():
@@ -164,7 +159,7 @@ def test_chunk_l2norm_flag_scale_and_no_state():
     o, S = chunk_kda(q, k, v, g, beta, scale=0.5, use_qk_l2norm_in_kernel=True)
     o_ref, _ = naive_recurrent_kda(l2norm(q), l2norm(k), v, g, beta, scale=0.5)
     assert S is None
-    close("o", o, o_ref, TOL["o"])
+    assert_close("o", o, o_ref, TOL["o"])
 
 
 def test_chunk_bf16_in_bf16_out():
@@ -172,8 +167,8 @@ def test_chunk_bf16_in_bf16_out():
     o32, S32 = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o16, S16 = chunk_kda(*(x.bfloat16() for x in (q, k, v, g, beta)), initial_state=h0, output_final_state=True)
     assert o16.dtype == torch.bfloat16 and S16.dtype == torch.float32
-    close("o", o16, o32, 5e-2)
-    close("state", S16, S32, 5e-2)
+    assert_close("o", o16, o32, 5e-2)
+    assert_close("state", S16, S32, 5e-2)
 
 
 def test_cpu_tensors_never_reach_fla(monkeypatch):
@@ -192,8 +187,8 @@ def test_cuda_dispatch_matches_torch_path():
     q, k, v, g, beta, h0 = (x.cuda() for x in make_inputs(13, T=300, K=64, V=64))
     o, S = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o_ref, S_ref = chunk_mod.chunk_kda_torch(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    close("o", o, o_ref, 1e-3)  # fla computes the in-chunk products in tf32/bf16
-    close("state", S, S_ref, 1e-3)
+    assert_close("o", o, o_ref, 1e-3)  # fla computes the in-chunk products in tf32/bf16
+    assert_close("state", S, S_ref, 1e-3)
 
 
 # --- the upstream layer, patched vs unpatched --------------------------------------------------
@@ -240,11 +235,11 @@ def test_patched_layer_matches_upstream(seed, T, num_heads):
     with upstream_torch_fallbacks():
         out_ref, dx_ref, grads_ref = forward_backward(upstream, x, seed, attention_mask=mask)
     out, dx, grads = forward_backward(patched, x, seed, attention_mask=mask)
-    close("out", out, out_ref, LAYER_TOL["out"])
-    close("dx", dx, dx_ref, LAYER_TOL["grad"])
+    assert_close("out", out, out_ref, LAYER_TOL["out"])
+    assert_close("dx", dx, dx_ref, LAYER_TOL["grad"])
     assert grads.keys() == grads_ref.keys()
     for name in grads:
-        close(name, grads[name], grads_ref[name], LAYER_TOL["grad"])
+        assert_close(name, grads[name], grads_ref[name], LAYER_TOL["grad"])
 
 
 def test_install_keeps_parameters_and_survives_deepcopy():
@@ -287,8 +282,8 @@ def test_streaming_steps_equal_one_pass():
         pieces.append(out)
     streamed = torch.cat(pieces, dim=1)
     (streamed * streamed).sum().backward()  # gradients flow through the carried state
-    close("out", streamed.detach(), full.detach(), LAYER_TOL["out"])
-    close("dx", x.grad, dx_full, LAYER_TOL["grad"])
+    assert_close("out", streamed.detach(), full.detach(), LAYER_TOL["out"])
+    assert_close("dx", x.grad, dx_full, LAYER_TOL["grad"])
 
 
 def cached_outputs(seed: int, T: int, bounds) -> dict[str, torch.Tensor]:
@@ -310,4 +305,4 @@ def cached_outputs(seed: int, T: int, bounds) -> dict[str, torch.Tensor]:
 
 def test_patched_layer_with_upstream_cache_matches_upstream():
     outs = cached_outputs(5, 30, [(0, 2), (2, 3), (3, 20), (20, 21), (21, 30)])  # prefill, decode, prefill, ...
-    close("out", outs["patched"], outs["upstream"], LAYER_TOL["out"])
+    assert_close("out", outs["patched"], outs["upstream"], LAYER_TOL["out"])
