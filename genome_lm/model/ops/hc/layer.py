@@ -4,8 +4,7 @@ Upstream's `Glm5NextTextHyperConnection.forward(h)` (h: hc_mult streams [B, T, S
 RMS-normalises the streams in float32, projects them to (2 + S)·S logits per token and runs
 `hc_sinkhorn_iters` (20) Sinkhorn normalisations on the [S, S] comb matrix. Autograd keeps every
 intermediate: the float32 copy of the streams and its normalised version (2·S·D floats per token)
-and ~2·iters [S, S] matrices, about 5 KB per token per hyper-connection on glm53-tiny (60% of
-what the patched model keeps per layer) and 128 KB per token on GLM-5.3-Flash in bf16.
+and ~2·iters [S, S] matrices (sizes: docs/model.md, "Hyper-connections").
 
 `RecomputedHyperConnection` runs the same forward under non-reentrant activation checkpointing: what is
 kept for backward is only the input streams (alive anyway: the decoder layer's residual) and the
