@@ -21,16 +21,11 @@ from genome_lm.model import (
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.patch import LongContextSettings
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel, glm
-from tests.helpers import assert_close
+from tests.helpers import assert_close, tiny_model
 
 torch.set_num_threads(1)
 
 TOL = {"loss": 1e-5, "per_token_nll": 1e-5, "grad": 1e-4}  # fp32, max |diff| / max |reference| (floor=0)
-
-
-def tiny(seed=0, **overrides):
-    torch.manual_seed(seed)
-    return build("glm53-tiny", **overrides)
 
 
 def config_arithmetic(c: Glm5NextTextConfig) -> int:
@@ -69,7 +64,7 @@ def _rss_bytes() -> int:
 
 
 def test_tiny_preset_has_every_layer_type():
-    model = tiny()
+    model = tiny_model()
     c = model.config
     assert isinstance(c, Glm5NextTextConfig) and c.vocab_size == 16
     assert {"linear_attention", "indexed_attention"} == set(c.layer_types)
@@ -140,7 +135,7 @@ def test_overrides_and_errors():
 
 
 def test_bf16_keeps_upstream_fp32_parameters():
-    model = tiny(dtype=torch.bfloat16)
+    model = tiny_model(dtype=torch.bfloat16)
     fp32 = {n for n, p in model.named_parameters() if p.dtype == torch.float32}
     assert "model.layers.1.mlp.gate.weight" in fp32 and "model.layers.0.attn_hc.base" in fp32
     assert model.lm_head.weight.dtype == torch.bfloat16
@@ -152,7 +147,7 @@ def test_bf16_keeps_upstream_fp32_parameters():
 
 
 def test_loss_and_per_token_nll_match_upstream_logits():
-    model = tiny()
+    model = tiny_model()
     x = torch.randint(0, 5, (2, 40))
     labels = x.clone()
     labels[0, 10:15] = -100
@@ -177,7 +172,7 @@ def _loss_and_grads(model, x, labels):
 
 @pytest.mark.parametrize("seq_len", [20, 300])
 def test_moe_and_loss_patches_equal_unpatched(seq_len):
-    ref_model = tiny(seed=seq_len)
+    ref_model = tiny_model(seed=seq_len)
     patched = copy.deepcopy(ref_model)
     apply_long_context(patched, ops=("moe", "loss"), moe_block_tokens=37, loss_chunk_tokens=29, moe_recompute=True)
     assert patched.long_context == LongContextSettings(ops=("moe", "loss"), moe_block_tokens=37,
@@ -212,7 +207,7 @@ def test_apply_long_context_on_bare_text_model():
 
 
 def test_tiny_trains_on_cpu():
-    model = apply_long_context(tiny(seed=3), ops=("moe", "loss"), moe_block_tokens=64)
+    model = apply_long_context(tiny_model(seed=3), ops=("moe", "loss"), moe_block_tokens=64)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x = torch.tensor([[0, 1, 2, 3] * 16])  # a repeat the model can learn
     losses = []
@@ -239,7 +234,7 @@ def test_cpu_tensors_never_reach_optional_kernels(monkeypatch):
     fla_like_kernel.__wrapped__ = torch_chunk
     monkeypatch.setattr(glm, "chunk_kimi_delta_attention", fla_like_kernel)
     x = torch.randint(0, 5, (1, 12))
-    model = tiny()  # build() installs the CPU -> torch dispatch over whatever upstream picked
+    model = tiny_model()  # build() installs the CPU -> torch dispatch over whatever upstream picked
     dispatcher = glm.chunk_kimi_delta_attention
     assert dispatcher is not fla_like_kernel and dispatcher.__wrapped__ is torch_chunk
     loss = model(x, labels=x).loss  # would raise if the CPU tensors reached the kernel
@@ -254,7 +249,7 @@ def test_cpu_tensors_never_reach_optional_kernels(monkeypatch):
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_moe_block_recompute_nests_in_per_layer_recompute(use_reentrant):
-    ref_model = tiny(seed=4).train()
+    ref_model = tiny_model(seed=4).train()
     patched = apply_long_context(copy.deepcopy(ref_model), ops=("moe",), moe_block_tokens=23)
     patched.model.activation_checkpointing_enable({"use_reentrant": use_reentrant})
     x = torch.randint(0, 5, (1, 64), generator=torch.Generator().manual_seed(4))

@@ -14,6 +14,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_lut, token_map
 from genome_lm.model import weights as weights_mod
 from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
+from tests.helpers import tiny_model
 
 torch.set_num_threads(1)
 
@@ -22,14 +23,6 @@ TINY_VISION = dict(
     depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64,
     projection_intermediate_size=32, patch_size=2, image_size=8, spatial_merge_size=1, temporal_patch_size=1,
 )  # fmt: skip
-
-
-def tiny(seed=0, **kw):
-    torch.manual_seed(seed)
-    model = build("glm53-tiny", **kw)
-    for layer in model.model.layers[1:]:  # upstream inits the router bias to 0; make it count
-        layer.mlp.gate.e_score_correction_bias.normal_(std=0.05)
-    return model
 
 
 def _keys(directory: Path) -> set[str]:
@@ -41,7 +34,7 @@ def _keys(directory: Path) -> set[str]:
 
 
 def test_round_trip_through_upstream_loading(tmp_path):
-    model = tiny()
+    model = tiny_model(router_bias=0.05)
     out = save_pretrained(model, tmp_path / "ckpt")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     keys = _keys(out)
@@ -65,14 +58,14 @@ def test_round_trip_through_upstream_loading(tmp_path):
 
 
 def test_patched_model_saves_upstream_names(tmp_path):
-    model = tiny()
+    model = tiny_model(router_bias=0.05)
     save_pretrained(model, tmp_path / "plain")
     save_pretrained(apply_long_context(model, ops=("moe", "loss")), tmp_path / "patched")
     assert _keys(tmp_path / "plain") == _keys(tmp_path / "patched")
 
 
 def test_sharded_save_loads_back(tmp_path):
-    model = tiny()
+    model = tiny_model(router_bias=0.05)
     out = save_pretrained(model, tmp_path / "sharded", max_shard_bytes=200_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
@@ -155,7 +148,7 @@ def test_bad_checkpoint_directories(tmp_path, glm_checkpoint):
 
 
 def test_save_is_atomic(tmp_path, monkeypatch):
-    model = tiny()
+    model = tiny_model(router_bias=0.05)
     target = tmp_path / "ckpt"
     save_pretrained(model, target)
     with pytest.raises(GenomeLMError, match="already exists"):
@@ -191,7 +184,7 @@ def test_token_map(tmp_path):
     assert lut.dtype == np.int64 and lut.tolist() == [7, 9, 3, 12, 5] + [0] * 251
     with pytest.raises(GenomeLMError, match=r"\['N'\]"):
         token_map(SHARD_VOCAB, _tokenizer_dir(tmp_path / "no_n", {"<unk>": 0, "A": 1, "C": 2, "G": 3, "T": 4}))
-    saved = save_pretrained(tiny(), tmp_path / "tiny_ckpt")
+    saved = save_pretrained(tiny_model(router_bias=0.05), tmp_path / "tiny_ckpt")
     assert token_map(SHARD_VOCAB, saved).tolist() == [0, 1, 2, 3, 4]  # small vocab, no tokenizer
     with pytest.raises(GenomeLMError, match="vocabulary"):
         token_map(SHARD_VOCAB, "glm53-tiny", vocab_size=4)

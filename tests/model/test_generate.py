@@ -7,15 +7,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from genome_lm.model import apply_long_context, build, use_torch_fallbacks
+from genome_lm.model import apply_long_context, use_torch_fallbacks
+from tests.helpers import tiny_model
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def pair():
-    torch.manual_seed(0)
-    ref = build("glm53-tiny").eval()
+    ref = tiny_model().eval()
     mine = apply_long_context(copy.deepcopy(ref), dsa_block_queries=16, kda_chunk_size=16).eval()
     return ref, mine
 

@@ -15,14 +15,13 @@ import genome_lm.model as model_pkg
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build, save_pretrained
 from genome_lm.model.weights import CheckpointReader, load_weights_, read_rows, to_disk_layout
-
-from .test_checkpoint import tiny
+from tests.helpers import tiny_model
 
 torch.set_num_threads(1)
 
 
 def test_read_rows_inverts_to_disk_layout():
-    model = tiny()
+    model = tiny_model(router_bias=0.05)
     asked = []
     for name, tensor in model.state_dict().items():
         disk = dict(to_disk_layout(name, tensor))
@@ -49,9 +48,9 @@ def test_read_rows_inverts_to_disk_layout():
 
 
 def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
-    source = tiny(1)
+    source = tiny_model(1, router_bias=0.05)
     ckpt = save_pretrained(source, tmp_path / "ckpt", max_shard_bytes=60_000)
-    target = tiny(2)
+    target = tiny_model(2, router_bias=0.05)
     params = {n: p for n, p in target.named_parameters()}
 
     def no_build(*args, **kwargs):
@@ -65,7 +64,7 @@ def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
 
 
 def test_load_weights_casts_like_build(tmp_path):
-    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt")
+    ckpt = save_pretrained(tiny_model(1, router_bias=0.05), tmp_path / "ckpt")
     target = build("glm53-tiny", dtype="bfloat16")
     load_weights_(target, ckpt)
     want = build(ckpt, dtype="bfloat16").state_dict()
@@ -74,7 +73,7 @@ def test_load_weights_casts_like_build(tmp_path):
 
 
 def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
-    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt")
+    ckpt = save_pretrained(tiny_model(1, router_bias=0.05), tmp_path / "ckpt")
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
 
@@ -88,11 +87,11 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     key = "model.layers.2.mlp.experts.3.up_proj.weight"
     missing = variant("missing", lambda t: {k: v for k, v in t.items() if k != key})
     with pytest.raises(GenomeLMError, match=rf"lacks 1 weight\(s\) of the text model, e.g. \['{key}'\]"):
-        load_weights_(tiny(), missing)
+        load_weights_(tiny_model(router_bias=0.05), missing)
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
-        load_weights_(tiny(), wrong)
-    with CheckpointReader(ckpt, tiny().config) as reader:
+        load_weights_(tiny_model(router_bias=0.05), wrong)
+    with CheckpointReader(ckpt, tiny_model(router_bias=0.05).config) as reader:
         assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
         # unused: what none of the given tensors needs (whatever this reader happened to read)
         _, unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
@@ -101,18 +100,18 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
     with pytest.raises(GenomeLMError, match="no \\*.safetensors"):
-        load_weights_(tiny(), tmp_path / "nothing")
+        load_weights_(tiny_model(router_bias=0.05), tmp_path / "nothing")
 
 
 def test_only_weights_the_model_has_no_place_for_are_logged(tmp_path, caplog):
-    ckpt = save_pretrained(tiny(1), tmp_path / "ckpt", max_shard_bytes=60_000)
+    ckpt = save_pretrained(tiny_model(1, router_bias=0.05), tmp_path / "ckpt", max_shard_bytes=60_000)
     with caplog.at_level("WARNING"):
-        load_weights_(tiny(), ckpt)
+        load_weights_(tiny_model(router_bias=0.05), ckpt)
     assert "not used" not in caplog.text
     save_file({"model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(ckpt / "model-extra.safetensors"))
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.layers.0.mlp.extra.weight"] = "model-extra.safetensors"
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     with caplog.at_level("WARNING"):
-        load_weights_(tiny(), ckpt)
+        load_weights_(tiny_model(router_bias=0.05), ckpt)
     assert "1 weights not used by the model, e.g. ['model.layers.0.mlp.extra.weight']" in caplog.text

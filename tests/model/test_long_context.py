@@ -17,13 +17,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from genome_lm.model import apply_long_context, build, use_torch_fallbacks
+from genome_lm.model import apply_long_context, use_torch_fallbacks
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.upstream import glm
-from tests.helpers import assert_close
+from tests.helpers import assert_close, tiny_model
 
 TOL = 1e-4
 
@@ -37,8 +37,7 @@ def one_thread():
 
 
 def pair(seed: int, **overrides):
-    torch.manual_seed(seed)
-    ref = build("glm53-tiny", **overrides)
+    ref = tiny_model(seed, **overrides)
     patched = apply_long_context(copy.deepcopy(ref), dsa_block_queries=100, moe_block_tokens=77,
                                  loss_chunk_tokens=50, kda_chunk_size=16, moe_recompute=True)
     return ref, patched
@@ -108,8 +107,7 @@ class LargestTensor(TorchDispatchMode):
 
 def test_patched_forward_backward_never_allocates_t_by_t():
     T = 3000
-    torch.manual_seed(5)
-    model = apply_long_context(build("glm53-tiny"))  # default block sizes
+    model = apply_long_context(tiny_model(5))  # default block sizes
     x = torch.randint(0, 16, (1, T))
     with LargestTensor() as mode:
         model(x, labels=x).loss.backward()

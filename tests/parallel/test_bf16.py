@@ -17,7 +17,7 @@ import torch
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.train import train
-from tests.helpers import write_experiment
+from tests.helpers import tiny_model, write_experiment
 
 from .test_train_parallel import assert_same_curve, records, truncate_to
 
@@ -89,8 +89,7 @@ def test_fsdp_groups_float32_exceptions():
     from genome_lm.model.weights import keep_fp32
     from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
 
-    torch.manual_seed(0)
-    plain = build("glm53-tiny", dtype="bfloat16")
+    plain = tiny_model(dtype="bfloat16")
     apply_long_context(plain)
     model = build("glm53-tiny", dtype="bfloat16")
     model.load_state_dict(plain.state_dict())

@@ -12,10 +12,10 @@ import torch.distributed.checkpoint as dcp
 
 from genome_lm.config import MemoryConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
-from genome_lm.model import build
 from genome_lm.train.checkpoint import _train_state, load_checkpoint, save_checkpoint
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
+from tests.helpers import tiny_model
 
 
 class _Data:
@@ -30,8 +30,7 @@ class _Data:
 
 
 def _setup(seed: int):
-    torch.manual_seed(seed)
-    model = parallelize(build("glm53-tiny"), MemoryConfig())
+    model = parallelize(tiny_model(seed), MemoryConfig())
     cfg = TrainConfig(steps=4, lr=1e-2)
     opt = make_optimizer(model, cfg)
     return model, opt, make_scheduler(opt, cfg)

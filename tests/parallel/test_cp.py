@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.parallel import slab_bounds
-from tests.helpers import assert_close, spawn
+from tests.helpers import assert_close, spawn, tiny_model
 
 CASES = {"T203": (2, 203), "T7": (1, 7)}  # name -> (B, T)
 RTOL = 1e-4  # per tensor: max |grad - ref| / max |ref|
@@ -33,11 +33,9 @@ def _model(recompute: str = "none", cp_group=None, cp: int = 1):
     from types import SimpleNamespace
 
     from genome_lm.config import MemoryConfig
-    from genome_lm.model import build
     from genome_lm.train.parallelize import parallelize
 
-    torch.manual_seed(0)
-    model = build("glm53-tiny")
+    model = tiny_model()
     memory = MemoryConfig(recompute=recompute, offload_layer_inputs=recompute != "none", dsa_block_queries=16,
                           moe_block_tokens=64, loss_chunk_tokens=48)
     layout = SimpleNamespace(cp=cp, dp=1, cp_group=cp_group, distributed=False, sharded=False) if cp > 1 else None
@@ -48,12 +46,11 @@ def _model_cp_last(cp_group):
     """As `_model("per-layer", ...)`, but CP applied after recompute + offload (out of
     `parallelize`'s order): the layers look up their CP context when called, so it is the same."""
     from genome_lm.config import MemoryConfig
-    from genome_lm.model import apply_long_context, build
+    from genome_lm.model import apply_long_context
     from genome_lm.parallel import apply_context_parallel
     from genome_lm.train.parallelize import apply_recompute
 
-    torch.manual_seed(0)
-    model = apply_long_context(build("glm53-tiny"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
+    model = apply_long_context(tiny_model(), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
     apply_recompute(model, MemoryConfig(recompute="per-layer", offload_layer_inputs=True))
     apply_context_parallel(model, cp_group)
     return model

@@ -17,8 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from genome_lm.model import build, save_pretrained
-from tests.helpers import spawn
-from tests.model.test_checkpoint import tiny
+from tests.helpers import spawn, tiny_model
 
 WORLD = 3
 SMALL_SHARDS = 60_000  # bytes: glm53-tiny (~1.9 MB in fp32) in many files, experts across files
@@ -63,11 +62,13 @@ def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     root = tmp_path_factory.mktemp("meta_init")
-    disk = save_pretrained(tiny(1), root / "disk", max_shard_bytes=SMALL_SHARDS)  # on-disk layout, sharded
+    # on-disk layout, sharded
+    disk = save_pretrained(tiny_model(1, router_bias=0.05), root / "disk", max_shard_bytes=SMALL_SHARDS)
     upstream = root / "upstream"  # module names: stacked experts, concatenated conv, attn_hc.*
     upstream.mkdir()
     shutil.copy(disk / "config.json", upstream / "config.json")
-    save_file({k: v.contiguous() for k, v in tiny(2).state_dict().items()}, str(upstream / "model.safetensors"))
+    state = tiny_model(2, router_bias=0.05).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(upstream / "model.safetensors"))
     sources = {"disk": str(disk), "upstream": str(upstream)}
     out = root / "out"
     out.mkdir()

@@ -9,18 +9,17 @@ import torch
 from safetensors.torch import load_file
 
 from genome_lm.config import load_experiment
-from genome_lm.model import apply_long_context, build
+from genome_lm.model import apply_long_context
 from genome_lm.train import train
 from genome_lm.train.balance import ExpertBalancer
-from tests.helpers import write_experiment
+from tests.helpers import tiny_model, write_experiment
 from tests.parallel.test_train_parallel import truncate_to
 
 BIAS = "e_score_correction_bias"
 
 
 def test_bias_moves_by_rate_times_sign_of_the_step_load_gap():
-    torch.manual_seed(0)
-    model = apply_long_context(build("glm53-tiny", dtype="float32"))
+    model = apply_long_context(tiny_model(dtype="float32"))
     balancer = ExpertBalancer(model, rate=0.01)
     assert len(balancer.layers) == 5  # the five sparse-MLP layers of glm53-tiny
     start = [m.gate.e_score_correction_bias.clone() for m in balancer.layers]
@@ -61,8 +60,7 @@ def _biases(ckpt):
 
 def test_rule_spreads_the_tokens_of_a_fixed_router():
     """Fixed weights, the same batch every step: the bias alone evens out the load."""
-    torch.manual_seed(0)
-    model = apply_long_context(build("glm53-tiny", dtype="float32"))
+    model = apply_long_context(tiny_model(dtype="float32"))
     balancer = ExpertBalancer(model, rate=0.005)
     x = torch.randint(0, 4, (4, 128))
 

@@ -6,18 +6,14 @@ import pytest
 import torch
 
 from genome_lm.config import MemoryConfig, ParallelConfig
-from genome_lm.model import apply_long_context, build
+from genome_lm.model import apply_long_context
 from genome_lm.parallel import apply_context_parallel
 from genome_lm.parallel.fsdp import apply_fsdp
 from genome_lm.parallel.mesh import init_parallel
 from genome_lm.train.parallelize import apply_recompute, parallelize
+from tests.helpers import tiny_model
 
 SIZES = dict(dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
-
-
-def _tiny():
-    torch.manual_seed(0)
-    return build("glm53-tiny")
 
 
 def _loss_and_grads(model):
@@ -30,8 +26,8 @@ def _loss_and_grads(model):
 @pytest.mark.parametrize("offload", [False, True])
 def test_recompute_before_long_context_is_the_same(offload):
     memory = MemoryConfig(recompute="per-layer", offload_layer_inputs=offload, **SIZES)
-    loss, grads = _loss_and_grads(parallelize(_tiny(), memory))
-    model = _tiny()
+    loss, grads = _loss_and_grads(parallelize(tiny_model(), memory))
+    model = tiny_model()
     apply_recompute(model, memory)  # decoder layers recompute whatever their sub-modules become
     apply_long_context(model, **SIZES)
     loss2, grads2 = _loss_and_grads(model)
@@ -40,14 +36,14 @@ def test_recompute_before_long_context_is_the_same(offload):
 
 
 def test_recompute_matches_no_recompute():
-    loss, grads = _loss_and_grads(parallelize(_tiny(), MemoryConfig(**SIZES)))
+    loss, grads = _loss_and_grads(parallelize(tiny_model(), MemoryConfig(**SIZES)))
     selective = MemoryConfig(recompute="selective", recompute_layers=["kda", "dsa", "moe", "dense"], **SIZES)
-    loss2, grads2 = _loss_and_grads(parallelize(_tiny(), selective))
+    loss2, grads2 = _loss_and_grads(parallelize(tiny_model(), selective))
     assert torch.equal(loss, loss2) and all(torch.equal(grads[n], grads2[n]) for n in grads)
 
 
 def test_out_of_order_steps_raise():
-    model = _tiny()
+    model = tiny_model()
     with pytest.raises(RuntimeError, match="apply_long_context first"):
         apply_context_parallel(model)
     apply_recompute(model, MemoryConfig(recompute="selective", recompute_layers=["kda"], offload_layer_inputs=True))
@@ -56,7 +52,7 @@ def test_out_of_order_steps_raise():
 
     par = init_parallel(ParallelConfig(), torch.device("cpu"), sharded=True)
     try:
-        model = _tiny()
+        model = tiny_model()
         apply_fsdp(model, par.fsdp_mesh, par.device)
         with pytest.raises(RuntimeError, match="recompute before FSDP2"):
             apply_recompute(model, MemoryConfig(recompute="per-layer"))

@@ -17,7 +17,7 @@ import torch
 from genome_lm.config import load_experiment
 from genome_lm.model import build, save_pretrained
 from genome_lm.train import train
-from tests.helpers import write_experiment
+from tests.helpers import tiny_model, write_experiment
 
 TRACK = 0.3  # ||w_bf16 - w_fp32|| / ||w_fp32 - w_0|| after 10 steps
 
@@ -37,8 +37,7 @@ def master_weights(run) -> dict[str, torch.Tensor]:
 
 
 def test_small_updates_are_not_lost_in_bf16(tiny_shards, tmp_path):
-    torch.manual_seed(0)
-    init = save_pretrained(build("glm53-tiny", dtype="bfloat16"), tmp_path / "init")
+    init = save_pretrained(tiny_model(dtype="bfloat16"), tmp_path / "init")
     exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
     sets = [f"model.init={init}", "train.lr=1e-5", "train.steps=10", "train.schedule=constant",
             "train.checkpoint_every=10", "train.export_model=false"]

@@ -17,7 +17,7 @@ from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.train import train
-from tests.helpers import assert_close, write_experiment
+from tests.helpers import assert_close, tiny_model, write_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,11 +52,9 @@ def test_loss_decreases_and_outputs_are_written(tmp_path, tiny_shards):
 
 def _strategy_grads(strategy: dict, seed: int = 0):
     from genome_lm.config import MemoryConfig
-    from genome_lm.model import build
     from genome_lm.train.parallelize import parallelize
 
-    torch.manual_seed(seed)
-    model = build("glm53-tiny")
+    model = tiny_model(seed)
     parallelize(model, MemoryConfig(**strategy))
     ids = torch.randint(0, 5, (2, 200), generator=torch.Generator().manual_seed(seed))
     out = model(ids, labels=ids)
