@@ -61,18 +61,10 @@ ReadRows = Callable[[str, tuple[int, ...], int, int], torch.Tensor]  # (name, fu
 
 # ---- key layout: on disk <-> upstream modules (names relative to the text model or the causal LM)
 
-_RENAMES = [  # (on-disk, upstream), applied as plain substring replacements
-    ("self_attn.f_a_proj.", "self_attn.forget_gate.f_a_proj."),
-    ("self_attn.f_b_proj.", "self_attn.forget_gate.f_b_proj."),
-    ("self_attn.dt_bias", "self_attn.forget_gate.dt_bias"),
-    ("self_attn.A_log", "self_attn.forget_gate.A_log"),
-    ("hc_attn_fn", "attn_hc.fn"),
-    ("hc_attn_base", "attn_hc.base"),
-    ("hc_attn_scale", "attn_hc.scale"),
-    ("hc_ffn_fn", "ffn_hc.fn"),
-    ("hc_ffn_base", "ffn_hc.base"),
-    ("hc_ffn_scale", "ffn_hc.scale"),
-]
+_RENAMES = (  # (on-disk, upstream), applied as plain substring replacements
+    [(f"self_attn.{n}", f"self_attn.forget_gate.{n}") for n in ("f_a_proj.", "f_b_proj.", "dt_bias", "A_log")]
+    + [(f"hc_{where}_{n}", f"{where}_hc.{n}") for where in ("attn", "ffn") for n in ("fn", "base", "scale")]
+)
 
 
 def _rename_to_disk(name: str) -> str:
@@ -284,22 +276,22 @@ class CheckpointReader:
                 self._open[path] = safe_open(str(path), framework="pt", device="cpu")
         return self._open[path]
 
-    def _check(self, key: str, shape: tuple[int, ...]) -> tuple[Path, str]:
+    def _stored(self, key: str, shape: tuple[int, ...]) -> tuple[Path, str, str] | None:
+        """(file, its key, dtype) of checkpoint tensor `key`, None if absent; an error if not of `shape`."""
         if key not in self._where:
-            raise KeyError(key)
-        path, file_key, stored, _ = self._where[key]
+            return None
+        path, file_key, stored, dtype = self._where[key]
         if stored != tuple(shape):
             raise GenomeLMError(f"model: {path}: {file_key} has shape {stored}, the config expects {tuple(shape)}; "
                                 "check config.json and the config overrides")
-        return path, file_key
+        return path, file_key, dtype
 
     def get(self, key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
         """Rows `[start, stop)` of the checkpoint tensor stored as `key` (causal-LM key in the file's
         own layout), whose full shape must be `shape`."""
-        try:
-            path, file_key = self._check(key, shape)
-        except KeyError:
+        if (found := self._stored(key, shape)) is None:
             self._missing([key])
+        path, file_key, _ = found
         with _reading(path):
             return self._file(path).get_slice(file_key)[start:stop]
 
@@ -316,13 +308,13 @@ class CheckpointReader:
         needed, missing = set(), []
 
         def visit(key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
-            try:
-                self._check(key, shape)
-                needed.add(key)
-            except KeyError:
+            found = self._stored(key, shape)
+            if found is None:
                 missing.append(key)
-                return torch.empty((stop - start, *shape[1:]), device="meta")
-            return torch.empty((stop - start, *shape[1:]), dtype=_DTYPES[self._where[key][3]], device="meta")
+            else:
+                needed.add(key)
+            dtype = None if found is None else _DTYPES[found[2]]
+            return torch.empty((stop - start, *shape[1:]), dtype=dtype, device="meta")
 
         stored = {name: visit(name, 0, shape[0], shape) if name in self._where else
                   read_rows(name, shape, 0, shape[0], visit) for name, shape in tensors.items()}

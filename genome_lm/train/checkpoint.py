@@ -109,8 +109,7 @@ def _restore_rng(rng: dict) -> None:
 
 
 def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         optim = get_optimizer_state_dict(model, optimizer)
         weights = get_model_state_dict(model)
     return {
@@ -125,11 +124,11 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
                     parallel: ParallelContext | None = None, export_model: bool = True,
-                    max_shard_bytes: int | None = None, export_dtype: torch.dtype | None = None) -> Path:
+                    export_dtype: torch.dtype | None = None) -> Path:
     """Write checkpoint `step` (collective in a distributed run: every rank calls it); `model/` only
-    with `export_model`, in files of at most `max_shard_bytes` (default 5 GiB), its weights in
-    `export_dtype` (the model's dtype when training keeps float32 master weights; None: as held)."""
-    from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, save_pretrained
+    with `export_model` (files of at most 5 GiB), its weights in `export_dtype` (the model's dtype
+    when training keeps float32 master weights; None: as held)."""
+    from genome_lm.model.weights import save_pretrained
 
     par = parallel or ParallelContext()
     final = ckpt_dir / f"step_{step:08d}"
@@ -141,10 +140,8 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     tmp = Path(par.on_main(make_tmp))
     try:
         if export_model:  # streamed, one tensor gathered at a time (collective when sharded)
-            save_pretrained(model, tmp / "model", write=par.is_main,
-                            max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES, dtype=export_dtype)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype)
+        with warnings.catch_warnings(action="ignore"):
             dcp.save(_train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
         par.barrier()
         if par.is_main:
@@ -186,8 +183,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     Collective in a distributed run; the checkpoint may come from any number of processes."""
     state = _train_state(model, optimizer, scheduler, data, 0)
     state["rng"] = _rng_like(stored_state(path / "train_state"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
         # without gradients) have no optimizer state in the checkpoint; the fresh one is unused.
         dcp.load(state, checkpoint_id=str(path / "train_state"), planner=DefaultLoadPlanner(allow_partial_load=True))

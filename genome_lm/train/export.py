@@ -44,8 +44,7 @@ def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> 
 
     for batch in batches():
         state = {"model": {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in batch}}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "no process group: loading in a single process"
+        with warnings.catch_warnings(action="ignore"):  # "no process group: loading in a single process"
             dcp.load(state, checkpoint_id=str(state_dir))
         loaded = state.pop("model")
         for name, _, _ in batch:

@@ -5,14 +5,8 @@ loop reads top to bottom:
     -> optimizer -> [resume] -> for each step: micro-batches, backward, clip, check finite, step,
     log, checkpoint.
 
-Building (`build_parallel_model`): one process builds the model (preset initialisation seeded
-with train.seed, or the weights of model.name), copies `model.init`'s weights into it tensor by
-tensor, then parallelizes it. A distributed run never materialises the whole model on a rank: it
-builds on the meta device, parallelizes there (same order), allocates only this rank's FSDP2
-shards (`to_empty`) and fills them: from model.init (or model.name when it is a directory) each
-rank reads just its rows of each tensor from the safetensors files; from scratch, the preset
-model is built whole on CPU with the same seed and each rank keeps its rows (so it starts from
-the weights one process would; fine for small models, refused for glm53-flash).
+Building (`build_parallel_model`): one process builds the model whole; a distributed run never
+materialises it on a rank: meta device, parallelize, then each rank fills only its FSDP2 shards.
 
 Distributed (`--nproc` / `--ray`, see `genome_lm.parallel`): every rank runs this same function.
 Each data-parallel replica reads its own part of every global batch (`micro_batch` sequences per
@@ -49,7 +43,6 @@ from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.train.checkpoint import (
     clean_partials,
     latest_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     resolve_model_dir,
     save_checkpoint,
@@ -104,16 +97,6 @@ def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, m
     return model
 
 
-def init_source(cfg: ExperimentConfig, init: str | None) -> Path | None:
-    """The model directory the weights come from (`init`, else model.name when it is a directory);
-    None: preset initialisation."""
-    from genome_lm.model.presets import is_preset
-
-    if init:
-        return resolve_model_dir(init)
-    return None if is_preset(cfg.model.name) else resolve_model_dir(cfg.model.name)
-
-
 def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
     """What training computes in: bf16 for a bf16 model (float32 master weights under FSDP2, see
     `genome_lm.parallel.fsdp`), None (the parameters' own dtype) for a float32 one."""
@@ -126,22 +109,18 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
     (`load_weights_`): from the weights directory, reading just its rows of each tensor; from
     scratch, as slices of the preset model built in full on CPU with the same seed as one process
     (so a distributed run starts from the same weights; not meant for glm53-flash)."""
-    from genome_lm.model.presets import META_ONLY
+    from genome_lm.model.presets import META_ONLY, is_preset
 
     compute = compute_dtype(cfg)
     if not par.distributed:
         return parallelize(build_model(cfg, par.device, init), cfg.memory, par, compute)
     model = build_model(cfg, par.device, None, meta=True)
     parallelize(model, cfg.memory, par, compute)
-    weights = init_source(cfg, init)
-    reference = None
-    if weights is None:
-        if cfg.model.name in META_ONLY:
-            raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
-                                "every rank's CPU first; set model.init to its checkpoint directory")
-        reference = build_model(cfg, torch.device("cpu"), None)
-    load_weights_(model, reference.state_dict() if weights is None else weights, par.device)
-    del reference
+    weights = resolve_model_dir(init or cfg.model.name) if init or not is_preset(cfg.model.name) else None
+    if weights is None and cfg.model.name in META_ONLY:
+        raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
+                            "every rank's CPU first; set model.init to its checkpoint directory")
+    load_weights_(model, weights or build_model(cfg, torch.device("cpu"), None).state_dict(), par.device)
     log.info("rank %d: materialised its shards from %s", par.rank, weights or "the preset initialisation")
     return model
 
@@ -153,6 +132,13 @@ def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init
     if int(lut.max()) >= vocab_size:
         raise GenomeLMError(f"model: token id {int(lut.max())} does not fit the model vocabulary ({vocab_size})")
     return lut
+
+
+def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
+    """The experiment's training sequences (`data:`), in model token ids through `lut`."""
+    d = cfg.data
+    return SequenceStream(d.shards, d.split, d.seq_len, seed=d.seed, reverse_complement=d.reverse_complement,
+                          min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
@@ -198,9 +184,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     model = build_parallel_model(cfg, par, init)
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     model.train()
-    stream = SequenceStream(cfg.data.shards, cfg.data.split, cfg.data.seq_len, seed=cfg.data.seed,
-                            reverse_complement=cfg.data.reverse_complement, min_piece=cfg.data.min_piece,
-                            ignore_n=cfg.data.ignore_n, token_map=lut)
+    stream = make_stream(cfg, lut)
     optimizer = make_optimizer(model, cfg.train)
     scheduler = make_scheduler(optimizer, cfg.train)
     start = 0
@@ -298,5 +282,3 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                  run_dir / "checkpoints")
     return record
 
-
-__all__ = ["train", "list_checkpoints"]
