@@ -51,9 +51,6 @@ class WindowCache:
     def has(self, index: int) -> bool:
         return self._path(index).exists()
 
-    def done(self) -> list[int]:
-        return sorted(int(p.stem[1:]) for p in self.dir.glob("w*.npz"))
-
     def put(self, index: int, **arrays: np.ndarray) -> None:
         with atomic_file(self._path(index), "wb") as f:  # .wNNNNNNN.npz.*.tmp until complete
             np.savez(f, **arrays)

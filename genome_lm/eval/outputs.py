@@ -44,15 +44,11 @@ class TokensWriter:
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
             repeat_packed: np.ndarray) -> None:
-        def lst(values: np.ndarray, type_: pa.DataType) -> pa.Array:
-            offsets = pa.array(np.array([0, len(values)], dtype=np.int32))
-            return pa.ListArray.from_arrays(offsets, pa.array(values, type=type_))
-
         batch = pa.record_batch([
             pa.array([window], pa.int64()), pa.array([chrom]), pa.array([start], pa.int64()),
             pa.array([end], pa.int64()), pa.array([strand]),
-            lst(np.asarray(nll, dtype=np.float32), pa.float32()),
-            lst(np.asarray(repeat_packed, dtype=np.uint8), pa.uint8()),
+            pa.array([np.asarray(nll, dtype=np.float32)], SCHEMA.field("nll").type),
+            pa.array([np.asarray(repeat_packed, dtype=np.uint8)], SCHEMA.field("repeat_mask").type),
         ], schema=SCHEMA)
         self._writer.write_batch(batch)
 

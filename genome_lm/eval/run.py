@@ -94,14 +94,6 @@ def window_lengths(ds, max_windows: int | None) -> np.ndarray:
     return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
 
-def _load_model(cfg: EvalConfig, model_dir: str, manifest: dict, par):
-    from genome_lm.model import token_lut
-
-    model = sharded.build_model(cfg, model_dir, cfg.dtype, par)
-    model.eval()
-    return model, token_lut(manifest["vocab"], model_dir), len(manifest["vocab"])
-
-
 def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
     """Run the eval described by `cfg`; return the summary (also written to OUT/summary.json).
 
@@ -150,7 +142,10 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
              par.dp, par.cp, n - len(todo))
     scored_tokens, t_score = 0, time.perf_counter()
     if todo:
-        model, lut, n_known = _load_model(cfg, ckpt["model_dir"], manifest, par)
+        from genome_lm.model import token_lut
+
+        model = sharded.build_model(cfg, ckpt["model_dir"], par).eval()
+        lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
         pieces = [sharded.n_pieces(length, seq_len) * len(engines) for length in lengths]
         bar = tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
                    unit_scale=True, desc=f"eval {out.name}",

@@ -4,29 +4,11 @@
     genome-lm eval --checkpoint C --shards S --out O --ray [ADDRESS]       # Ray, one worker per GPU
 
 Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one
-process. The W processes form dp x cp ranks (`--cp`, dp = W / cp; `parallel.mesh`), as training:
-
-- **Model.** Built on the meta device and `parallelize`d as training does it (long-context ops
-  -> context parallelism over the CP group -> FSDP2 over all W ranks), then each rank allocates
-  its shards and reads just their rows from the safetensors files (`model.weights.load_weights_`): no
-  rank ever holds the whole model. One process builds it whole, as before.
-- **Windows.** Scored in rounds: in round r, dp replica d scores window `todo[r * dp + d]`. The
-  CP ranks of a replica score the same window, each its contiguous slab of every piece
-  (`parallel.cp`); the causal LM's CP forward gathers the per-token NLL of the whole piece.
-  FSDP2 all-gathers every layer's parameters over all W ranks in every forward, so all replicas
-  make the same number of forwards per round: one with fewer pieces, or no window left in the
-  last round, runs an idle forward (a few tokens, nothing scored) per missing piece.
-- **Results.** After each round the first CP rank of every replica sends its window's NLL to
-  rank 0 (`gather_object`), which puts it in the per-window cache (`eval/cache.py`). Rank 0
-  alone writes anything (cache, tokens.parquet, summary.json), from the cache in window order,
-  so the outputs are those of one process: same rows, same order, same layout.
-- **Cache and resume.** The cache is rank 0's; a killed distributed eval continues from it, on
-  any number of processes or on one (the layout is not part of the cache key: it changes scores
-  by float rounding only, <= 1e-5 nats in float32, tested).
-- **Engines.** Only the parallel (training) forward is sharded. The streaming engine
-  (`model/streaming.py`: the model's forward chunk by chunk through one cache) keeps O(T)
-  caches per DSA layer on one device and is not wired to the dp rounds: it is the one-process
-  engine (for models that fit one device, and for `--parity`).
+process: the dp x cp layout (`--cp`, dp = W / cp), the model built on the meta device and filled
+shard by shard (`build_model`), the windows scored in rounds of one per dp replica with idle
+forwards where a replica has fewer pieces (`rounds`, `idle_forward`), the NLL gathered on rank 0,
+which alone writes the cache and outputs (`gather_on_main`), and the launch (`launch`). The
+streaming engine and `--parity` stay one-process. Why and how: docs/parallel.md, Distributed eval.
 """
 
 from __future__ import annotations
@@ -110,7 +92,7 @@ def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
                             "or a smaller --cp")
 
 
-def build_model(cfg, model_dir: str, dtype: str, par):
+def build_model(cfg, model_dir: str, par):
     """The causal LM ready to score: long-context ops (eval's block sizes), CP, FSDP2 (`parallelize`).
     Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
     from genome_lm.config import BlockSizes, MemoryConfig
@@ -122,8 +104,8 @@ def build_model(cfg, model_dir: str, dtype: str, par):
     # are rebuilt in backward only, so moe_recompute changes nothing without autograd
     memory = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)
     if not par.distributed:
-        return parallelize(build(model_dir, dtype=dtype, device=par.device), memory, par)
-    model = parallelize(build(model_dir, dtype=dtype, meta=True), memory, par)
+        return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device), memory, par)
+    model = parallelize(build(model_dir, dtype=cfg.dtype, meta=True), memory, par)
     return load_weights_(model, model_dir, par.device)
 
 
@@ -172,31 +154,24 @@ def worker(cfg_json: dict, device=None) -> dict:
     return evaluate(EvalConfig(**cfg_json), device=device)
 
 
-def eval_job(cfg):
-    """`genome-lm eval` as a `parallel.launch.Job`; its Ray files and error messages go to a hidden
-    directory beside --out (removed afterwards)."""
-    from genome_lm.eval.cache import cache_dir_for
-    from genome_lm.parallel.launch import Job
-
-    out = Path(cfg.out)
-    return Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
-               describe=f"eval: cp={cfg.cp}, dp=processes/cp",
-               keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
-               work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
-
-
 def launch(cfg, nproc: int | None, ray: str | None | bool = None) -> dict:
     """Run the eval `cfg` on `nproc` local processes, or under Ray (`ray`: an address, "" or True
-    for a local instance); return the summary rank 0 wrote."""
+    for a local instance); return the summary rank 0 wrote. The launch's Ray files and error
+    messages go to a hidden directory beside --out (removed afterwards)."""
+    from genome_lm.eval.cache import cache_dir_for
     from genome_lm.eval.outputs import load_summary
     from genome_lm.eval.run import check_inputs
-    from genome_lm.parallel.launch import run_local, run_ray
+    from genome_lm.parallel.launch import Job, run_local, run_ray
 
     check_engine(cfg)  # one-line errors before any process starts
     if nproc is not None:
         layout(cfg.cp, nproc)
     check_inputs(cfg)
-    job = eval_job(cfg)
+    out = Path(cfg.out)
+    job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
+              describe=f"eval: cp={cfg.cp}, dp=processes/cp",
+              keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
+              work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
     try:
         if ray is None:
             run_local(job, nproc)
