@@ -25,14 +25,11 @@ SHARD_IDS = 256  # shard tokens are uint8
 
 
 def _tokenizer_ids(path: Path, symbols: list[str]) -> list[int | None]:
-    try:
-        from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # ships with transformers
 
+    try:
         tok = Tokenizer.from_file(str(path))
         return [tok.token_to_id(s) for s in symbols]
-    except ImportError:  # pragma: no cover - tokenizers ships with transformers
-        vocab = json.loads(path.read_text())["model"]["vocab"]
-        return [vocab.get(s) for s in symbols]
     except Exception as e:
         raise GenomeLMError(f"token map: cannot read tokenizer {path}: {e}") from None
 

@@ -21,13 +21,10 @@ read); upstream converts at load time (`transformers.conversion_mapping`, "glm5_
 `to_disk_layout` maps an upstream tensor to its on-disk tensors (writing); `read_rows` assembles
 any dim-0 slice of one from them (reading).
 
-Reading, `load_weights_` (`build(dir)`, `model.init`, sharded init, eval): the model is built on
-the meta device, allocated (`to_empty`) and each tensor filled with the rows this rank holds
-(`local_rows`; all of them for a plain model), read with `safe_open(...).get_slice(key)[a:b]`
-(`CheckpointReader`): no process holds a second copy of the model, no rank more than its shards
-plus one tensor's rows. Writing, `save_pretrained` (checkpoints' `model/`, `genome-lm export`):
-streamed one tensor at a time into files planned up front. docs/checkpoints.md: why not DCP's
-Hugging Face storage reader/writer.
+Reading, `load_weights_`: a meta-built model is allocated (`to_empty`) and each tensor filled with
+the rows this rank holds, read with `get_slice(key)[a:b]` (`CheckpointReader`). Writing,
+`save_pretrained`: streamed one tensor at a time into files planned up front. Who calls which,
+and why not DCP's Hugging Face storage: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -423,20 +420,26 @@ def model_tensors(model: nn.Module, state_dict: Mapping[str, torch.Tensor] | Non
     return state
 
 
+def byte_batches(items: Iterable, nbytes: Callable[[object], int], max_bytes: int) -> Iterator[list]:
+    """`items` in order, in consecutive batches: a batch is closed when the next item would take it
+    past `max_bytes` (a single larger item gets a batch of its own)."""
+    batch, size = [], 0
+    for item in items:
+        if batch and size + nbytes(item) > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += nbytes(item)
+    if batch:
+        yield batch
+
+
 def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
     """The output files before anything is gathered: per file, its on-disk tensor names and sizes,
-    in writing order. A file is closed when the next on-disk tensor would take it past
-    `max_bytes` (a single larger tensor gets a file of its own). Computed on the meta device."""
-    files, current, size = [], [], 0
-    for name, shape, dtype in specs:
-        for disk_name, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta")):
-            nbytes = part.numel() * part.element_size()
-            if current and size + nbytes > max_bytes:
-                files.append(current)
-                current, size = [], 0
-            current.append((disk_name, nbytes))
-            size += nbytes
-    return files + [current]
+    in writing order, in files of at most `max_bytes` (`byte_batches`). Computed on the meta device."""
+    parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
+             for disk_name, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+    return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
 
 
 def shard_file_names(n: int) -> list[str]:

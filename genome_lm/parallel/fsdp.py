@@ -7,11 +7,9 @@ with the data-parallel ones. Reduction is a SUM in float32 (gradient divide fact
 normalises the loss by the global number of scored tokens, so the sum over ranks is the gradient
 of the global mean, whatever the split over dp and cp.
 
-Precision. GLM-5.3-Flash is a bf16 model with float32 exceptions (upstream's
-`_keep_in_fp32_modules_strict`: router `gate.weight`, KDA `conv1d`, forget-gate `dt_bias` /
-`A_log`, hyper-connection `base` / `scale`); upstream's forwards cast those to float32
-themselves. FSDP2 needs one original dtype per parameter group, so every module that owns an
-exception parameter (`fp32_modules`) becomes its own group, gathered and computed in float32:
+Precision (docs/precision.md): FSDP2 needs one original dtype per parameter group, so every
+module that owns one of upstream's float32 exceptions (`fp32_modules`) becomes its own group,
+gathered and computed in float32:
 
     per decoder layer:  conv1d | forget_gate (dt_bias, A_log) | attn_hc, ffn_hc (fn, base, scale)
                         | mlp.gate (router)                                       -> float32 groups
@@ -19,20 +17,9 @@ exception parameter (`fp32_modules`) becomes its own group, gathered and compute
                         everything else of the layer                              -> the layer's group
     root:               embeddings, final norm, LM head                           -> the root group
 
-(a hyper-connection's `fn` is held and computed in float32 with `base` and `scale`: upstream's
-forward computes `F.linear(x.float(), fn.float())`, so the outputs are the same). The groups are
-made only when they are needed: with a `compute_dtype` or a model of mixed dtypes.
-
-- Training (`compute_dtype=torch.bfloat16`): the model's parameters are float32 master weights
-  (`to_master_dtype_`, before sharding); the compute-dtype groups gather them in bf16, the
-  float32 groups in float32; gradients are reduced and kept in float32, so AdamW updates float32
-  shards and small updates are not lost.
-- Eval (`compute_dtype=None`) of a bf16 model: parameters stay as built (bf16 with float32
-  exceptions) and are gathered as they are.
-
-`clip_grad_norm` handles sharded (DTensor) gradients. Sharded models are built on the meta device
-and filled shard by shard (`model.weights.load_weights_`); their Hugging Face-style weights directory is
-written one gathered tensor at a time (`model.save_pretrained`), never as one full state dict.
+The groups are made only when needed: with a `compute_dtype` (training: float32 master weights,
+`to_master_dtype_`, gathered in bf16; gradients kept in float32) or a model of mixed dtypes (eval
+of a bf16 model, gathered as built). `clip_grad_norm` handles sharded (DTensor) gradients.
 """
 
 from __future__ import annotations
@@ -71,11 +58,6 @@ def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True):
                                 cast_forward_inputs=cast_forward_inputs)
 
 
-def _needs_groups(model: nn.Module, compute_dtype: torch.dtype | None) -> bool:
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    return compute_dtype not in (None, torch.float32) or len(dtypes) > 1
-
-
 def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None) -> None:
     """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their
     sub-modules without exceptions first, as one group gathered in `param_dtype`."""
@@ -103,7 +85,7 @@ def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torc
 
     del device
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
-    grouped = _needs_groups(model, compute_dtype)
+    grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
     for layer in model.model.layers:
         if grouped:
             _shard_fp32_modules(layer, mesh, param_dtype)

@@ -51,7 +51,6 @@ class Job:
     name: str = "run"
     default_workers: int | None = None  # Ray without --nproc: this many, else one per GPU of the cluster
     workers_hint: str = ""  # another way to give the number of Ray workers, for the error without GPUs
-    ray_storage: Path | None = None  # default work_dir / "ray"
 
 
 def maybe_inject_fault(step: int, rank: int) -> None:
@@ -70,18 +69,6 @@ def check_count(nproc: int, what: str = "processes") -> int:
     """`--nproc N`, a number of local processes or Ray workers (`what`), must be >= 1; return it."""
     if nproc < 1:
         raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
-    return nproc
-
-
-def check_nproc(nproc: int, job: Job) -> int:
-    """Validate `--nproc` against the machine and the job's layout; return the world size."""
-    import torch
-
-    check_count(nproc)
-    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
-        raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
-                            "use --ray for several nodes")
-    job.layout(nproc)
     return nproc
 
 
@@ -154,12 +141,18 @@ def _free_port() -> int:
 
 
 def run_local(job: Job, nproc: int):
-    """Run `job` on `nproc` local processes through torch's elastic launcher; rank 0's return value."""
+    """Run `job` on `nproc` local processes through torch's elastic launcher; rank 0's return value.
+    `nproc` is checked against the GPUs of this node and the job's layout first."""
+    import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    check_nproc(nproc, job)
+    check_count(nproc)
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
+                            "use --ray for several nodes")
+    job.layout(nproc)
     error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
@@ -280,7 +273,7 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> N
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
         run_config=RunConfig(name=f"{job.name}-{uuid.uuid4().hex[:6]}",
-                             storage_path=str((job.ray_storage or job.work_dir / "ray").resolve()),
+                             storage_path=str((job.work_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=0)),
     )
     log.info("Ray Train: %d workers (%s), %s", workers, "GPU" if use_gpu else "CPU", job.describe)

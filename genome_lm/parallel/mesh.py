@@ -163,26 +163,25 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
     from torch.distributed.device_mesh import init_device_mesh
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = device or default_device(local_rank)
+    backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout_s)
     owns = False
     if dist.is_available() and dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dev = device or default_device(local_rank)
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=timeout)
         world, rank, owns = dist.get_world_size(), dist.get_rank(), True
     else:
         world, rank = 1, 0
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
-    device = device or default_device(local_rank)
     if world == 1 and not sharded:
         return ParallelContext(device=device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():  # one process: a 1-rank group on an in-memory store
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,

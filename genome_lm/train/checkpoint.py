@@ -15,15 +15,11 @@ is switched atomically; only complete checkpoints ever carry a `step_*` name. Th
 `keep` checkpoints are kept. `train_state/` alone resumes a run; `genome-lm export` writes the
 `model/` of a checkpoint that has none (`genome_lm.train.export`).
 
-Distributed runs (a `ParallelContext` with several ranks): every rank writes its shards of the
-model and optimizer into `train_state/` (DCP; the run directory must be on a filesystem all
-ranks see). `model/` is streamed (`save_pretrained`): all ranks gather one tensor at a time, in
-the same order, and rank 0 converts it to the on-disk layout and writes each safetensors file as
-soon as it is complete, so rank 0 holds about one file (5 GiB) plus one tensor, never the whole
-model. Rank 0 also writes the metadata and does the renames. DCP stores global shapes, so a
-checkpoint resumes on any number of processes (sharded or not). A `train_state/` without the
-model (written by versions before the weights went into DCP) is refused with a one-line error.
-`model.init` reads the `model/` of a checkpoint (`resolve_model_dir`) with `model.weights.load_weights_`.
+Distributed runs: every rank writes its shards into `train_state/` (DCP, global shapes: a run
+resumes on any number of processes) and gathers `model/` one tensor at a time for rank 0 to
+stream (docs/parallel.md, checkpoints). A `train_state/` without the model (versions before the
+weights went into DCP) is refused with a one-line error. `model.init` reads a checkpoint's
+`model/` (`resolve_model_dir`).
 """
 
 from __future__ import annotations

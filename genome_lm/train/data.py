@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.shards import load_manifest, load_shards
+from genome_lm.genome.shards import load_shards
 from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,11 @@ class SequenceStream:
 
     def __init__(self, shards: str, split: str, seq_len: int, *, seed: int = 0, reverse_complement: bool = True,
                  min_piece: int = 64, ignore_n: bool = True, token_map: np.ndarray | None = None):
-        manifest = load_manifest(shards)
-        self.vocab = manifest["vocab"]
         self.ds = load_shards(shards, split)
-        strands = np.asarray(self.ds["strand"])
         ends, starts = np.asarray(self.ds["end"]), np.asarray(self.ds["start"])
         rows = np.arange(len(self.ds))
         if not reverse_complement:
-            rows = rows[strands == "+"]
-        self.rows = rows
+            rows = rows[np.asarray(self.ds["strand"]) == "+"]
         pieces = cut_pieces((ends - starts)[rows], seq_len, min_piece)
         pieces[:, 0] = rows[pieces[:, 0]]  # back to dataset row ids
         if len(pieces) == 0:
@@ -91,7 +87,7 @@ class SequenceStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self.epoch)
 
-    def _advance(self) -> list[int]:
+    def _advance(self) -> tuple[int, int, int]:
         """Move to the next piece; return its (row, offset, length)."""
         if self.index >= len(self._order):
             self.epoch += 1
@@ -99,12 +95,7 @@ class SequenceStream:
             self._order = self._permutation(self.epoch)
         row, offset, length = self.pieces[self._order[self.index]].tolist()
         self.index += 1
-        return [row, offset, length]
-
-    def _next_piece(self) -> np.ndarray:
-        row, offset, length = self._advance()
-        tokens = self.ds[int(row)]["tokens"]
-        return tokens[offset : offset + length]
+        return row, offset, length
 
     def next_batch(self, micro_batch: int = 1, part: int = 0, parts: int = 1) -> dict[str, torch.Tensor]:
         """input_ids, labels: int64 [B, T] with T the longest piece of the batch.
@@ -117,10 +108,9 @@ class SequenceStream:
         """
         pieces = []
         for i in range(micro_batch * parts):
+            row, offset, length = self._advance()
             if i // micro_batch == part:
-                pieces.append(self._next_piece())
-            else:
-                self._advance()
+                pieces.append(self.ds[row]["tokens"][offset : offset + length])
         T = max(len(p) for p in pieces)
         ids = np.full((micro_batch, T), N_ID, dtype=np.int64)
         labels = np.full((micro_batch, T), IGNORE_INDEX, dtype=np.int64)

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, model_tensors, write_model_dir
+from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, byte_batches, model_tensors, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +30,7 @@ def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> 
     `model.NAME`) a batch of at most `batch_bytes` (or one tensor) at a time."""
     import torch.distributed.checkpoint as dcp
 
-    def batches():
-        batch, size = [], 0
-        for spec in specs:
-            nbytes = torch.Size(spec[1]).numel() * spec[2].itemsize
-            if batch and size + nbytes > batch_bytes:
-                yield batch
-                batch, size = [], 0
-            batch.append(spec)
-            size += nbytes
-        if batch:
-            yield batch
-
-    for batch in batches():
+    for batch in byte_batches(specs, lambda spec: torch.Size(spec[1]).numel() * spec[2].itemsize, batch_bytes):
         state = {"model": {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in batch}}
         with warnings.catch_warnings(action="ignore"):  # "no process group: loading in a single process"
             dcp.load(state, checkpoint_id=str(state_dir))

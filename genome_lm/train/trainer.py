@@ -8,13 +8,9 @@ loop reads top to bottom:
 Building (`build_parallel_model`): one process builds the model whole; a distributed run never
 materialises it on a rank: meta device, parallelize, then each rank fills only its FSDP2 shards.
 
-Distributed (`--nproc` / `--ray`, see `genome_lm.parallel`): every rank runs this same function.
-Each data-parallel replica reads its own part of every global batch (`micro_batch` sequences per
-replica), the CP ranks of a replica read the same sequences and each keeps its slab. The loss is
-normalised by the global number of scored tokens, so the logged loss and the gradients equal a
-single process reading the whole global batch. Rank 0 writes config, metrics and checkpoint
-metadata; all ranks write their shards of each checkpoint, and gather the weights one tensor at a
-time for rank 0 to stream into `model/` (when train.export_model asks for it).
+Distributed (`--nproc` / `--ray`): every rank runs this same function; each dp replica reads its
+own part of every global batch and the loss is normalised by the global number of scored tokens,
+so loss and gradients equal one process reading the whole batch (docs/parallel.md).
 
 Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
 step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
