@@ -8,8 +8,9 @@ carried state moves log-probs by ~0.1 and more.
 import pytest
 import torch
 
-from genome_lm.model import apply_long_context, build
+from genome_lm.model import apply_long_context
 from genome_lm.model.streaming import StreamingScorer, score_streaming
+from tests.helpers import tiny_model
 
 PARITY = 1e-4
 
@@ -24,8 +25,7 @@ def one_thread():
 
 
 def tiny(seed: int = 0, patched: bool = True, **overrides):
-    torch.manual_seed(seed)
-    model = build("glm53-tiny", **overrides)
+    model = tiny_model(seed, **overrides)
     if patched:
         apply_long_context(model, dsa_block_queries=256)
     return model.eval()
