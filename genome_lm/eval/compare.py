@@ -37,7 +37,8 @@ COMPARE_FILE = "compare.json"
 MIN_SHARE_FOR_HEADLINE = 0.01  # a bucket needs >= 1% of the tokens to be named as where the gain is
 
 
-def _check_same_windows(a: Path, b: Path) -> int:
+def _same_windows(a: Path, b: Path) -> dict:
+    """The window columns of `a` (`read_meta`), after checking that `b` scored the same windows."""
     ma, mb = read_meta(a), read_meta(b)
     keys = ("chrom", "start", "end", "strand")
     if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
@@ -45,7 +46,7 @@ def _check_same_windows(a: Path, b: Path) -> int:
             f"{a} and {b} scored different windows ({len(ma['window'])} vs {len(mb['window'])}); "
             "evaluate both with the same --shards, --split and --max-windows"
         )
-    return len(ma["window"])
+    return ma
 
 
 def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
@@ -91,10 +92,9 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
         if not d.is_dir():
             raise GenomeLMError(f"{d} does not exist; give two --out directories of `genome-lm eval`")
     sum_a, sum_b = load_summary(a), load_summary(b)
-    W = _check_same_windows(a, b)
-    seq_len = max(sum_a["config"]["seq_len"], sum_b["config"]["seq_len"])
-    max_len = int(read_meta(a)["length"].max())
-    edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, max_len) - 1)
+    meta = _same_windows(a, b)
+    W, seq_len = len(meta["window"]), max(sum_a["config"]["seq_len"], sum_b["config"]["seq_len"])
+    edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
     K = len(edges) - 1
     sa, sb = np.zeros((W, 2, K + 1)), np.zeros((W, 2, K + 1))
     n = np.zeros((W, 2, K + 1), dtype=np.int64)

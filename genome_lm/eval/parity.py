@@ -13,10 +13,6 @@ from genome_lm.eval.buckets import assign
 from genome_lm.eval.stats import jfloat
 
 
-def other_engine(engine: str) -> str:
-    return "streaming" if engine == "parallel" else "parallel"
-
-
 class ParityTable:
     """Accumulates |delta log-prob| by bucket over windows; `edges` int64 [K+1].
 

@@ -34,7 +34,7 @@ from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
-from genome_lm.eval.scoring import score_window
+from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import summarize, window_stats
 from genome_lm.genome.tokenizer import unpack_mask
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
@@ -128,7 +128,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     lengths = (meta["end"] - meta["start"]).astype(np.int64)
     seq_len = int(cfg.seq_len or lengths.max())
     edges = bucket_edges(cfg.buckets, max_context=int(min(seq_len, lengths.max())) - 1)
-    engines = [cfg.engine] + ([parity_mod.other_engine(cfg.engine)] if cfg.parity else [])
+    engines = [cfg.engine] + [e for e in ENGINES if cfg.parity and e != cfg.engine]  # --parity: both
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
            "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,

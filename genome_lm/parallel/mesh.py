@@ -15,6 +15,7 @@ in-memory store, no ports) and a (1, 1) mesh, so the one process runs the same F
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -95,15 +96,13 @@ class ParallelContext:
     def cp_group(self):
         return self.mesh.get_group("cp") if self.mesh is not None else None
 
-    @property
+    @functools.cached_property
     def fsdp_mesh(self):
         """The 1-D mesh FSDP shards over: all dp x cp ranks."""
         if self.mesh is None:
             return None
         if self.dp > 1 and self.cp > 1:
-            if not hasattr(self, "_flat"):
-                self._flat = self.mesh["dp", "cp"]._flatten("dp_cp")
-            return self._flat
+            return self.mesh["dp", "cp"]._flatten("dp_cp")
         return self.mesh["cp"] if self.cp > 1 else self.mesh["dp"]
 
     def describe(self) -> str:

@@ -27,17 +27,13 @@ log = logging.getLogger(__name__)
 
 def cut_pieces(lengths: np.ndarray, seq_len: int, min_piece: int) -> np.ndarray:
     """Pieces of each window: int64 [P, 3] of (row, offset, length), in row order."""
-    rows, offsets, sizes = [], [], []
-    for row, n in enumerate(lengths.tolist()):
-        starts = np.arange(0, n, seq_len, dtype=np.int64)
-        size = np.minimum(seq_len, n - starts)
-        keep = size >= min(min_piece, seq_len)
-        rows.append(np.full(int(keep.sum()), row, dtype=np.int64))
-        offsets.append(starts[keep])
-        sizes.append(size[keep])
-    if not rows:
-        return np.zeros((0, 3), dtype=np.int64)
-    return np.stack([np.concatenate(rows), np.concatenate(offsets), np.concatenate(sizes)], axis=1)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = -(-lengths // seq_len)  # [W] pieces of each window, the last one shorter
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
+    offsets = (np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * seq_len
+    sizes = np.minimum(seq_len, lengths[rows] - offsets)
+    keep = sizes >= min(min_piece, seq_len)
+    return np.stack([rows[keep], offsets[keep], sizes[keep]], axis=1)
 
 
 class SequenceStream:

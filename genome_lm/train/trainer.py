@@ -137,7 +137,9 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig) -> Path | None:
+    """Rank 0: clear half-written checkpoints, refuse a used directory without --resume, write
+    config.yaml; the checkpoint to resume from."""
     ckpt_dir = run_dir / "checkpoints"
     clean_partials(ckpt_dir)
     latest = latest_checkpoint(ckpt_dir)
@@ -147,6 +149,7 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_experiment(cfg))
     return latest if resume else None
 
 
@@ -169,12 +172,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
 
-    def prepare() -> Path | None:
-        found = _prepare_run_dir(run_dir, resume)
-        (run_dir / "config.yaml").write_text(dump_experiment(cfg))
-        return found
-
-    latest = par.on_main(prepare)
+    latest = par.on_main(lambda: _prepare_run_dir(run_dir, resume, cfg))
 
     init = resolve_init(cfg)
     model = build_parallel_model(cfg, par, init)
