@@ -95,10 +95,8 @@ def window_lengths(ds, max_windows: int | None) -> np.ndarray:
 
 
 def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
-    """Run the eval described by `cfg`; return the summary (also written to OUT/summary.json).
-
-    One process, or every rank of a distributed launch (`--nproc`, `--ray`; see `sharded.py`):
-    the same call on each, rank 0 writes the outputs and every rank returns the summary."""
+    """Run the eval described by `cfg` (on one process, or on every rank of a distributed launch);
+    return the summary (also written to OUT/summary.json by rank 0)."""
     from genome_lm.config import ParallelConfig
     from genome_lm.parallel.mesh import init_parallel
 

@@ -29,14 +29,9 @@ _BLOCK = 256  # bootstrap replicates per matrix product (bounds memory at 256 x 
 
 
 def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edges: np.ndarray):
-    """One window -> (sums float64 [C, K+1], counts int64 [C, K+1], context sums float64 [C, K+1]).
-
-    Args:
-        nll: float32 [L], NaN where the token is not scored.
-        contexts: int64 [L], preceding context of each token.
-        repeat: bool [L], True where the base is repeat-masked.
-        edges: int64 [K+1] bucket edges.
-    """
+    """One window -> (sums float64 [C, K+1], counts int64 [C, K+1], context sums float64 [C, K+1]),
+    from `nll` float32 [L] (NaN: not scored), `contexts` int64 [L] (preceding context of each
+    token), `repeat` bool [L] (repeat-masked bases) and bucket `edges` int64 [K+1]."""
     K = len(edges) - 1
     scored = ~np.isnan(nll)
     bucket = assign(contexts, edges)

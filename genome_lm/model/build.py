@@ -7,10 +7,6 @@
   allocated and filled tensor by tensor from the safetensors shards (`weights.load_weights_`;
   vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
   model. Missing weights are an error; unused ones are logged and kept in `model.load_report`.
-- `meta=True`: structure only (parameter counting, planning, dry runs); nothing is allocated.
-- `dtype`: parameters in `dtype`, except those upstream keeps in float32 under bf16/fp16 (router,
-  conv1d, KDA gate `dt_bias`/`A_log`, hyper-connection `base`/`scale`). None: float32 for presets,
-  as stored for checkpoints.
 
 The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`).
 """
@@ -41,10 +37,12 @@ def build(
 
     Args:
         source: preset name or local Hugging Face checkpoint directory.
-        dtype: torch dtype or its name ("bfloat16").
+        dtype: torch dtype or its name ("bfloat16"); what upstream keeps in float32 under bf16/fp16
+            (router, conv1d, KDA gate `dt_bias`/`A_log`, hyper-connection `base`/`scale`) stays
+            float32. None: float32 for presets, as stored for checkpoints.
         device: where to build (default CPU); ignored with `meta=True`.
-        meta: build on the meta device (no weights). Default: True only for `glm53-flash` without
-            a non-CPU device.
+        meta: structure only (counting, planning, dry runs), on the meta device; nothing is
+            allocated. Default: True only for `glm53-flash` without a non-CPU device.
         config_overrides: `Glm5NextTextConfig` fields, e.g. `vocab_size=16`, `num_hidden_layers=2`.
     Returns:
         `Glm5NextCausalLM` with `.config` (upstream `Glm5NextTextConfig`) and `.source`.

@@ -120,6 +120,8 @@ def read_rows(name: str, shape: tuple[int, ...], start: int, stop: int,
 
 _VISION_PREFIXES = ("model.visual.", "visual.", "model.vision", "vision_tower.", "model.vision_tower.")
 _MTP_PARTS = (".shared_head.", ".eh_proj.", ".enorm.", ".hnorm.")
+_TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                  "language_model.lm_head.": "lm_head."}  # a full checkpoint's text keys -> the causal LM's
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -191,16 +193,10 @@ def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
 
 def text_key(key: str, num_layers: int) -> str | None:
     """Checkpoint key -> causal-LM key (`model.*`, `lm_head.weight`), or None to skip (vision, MTP)."""
-    if key.startswith(_VISION_PREFIXES):
+    if key.startswith((*_VISION_PREFIXES, "mtp.", "model.mtp.")):
         return None
-    if key.startswith("model.language_model."):
-        key = "model." + key.removeprefix("model.language_model.")
-    elif key.startswith("language_model.model."):
-        key = "model." + key.removeprefix("language_model.model.")
-    elif key.startswith("language_model.lm_head."):
-        key = key.removeprefix("language_model.")
-    elif key.startswith("mtp.") or key.startswith("model.mtp."):
-        return None
+    if prefix := next((p for p in _TEXT_PREFIXES if key.startswith(p)), None):
+        key = _TEXT_PREFIXES[prefix] + key.removeprefix(prefix)
     elif not key.startswith(("model.", "lm_head.")):
         key = "model." + key  # a bare text model's keys
     if any(part in key for part in _MTP_PARTS):
