@@ -36,10 +36,7 @@ class ExpertBalancer:
         self.rate = float(rate)
         self.layers = [m for m in model.modules() if hasattr(m, "last_expert_counts") and hasattr(m, "gate")]
         self._counts: list[torch.Tensor | None] = [None] * len(self.layers)
-
-    @property
-    def active(self) -> bool:
-        return self.rate > 0 and bool(self.layers)
+        self.active = self.rate > 0 and bool(self.layers)
 
     def accumulate(self) -> None:
         """Add each layer's counts from the forward just run (call once per micro-batch)."""
