@@ -14,6 +14,7 @@ import torch
 from genome_lm.model.cp import gather_seq
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
+from genome_lm.settings import DEFAULTS
 
 from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
@@ -76,10 +77,10 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
     """
 
     upstream = Glm5NextTextAttention
-    block_queries: int = 1024
+    block_queries: int = DEFAULTS.dsa_block_queries
     cp = None
 
-    def configure(self, block_queries: int = 1024) -> None:
+    def configure(self, block_queries: int = DEFAULTS.dsa_block_queries) -> None:
         if block_queries < 1:
             raise ValueError(f"block_queries must be >= 1, got {block_queries}")
         _check_supported(self)

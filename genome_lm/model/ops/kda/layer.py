@@ -24,6 +24,7 @@ from transformers.activations import ACT2FN
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
+from genome_lm.settings import DEFAULTS
 
 
 @dataclass
@@ -122,10 +123,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """
 
     upstream = Glm5NextTextLinearAttention
-    chunk_size: int = 64
+    chunk_size: int = DEFAULTS.kda_chunk_size
     cp = None
 
-    def configure(self, chunk_size: int = 64) -> None:
+    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size) -> None:
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = int(chunk_size)

@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextMoE
+from genome_lm.settings import DEFAULTS
 
 
 def _experts(experts: nn.Module, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
@@ -83,11 +84,12 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
     backward when `recompute`) and records `last_expert_counts` [E] int64."""
 
     upstream = Glm5NextTextMoE
-    block_tokens: int = 4096
-    recompute: bool = False
+    block_tokens: int = DEFAULTS.moe_block_tokens
+    recompute: bool = DEFAULTS.moe_recompute
     last_expert_counts: torch.Tensor | None = None
 
-    def configure(self, block_tokens: int = 4096, recompute: bool = False) -> None:
+    def configure(self, block_tokens: int = DEFAULTS.moe_block_tokens,
+                  recompute: bool = DEFAULTS.moe_recompute) -> None:
         if block_tokens < 1:
             raise ValueError(f"moe block_tokens must be positive, got {block_tokens}")
         self.block_tokens, self.recompute, self.last_expert_counts = int(block_tokens), bool(recompute), None
