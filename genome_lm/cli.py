@@ -1,5 +1,6 @@
-"""`genome-lm`: thin subcommands. The library does the work; this file parses arguments,
-calls it, and turns `GenomeLMError` into a one-line message and a non-zero exit."""
+"""`genome-lm`: thin subcommands. The library does the work; this file builds each command's flags
+from its pydantic parameter model (`utils.add_options`), calls the library, and turns
+`GenomeLMError` into a one-line message and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -7,170 +8,127 @@ import argparse
 import logging
 import sys
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import Size, add_options, from_args
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+POSITIONAL = {"positional": True}
+SET = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
 
 
-def _add_synth(sub: argparse._SubParsersAction) -> None:
-    from genome_lm.genome.synth import SynthParams
-    from genome_lm.utils import add_options
-
-    p = sub.add_parser("synth", help="write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
-    p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
-    p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth.py SynthParams
-    p.add_argument("--param", action="append", dest="overrides", help=argparse.SUPPRESS)  # older name of --set
-    p.set_defaults(func=_run_synth)
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-def _run_synth(args: argparse.Namespace) -> None:
+class Launch(Params):
+    """Where `train` and `eval` run: one process, N local processes, or Ray."""
+
+    nproc: int | None = Field(default=None, ge=1, json_schema_extra={"metavar": "N"},
+                              description="run on N local processes (torch elastic launcher; one per GPU, gloo on "
+                              "CPU); with --dry-run: the per-rank shapes and memory on N GPUs")
+    ray: str | None = Field(default=None, json_schema_extra={"const": "", "metavar": "ADDRESS"},
+                            description="run under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a "
+                            "local Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
+    dry_run: bool = Field(default=False, description="check everything on the meta device and print the layout "
+                          "and memory per rank; runs nothing, needs no GPU")
+
+
+class TrainParams(Params):
+    experiment: str = Field(json_schema_extra=POSITIONAL, description="experiment file, e.g. "
+                            "experiments/demo_base.yaml")
+    overrides: list[str] = Field(default=[], json_schema_extra=SET, description="override a config value, e.g. "
+                                 "--set train.lr=1e-5 (repeatable)")
+    out: str | None = Field(default=None, description="run directory (default runs/NAME)")
+    resume: bool = Field(default=False, description="continue from the newest checkpoint in --out")
+
+
+class ExportParams(Params):
+    checkpoint: str = Field(json_schema_extra=POSITIONAL, description="RUN/checkpoints/step_N or RUN/checkpoints/last")
+    out: str = Field(description="model directory to write")
+    overwrite: bool = Field(default=False, description="replace --out if it exists")
+    max_shard_size: Size = Field(default=5 * 2**30, description="largest safetensors file, e.g. 5G, 512M")
+
+
+class CompareParams(Params):
+    eval_a: str = Field(json_schema_extra=POSITIONAL, description="baseline eval directory")
+    eval_b: str = Field(json_schema_extra=POSITIONAL, description="eval directory compared against it")
+    out: str = Field(description="output directory (compare.json)")
+    overwrite: bool = False
+
+
+class ReportParams(Params):
+    dirs: list[str] = Field(default=[], json_schema_extra=POSITIONAL, description="eval or compare output directories")
+    runs: list[str] = Field(default=[], json_schema_extra={"flag": "--run", "repeat": True, "metavar": "RUN_DIR"},
+                            description="training run (metrics.jsonl); repeatable")
+    title: str = "genome_lm: loss by preceding context"
+    out: str = Field(description="HTML file to write")
+
+
+def _synth(args) -> None:
     from genome_lm.genome.synth import SynthParams, write_synthetic_fasta
-    from genome_lm.utils import from_args
 
-    params = from_args(SynthParams, args)
-    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite, params=params)
-
-
-def _add_fetch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fetch", help="download hg38 chromosomes from UCSC and verify their md5 sums")
-    p.add_argument("--chroms", default="chr1,chr2,chr22", help="comma-separated chromosome names")
-    p.add_argument("--out", default="data/hg38", help="directory for the .fa.gz files")
-    p.add_argument("--base-url", default=None, help="server holding chrN.fa.gz and md5sum.txt")
-    p.set_defaults(func=_run_fetch)
+    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite,
+                          params=from_args(SynthParams, args))
 
 
-def _run_fetch(args: argparse.Namespace) -> None:
-    from genome_lm.genome.fetch import DEFAULT_BASE_URL, fetch_chromosomes
+def _fetch(args) -> None:
+    from genome_lm.genome.fetch import FetchParams, fetch_chromosomes
 
-    chroms = [c.strip() for c in args.chroms.split(",") if c.strip()]
-    fetch_chromosomes(chroms, args.out, base_url=args.base_url or DEFAULT_BASE_URL)
-
-
-def _add_prepare(sub: argparse._SubParsersAction) -> None:
-    from genome_lm.genome.prepare import PrepareParams
-    from genome_lm.utils import add_options
-
-    p = sub.add_parser("prepare", help="FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest")
-    add_options(p, PrepareParams)
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_run_prepare)
+    p = from_args(FetchParams, args)
+    fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)
 
 
-def _run_prepare(args: argparse.Namespace) -> None:
+def _prepare(args) -> None:
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.utils import from_args
 
     prepare(from_args(PrepareParams, args), args.out, overwrite=args.overwrite)
 
 
-def _nproc(value: str | None) -> int | None:
-    """`--nproc N` as a number of processes (>= 1), None when not given."""
-    if value is None:
-        return None
-    try:
-        nproc = int(value)
-    except ValueError:
-        raise GenomeLMError(f"--nproc {value!r}: expected a number of processes, e.g. --nproc 8") from None
-    from genome_lm.parallel.launch import check_count
-
-    return check_count(nproc)
-
-
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="fine-tune a model from an experiment YAML")
-    p.add_argument("experiment", help="experiment file, e.g. experiments/demo_base.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config value, e.g. --set train.lr=1e-5 (repeatable)")
-    p.add_argument("--out", default=None, help="run directory (default runs/NAME)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
-    p.add_argument("--dry-run", action="store_true", help="check everything on the meta device, train nothing")
-    p.add_argument("--nproc", default=None, metavar="N",
-                   help="train on N local processes (torch elastic launcher; one per GPU, gloo on CPU); "
-                        "laid out as parallel: {cp, dp}. With --dry-run: print the per-rank shapes for N")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="train under Ray Train on the cluster at ADDRESS (ray://HOST:10001, auto), or on a local "
-                        "Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
-    p.set_defaults(func=_run_train)
-
-
-def _run_train(args: argparse.Namespace) -> None:
+def _train(args) -> None:
     from genome_lm.config import load_experiment
     from genome_lm.train import dry_run, train
 
-    cfg = load_experiment(args.experiment, args.overrides)
-    nproc = _nproc(args.nproc)
-    if args.dry_run:
-        dry_run(cfg, world=nproc)
-    elif args.ray is not None or (nproc or 1) > 1:
+    p, run = from_args(TrainParams, args), from_args(Launch, args)
+    cfg = load_experiment(p.experiment, p.overrides)
+    if run.dry_run:
+        dry_run(cfg, world=run.nproc)
+    elif run.ray is not None or (run.nproc or 1) > 1:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.launch import train_job
 
-        job = train_job(cfg, args.out, args.resume)
-        if args.ray is None:
-            run_local(job, nproc)
+        job = train_job(cfg, p.out, p.resume)
+        if run.ray is None:
+            run_local(job, run.nproc)
         else:
-            run_ray(job, args.ray or None, nproc)
+            run_ray(job, run.ray or None, run.nproc)
     else:
-        train(cfg, out=args.out, resume=args.resume)
+        train(cfg, out=p.out, resume=p.resume)
 
 
-def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="a training checkpoint's weights (train_state/) as a Hugging Face-style model "
-                                      "directory, for checkpoints saved without model/")
-    p.add_argument("checkpoint", help="RUN/checkpoints/step_N or RUN/checkpoints/last")
-    p.add_argument("--out", required=True, help="model directory to write")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument("--max-shard-size", default="5G", help="largest safetensors file, e.g. 5G, 512M (default 5G)")
-    p.set_defaults(func=_run_export)
-
-
-def _run_export(args: argparse.Namespace) -> None:
+def _export(args) -> None:
     from genome_lm.train.export import export_checkpoint
-    from genome_lm.utils import parse_size
 
-    max_bytes = parse_size(args.max_shard_size, "--max-shard-size")
-    out = export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite, max_shard_bytes=max_bytes)
+    p = from_args(ExportParams, args)
+    out = export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)
     print(f"export: {out}")
 
 
-def _add_eval(sub: argparse._SubParsersAction) -> None:
+def _eval(args) -> None:
     from genome_lm.eval.config import EvalConfig
-    from genome_lm.utils import add_options
 
-    p = sub.add_parser("eval", help="score held-out windows: per-token NLL and loss by preceding context")
-    add_options(p, EvalConfig)
-    p.add_argument("--nproc", default=None, metavar="N",
-                   help="score on N local processes (torch elastic; one per GPU, gloo on CPU): the model sharded "
-                        "over all N (FSDP2), the windows shared out over N / --cp replicas. With --dry-run: the "
-                        "memory per rank on N GPUs")
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="score under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a local Ray "
-                        "instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
-    p.add_argument("--dry-run", action="store_true", help="check the inputs and print the memory per rank (sharded "
-                   "weights + one window slab's activations) on --nproc N GPUs; scores nothing, needs no GPU")
-    p.set_defaults(func=_run_eval)
-
-
-def _run_eval(args: argparse.Namespace) -> None:
-    from genome_lm.eval.config import EvalConfig
-    from genome_lm.utils import from_args
-
-    nproc = _nproc(args.nproc)
-    cfg = from_args(EvalConfig, args)
-    if args.dry_run:
+    cfg, run = from_args(EvalConfig, args), from_args(Launch, args)
+    if run.dry_run:
         from genome_lm.plan.eval_dry_run import dry_run
 
-        dry_run(cfg, world=nproc)
+        dry_run(cfg, world=run.nproc)
         return
-    if args.ray is not None or (nproc or 1) > 1:
+    if run.ray is not None or (run.nproc or 1) > 1:
         from genome_lm.eval.sharded import launch
 
-        s = launch(cfg, nproc, ray=args.ray)
+        s = launch(cfg, run.nproc, ray=run.ray)
     else:
         from genome_lm.eval import evaluate
 
@@ -180,55 +138,66 @@ def _run_eval(args: argparse.Namespace) -> None:
           f"{o['bits_per_base']:.4f} bits/base (95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats)")
 
 
-def _add_compare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="paired comparison of two evals of the same windows, by context bucket")
-    p.add_argument("eval_a", metavar="EVAL_A", help="baseline eval directory")
-    p.add_argument("eval_b", metavar="EVAL_B", help="eval directory compared against it")
-    p.add_argument("--out", required=True, help="output directory (compare.json)")
-    p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=_run_compare)
-
-
-def _run_compare(args: argparse.Namespace) -> None:
+def _compare(args) -> None:
     from genome_lm.eval import format_table, write_compare
 
-    print(format_table(write_compare(args.eval_a, args.eval_b, args.out, overwrite=args.overwrite)))
+    p = from_args(CompareParams, args)
+    print(format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite)))
 
 
-def _add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="self-contained HTML report (plots + tables) from eval/compare/run directories")
-    p.add_argument("dirs", nargs="*", metavar="DIR", help="eval or compare output directories")
-    p.add_argument("--run", action="append", default=[], metavar="RUN_DIR",
-                   help="training run (metrics.jsonl); repeatable")
-    p.add_argument("--title", default="genome_lm: loss by preceding context")
-    p.add_argument("--out", required=True, help="HTML file to write")
-    p.set_defaults(func=_run_report)
-
-
-def _run_report(args: argparse.Namespace) -> None:
+def _report(args) -> None:
     from genome_lm.report import write_report
 
-    print(f"report: {write_report(args.dirs, args.out, runs=args.run, title=args.title)}")
+    p = from_args(ReportParams, args)
+    print(f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title)}")
 
 
-def _add_plan(sub: argparse._SubParsersAction) -> None:
-    from genome_lm.plan.command import add_arguments, run
+def _plan(args) -> None:
+    from genome_lm.plan.command import PlanParams, run
 
-    p = sub.add_parser("plan", help="memory per GPU, host memory and tokens/s of a run, before renting GPUs")
-    add_arguments(p)
-    p.set_defaults(func=run)
+    run(from_args(PlanParams, args))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
+    from genome_lm.eval.config import EvalConfig
+    from genome_lm.genome.fetch import FetchParams
+    from genome_lm.genome.prepare import PrepareParams
+    from genome_lm.genome.synth import SynthParams
+    from genome_lm.plan.command import PlanParams
 
     parser = argparse.ArgumentParser(prog="genome-lm", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_synth, _add_fetch, _add_prepare, _add_train, _add_export, _add_eval, _add_compare, _add_report,
-                _add_plan):
-        add(sub)
+
+    def command(name: str, func, help: str, *models) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        for model in models:
+            add_options(p, model, files=model in (PrepareParams, EvalConfig))
+        p.set_defaults(func=func)
+        return p
+
+    p = command("synth", _synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
+    p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
+    p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth.py SynthParams
+    command("fetch", _fetch, "download hg38 chromosomes from UCSC and verify their md5 sums", FetchParams)
+    p = command("prepare", _prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
+                PrepareParams)
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    command("train", _train, "fine-tune a model from an experiment YAML", TrainParams, Launch)
+    command("export", _export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
+            "directory, for checkpoints saved without model/", ExportParams)
+    command("eval", _eval, "score held-out windows: per-token NLL and loss by preceding context", EvalConfig, Launch)
+    command("compare", _compare, "paired comparison of two evals of the same windows, by context bucket",
+            CompareParams)
+    command("report", _report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
+            ReportParams)
+    command("plan", _plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs", PlanParams)
     return parser
 
 

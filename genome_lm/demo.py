@@ -36,7 +36,7 @@ class Recipe:
 FULL = Recipe(scale=1.0, window="8k", base_steps=1200, long_steps=200, eval_windows=12)
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, long_steps=3, eval_windows=2)
 
-# The demo genome (`genome-lm synth --param ...`): two kinds of repeat that teach two things.
+# The demo genome (`genome-lm synth --set ...`): two kinds of repeat that teach two things.
 # Interspersed copies of 2000 families (100-1000 bp), 500-8000 bp from their source (1%
 # substitutions, no indels, forward strand), ~28% of the bases: mostly out of the base
 # model's 256-token reach, within the 8k fine-tune's. Tandem arrays in the space left (units

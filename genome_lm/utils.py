@@ -67,6 +67,8 @@ def _size(v: Any) -> int:
 
 
 Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
+Names = Annotated[list[str], BeforeValidator(lambda v: [c.strip() for c in (v.split(",") if isinstance(v, str) else v)
+                                                        if str(c).strip()])]  # 'chr1,chr2' (a flag) or a YAML list
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -80,7 +82,8 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 _MESSAGES = {"int_parsing": "expected an integer", "int_from_float": "expected an integer",
-             "float_parsing": "expected a number", "bool_parsing": "expected true or false"}
+             "float_parsing": "expected a number", "bool_parsing": "expected true or false",
+             "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}"}
 
 
 def _describe(err: ValidationError, model: type[BaseModel], source: str, origin: dict[str, str],
@@ -93,10 +96,13 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
         hint = f"; did you mean {near[0]}?" if near else "; remove it"
         return GenomeLMError(f"{src}: {unknown} {key}{hint}")
     if e["type"] == "missing":
-        return GenomeLMError(f"{src}: missing required key {key}; add it" if src else f"{_flag(key)} is required")
-    msg = _MESSAGES.get(e["type"], e["msg"].removeprefix("Value error, "))
+        flag = _flag(key, model.model_fields.get(key))
+        return GenomeLMError(f"{src}: missing required key {key}; add it" if src else f"{flag} is required")
+    msg = _MESSAGES[e["type"]].format(**e.get("ctx", {})) if e["type"] in _MESSAGES else \
+        e["msg"].removeprefix("Value error, ")
     got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-    if src == _flag(key.split(".")[0]):  # the field's own flag
+    got = "" if e["type"] not in _MESSAGES and got[6:-1] in msg else got  # the message already shows the value
+    if src.startswith("--") and origin.get(key.split(".")[0]) == src != "--set":  # the field's own flag
         at = src
     else:  # --set key, --assume key, file: key
         at = f"{src} {key}" if src.startswith("--") else ": ".join(filter(None, [src, key]))
@@ -144,45 +150,62 @@ def read_yaml(path: str | Path, hint: str) -> dict:
     return raw
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _flag(name: str, field=None) -> str:
+    return ((field and field.json_schema_extra) or {}).get("flag") or "--" + name.replace("_", "-")
 
 
 def _default(v) -> str:
-    if v is None or v is False or v is PydanticUndefined:
+    if v is None or v is False or v is PydanticUndefined or v == []:
         return ""
     shown = ",".join(map(str, v)) if isinstance(v, list) else format_size(v) if type(v) is int else v
     return f" (default {shown})"
 
 
-def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True) -> None:
-    """`--config FILE.yaml`, `--set KEY=VALUE` and (with `fields`) one flag per field of `model`
-    (`seq_len` -> `--seq-len`; help: the field's description and default; every flag unset by default,
-    so that `from_args` can tell given from default)."""
+def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True, files: bool = True) -> None:
+    """One flag per field of `model` (with `fields`; `seq_len` -> `--seq-len`; help: the field's
+    description and default; every flag unset by default, so that `from_args` can tell given from
+    default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
+    `json_schema_extra` may say `positional`, `repeat` (a repeatable flag), `flag` (another flag name),
+    `metavar` or `const` (the value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
-        kw: dict[str, Any] = {"default": None, "dest": name}
-        if f.annotation is bool:
+        extra = f.json_schema_extra or {}
+        kw: dict[str, Any] = {"help": (f.description or "") + _default(f.default)}
+        if "metavar" in extra:
+            kw["metavar"] = extra["metavar"]
+        if extra.get("positional"):
+            kw["nargs"] = "*" if get_origin(f.annotation) is list else None if f.is_required() else "?"
+            p.add_argument(name, **kw)
+            continue
+        kw.update(default=None, dest=name)
+        ann = f.annotation  # X | None -> X
+        ann = next((a for a in get_args(ann) if a is not type(None)), ann) if type(None) in get_args(ann) else ann
+        if ann is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif (f.json_schema_extra or {}).get("repeat"):
+        elif extra.get("repeat"):
             kw["action"] = "append"
-        elif get_origin(f.annotation) is Literal:
-            kw["choices"] = get_args(f.annotation)
-        kw["help"] = (f.description or "") + _default(f.default)
-        p.add_argument(_flag(name), **kw)
-    p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
-                   "(flags and --set override it; docs/config.md)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help=f"set a field of {model.__module__}.{model.__name__} (repeatable; wins over the flags)")
+        elif "const" in extra:
+            kw.update(nargs="?", const=extra["const"])
+        elif get_origin(ann) is Literal:
+            kw["choices"] = get_args(ann)
+        p.add_argument(_flag(name, f), **kw)
+    if files:
+        p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
+                       "(flags and --set override it; docs/config.md)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="_set",
+                       help=f"set a field of {model.__module__}.{model.__name__} (repeatable; wins over the flags)")
+        p.set_defaults(_files_of=model)
 
 
 def from_args(model: type[BaseModel], args: argparse.Namespace):
-    """`model` from the --config file, then the flags given, then --set (see `add_options`)."""
-    raw = read_yaml(args.config, f"{', '.join(list(model.model_fields)[:3])}, ...") if args.config else {}
-    origin = dict.fromkeys(raw, str(args.config))
-    for name in model.model_fields:
+    """`model` from the --config file, then the flags given, then --set (see `add_options`); the
+    file and --set count only for the model that `add_options` gave them to."""
+    files = getattr(args, "_files_of", None) is model
+    raw = read_yaml(args.config, f"{', '.join(list(model.model_fields)[:3])}, ...") if files and args.config else {}
+    origin = dict.fromkeys(raw, str(getattr(args, "config", "")))
+    for name, f in model.model_fields.items():
         if getattr(args, name, None) is not None:
-            raw[name], origin[name] = getattr(args, name), _flag(name)
-    for assignment in args.overrides:
+            raw[name], origin[name] = getattr(args, name), _flag(name, f)
+    for assignment in args._set if files else ():
         origin[apply_override(raw, assignment)] = "--set"
     return validate(model, raw, "", origin)
 

@@ -29,7 +29,7 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
-from genome_lm.utils import Size, atomic_directory, format_size, sha256_file, validate, write_json_atomic
+from genome_lm.utils import Names, Size, atomic_directory, format_size, sha256_file, validate, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,6 @@ def chrom_match_key(name: str) -> str:
     """The key chromosome names are matched by: no 'chr' prefix, lowercase ('chr22', 'Chr22', '22' -> '22')."""
     n = name.strip()
     return (n[3:] if n.lower().startswith("chr") else n).lower()
-
-
-def _names(v):
-    """'chr1,chr2' (a flag) or a list (YAML) -> ['chr1', 'chr2']."""
-    return [c.strip() for c in (v.split(",") if isinstance(v, str) else v) if str(c).strip()]
-
-
-Names = Annotated[list[str], BeforeValidator(_names)]
 
 
 class PrepareParams(BaseModel):

@@ -7,40 +7,50 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import Size
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("experiment", nargs="?",
-                   help="experiment YAML (its model, data.seq_len, memory and parallel sections)")
-    p.add_argument("--model", help="preset (glm53-flash, glm53-mini, glm53-demo, glm53-tiny) or checkpoint directory, "
-                   "instead of an experiment")
-    p.add_argument("--seq-len", help="tokens per sequence, e.g. 1M or 256k (overrides the experiment's data.seq_len)")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
-                   help="model dtype (default: the experiment's, else bfloat16)")
-    p.add_argument("--gpus", type=int, help="GPUs in the job (default: the experiment's cp x dp)")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
-    p.add_argument("--gpu", default="b200", help="b200, h200 or h100")
-    p.add_argument("--gpu-mem", default=None, help="usable memory per GPU, e.g. 180GiB or 141GB "
-                   "(G = GiB, GB = 10^9 bytes; default: the GPU's)")
-    p.add_argument("--host-mem", default=None, help="host memory per node, e.g. 2TiB (default 2 TiB)")
-    p.add_argument("--cp", type=int, default=None, help="context-parallel ranks (default: experiment's, else 1)")
-    p.add_argument("--ep", default="1",
-                   help="expert-parallel ranks (modelled; genome_lm.train uses 1); 'auto' lets --fit choose")
-    p.add_argument("--recompute", choices=["none", "per-layer"], default=None, help="recompute policy (overrides)")
-    p.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
-                   help="offload layer inputs to host memory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override an experiment value, e.g. --set memory.dsa_block_queries=512 (repeatable)")
-    p.add_argument("--assume", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a planner assumption, e.g. --assume matmul_efficiency=0.35, or take those a "
-                   "GPU measured: --assume benchmarks/results/gpu_check.json (repeatable)")
-    p.add_argument("--fit", action="store_true",
-                   help="search recompute/offload/cp/block sizes for the fastest layout that fits")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the report")
+class PlanParams(BaseModel):
+    """The parameters of `genome-lm plan`: a run from an experiment YAML or from --model/--seq-len,
+    with layout and cluster flags overriding it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiment: str | None = Field(default=None, json_schema_extra={"positional": True}, description="experiment "
+                                   "YAML (its model, data.seq_len, memory and parallel sections)")
+    model: str | None = Field(default=None, description="preset (glm53-flash, glm53-mini, glm53-demo, glm53-tiny) or "
+                              "checkpoint directory, instead of an experiment")
+    seq_len: Size | None = Field(default=None, description="tokens per sequence, e.g. 1M or 256k (overrides the "
+                                 "experiment's data.seq_len)")
+    dtype: Literal["bfloat16", "float32"] | None = Field(default=None, description="model dtype (default: the "
+                                                         "experiment's, else bfloat16)")
+    gpus: int | None = Field(default=None, ge=1, description="GPUs in the job (default: the experiment's cp x dp)")
+    gpus_per_node: int | None = Field(default=None, ge=1, description="GPUs per node (default 8)")
+    gpu: str = Field(default="b200", description="b200, h200 or h100")
+    gpu_mem: Size | None = Field(default=None, description="usable memory per GPU, e.g. 180GiB or 141GB (G = GiB, "
+                                 "GB = 10^9 bytes; default: the GPU's)")
+    host_mem: Size | None = Field(default=None, description="host memory per node, e.g. 2TiB (default 2 TiB)")
+    cp: int | None = Field(default=None, ge=1, description="context-parallel ranks (default: experiment's, else 1)")
+    ep: int | Literal["auto"] = Field(default=1, description="expert-parallel ranks (modelled; genome_lm.train "
+                                      "uses 1); 'auto' lets --fit choose")
+    recompute: Literal["none", "per-layer"] | None = Field(default=None, description="recompute policy (overrides)")
+    offload: bool | None = Field(default=None, description="offload layer inputs to host memory")
+    overrides: list[str] = Field(default=[], json_schema_extra={"flag": "--set", "repeat": True, "metavar": "KEY=V"},
+                                 description="override an experiment value, e.g. --set memory.dsa_block_queries=512 "
+                                 "(repeatable)")
+    assume: list[str] = Field(default=[], json_schema_extra={"repeat": True, "metavar": "KEY=VALUE"},
+                              description="override a planner assumption, e.g. --assume matmul_efficiency=0.35, or "
+                              "take those a GPU measured: --assume benchmarks/results/gpu_check.json (repeatable)")
+    fit: bool = Field(default=False, description="search recompute/offload/cp/block sizes for the fastest layout that "
+                      "fits")
+    json_: bool = Field(default=False, json_schema_extra={"flag": "--json"},
+                        description="print JSON instead of the report")
 
 
 def _experiment(args):
@@ -73,8 +83,6 @@ def build(args):
     from genome_lm.plan.hardware import make_cluster
     from genome_lm.plan.layout import layout_from_config
     from genome_lm.plan.shapes import model_shape
-    from genome_lm.utils import parse_size
-
     cfg = _experiment(args)
     if args.cp is not None:
         cfg.parallel.cp = args.cp
@@ -86,9 +94,7 @@ def build(args):
         gpus = cfg.parallel.cp * cfg.parallel.dp
     if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
         cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp
-    gpu_mem = parse_size(args.gpu_mem, "--gpu-mem") if args.gpu_mem is not None else None
-    host_mem = parse_size(args.host_mem, "--host-mem") if args.host_mem is not None else None
-    cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, gpu_mem, host_mem)
+    cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     if gpus % cfg.parallel.cp:
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
     layout = layout_from_config(cfg, gpus)
@@ -104,19 +110,15 @@ def build(args):
     return shape, layout, cluster, assume, ep_choices
 
 
-def _ep_choices(text: str, cluster) -> tuple[int, ...]:
-    if text == "auto":  # powers of two up to a node
+def _ep_choices(ep: int | str, cluster) -> tuple[int, ...]:
+    if ep == "auto":  # powers of two up to a node
         return tuple(2**i for i in range(min(cluster.gpus, cluster.gpus_per_node).bit_length()))
-    try:
-        ep = int(text)
-    except ValueError:
-        raise GenomeLMError(f"--ep {text!r}: expected a number of ranks or 'auto'") from None
     if ep < 1 or cluster.gpus % ep:
         raise GenomeLMError(f"--ep {ep} must be a positive divisor of --gpus {cluster.gpus}")
     return (ep,)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: PlanParams) -> None:
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.report import format_plan, plan_json
     from genome_lm.plan.search import fit
@@ -124,11 +126,11 @@ def run(args: argparse.Namespace) -> None:
     shape, layout, cluster, assume, ep_choices = build(args)
     if not args.fit:
         plan = make_plan(shape, layout, cluster, assume)
-        print(json.dumps(plan_json(plan), indent=2) if args.json else format_plan(plan))
+        print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))
         return
     result = fit(shape, layout, cluster, assume, ep_choices)
     chosen = result.best or result.closest
-    if args.json:
+    if args.json_:
         out = plan_json(chosen)
         out["fit"] = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
                       "given": {"layout": layout.describe(), "fits": result.given.fits,

@@ -114,7 +114,7 @@ def test_cli_nproc_2_end_to_end(evaluated, tmp_path, monkeypatch, capsys):
     (["--dtype", "float16"], "--dtype: unknown dtype 'float16'; use float32 or bfloat16"),
     (["--nproc", "2", "--engine", "streaming"], "--engine streaming and --parity run on one process"),
     (["--nproc", "2", "--parity"], "--engine streaming and --parity run on one process"),
-    (["--nproc", "two"], "--nproc 'two': expected a number of processes"),
+    (["--nproc", "two"], "--nproc: expected an integer (got 'two')"),
     (["--nproc", "2", "--seq-len", "1023", "--cp", "2"], "--cp 2: window 0 ends in a piece of 1 token(s)"),
     (["--ray", "127.0.0.1:1", "--nproc", "2"], "--ray 127.0.0.1:1: cannot reach a Ray cluster there"),
 ])

@@ -247,17 +247,17 @@ def test_cli_writes_then_refuses_without_traceback(tmp_path, capsys):
     assert "error:" in err and "--overwrite" in err and "Traceback" not in err
 
 
-def test_cli_param_overrides_reach_the_genome_and_bad_ones_are_named(tmp_path, capsys):
+def test_cli_set_overrides_reach_the_genome_and_bad_ones_are_named(tmp_path, capsys):
     out = tmp_path / "g.fa.gz"
     args = ["synth", "--out", str(out), "--scale", "0.05", "--seed", "3"]
-    assert main([*args, "--param", "max_distance=8192", "--param", "substitution_rate=0.01"]) == 0
+    assert main([*args, "--set", "max_distance=8192", "--set", "substitution_rate=0.01"]) == 0
     want = synthesize_genome(scale=0.05, seed=3, params=make_params(max_distance=8192, substitution_rate=0.01))
     assert read_repeats(repeats_path(out)) == want.copies
     assert want.copies != synthesize_genome(scale=0.05, seed=3).copies
     for bad, named in [("max_dist=8192", "max_distance"), ("max_distance=8k", "an integer"),
                        ("min_distance=70000", "min_distance <= max_distance")]:
         fresh = tmp_path / "bad" / "g.fa.gz"
-        assert main(["synth", "--out", str(fresh), "--scale", "0.05", "--param", bad]) == 2
+        assert main(["synth", "--out", str(fresh), "--scale", "0.05", "--set", bad]) == 2
         err = capsys.readouterr().err
         assert named in err and "Traceback" not in err and not fresh.exists()
 

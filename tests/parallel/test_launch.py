@@ -33,8 +33,8 @@ def test_resolve_layout():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nproc", "0"], "--nproc 0: the number of processes must be >= 1"),
-    (["--nproc", "two"], "--nproc 'two': expected a number of processes"),
+    (["--nproc", "0"], "--nproc: must be >= 1 (got '0')"),
+    (["--nproc", "two"], "--nproc: expected an integer (got 'two')"),
     (["--nproc", "3", "--set", "parallel.cp=2"], "parallel.cp=2 does not divide the 3 processes"),
     (["--nproc", "4", "--set", "parallel.dp=4", "--set", "parallel.cp=2"], "parallel.dp=4 x parallel.cp=2 = 8"),
     (["--set", "parallel.cp=2"], "parallel.cp=2 needs at least 2 processes"),

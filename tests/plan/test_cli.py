@@ -70,7 +70,7 @@ def test_fit_says_when_nothing_fits(capsys):
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "lots"], "--gpu-mem"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "512MiB"], "--gpu-mem"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--host-mem=-2TiB"], "--host-mem"),
-    (["--model", "glm53-flash", "--seq-len", "12q", "--gpus", "8"], "seq_len"),
+    (["--model", "glm53-flash", "--seq-len", "12q", "--gpus", "8"], "--seq-len: cannot read"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "0"], "--gpus"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "12"], "--gpus"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--cp", "3"], "--cp"),
