@@ -44,28 +44,15 @@ CODE_LUT = _build_code_lut()
 COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)
 
 
-def bytes_to_codes(seq: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
-    """FASTA sequence bytes (no newlines) -> codes [T] uint8 (INVALID where not a base)."""
-    arr = seq if isinstance(seq, np.ndarray) else np.frombuffer(seq, dtype=np.uint8)
-    return CODE_LUT[arr]
-
-
-def codes_to_tokens(codes: np.ndarray) -> np.ndarray:
-    """codes [T] -> token ids [T] uint8."""
-    return codes & TOKEN_MASK
-
-
 def encode(seq: str) -> np.ndarray:
     """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N.
-
-    Raises ValueError naming the first character that is not a base.
-    """
-    codes = bytes_to_codes(seq.encode("ascii", errors="replace"))
+    Raises ValueError naming the first character that is not a base."""
+    codes = CODE_LUT[np.frombuffer(seq.encode("ascii", errors="replace"), dtype=np.uint8)]
     bad = np.flatnonzero(codes == INVALID)
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"invalid base {seq[i]!r} at offset {i}")
-    return codes_to_tokens(codes)
+    return codes & TOKEN_MASK
 
 
 def decode(tokens: np.ndarray | list[int]) -> str:
@@ -81,11 +68,6 @@ def reverse_complement(tokens: np.ndarray) -> np.ndarray:
     return COMPLEMENT[tokens[::-1]]
 
 
-def pack_mask(mask: np.ndarray) -> np.ndarray:
-    """bool [T] -> uint8 [ceil(T/8)], numpy packbits (big-endian bit order)."""
-    return np.packbits(mask)
-
-
 def unpack_mask(packed: np.ndarray, length: int) -> np.ndarray:
-    """Inverse of `pack_mask`: uint8 [ceil(T/8)] -> bool [T]."""
+    """Inverse of `np.packbits` (the shards' repeat_mask): uint8 [ceil(T/8)] -> bool [T]."""
     return np.unpackbits(np.asarray(packed, dtype=np.uint8), count=length).astype(bool)
