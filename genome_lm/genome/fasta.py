@@ -12,6 +12,7 @@ Every file is hashed (sha256) while it is read, so the manifest can record it fo
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import logging
@@ -155,20 +156,13 @@ class FastaReader:
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
         bar = tqdm(total=self.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
-        try:
-            with open(self.path, "rb") as raw:
-                reader = _HashingReader(raw, bar.update)
-                try:
-                    if self._index is not None:
-                        yield from self._indexed_records(wanted)
-                        self.info.records = list(self._index.index)
-                    else:
-                        yield from self._stream_records(reader, wanted)
-                    self.info.sha256 = reader.hexdigest()
-                finally:
-                    reader.close()
-        finally:
-            bar.close()
+        with bar, open(self.path, "rb") as raw, contextlib.closing(_HashingReader(raw, bar.update)) as reader:
+            if self._index is not None:
+                yield from self._indexed_records(wanted)
+                self.info.records = list(self._index.index)
+            else:
+                yield from self._stream_records(reader, wanted)
+            self.info.sha256 = reader.hexdigest()
 
     def _read_block(self, stream) -> bytes:
         try:
@@ -203,13 +197,8 @@ class FastaReader:
             if self.compression == "none":
                 with open(self.path, "rb") as f:
                     f.seek(rec.offset)
-                    remaining = rec.bend - rec.offset
-                    while remaining > 0:
-                        chunk = f.read(min(BLOCK_BYTES, remaining))
-                        if not chunk:
-                            break
-                        remaining -= len(chunk)
-                        parser.add_sequence(chunk)
+                    for s in range(rec.offset, rec.bend, BLOCK_BYTES):  # a short file reads b"": caught below
+                        parser.add_sequence(f.read(min(BLOCK_BYTES, rec.bend - s)))
             else:  # bgzip: random access through pyfaidx, in pieces
                 for s in range(0, rec.rlen, BLOCK_BYTES):
                     piece = self._index.fetch(name, s + 1, min(s + BLOCK_BYTES, rec.rlen))
@@ -225,9 +214,7 @@ class FastaReader:
 
 def _check_fasta_start(path: Path, block: bytes) -> None:
     head = block.lstrip()
-    if not head:
-        return
-    if head[:1] != b">":
+    if head and head[:1] != b">":
         snippet = head[:20].decode("ascii", errors="replace")
         raise GenomeLMError(f"{path} is not a FASTA file: it starts with {snippet!r} instead of a '>' header line")
 
@@ -255,11 +242,8 @@ class _RecordParser:
         self._buf = bytearray() if self.wanted(name) else None
 
     def end(self) -> Record | None:
-        if self._name is None or self._buf is None:
-            self._name = None
-            return None
-        codes = np.frombuffer(self._buf, dtype=np.uint8)
-        record = Record(self._name, codes, str(self.path))
+        """The current record if it is wanted (else None); no record is current afterwards."""
+        record = None if self._buf is None else Record(self._name, np.frombuffer(self._buf, np.uint8), str(self.path))
         self._name, self._buf = None, None
         return record
 
