@@ -84,8 +84,6 @@ class SplitWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schema = arrow_schema()
         self.shards: list[Path] = []
-        self.num_rows = 0
-        self.num_bytes = 0
         self._sink = None
         self._writer = None
         self._batch: list[tuple] = []
@@ -104,11 +102,8 @@ class SplitWriter:
 
     def add(self, chrom: str, start: int, end: int, strand: str, tokens: np.ndarray, mask_packed: np.ndarray,
             n_frac: float) -> None:
-        if self._writer is None:
-            self.open_shard()
         self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac))
         self._batch_tokens += len(tokens)
-        self.num_rows += 1
         if self._batch_tokens >= BATCH_TOKENS:
             self._flush()
 
@@ -130,7 +125,6 @@ class SplitWriter:
         )
         self._wait()
         self._pending = self._pool.submit(self._writer.write_batch, batch)
-        self.num_bytes += batch.nbytes
         self._batch, self._batch_tokens = [], 0
 
     def _wait(self) -> None:
@@ -150,12 +144,9 @@ class SplitWriter:
         """Close the last shard, give shards their final names, write dataset_info/state JSON."""
         self.close_shard()
         self._pool.shutdown(wait=True)
-        n = len(self.shards)
-        names = []
-        for i, path in enumerate(self.shards):
-            name = f"data-{i:05d}-of-{n:05d}.arrow"
+        names = [f"data-{i:05d}-of-{len(self.shards):05d}.arrow" for i in range(len(self.shards))]
+        for path, name in zip(self.shards, names):
             os.replace(path, self.dir / name)
-            names.append(name)
         state = {
             "_data_files": [{"filename": name} for name in names],
             "_fingerprint": fingerprint,
