@@ -57,14 +57,8 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
 
 def contigs(length: int, gaps: np.ndarray) -> list[tuple[int, int]]:
     """The spans between `gaps` [R, 2] (sorted, disjoint) on a sequence of `length` bases."""
-    out, pos = [], 0
-    for s, e in gaps.tolist():
-        if s > pos:
-            out.append((pos, s))
-        pos = e
-    if pos < length:
-        out.append((pos, length))
-    return out
+    bounds = np.concatenate([[0], gaps.ravel(), [length]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
+    return [(s, e) for s, e in bounds if e > s]
 
 
 @dataclass(frozen=True)
@@ -78,11 +72,8 @@ class WindowSpec:
 def contig_windows(start: int, end: int, spec: WindowSpec) -> tuple[list[tuple[int, int]], int]:
     """Windows inside the contig [start, end) and the number of its bases no window covers
     because the tail was dropped (too short, or tail == 'drop')."""
-    spans = []
-    s = start
-    while s + spec.seq_len <= end:
-        spans.append((s, s + spec.seq_len))
-        s += spec.stride
+    spans = [(s, s + spec.seq_len) for s in range(start, end - spec.seq_len + 1, spec.stride)]
+    s = start + len(spans) * spec.stride  # where the tail starts
     covered = spans[-1][1] if spans else start
     if s < end and covered < end:  # the tail: [s, end), shorter than seq_len
         if spec.tail == "keep" and end - s >= spec.min_len:
