@@ -10,7 +10,6 @@ skipped. Standard library only (urllib); progress through tqdm.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import logging
@@ -31,6 +30,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
 CHUNK = 1 << 20
 ATTEMPTS = 3  # downloads cut short are resumed this many times in one run
+TIMEOUT = 60.0  # seconds without an answer before a request fails
 _MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
 
 
@@ -63,7 +63,7 @@ def _network_error(url: str, err: BaseException) -> GenomeLMError:
     return GenomeLMError(f"cannot download {url}: {reason}; check --base-url / your connection")
 
 
-def _open(url: str, offset: int = 0, timeout: float = 60.0):
+def _open(url: str, offset: int = 0):
     """urlopen with a Range header when resuming; network problems become GenomeLMError.
     Returns None when the server says the range starts at or past the end (HTTP 416)."""
     from genome_lm import __version__
@@ -72,7 +72,7 @@ def _open(url: str, offset: int = 0, timeout: float = 60.0):
     if offset:
         headers["Range"] = f"bytes={offset}-"
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
     except urllib.error.HTTPError as e:
         if e.code == 416 and offset:
             e.close()
@@ -84,10 +84,10 @@ def _open(url: str, offset: int = 0, timeout: float = 60.0):
         raise GenomeLMError(f"bad URL {url!r} ({e}); check --base-url") from None
 
 
-def read_md5sums(base_url: str, timeout: float = 60.0) -> dict[str, str]:
+def read_md5sums(base_url: str) -> dict[str, str]:
     """{file name: md5 hex} from `{base_url}/md5sum.txt`."""
     url = f"{base_url}/md5sum.txt"
-    with _open(url, timeout=timeout) as resp:
+    with _open(url) as resp:
         try:
             text = resp.read().decode("utf-8", errors="replace")
         except (OSError, http.client.HTTPException) as e:
@@ -103,11 +103,11 @@ def md5_file(path: str | os.PathLike) -> str:
         return hashlib.file_digest(f, "md5").hexdigest()
 
 
-def _download_once(url: str, part: Path, timeout: float) -> bool:
+def _download_once(url: str, part: Path) -> bool:
     """Append the rest of `url` to `part` (resuming when it is not empty). True if the server
     sent everything it announced; False if the body was cut short (the bytes received are kept)."""
     offset = part.stat().st_size if part.exists() else 0
-    resp = _open(url, offset, timeout)
+    resp = _open(url, offset)
     if resp is None:  # .part already holds the whole file (or more): the md5 decides
         return True
     with resp:
@@ -145,12 +145,12 @@ def _download_once(url: str, part: Path, timeout: float) -> bool:
     return True
 
 
-def _fetch_one(url: str, final: Path, md5: str, timeout: float) -> None:
+def _fetch_one(url: str, final: Path, md5: str) -> None:
     part = final.with_name(final.name + ".part")
     if part.exists():
         log.info("resuming %s from %d bytes already in %s", url, part.stat().st_size, part)
     for attempt in range(1, ATTEMPTS + 1):
-        if _download_once(url, part, timeout):
+        if _download_once(url, part):
             break
         if attempt < ATTEMPTS:
             log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
@@ -179,9 +179,7 @@ def _check_writable(out_dir: Path) -> None:
                             "choose a writable directory with --out") from None
 
 
-def fetch_chromosomes(
-    chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL, timeout: float = 60.0
-) -> list[Path]:
+def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL) -> list[Path]:
     """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir`; return the paths.
 
     Every requested name is checked against md5sum.txt before anything is downloaded.
@@ -192,7 +190,7 @@ def fetch_chromosomes(
     if not names:
         raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
     _check_writable(out_dir)
-    sums = read_md5sums(base_url, timeout)
+    sums = read_md5sums(base_url)
     missing = [n for n in names if f"{n}.fa.gz" not in sums]
     if missing:
         present = sorted(f.removesuffix(".fa.gz") for f in sums if f.endswith(".fa.gz"))
@@ -213,9 +211,8 @@ def fetch_chromosomes(
                 continue
             log.warning("%s exists but its md5 does not match %s; removing it and downloading again",
                         final, sums[fname])
-            with contextlib.suppress(FileNotFoundError):
-                final.unlink()
+            final.unlink(missing_ok=True)
         log.info("downloading %s/%s -> %s", base_url, fname, final)
-        _fetch_one(f"{base_url}/{fname}", final, sums[fname], timeout)
+        _fetch_one(f"{base_url}/{fname}", final, sums[fname])
         paths.append(final)
     return paths
