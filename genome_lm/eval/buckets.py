@@ -18,10 +18,7 @@ from genome_lm.errors import GenomeLMError
 
 def log2_edges(max_context: int) -> np.ndarray:
     """[0, 1, 2, 4, ..., 2^k] with 2^k > max_context: every context 0..max_context has a bucket."""
-    edges = [0, 1]
-    while edges[-1] <= max_context:
-        edges.append(edges[-1] * 2)
-    return np.asarray(edges, dtype=np.int64)
+    return np.concatenate([[0], 2 ** np.arange(max(max_context, 0).bit_length() + 1)]).astype(np.int64)
 
 
 def parse_edges(spec: str) -> np.ndarray:

@@ -59,16 +59,17 @@ class TokensWriter:
         self._writer.close()
 
 
-def _tokens_path(eval_dir: Path) -> Path:
-    path = Path(eval_dir) / TOKENS_FILE
+def _file(directory: str | Path, name: str, command: str) -> Path:
+    """DIR/name, written by `genome-lm command`; a GenomeLMError if it is not there."""
+    path = Path(directory) / name
     if not path.is_file():
-        raise GenomeLMError(f"{eval_dir} has no {TOKENS_FILE}; is it the --out of `genome-lm eval`?")
+        raise GenomeLMError(f"{directory} has no {name}; is it the --out of `genome-lm {command}`?")
     return path
 
 
 def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
     """The window columns (window, chrom, start, end, strand) as numpy arrays [W], plus `length`."""
-    table = pq.read_table(_tokens_path(Path(eval_dir)), columns=META_COLUMNS)
+    table = pq.read_table(_file(eval_dir, TOKENS_FILE, "eval"), columns=META_COLUMNS)
     meta = {c: table.column(c).to_numpy(zero_copy_only=False) for c in META_COLUMNS}
     meta["length"] = meta["end"] - meta["start"]
     return meta
@@ -76,7 +77,7 @@ def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
 
 def iter_windows(eval_dir: str | Path) -> Iterator[dict]:
     """Windows in file order: window/chrom/start/end/strand, nll float32 [L], repeat bool [L]."""
-    pf = pq.ParquetFile(_tokens_path(Path(eval_dir)))
+    pf = pq.ParquetFile(_file(eval_dir, TOKENS_FILE, "eval"))
     for g in range(pf.num_row_groups):
         table = pf.read_row_group(g)
         for row in range(table.num_rows):
@@ -89,11 +90,7 @@ def iter_windows(eval_dir: str | Path) -> Iterator[dict]:
 
 
 def read_json(directory: str | Path, name: str, command: str) -> dict:
-    """DIR/name, written by `genome-lm command`."""
-    path = Path(directory) / name
-    if not path.is_file():
-        raise GenomeLMError(f"{directory} has no {name}; is it the --out of `genome-lm {command}`?")
-    return json.loads(path.read_text())
+    return json.loads(_file(directory, name, command).read_text())
 
 
 def load_summary(eval_dir: str | Path) -> dict:

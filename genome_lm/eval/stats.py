@@ -45,14 +45,6 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
     return sums, counts.astype(np.int64), ctx
 
 
-def _replicate_weights(n_windows: int, resamples: int, seed: int):
-    """Blocks of bootstrap weights float64 [r, W]: how often each window is drawn."""
-    rng = np.random.default_rng(seed)
-    p = np.full(n_windows, 1.0 / n_windows)
-    for start in range(0, resamples, _BLOCK):
-        yield rng.multinomial(n_windows, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
-
-
 def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.ndarray],
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
     """Percentile bootstrap CI over windows of `statistic(**resampled sums)`.
@@ -68,9 +60,10 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
     if W == 0:
         width = statistic(**{k: np.zeros((1, v.shape[1])) for k, v in arrays.items()}).shape[1]
         return np.full(width, np.nan), np.full(width, np.nan)
-    reps = []
+    reps, rng, p = [], np.random.default_rng(seed), np.full(W, 1.0 / W)
     with np.errstate(divide="ignore", invalid="ignore"):
-        for w in _replicate_weights(W, resamples, seed):
+        for start in range(0, resamples, _BLOCK):  # weights [r, W]: how often each window is drawn
+            w = rng.multinomial(W, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
             reps.append(statistic(**{k: w @ v for k, v in arrays.items()}))
     reps = np.concatenate(reps)  # [R, S]
     alpha = (1.0 - level) / 2
