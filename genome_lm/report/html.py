@@ -37,13 +37,10 @@ table.glm th { background: #f3f3f3; } table.glm td:first-child { text-align: lef
 """
 
 
-def img_tag(fig, alt: str) -> str:
-    data = base64.b64encode(plots.figure_png(fig)).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
 def _figure(fig, alt: str, caption: str) -> str:
-    return f"<figure>{img_tag(fig, alt)}<figcaption>{html.escape(caption)}</figcaption></figure>"
+    data = base64.b64encode(plots.figure_png(fig)).decode("ascii")
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
 def headline(compares: list[CompareResult]) -> str:

@@ -9,7 +9,6 @@ the right-hand axis.
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -28,18 +27,11 @@ def figure_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _x(bucket: dict) -> float:
-    if bucket.get("context_mean") is not None:
-        return float(bucket["context_mean"])
-    lo, hi = bucket["lo"], bucket["hi"]
-    return math.sqrt(max(lo, 1) * max(hi - 1, 1))
-
-
 def _series(buckets: list[dict], mean: str, low: str, high: str, scale: float = 1.0):
     """x, y, y_low, y_high float64 [K'] over non-empty buckets with a context of at least 1."""
-    rows = [b for b in buckets if b["n_tokens"] and b.get(mean) is not None and _x(b) >= 1]
+    rows = [b for b in buckets if b["n_tokens"] and b.get(mean) is not None and b["context_mean"] >= 1]
     get = lambda key: np.array([np.nan if b.get(key) is None else b[key] * scale for b in rows])  # noqa: E731
-    return np.array([_x(b) for b in rows]), get(mean), get(low), get(high)
+    return np.array([b["context_mean"] for b in rows], dtype=float), get(mean), get(low), get(high)
 
 
 def _context_axis(ax) -> None:
