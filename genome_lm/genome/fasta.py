@@ -59,14 +59,13 @@ class FileInfo:
 
 
 class _HashingReader:
-    """Wraps a raw binary file: hashes and counts every byte read (for sha256 and progress).
+    """Wraps a raw binary file: hashes every byte read (for sha256) and reports its count (progress).
 
     Hashing runs on a helper thread (hashlib releases the GIL), overlapping the parsing.
     """
 
-    def __init__(self, raw: BinaryIO, progress: Callable[[int], None] | None):
+    def __init__(self, raw: BinaryIO, progress: Callable[[int], None]):
         self.raw = raw
-        self.pos = 0
         self._sha = hashlib.sha256()
         self._progress = progress
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
@@ -77,9 +76,7 @@ class _HashingReader:
         if self._pending is not None:
             self._pending.result()  # at most one block in flight
         self._pending = self._pool.submit(self._sha.update, data)
-        self.pos += len(data)
-        if self._progress is not None and data:
-            self._progress(len(data))
+        self._progress(len(data))
         return data
 
     def hexdigest(self) -> str:
@@ -114,6 +111,18 @@ def check_readable(path: str | os.PathLike) -> int:
     if size == 0:
         raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
     return size
+
+
+def check_writable(directory: Path) -> None:
+    """Create `directory` if needed; raise GenomeLMError if files cannot be written in it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".genome-lm-write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise GenomeLMError(f"cannot write to {directory} ({e.strerror}); "
+                            "choose a writable directory with --out") from None
 
 
 class FastaReader:

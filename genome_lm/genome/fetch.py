@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.fasta import check_writable
 from genome_lm.utils import Names
 
 log = logging.getLogger(__name__)
@@ -168,17 +169,6 @@ def _fetch_one(url: str, final: Path, md5: str) -> None:
     log.info("%s: %d bytes, md5 %s verified", final, final.stat().st_size, md5)
 
 
-def _check_writable(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".genome-lm-write-test.{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise GenomeLMError(f"cannot write to {out_dir} ({e.strerror}); "
-                            "choose a writable directory with --out") from None
-
-
 def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL) -> list[Path]:
     """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir`; return the paths.
 
@@ -189,7 +179,7 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
     names = list(dict.fromkeys(add_chr_prefix(c) for c in chroms))
     if not names:
         raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
-    _check_writable(out_dir)
+    check_writable(out_dir)
     sums = read_md5sums(base_url)
     missing = [n for n in names if f"{n}.fa.gz" not in sums]
     if missing:

@@ -40,6 +40,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.fasta import check_writable
 from genome_lm.utils import atomic_file, validate
 
 log = logging.getLogger(__name__)
@@ -190,10 +191,6 @@ def _indels(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarra
     return out[np.insert(keep, ins_at, True)]
 
 
-def _revcomp(seq: np.ndarray) -> np.ndarray:
-    return (3 - seq)[::-1]
-
-
 def _first(tries: int, draw, ok):
     """The first of up to `tries` values `draw()` for which `ok(value)` holds, else None."""
     for _ in range(tries):
@@ -277,7 +274,7 @@ def _plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[Repeat
         for k in range(1 + int(rng.geometric(1.0 / (p.mean_copies - 1)))):
             strand = "-" if rng.random() < p.reverse_fraction else "+"
             end = start + len(oriented)
-            seq[start:end] = _LOWER[_revcomp(oriented) if strand == "-" else oriented]
+            seq[start:end] = _LOWER[(3 - oriented)[::-1] if strand == "-" else oriented]  # '-': reverse complement
             occ.add(start, end)
             copies.append(RepeatCopy(name, start, end, strand, fam, source_start))
             covered += end - start
@@ -419,12 +416,7 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     for path in (out, tsv):
         if path.exists() and not overwrite:
             raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(out.parent, os.W_OK):
-            raise PermissionError(13, "Permission denied")
-    except OSError as e:
-        raise GenomeLMError(f"cannot write to {out.parent} ({e.strerror}); choose a writable --out") from None
+    check_writable(out.parent)
 
     t0 = time.perf_counter()
     genome = synthesize_genome(scale, seed, params)
