@@ -210,10 +210,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     t0 = time.perf_counter()
     with atomic_directory(out, overwrite=overwrite) as tmp:
         writers = {s: SplitWriter(tmp / s) for s in splits}
-        mwriters = {}
-        if params.format == "megatron":
-            (tmp / "megatron").mkdir()
-            mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits}
+        mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
         claimed: dict[str, str] = {}
         for reader in readers:
             for rec in reader.records(lambda name: params.split_of(name) is not None):

@@ -176,6 +176,7 @@ class MegatronWriter:
         import warnings
 
         self.prefix = prefix
+        prefix.parent.mkdir(exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint8)
