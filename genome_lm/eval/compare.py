@@ -56,15 +56,14 @@ def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
     ta, tb, tn = sa.sum(0), sb.sum(0), n.sum(0)
     mean_a, mean_b = ratio(ta, tn), ratio(tb, tn)
     stat = lambda a, b, n: np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1)], axis=1)  # noqa: E731
-    low, high = bootstrap_ci(stat, {"a": sa, "b": sb, "n": n}, resamples, seed)
-    M = K + 1
+    low, high = bootstrap_ci(stat, {"a": sa, "b": sb, "n": n}, resamples, seed)  # [2 (K+1)]: diff, then rel
 
     def entry(k: int) -> dict:
         return {"n_tokens": int(tn[k]), "mean_nll_a": jfloat(mean_a[k]), "mean_nll_b": jfloat(mean_b[k]),
                 "diff": jfloat(mean_b[k] - mean_a[k]), "diff_ci_low": jfloat(low[k]), "diff_ci_high": jfloat(high[k]),
                 "diff_bits_per_base": jfloat((mean_b[k] - mean_a[k]) / LN2),
                 "rel_change_pct": jfloat(100 * (mean_b[k] / mean_a[k] - 1)) if tn[k] else None,
-                "rel_ci_low": jfloat(low[M + k]), "rel_ci_high": jfloat(high[M + k])}
+                "rel_ci_low": jfloat(low[K + 1 + k]), "rel_ci_high": jfloat(high[K + 1 + k])}
 
     gain = ta[:K] - tb[:K]  # nats saved per bucket
     total_gain = ta[K] - tb[K]

@@ -36,11 +36,11 @@ SCHEMA = pa.schema([
 ])
 
 
-class TokensWriter:
+class TokensWriter(pq.ParquetWriter):
     """Writes `tokens.parquet` one window (row group) at a time; use as a context manager."""
 
     def __init__(self, path: Path):
-        self._writer = pq.ParquetWriter(str(path), SCHEMA, compression="zstd")
+        super().__init__(str(path), SCHEMA, compression="zstd")
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
             repeat_packed: np.ndarray) -> None:
@@ -50,13 +50,7 @@ class TokensWriter:
             pa.array([np.asarray(nll, dtype=np.float32)], SCHEMA.field("nll").type),
             pa.array([np.asarray(repeat_packed, dtype=np.uint8)], SCHEMA.field("repeat_mask").type),
         ], schema=SCHEMA)
-        self._writer.write_batch(batch)
-
-    def __enter__(self) -> "TokensWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._writer.close()
+        self.write_batch(batch)
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:

@@ -52,11 +52,8 @@ def checkpoint_record(checkpoint: str) -> dict:
     stats = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in weights]
     record = {"path": str(checkpoint), "model_dir": str(model_dir),
               "config_sha256": sha256_file(model_dir / "config.json"), "weights": stats}
-    if sum(s["size"] for s in stats) <= HASH_WEIGHTS_UP_TO:
-        h = hashlib.sha256()
-        for p in weights:
-            h.update(sha256_file(p).encode())
-        record["weights_sha256"] = h.hexdigest()
+    if sum(s["size"] for s in stats) <= HASH_WEIGHTS_UP_TO:  # sha256 of the files' hex digests, in name order
+        record["weights_sha256"] = hashlib.sha256("".join(sha256_file(p) for p in weights).encode()).hexdigest()
     return record
 
 
@@ -178,22 +175,17 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
 
-    def finish() -> dict:
-        summary = _write_outputs(cfg, out, ds, meta, n, seq_len, edges, cache, engines, extra)
-        cache.remove()
-        return summary
-
-    summary = par.on_main(finish)
+    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
     return summary
 
 
-def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, n: int, seq_len: int, edges: np.ndarray,
+def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
                    cache: WindowCache, engines: list[str], extra: dict) -> dict:
-    """tokens.parquet + summary.json (+ parity.json), built under a temporary name."""
-    K = len(edges) - 1
+    """tokens.parquet + summary.json (+ parity.json), built under a temporary name; then the cache goes."""
+    n, K = len(meta["chrom"]), len(edges) - 1
     sums, counts = np.zeros((n, 2, K + 1)), np.zeros((n, 2, K + 1), dtype=np.int64)
     ctx_sums = np.zeros((2, K + 1))
     par = parity_mod.ParityTable(edges) if cfg.parity else None
@@ -202,12 +194,10 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, n: int, seq_len: 
         with TokensWriter(tmp / "tokens.parquet") as writer:
             for i in range(n):
                 arrays = cache.get(i)
-                nll = arrays["nll"]
-                packed = masks[i]["repeat_mask"]
-                repeat = unpack_mask(packed, len(nll))
+                nll, packed = arrays["nll"], masks[i]["repeat_mask"]
                 contexts = contexts_of(len(nll), seq_len)
-                s, c, x = window_stats(nll, contexts, repeat, edges)
-                sums[i], counts[i], ctx_sums = s, c, ctx_sums + x
+                sums[i], counts[i], x = window_stats(nll, contexts, unpack_mask(packed, len(nll)), edges)
+                ctx_sums += x
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
                 writer.add(i, str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]),
@@ -224,4 +214,5 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, n: int, seq_len: 
             write_json_atomic(tmp / "parity.json", summary["parity"])
         summary.update(extra)
         write_json_atomic(tmp / SUMMARY_FILE, summary)
+    cache.remove()
     return summary
