@@ -22,8 +22,9 @@ def _num(x, fmt: str = "{:.4f}") -> str:
     return "&ndash;" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
 
 
-def _ctx(b: dict) -> str:
-    return f"[{b['lo']:,}, {b['hi']:,})"
+def _label(b: dict) -> str:
+    """A bucket's context range, or 'all' for an overall entry (no 'lo')."""
+    return "<b>all</b>" if b.get("lo") is None else f"[{b['lo']:,}, {b['hi']:,})"
 
 
 def _rows(table: dict) -> list[dict]:
@@ -37,8 +38,7 @@ def bucket_table(ev: EvalResult) -> str:
     rows = []
     for b in _rows(s):
         ci = (f"{_num(b['ci_low'] and b['ci_low'] / LN2)} &ndash; {_num(b['ci_high'] and b['ci_high'] / LN2)}")
-        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}",
-                     str(b.get("n_windows", "")),
+        rows.append([_label(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")),
                      _num(b["mean_nll"]), _num(b["bits_per_base"]), ci])
     cfg = s.get("config", {})
     caption = (f"{ev.label}: loss by preceding context (checkpoint {s.get('checkpoint', {}).get('path', '?')}, "
@@ -66,7 +66,7 @@ def compare_table(cmp: CompareResult) -> str:
     r = cmp.result
     rows = []
     for b in _rows(r):
-        rows.append(["<b>all</b>" if b.get("lo") is None else _ctx(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
+        rows.append([_label(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
                      _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"), _num(b["rel_change_pct"], "{:+.2f}%"),
                      f"{_num(b['rel_ci_low'], '{:+.2f}')} &ndash; {_num(b['rel_ci_high'], '{:+.2f}')}",
                      _num(b.get("gain_share"), "{:.1%}") if b.get("lo") is not None else ""])
@@ -79,11 +79,8 @@ def parity_table(ev: EvalResult) -> str:
     p = ev.summary.get("parity")
     if not p:
         return ""
-    rows = [[_ctx(b), f"{b['n_tokens']:,}", _num(b["max_abs_diff"], "{:.2e}"), _num(b["mean_abs_diff"], "{:.2e}")]
-            for b in p["buckets"] if b["n_tokens"]]
-    o = p["overall"]
-    rows.append(["<b>all</b>", f"{o['n_tokens']:,}", _num(o["max_abs_diff"], "{:.2e}"),
-                 _num(o["mean_abs_diff"], "{:.2e}")])
+    rows = [[_label(b), f"{b['n_tokens']:,}", _num(b["max_abs_diff"], "{:.2e}"), _num(b["mean_abs_diff"], "{:.2e}")]
+            for b in [b for b in p["buckets"] if b["n_tokens"]] + [p["overall"]]]  # the overall row even if empty
     return _table(["context (tokens)", "tokens", "max |&Delta; log-prob|", "mean |&Delta; log-prob|"], rows,
                   f"{ev.label}: log-prob parity, {' vs '.join(p['engines'])} (nats)")
 
