@@ -186,14 +186,12 @@ class FastaReader:
     def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
         stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")
         parser = _RecordParser(self.path, wanted)
-        first = True
-        while block := self._read_block(stream):
-            if first:
-                _check_fasta_start(self.path, block)
-                first = False
-            yield from parser.feed(block)
-        if first:
+        if not (block := self._read_block(stream)):
             raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
+        _check_fasta_start(self.path, block)
+        while block:
+            yield from parser.feed(block)
+            block = self._read_block(stream)
         yield from parser.finish()
         self.info.records = parser.names
 

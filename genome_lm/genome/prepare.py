@@ -151,12 +151,11 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
     t0 = time.perf_counter()
     codes = rec.codes
     found = scan(codes, params.min_gap)
-    stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=found.n_bases,
-                       softmasked_bases=found.softmasked_bases, iupac=found.iupac)
-    stats.dropped_bases["gap"] = int((found.gaps[:, 1] - found.gaps[:, 0]).sum())
     spans = contigs(len(codes), found.gaps)
-    stats.contigs = len(spans)
-    stats.longest_contig = max((e - s for s, e in spans), default=0)
+    stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=found.n_bases,
+                       softmasked_bases=found.softmasked_bases, iupac=found.iupac, contigs=len(spans),
+                       longest_contig=max((e - s for s, e in spans), default=0))
+    stats.dropped_bases["gap"] = int((found.gaps[:, 1] - found.gaps[:, 0]).sum())
     writers[split].open_shard()
 
     def emit(s: int, e: int, strand: str, tokens, mask, n_frac: float) -> None:

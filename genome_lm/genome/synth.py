@@ -33,7 +33,7 @@ import gzip
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +148,7 @@ class SynthGenome:
 
     sequences: dict[str, bytes]
     families: dict[str, bytes]
-    copies: list[RepeatCopy] = field(default_factory=list)
+    copies: list[RepeatCopy]
 
     def repeat_fraction(self) -> float:
         """Share of non-N bases that lie in planted copies."""
@@ -232,8 +232,7 @@ class _Occupancy:
 
     def __init__(self, length: int, runs: list[tuple[int, int]]):
         self.length = length
-        self.starts = [s for s, _ in runs]
-        self.ends = [e for _, e in runs]
+        self.starts, self.ends = map(list, zip(*runs))
 
     def free(self, a: int, b: int) -> bool:
         if a < 0 or b > self.length:

@@ -41,8 +41,7 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
         isn = (block & TOKEN_MASK) == N_ID
         n_bases += int(np.count_nonzero(isn))
         softmasked += int(np.count_nonzero(block & SOFTMASK_BIT))
-        if np.count_nonzero(block >= (1 << IUPAC_SHIFT)):
-            iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
+        iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
         if isn[0] != prev:
             edges.append(np.array([b0], dtype=np.int64))
         edges.append(np.flatnonzero(isn[1:] != isn[:-1]).astype(np.int64) + (b0 + 1))
