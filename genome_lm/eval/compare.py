@@ -120,8 +120,8 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
     return result
 
 
-def _pct(x) -> str:
-    return "      -" if x is None else f"{x:+7.2f}"
+def _num(x, spec: str, width: int = 0) -> str:
+    return f"{'-' if x is None else format(x, spec):>{width}}"
 
 
 def format_table(result: dict) -> str:
@@ -131,12 +131,10 @@ def format_table(result: dict) -> str:
              f"{'95% CI (%)':>17} {'share':>6}"]
 
     def row(label: str, e: dict) -> str:
-        ci = f"[{_pct(e['rel_ci_low']).strip()}, {_pct(e['rel_ci_high']).strip()}]"
+        ci = f"[{_num(e['rel_ci_low'], '+.2f')}, {_num(e['rel_ci_high'], '+.2f')}]"
         share = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
-        fmt = lambda x: "       -" if x is None else f"{x:8.4f}"  # noqa: E731
-        diff = "       -" if e["diff"] is None else f"{e['diff']:+8.4f}"
-        return (f"{label:>17} {e['n_tokens']:>10,} {fmt(e['mean_nll_a'])} {fmt(e['mean_nll_b'])} {diff} "
-                f"{_pct(e['rel_change_pct'])} {ci:>17} {share:>6}")
+        return (f"{label:>17} {e['n_tokens']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
+                f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} {ci:>17} {share:>6}")
 
     for bk in result["buckets"]:
         if bk["n_tokens"]:
@@ -147,7 +145,7 @@ def format_table(result: dict) -> str:
     c = result["concentration"]["largest_relative_gain"]
     if c:
         lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "
-                     f"(95% CI {_pct(c['rel_ci_low']).strip()} to {_pct(c['rel_ci_high']).strip()})")
+                     f"(95% CI {_num(c['rel_ci_low'], '+.2f')} to {_num(c['rel_ci_high'], '+.2f')})")
     return "\n".join(lines)
 
 

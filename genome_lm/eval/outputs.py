@@ -76,10 +76,9 @@ def iter_windows(eval_dir: str | Path) -> Iterator[dict]:
         table = pf.read_row_group(g)
         for row in range(table.num_rows):
             rec = {c: table.column(c)[row].as_py() for c in META_COLUMNS}
-            nll = table.column("nll")[row].values.to_numpy(zero_copy_only=False)
+            rec["nll"] = table.column("nll")[row].values.to_numpy(zero_copy_only=False)  # float32
             packed = table.column("repeat_mask")[row].values.to_numpy(zero_copy_only=False)
-            rec["nll"] = nll.astype(np.float32, copy=False)
-            rec["repeat"] = unpack_mask(packed, len(nll))
+            rec["repeat"] = unpack_mask(packed, len(rec["nll"]))
             yield rec
 
 

@@ -75,8 +75,8 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+    """num / den where den > 0, else NaN."""
+    return np.divide(num, den, out=np.full(np.broadcast(num, den).shape, np.nan), where=den > 0)
 
 
 def jfloat(x) -> float | None:
