@@ -51,10 +51,6 @@ DEMO_GENOME = dict(
 )
 
 
-def _step(n: int, total: int, what: str) -> None:
-    log.info("[%d/%d] %s", n, total, what)
-
-
 def _train(exp: str, out: Path, steps: int, extra: list[str]) -> None:
     from genome_lm.config import load_experiment
     from genome_lm.train import train
@@ -91,33 +87,32 @@ def run(root: Path, quick: bool = False) -> dict:
     ev_base, ev_long = root / "evals" / f"{tag}_base", root / "evals" / f"{tag}_longctx"
     cmp_dir, report = root / "evals" / f"{tag}_base_vs_longctx", root / "reports" / f"{tag}.html"
     t0 = time.perf_counter()
-    total = 8
 
-    _step(1, total, f"synthetic genome -> {fasta}")
+    log.info(f"[1/8] synthetic genome -> {fasta}")
     if fasta.exists():
         log.info("    %s exists; reusing it", fasta)
     else:
         write_synthetic_fasta(fasta, scale=r.scale, seed=0, params=make_params(**DEMO_GENOME))
 
-    _step(2, total, f"prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
+    log.info(f"[2/8] prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
     params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1,chr2", eval_chroms="chr22",
                                     seq_len=r.window, min_gap="1000", max_n_frac=0.05, tail="keep",
                                     min_len=r.window, reverse_complement=True)
     manifest = prepare(params, shards)
 
     data = [f"data.shards={shards}"]
-    _step(3, total, f"train the base model at short context -> {base}")
+    log.info(f"[3/8] train the base model at short context -> {base}")
     _train("demo_base.yaml", base, r.base_steps, data)
-    _step(4, total, f"evaluate the base model on chr22 -> {ev_base}")
+    log.info(f"[4/8] evaluate the base model on chr22 -> {ev_base}")
     s_base = _eval(base / "checkpoints" / "last", shards, ev_base, r.eval_windows)
-    _step(5, total, f"fine-tune at {r.window} context from the base model -> {long}")
+    log.info(f"[5/8] fine-tune at {r.window} context from the base model -> {long}")
     _train("demo_longctx.yaml", long, r.long_steps,
            data + [f"model.init={base / 'checkpoints' / 'last'}", f"data.seq_len={r.window}"])
-    _step(6, total, f"evaluate the long-context model on chr22 -> {ev_long}")
+    log.info(f"[6/8] evaluate the long-context model on chr22 -> {ev_long}")
     s_long = _eval(long / "checkpoints" / "last", shards, ev_long, r.eval_windows)
-    _step(7, total, f"compare -> {cmp_dir}")
+    log.info(f"[7/8] compare -> {cmp_dir}")
     result = write_compare(ev_base, ev_long, cmp_dir, overwrite=True)
-    _step(8, total, f"report -> {report}")
+    log.info(f"[8/8] report -> {report}")
     write_report([ev_base, ev_long, cmp_dir], report, runs=[base, long], title="genome_lm demo: base vs long context")
 
     elapsed = time.perf_counter() - t0
