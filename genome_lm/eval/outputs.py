@@ -44,13 +44,9 @@ class TokensWriter(pq.ParquetWriter):
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
             repeat_packed: np.ndarray) -> None:
-        batch = pa.record_batch([
-            pa.array([window], pa.int64()), pa.array([chrom]), pa.array([start], pa.int64()),
-            pa.array([end], pa.int64()), pa.array([strand]),
-            pa.array([np.asarray(nll, dtype=np.float32)], SCHEMA.field("nll").type),
-            pa.array([np.asarray(repeat_packed, dtype=np.uint8)], SCHEMA.field("repeat_mask").type),
-        ], schema=SCHEMA)
-        self.write_batch(batch)
+        row = {"window": window, "chrom": chrom, "start": start, "end": end, "strand": strand,
+               "nll": np.asarray(nll, dtype=np.float32), "repeat_mask": np.asarray(repeat_packed, dtype=np.uint8)}
+        self.write_batch(pa.RecordBatch.from_pydict({k: [v] for k, v in row.items()}, schema=SCHEMA))
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:

@@ -3,12 +3,9 @@
     cfg = EvalConfig(checkpoint="runs/demo/checkpoints/last", shards="shards/demo", out="evals/demo")
     summary = evaluate(cfg)
 
-Steps, top to bottom:
-  1. check the inputs (checkpoint, shards, split, engine) and that --out is free;
-  2. score every window not yet in the per-window cache (`cache.py`), no gradients, one
-     window at a time (memory bounded by one window / piece), with a progress bar;
-  3. build the outputs under a temporary name (`utils.atomic_directory`): tokens.parquet,
-     summary.json (and parity.json with --parity), then rename into place and drop the cache.
+Steps: 1. check the inputs and that --out is free (`check_inputs`); 2. score, without gradients
+and one window at a time, every window not yet in the per-window cache (`cache.py`); 3. write
+tokens.parquet, summary.json (+ parity.json) under a temporary name and drop the cache (`_write_outputs`).
 
 The same function runs on every rank of a distributed eval (`--nproc N`, `--ray`): the model
 sharded by FSDP2, the windows shared out over the dp replicas, each window split over a CP
@@ -142,10 +139,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
         model = sharded.build_model(cfg, ckpt["model_dir"], par).eval()
         lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
         pieces = [sharded.n_pieces(length, seq_len) * len(engines) for length in lengths]
-        bar = tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
-                   unit_scale=True, desc=f"eval {out.name}",
-                   disable=not par.is_main or (None if show_progress is None else not show_progress))
-        try:
+        with tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
+                  unit_scale=True, desc=f"eval {out.name}",
+                  disable=not par.is_main or (None if show_progress is None else not show_progress)) as bar:
             for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
                 i = rnd.windows[par.dp_rank]
                 scored = None
@@ -160,8 +156,6 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                     scored_tokens += int(lengths[j])
                     bar.update(int(lengths[j]))
                 maybe_inject_fault(r + 1, par.rank)
-        finally:
-            bar.close()
     t_score = time.perf_counter() - t_score
 
     extra = {

@@ -56,10 +56,7 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
         (low [S], high [S]) for a statistic of width S; NaN where it is undefined in most replicates.
     """
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
-    W = len(next(iter(arrays.values())))
-    if W == 0:
-        width = statistic(**{k: np.zeros((1, v.shape[1])) for k, v in arrays.items()}).shape[1]
-        return np.full(width, np.nan), np.full(width, np.nan)
+    W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
     reps, rng, p = [], np.random.default_rng(seed), np.full(W, 1.0 / W)
     with np.errstate(divide="ignore", invalid="ignore"):
         for start in range(0, resamples, _BLOCK):  # weights [r, W]: how often each window is drawn
