@@ -37,13 +37,10 @@ FULL = Recipe(scale=1.0, window="8k", base_steps=1200, long_steps=200, eval_wind
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, long_steps=3, eval_windows=2)
 
 # The demo genome (`genome-lm synth --set ...`): two kinds of repeat that teach two things.
-# Interspersed copies of 2000 families (100-1000 bp), 500-8000 bp from their source (1%
-# substitutions, no indels, forward strand), ~28% of the bases: mostly out of the base
-# model's 256-token reach, within the 8k fine-tune's. Tandem arrays in the space left (units
-# of 10-80 bp repeated 4-30 times, 1% divergence per unit), ~46% of the bases: they put
-# copies within 256 tokens, so that a model trained from scratch learns in-context copying
-# at all. The default genome's repeats (3% divergence, indels, reverse copies, 1-64 kbp
-# apart) are more realistic but not learnable by a from-scratch CPU model in minutes.
+# Interspersed copies (~28% of the bases), mostly out of the base model's 256-token reach but
+# within the 8k fine-tune's; tandem arrays in the space left (~46%), which put copies within 256
+# tokens so that a model trained from scratch learns in-context copying at all. The default
+# genome's repeats are more realistic but not learnable by a from-scratch CPU model in minutes.
 DEMO_GENOME = dict(
     n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.3,
     min_distance=500, max_distance=8000, substitution_rate=0.01, indel_rate=0.0, reverse_fraction=0.0,

@@ -2,10 +2,6 @@
 
     write_report(["evals/base", "evals/longctx", "evals/base_vs_longctx"], runs=["runs/demo_base"],
                  out="reports/demo.html")
-
-Sections, in order: headline, loss vs preceding context, relative change vs context (from
-compare directories, or every eval against the first when they scored the same windows),
-repeat-masked vs unmasked, training curves, then the tables.
 """
 
 from __future__ import annotations
