@@ -141,12 +141,9 @@ class FastaReader:
     # -- index -------------------------------------------------------------------------------
     def _load_index(self):
         fai = Path(f"{self.path}.fai")
-        if not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime:
-            return None
-        if self.compression == "gzip":
-            return None  # plain gzip has no random access
-        if self.compression == "bgzip" and not Path(f"{self.path}.gzi").exists():
-            return None
+        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.compression == "gzip"
+                or (self.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
+            return None  # no index, a stale one, or no random access (plain gzip, bgzip without .gzi)
         try:
             import pyfaidx
 
@@ -193,7 +190,7 @@ class FastaReader:
             yield from parser.feed(block)
             block = self._read_block(stream)
         yield from parser.finish()
-        self.info.records = parser.names
+        self.info.records = list(parser.names)
 
     def _indexed_records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         for name, rec in self._index.index.items():
@@ -232,8 +229,7 @@ class _RecordParser:
     def __init__(self, path: Path, wanted: Callable[[str], bool]):
         self.path = path
         self.wanted = wanted
-        self.names: list[str] = []
-        self._seen: set[str] = set()
+        self.names: dict[str, None] = {}  # record names in file order (an ordered set)
         self._name: str | None = None
         self._buf: bytearray | None = None  # codes of the current record, if wanted
         self._header: bytearray | None = None
@@ -241,10 +237,9 @@ class _RecordParser:
 
     # record lifecycle
     def start(self, name: str) -> None:
-        if name in self._seen:
+        if name in self.names:
             raise GenomeLMError(f"{self.path}: duplicate record name {name!r}; each chromosome may appear once")
-        self._seen.add(name)
-        self.names.append(name)
+        self.names[name] = None
         self._name = name
         self._buf = bytearray() if self.wanted(name) else None
 

@@ -190,19 +190,15 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             f"(it lists: {shown or 'no .fa.gz files'}); check --chroms"
         )
 
-    paths = []
-    for name in names:
-        fname = f"{name}.fa.gz"
-        final = out_dir / fname
+    paths = [out_dir / f"{name}.fa.gz" for name in names]
+    for final in paths:
+        md5 = sums[final.name]
         if final.exists():
-            if md5_file(final) == sums[fname]:
-                log.info("%s already present, md5 %s matches; skipped", final, sums[fname])
-                paths.append(final)
+            if md5_file(final) == md5:
+                log.info("%s already present, md5 %s matches; skipped", final, md5)
                 continue
-            log.warning("%s exists but its md5 does not match %s; removing it and downloading again",
-                        final, sums[fname])
+            log.warning("%s exists but its md5 does not match %s; removing it and downloading again", final, md5)
             final.unlink(missing_ok=True)
-        log.info("downloading %s/%s -> %s", base_url, fname, final)
-        _fetch_one(f"{base_url}/{fname}", final, sums[fname])
-        paths.append(final)
+        log.info("downloading %s/%s -> %s", base_url, final.name, final)
+        _fetch_one(f"{base_url}/{final.name}", final, md5)
     return paths

@@ -46,9 +46,8 @@ FEATURES = {
 
 def arrow_schema() -> pa.Schema:
     """Arrow schema of a split (the types of FEATURES), with the `huggingface` metadata `datasets` reads back."""
-    arrow = {"string": pa.string(), "int64": pa.int64(), "float32": pa.float32(), "uint8": pa.uint8()}
-    schema = pa.schema([(name, pa.list_(arrow[f["feature"]["dtype"]]) if f["_type"] == "List" else arrow[f["dtype"]])
-                        for name, f in FEATURES.items()])
+    arrow = lambda f: pa.list_(arrow(f["feature"])) if f["_type"] == "List" else pa.type_for_alias(f["dtype"])  # noqa: E731
+    schema = pa.schema([(name, arrow(f)) for name, f in FEATURES.items()])
     return schema.with_metadata({"huggingface": json.dumps({"info": {"features": FEATURES}})})
 
 
