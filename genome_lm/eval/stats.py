@@ -47,14 +47,9 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
 
 def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.ndarray],
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
-    """Percentile bootstrap CI over windows of `statistic(**resampled sums)`.
-
-    Args:
-        statistic: maps resampled column sums (each [r, M]) to the statistic [r, M].
-        per_window: name -> per-window values [W, M] that are summed over the drawn windows.
-    Returns:
-        (low [S], high [S]) for a statistic of width S; NaN where it is undefined in most replicates.
-    """
+    """Percentile bootstrap CI over windows: `statistic(**sums)` maps the sums over the drawn windows of
+    each `per_window` array [W, M] (each sum [r, M]) to the statistic [r, S]. Returns (low [S], high [S]),
+    NaN where the statistic is undefined in most replicates."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
     W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
     reps, rng, p = [], np.random.default_rng(seed), np.full(W, 1.0 / W)
