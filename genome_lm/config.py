@@ -121,6 +121,8 @@ class LogConfig(Section):
 class ParallelConfig(Section):
     cp: int = Field(default=1, gt=0, description="context-parallel ranks per sequence")
     dp: int | Literal["auto"] = "auto"
+    ep: int = Field(default=1, gt=0, description="expert-parallel ranks: the routed experts split over groups of "
+                    "ep consecutive ranks (a divisor of the world and of the experts)")
 
 
 class ExperimentConfig(Section):

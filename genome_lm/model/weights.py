@@ -324,16 +324,25 @@ class CheckpointReader:
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(the part of `tensor` this rank holds, its first row in the full tensor); (tensor, 0) for a
-    plain tensor. Sharded tensors must be split on dim 0 only (FSDP2's `Shard(0)`)."""
+    plain tensor. Sharded tensors must be split on dim 0 only: FSDP2's `Shard(0)`, and with expert
+    parallelism the experts' `Shard(0)` over "ep" then FSDP2's `_StridedShard(0)` over "edp"
+    (torch.chunk sizes: each split takes ceil(rows / n) rows)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     if not isinstance(tensor, DTensor):
         return tensor, 0
-    if not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim == 0) for p in tensor.placements):
-        raise ValueError(f"local_rows: only dim-0 sharding is supported, got {tensor.placements}")
-    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    return tensor.to_local(), int(offset[0]) if offset else 0
+    placements = tensor.placements
+    if not all(isinstance(p, Replicate) or (isinstance(p, (Shard, _StridedShard)) and p.dim == 0) for p in placements):
+        raise ValueError(f"local_rows: only dim-0 sharding is supported, got {placements}")
+    coordinate = tensor.device_mesh.get_coordinate()
+    rows, offset = tensor.shape[0], 0
+    shards = [i for i, p in enumerate(placements) if isinstance(p, Shard)]
+    for i in shards + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]:  # strided: applied last
+        chunk = -(-rows // tensor.device_mesh.size(i))
+        offset += coordinate[i] * chunk
+        rows = max(0, min(chunk, rows - coordinate[i] * chunk))
+    return tensor.to_local(), offset
 
 
 def _allocate_(model: nn.Module, device: str | torch.device) -> None:

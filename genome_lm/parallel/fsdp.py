@@ -75,18 +75,22 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None)
         fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
 
 
-def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard `model` (the causal LM, after long-context ops, CP and recompute) in place.
+def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
+               expert_mesh=None) -> nn.Module:
+    """Shard `model` (the causal LM, after long-context ops, CP, EP and recompute) in place.
 
     `compute_dtype`: the dtype the parameters are gathered in for compute (float32-exception
-    modules excepted); None: as they are. `device` is where the model lives (unused by FSDP2 itself,
-    kept for the callers' symmetry)."""
+    modules excepted); None: as they are. `expert_mesh`: with expert parallelism, the "edp" mesh
+    the routed experts (EP DTensors) are sharded over, each MoE layer's experts one group.
+    `device` is where the model lives (unused by FSDP2 itself, kept for the callers' symmetry)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     del device
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
     grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
     for layer in model.model.layers:
+        if expert_mesh is not None and getattr(layer.mlp, "ep", None) is not None:
+            fully_shard(layer.mlp.experts, mesh=expert_mesh, mp_policy=_policy(param_dtype))
         if grouped:
             _shard_fp32_modules(layer, mesh, param_dtype)
         fully_shard(layer, mesh=mesh, mp_policy=_policy(param_dtype))
@@ -103,14 +107,20 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     Works for plain and sharded (DTensor) parameters alike: the norm is the global one."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    by_mesh: dict[object, list[torch.Tensor]] = {}  # EP experts live on another mesh than the rest
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    if not by_mesh:
         return 0.0
-    total = torch.nn.utils.get_total_norm(grads)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
     if math.isfinite(max_norm):
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return float(total)
 
 

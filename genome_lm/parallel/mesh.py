@@ -1,4 +1,5 @@
-"""The process layout: world = dp x cp ranks on a DeviceMesh with dims ("dp", "cp").
+"""The process layout: world = dp x cp ranks on a DeviceMesh with dims ("dp", "cp"), and with
+expert parallelism the same ranks as ("edp", "ep") (`ep_mesh`).
 
     par = init_parallel(cfg.parallel)   # reads torch.distributed / the launcher's environment
     par.dp_rank, par.cp_rank, par.cp_group, par.fsdp_mesh, par.device, par.sum_dp(x), ...
@@ -65,6 +66,7 @@ class ParallelContext:
     cp: int = 1
     device: torch.device = torch.device("cpu")
     mesh: Any = None  # DeviceMesh ("dp", "cp") when distributed
+    ep: int = 1
     owns_process_group: bool = False
 
     @property
@@ -105,8 +107,19 @@ class ParallelContext:
             return self.mesh["dp", "cp"]._flatten("dp_cp")
         return self.mesh["cp"] if self.cp > 1 else self.mesh["dp"]
 
+    @functools.cached_property
+    def ep_mesh(self):
+        """The 2-D ("edp", "ep") mesh of expert parallelism over the same ranks: EP groups of `ep`
+        consecutive ranks; "edp" joins the ranks that hold the same experts. None without EP."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.mesh is None or self.ep == 1:
+            return None
+        return init_device_mesh(self.device.type, (self.world // self.ep, self.ep), mesh_dim_names=("edp", "ep"))
+
     def describe(self) -> str:
-        return (f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}) "
+        ep = f", ep {self.rank % self.ep}/{self.ep}" if self.ep > 1 else ""
+        return (f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}{ep}) "
                 f"on {self.device}")
 
     # -- small collectives; identities in a single process ---------------------------------------
@@ -175,6 +188,10 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
     else:
         world, rank = 1, 0
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
+    ep = getattr(parallel_cfg, "ep", 1)
+    if world % ep:
+        raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
+                            f"use a number of processes that is a multiple of {ep}")
     if world == 1 and not sharded:
         return ParallelContext(device=device)
     if device.type == "cuda":
@@ -184,6 +201,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
-                          owns_process_group=owns)
+                          ep=ep, owns_process_group=owns)
+    par.ep_mesh  # created now, by every rank together
     log.info("parallel: %s", par.describe())
     return par

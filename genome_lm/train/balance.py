@@ -27,16 +27,19 @@ __all__ = ["ExpertBalancer"]
 class ExpertBalancer:
     """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases.
 
-    With rate 0 it does nothing at all (no counting, no device syncs on the step path).
+    With expert parallelism over `ep` ranks, `step` also sets `rank_imbalance`: tokens the busiest
+    expert rank computed over the mean of the ranks, in the step's most unbalanced layer (the
+    reference run reported 4x). With rate 0 and no EP it does nothing at all (no counting, no
+    device syncs on the step path).
     """
 
-    def __init__(self, model: nn.Module, rate: float):
+    def __init__(self, model: nn.Module, rate: float, ep: int = 1):
         if rate < 0:
             raise ValueError(f"bias update rate must be >= 0, got {rate}")
-        self.rate = float(rate)
+        self.rate, self.ep, self.rank_imbalance = float(rate), ep, None
         self.layers = [m for m in model.modules() if hasattr(m, "last_expert_counts") and hasattr(m, "gate")]
         self._counts: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.active = self.rate > 0 and bool(self.layers)
+        self.active = (self.rate > 0 or ep > 1) and bool(self.layers)
 
     def accumulate(self) -> None:
         """Add each layer's counts from the forward just run (call once per micro-batch)."""
@@ -58,8 +61,13 @@ class ExpertBalancer:
             return None
         counts, self._counts = self._counts, [None] * len(self.layers)
         present = [i for i, c in enumerate(counts) if c is not None]
+        loads = all_reduce_sum(torch.stack([counts[i] for i in present]).double()) if present else None  # [L, E]
+        if self.ep > 1 and loads is not None:
+            per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
+            self.rank_imbalance = float((per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max())
+        if self.rate == 0:
+            return None
         if update and present:
-            loads = all_reduce_sum(torch.stack([counts[i] for i in present]).double())  # [L, E], all ranks
             delta = self.rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
             for row, i in enumerate(present):
                 bias = self.layers[i].gate.e_score_correction_bias

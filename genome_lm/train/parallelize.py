@@ -4,14 +4,17 @@
   1. the long-context classes with the configured block sizes (`apply_long_context`)
   2. context parallelism (`genome_lm.parallel.cp`): hands the CP group to the causal LM and the
      long-context layers, which take the slab path themselves (so 2 and 3 commute)
-  3. recompute (per decoder layer, or selected sub-modules), with layer-input offload
+  3. expert parallelism (`genome_lm.parallel.ep`): the routed experts split over EP groups, as
+     DTensors, tokens dispatched by all-to-all
+  4. recompute (per decoder layer, or selected sub-modules), with layer-input offload
      (`genome_lm.train.memory`)
-  4. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), last, as torchtitan does;
-     with `compute_dtype` (a bf16 model) the parameters are first made float32 master weights
-     and FSDP2 gathers them in bf16 for compute (upstream's float32 exceptions in float32)
-Step 2 runs only with cp > 1; step 4 with a mesh (`ParallelContext.sharded`: several ranks, or
-one process training a bf16 model). Out of order, 1 after 3 (with offload) or after 4 and 3 after
-4 raise an error naming the order; 2 before 1 too.
+  5. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), the EP experts over the
+     ranks that hold the same experts, last, as torchtitan does; with `compute_dtype` (a bf16
+     model) the parameters are first made float32 master weights and FSDP2 gathers them in bf16
+     for compute (upstream's float32 exceptions in float32)
+Step 2 runs only with cp > 1, step 3 with ep > 1; step 5 with a mesh (`ParallelContext.sharded`:
+several ranks, or one process training a bf16 model). Out of order, 1 after 4 (with offload) or
+after 5, 3 or 4 after 5 raise an error naming the order; 2 or 3 before 1 too.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
     parameters' own dtype."""
     from genome_lm.model import apply_long_context
     from genome_lm.parallel.cp import apply_context_parallel
+    from genome_lm.parallel.ep import apply_expert_parallel
     from genome_lm.parallel.fsdp import apply_fsdp, to_master_dtype_
 
     if compute_dtype not in (None, torch.float32) and not (parallel is not None and parallel.sharded):
@@ -69,11 +73,15 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
                        loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute)
     if parallel is not None and parallel.cp > 1:
         apply_context_parallel(model, parallel.cp_group)
+    ep_mesh = getattr(parallel, "ep_mesh", None)
+    if ep_mesh is not None:
+        apply_expert_parallel(model, ep_mesh)
     wrapped = apply_recompute(model, memory)
     if parallel is not None and parallel.sharded:
         if compute_dtype not in (None, torch.float32):
             to_master_dtype_(model)
-        apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype)
+        apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype,
+                   expert_mesh=ep_mesh["edp"] if ep_mesh is not None else None)
     log.info("memory strategy: recompute=%s%s, offload=%s, %d modules wrapped", memory.recompute,
              f" {memory.recompute_layers}" if memory.recompute == "selective" else "", memory.offload_layer_inputs,
              len(wrapped))

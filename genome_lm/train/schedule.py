@@ -26,10 +26,15 @@ def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.l
 
 
 def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not on norms, biases, gates and other vectors)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
+    """AdamW; weight decay on matrices only (not on norms, biases, gates and other vectors). The
+    routed experts' stacked weights are a group of their own, whatever the layout: with expert
+    parallelism they are DTensors on another mesh, which one foreach update cannot mix."""
+    decay, no_decay, experts = [], [], []
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            routed = name.endswith(("experts.gate_up_proj", "experts.down_proj"))
+            (experts if routed else decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if experts:
+        groups.append({"params": experts, "weight_decay": train_cfg.weight_decay})
     return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps)

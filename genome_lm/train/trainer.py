@@ -195,7 +195,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
     memory = PeakMemory(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate)
+    balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep)
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
     bar = tqdm(total=cfg.train.steps, initial=start, desc=f"train {cfg.name}", unit="step",
                disable=not par.is_main or (None if show_progress is None else not show_progress))
@@ -242,6 +242,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 record["moe_imbalance_mean"] = sum(imb) / len(imb)
             if bias_max is not None:
                 record["moe_bias_max_abs"] = bias_max
+            if balancer.rank_imbalance is not None:
+                record["ep_rank_imbalance"] = balancer.rank_imbalance  # busiest expert rank / mean
             if not finite:
                 record["skipped"] = True
                 if cfg.train.on_nonfinite == "stop":
@@ -264,7 +266,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                                                             and step == cfg.train.steps)
                 save_checkpoint(run_dir / "checkpoints", step, model, optimizer, scheduler, stream,
                                 {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp,
-                                 "cp": par.cp, "model_exported": export}, keep=cfg.train.keep_checkpoints,
+                                 "cp": par.cp, "ep": par.ep, "model_exported": export}, keep=cfg.train.keep_checkpoints,
                                 parallel=par, export_model=export, export_dtype=compute_dtype(cfg))
             maybe_inject_fault(step, par.rank)
     finally:

@@ -83,16 +83,33 @@ def test_export_of_sharded_checkpoint_equals_its_model_dir(dp2_run, tmp_path):
     same_files(tmp_path / "m", last / "model")
 
 
-def test_init_from_checkpoint_dp2_matches_one_process(dp2_run, tmp_path):
+@pytest.mark.parametrize("ep", [1, 2])
+def test_init_from_checkpoint_dp2_matches_one_process(dp2_run, tmp_path, ep):
     """model.init under --nproc 2: built on the meta device, each rank reads its rows of the
-    checkpoint's safetensors; the run equals one process initialised from the same directory."""
+    checkpoint's safetensors (with ep 2: only its own experts); the run equals one process
+    initialised from the same directory."""
     exp, run = dp2_run
     init = [f"model.init={run / 'checkpoints' / 'step_00000002'}", "train.steps=2", "train.export_model=false"]
-    sets = [arg for o in init for arg in ("--set", o)]
+    sets = [arg for o in [*init, f"parallel.ep={ep}"] for arg in ("--set", o)]
     assert main(["train", exp, "--out", str(tmp_path / "two"), "--nproc", "2", *sets]) == 0
     train(load_experiment(exp, ["train.micro_batch=2", *init]), out=tmp_path / "one")
     assert_same_curve(records(tmp_path / "two"), records(tmp_path / "one"), range(1, 3))
     assert records(tmp_path / "two")[1]["loss"] < records(run)[1]["loss"]  # it did start from the trained weights
+
+
+def test_ep2_matches_one_process_and_resumes_on_ep1(dp2_run, tmp_path):
+    """parallel.ep=2 on 2 processes: the routed experts split over the ranks, tokens sent to
+    them by all-to-all; the curve equals dp 2 (which equals one process). Its checkpoint holds
+    the experts at their global shape, so it resumes on one process (ep 1)."""
+    exp, run = dp2_run
+    ep = tmp_path / "ep"
+    assert main(["train", exp, "--out", str(ep), "--nproc", "2", "--set", "parallel.ep=2"]) == 0
+    assert_same_curve(records(ep), records(run), range(1, 5))
+    assert all(records(ep)[s]["ep_rank_imbalance"] >= 1 for s in range(1, 5))
+    assert json.loads((ep / "checkpoints" / "last" / "genome_lm.json").read_text())["ep"] == 2
+    resumed = truncate_to(ep, tmp_path / "resumed", 2)
+    train(load_experiment(exp, ["train.micro_batch=2"]), out=resumed, resume=True)
+    assert_same_curve(records(resumed), records(run), range(1, 5))
 
 
 def test_dcp_resume_on_one_process(dp2_run, tmp_path):

@@ -17,6 +17,10 @@ backward otherwise materialises O(N*k*I) activations at once.
 Parameter names are upstream's (`BlockedGlm5NextTextMoE.install(module, ...)` makes the module an
 instance of the subclass in place), so checkpoints load unchanged. After each forward
 `module.last_expert_counts` holds the [E] int64 token counts.
+
+With an `ep` context (`parallel.ep`) the routed experts run over the EP group (`moe/ep.py`); the
+ranks agree on the number of blocks (the most any of them needs) so that they meet in every
+block's all-to-alls.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.moe.ep import EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
@@ -35,7 +40,8 @@ def _experts(experts: nn.Module, x: torch.Tensor, topk_indices: torch.Tensor, to
     """Upstream's experts on x [M, D]: the implementation the config names (`grouped_mm` by
     default), except float32 on CUDA, where torch's grouped_mm takes bf16 only: there upstream's
     eager loop over the experts hit (the same arithmetic)."""
-    if x.is_cuda and x.dtype == torch.float32 and experts.config._experts_implementation == "grouped_mm":
+    if getattr(experts, "ep", None) is None and x.is_cuda and x.dtype == torch.float32 and \
+            experts.config._experts_implementation == "grouped_mm":
         return type(experts).forward.__wrapped__(experts, x, topk_indices, topk_weights)
     return experts(x, topk_indices, topk_weights)
 
@@ -61,9 +67,13 @@ def blocked_moe_forward(
     shape = hidden.shape
     x = hidden.reshape(-1, shape[-1])  # [N, D]
     n = x.shape[0]
-    counts = torch.zeros(module.experts.num_experts, dtype=torch.long, device=x.device)
+    counts = torch.zeros(module.gate.num_experts, dtype=torch.long, device=x.device)
     use_ckpt = recompute and torch.is_grad_enabled() and n > 0
-    if n <= block_tokens and not use_ckpt:
+    if getattr(module, "ep", None) is not None:  # every EP rank runs as many blocks as the busiest
+        blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
+        torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=module.ep.group)
+        block_tokens = max(1, -(-n // int(blocks)))
+    elif n <= block_tokens and not use_ckpt:
         out, idx = _moe_block(module, x)
         return out.view(shape), counts + expert_counts(idx, counts.numel())
 
@@ -87,6 +97,7 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
     block_tokens: int = DEFAULTS.moe_block_tokens
     recompute: bool = DEFAULTS.moe_recompute
     last_expert_counts: torch.Tensor | None = None
+    ep: EPContext | None = None  # set by `parallel.ep.apply_expert_parallel`
 
     def configure(self, block_tokens: int = DEFAULTS.moe_block_tokens,
                   recompute: bool = DEFAULTS.moe_recompute) -> None:
@@ -95,7 +106,8 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
         self.block_tokens, self.recompute, self.last_expert_counts = int(block_tokens), bool(recompute), None
 
     def extra_repr(self) -> str:
-        return f"block_tokens={self.block_tokens}, recompute={self.recompute}"
+        ep = f", ep={self.ep}" if self.ep is not None else ""
+        return f"block_tokens={self.block_tokens}, recompute={self.recompute}{ep}"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute)
