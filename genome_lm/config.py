@@ -123,6 +123,10 @@ class ParallelConfig(Section):
     dp: int | Literal["auto"] = "auto"
     ep: int = Field(default=1, gt=0, description="expert-parallel ranks: the routed experts split over groups of "
                     "ep consecutive ranks (a divisor of the world and of the experts)")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="dtype of FSDP2's gradient "
+                                                         "reduce-scatter (bfloat16 halves its buffers and traffic)")
+    backward_prefetch: int = Field(default=1, ge=0, description="decoder layers whose all-gather FSDP2 issues ahead "
+                                   "in backward (1: FSDP2's default; 0: none, one gathered layer less)")
 
 
 class ExperimentConfig(Section):

@@ -3,7 +3,8 @@
 `apply_fsdp(model, mesh, device, compute_dtype=None)`: `fully_shard` every decoder layer, then the
 root (embeddings, final norm, LM head). Parameters, gradients and optimizer state are sharded over
 all ranks of the mesh; CP ranks hold the same parameters, so their gradients are reduced together
-with the data-parallel ones. Reduction is a SUM in float32 (gradient divide factor 1): the trainer
+with the data-parallel ones. Reduction is a SUM in float32 (`parallel.reduce_dtype: bfloat16` for the
+bf16 groups; gradient divide factor 1): the trainer
 normalises the loss by the global number of scored tokens, so the sum over ranks is the gradient
 of the global mean, whatever the split over dp and cp.
 
@@ -51,14 +52,14 @@ def to_master_dtype_(model: nn.Module) -> nn.Module:
     return model
 
 
-def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True):
+def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True, reduce_dtype=torch.float32):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                 cast_forward_inputs=cast_forward_inputs)
 
 
-def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None) -> None:
+def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None, reduce_dtype=torch.float32) -> None:
     """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their
     sub-modules without exceptions first, as one group gathered in `param_dtype`."""
     from torch.distributed.fsdp import fully_shard
@@ -67,7 +68,7 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None)
         inner = [child for _, child in module.named_children()
                  if any(True for _ in child.parameters()) and not fp32_modules(child)]
         if inner:
-            fully_shard(inner, mesh=mesh, mp_policy=_policy(param_dtype))
+            fully_shard(inner, mesh=mesh, mp_policy=_policy(param_dtype, reduce_dtype=reduce_dtype))
         for param in module.parameters(recurse=False):  # e.g. a hyper-connection's bf16 `fn`
             if param.is_floating_point():
                 param.data = param.data.to(torch.float32)
@@ -76,25 +77,34 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None)
 
 
 def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
-               expert_mesh=None) -> nn.Module:
+               expert_mesh=None, reduce_dtype: torch.dtype = torch.float32, backward_prefetch: int = 1) -> nn.Module:
     """Shard `model` (the causal LM, after long-context ops, CP, EP and recompute) in place.
 
     `compute_dtype`: the dtype the parameters are gathered in for compute (float32-exception
     modules excepted); None: as they are. `expert_mesh`: with expert parallelism, the "edp" mesh
     the routed experts (EP DTensors) are sharded over, each MoE layer's experts one group.
+    `reduce_dtype`: the gradient reduce-scatter's dtype for the compute-dtype groups (the float32
+    groups reduce in float32). `backward_prefetch`: how many decoder layers each layer's backward
+    all-gathers ahead (FSDP2's explicit prefetch list; 0: each layer names only itself, which
+    turns FSDP2's default one-layer prefetch off).
     `device` is where the model lives (unused by FSDP2 itself, kept for the callers' symmetry)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     del device
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
     grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
+    policy = _policy(param_dtype, reduce_dtype=reduce_dtype)
     for layer in model.model.layers:
         if expert_mesh is not None and getattr(layer.mlp, "ep", None) is not None:
-            fully_shard(layer.mlp.experts, mesh=expert_mesh, mp_policy=_policy(param_dtype))
+            fully_shard(layer.mlp.experts, mesh=expert_mesh, mp_policy=policy)
         if grouped:
-            _shard_fp32_modules(layer, mesh, param_dtype)
-        fully_shard(layer, mesh=mesh, mp_policy=_policy(param_dtype))
-    fully_shard(model, mesh=mesh, mp_policy=_policy(param_dtype))
+            _shard_fp32_modules(layer, mesh, param_dtype, reduce_dtype)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    layers = list(model.model.layers)
+    if backward_prefetch != 1:  # backward runs the layers in reverse: layer i prefetches i-1, i-2, ...
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - backward_prefetch):i][::-1] or [layer])
     for m in model.modules():
         if isinstance(m, FSDPModule):  # plain SUM (gloo has no PREMUL_SUM / AVG)
             m.set_gradient_divide_factor(1.0)

@@ -67,6 +67,8 @@ class ParallelContext:
     device: torch.device = torch.device("cpu")
     mesh: Any = None  # DeviceMesh ("dp", "cp") when distributed
     ep: int = 1
+    reduce_dtype: str = "float32"  # FSDP2 settings from `parallel:` (`parallel.fsdp.apply_fsdp`)
+    backward_prefetch: int = 1
     owns_process_group: bool = False
 
     @property
@@ -201,7 +203,8 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
-                          ep=ep, owns_process_group=owns)
+                          ep=ep, reduce_dtype=getattr(parallel_cfg, "reduce_dtype", "float32"),
+                          backward_prefetch=getattr(parallel_cfg, "backward_prefetch", 1), owns_process_group=owns)
     par.ep_mesh  # created now, by every rank together
     log.info("parallel: %s", par.describe())
     return par

@@ -81,7 +81,8 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
         if compute_dtype not in (None, torch.float32):
             to_master_dtype_(model)
         apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype,
-                   expert_mesh=ep_mesh["edp"] if ep_mesh is not None else None)
+                   expert_mesh=ep_mesh["edp"] if ep_mesh is not None else None,
+                   reduce_dtype=getattr(torch, parallel.reduce_dtype), backward_prefetch=parallel.backward_prefetch)
     log.info("memory strategy: recompute=%s%s, offload=%s, %d modules wrapped", memory.recompute,
              f" {memory.recompute_layers}" if memory.recompute == "selective" else "", memory.offload_layer_inputs,
              len(wrapped))

@@ -113,3 +113,43 @@ def test_fsdp_groups_float32_exceptions():
                    if p.requires_grad and "indexer" not in n)
     finally:
         dist.destroy_process_group()
+
+
+def test_bf16_reduce_scatter_and_no_backward_prefetch(tiny_shards, fp32_curve, tmp_path):
+    """`parallel.reduce_dtype: bfloat16` (gradients reduce-scattered in bf16, the float32 groups
+    still in float32) and `parallel.backward_prefetch: 0` on 2 processes: within bf16 tolerance of
+    the float32 run, and it learns."""
+    _, run = _bf16_run(tmp_path, tiny_shards, "--set", "parallel.reduce_dtype=bfloat16",
+                       "--set", "parallel.backward_prefetch=0")
+    got = records(run)
+    for step in range(1, 5):
+        assert got[step]["loss"] == pytest.approx(fp32_curve[step]["loss"], **BF16), step
+    assert got[4]["loss"] < got[1]["loss"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_backward_prefetch_and_reduce_dtype_reach_fsdp2(prefetch):
+    """The `parallel:` knobs as FSDP2 sees them: each decoder layer's explicit backward prefetch
+    list (0: itself only, FSDP2's default off; 2: the two layers before it) and the bf16
+    reduce dtype of the layer groups, float32 kept for the float32-exception groups."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from genome_lm.model import apply_long_context
+    from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
+
+    model = apply_long_context(tiny_model(dtype="bfloat16"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), torch.device("cpu"),
+                   compute_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, backward_prefetch=prefetch)
+        layers = list(model.model.layers)
+        for i, layer in enumerate(layers):
+            want = [layer] if prefetch == 0 or i == 0 else layers[max(0, i - prefetch):i][::-1]
+            got = layer._get_fsdp_state()._states_to_backward_prefetch
+            assert got == [m._get_fsdp_state() for m in want], i
+            assert layer._get_fsdp_state()._mp_policy.reduce_dtype == torch.bfloat16
+        for name, _ in fp32_modules(model):
+            assert model.get_submodule(name)._get_fsdp_state()._mp_policy.reduce_dtype == torch.float32, name
+    finally:
+        dist.destroy_process_group()
