@@ -3,12 +3,10 @@
     genome-lm eval --checkpoint C --shards S --out O --nproc 8 [--cp 2]    # one node (torch elastic)
     genome-lm eval --checkpoint C --shards S --out O --ray [ADDRESS]       # Ray, one worker per GPU
 
-Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one
-process: the dp x cp layout (`--cp`, dp = W / cp), the model built on the meta device and filled
-shard by shard (`build_model`), the windows scored in rounds of one per dp replica with idle
-forwards where a replica has fewer pieces (`rounds`, `idle_forward`), the NLL gathered on rank 0,
-which alone writes the cache and outputs (`gather_on_main`), and the launch (`launch`). The
-streaming engine and `--parity` stay one-process. Why and how: docs/parallel.md, Distributed eval.
+Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one process:
+the dp x cp layout (`--cp`, dp = W / cp), the model, the scoring rounds, the gather on rank 0 (which alone
+writes), and the launch. The streaming engine and `--parity` stay one-process. Why and how:
+docs/parallel.md, Distributed eval.
 """
 
 from __future__ import annotations
