@@ -3,18 +3,21 @@ offload of each checkpointed layer's input to (pinned) host memory.
 
 `recompute(module, offload=...)`: the forward runs without keeping activations. Without offload
 that is torch's composable `checkpoint`. With offload the module's tensor inputs are copied to
-pinned host memory on a side stream (and nothing else is kept), and the module's
-backward copies them back (on CUDA: waits for the copy out to finish, then copies back on the
-current stream, not prefetched ahead of the backward), replays the forward with the same RNG
-state and back-propagates through it. The saved input is released right after that module's
-backward. On CPU the offload copy goes to a separate host buffer, so the path is exercised
-(and tested) everywhere.
+pinned host memory on a side stream (and nothing else is kept). In backward, each offloaded
+module takes its inputs back, starts the copy back of the inputs of the module that runs
+backward next (the one before it in forward order) on the side stream, replays its forward with
+the same RNG state and back-propagates through it: the copy back overlaps a layer's backward,
+and the compute stream only waits on a CUDA event, the host never. A device input lives from
+the start of the backward before its own to the end of its own. On CPU the offload copy goes
+to a separate host buffer, so the path is exercised (and tested) everywhere. `host_bytes()`
+reports the host memory the parked inputs hold (the trainer logs the step's peak).
 
 Shapes: B batch, T tokens, S hc streams, D model dim.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -25,27 +28,83 @@ from genome_lm.model.ops.install import swap_class
 
 
 class _HostCopy:
-    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device."""
+    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device.
+
+    CUDA: the copy out runs on the offload stream after the compute stream's work so far; the
+    copy back (`prefetch`) runs on the same stream after the copy out, and `back` makes the
+    compute stream wait for it: stream order only, the host never blocks. CPU: a plain copy."""
+
+    in_use = 0  # host bytes held by live copies, and the most since `reset_peak`
+    peak = 0
 
     def __init__(self, t: torch.Tensor, stream: torch.cuda.Stream | None):
-        self.device, self.requires_grad = t.device, t.requires_grad
+        self.device, self.stream, self.nbytes, self.on_device = t.device, stream, t.nbytes, None
         if t.is_cuda:
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             stream.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(stream):
                 self.host.copy_(t, non_blocking=True)
-                self.event = torch.cuda.Event()
-                self.event.record(stream)
+                self.copied_out = torch.cuda.Event()
+                self.copied_out.record(stream)
             t.record_stream(stream)  # keep t alive until the copy is done
         else:
             self.host = t.detach().clone()
-            self.event = None
+        _HostCopy.in_use += self.nbytes
+        _HostCopy.peak = max(_HostCopy.peak, _HostCopy.in_use)
+
+    def prefetch(self) -> None:
+        """Start the copy back to the device (once)."""
+        if self.on_device is not None:
+            return
+        if self.device.type != "cuda":
+            self.on_device = self.host
+            return
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(self.copied_out)
+            self.on_device = self.host.to(self.device, non_blocking=True)
+            self.copied_in = torch.cuda.Event()
+            self.copied_in.record(self.stream)
 
     def back(self) -> torch.Tensor:
+        """The tensor on its device, usable on the current stream; the host copy is released."""
+        self.prefetch()
+        t = self.on_device
         if self.device.type == "cuda":
-            self.event.synchronize()
-            return self.host.to(self.device, non_blocking=True)
-        return self.host
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(self.copied_in)
+            t.record_stream(current)
+        self.host = self.on_device = None
+        _HostCopy.in_use -= self.nbytes
+        return t
+
+    def __del__(self):  # a graph dropped without its backward
+        if getattr(self, "host", None) is not None:
+            _HostCopy.in_use -= self.nbytes
+
+
+# Parked inputs of the offloaded modules whose backward has not run yet, in forward order (weak:
+# a graph that is dropped without a backward takes its copies with it). Backward runs them in
+# reverse, so each module's backward prefetches the inputs of the one parked before it.
+_PARKED: list[weakref.ref] = []
+
+
+def _prefetch_next() -> None:
+    while _PARKED:
+        parked = _PARKED[-1]()
+        if parked is not None:
+            for p in parked:
+                if isinstance(p, _HostCopy):
+                    p.prefetch()
+            return
+        _PARKED.pop()
+
+
+def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
+    """(host bytes the offloaded inputs hold now, the most they held since the last reset)."""
+    out = (_HostCopy.in_use, _HostCopy.peak)
+    if reset_peak:
+        _HostCopy.peak = _HostCopy.in_use
+    return out
 
 
 _OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}
@@ -59,6 +118,10 @@ def _stream_for(device: torch.device):
     return _OFFLOAD_STREAM[device]
 
 
+class _Parked(list):
+    """The parked arguments of one forward (a list that a weak reference can point to)."""
+
+
 class _Recompute(torch.autograd.Function):
     """forward(run, *tensors) -> outputs of run(*tensors), without activations; the tensors parked
     in host memory until backward."""
@@ -68,7 +131,8 @@ class _Recompute(torch.autograd.Function):
         ctx.run = run
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        ctx.parked = [_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors]
+        ctx.parked = _Parked(_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors)
+        _PARKED.append(weakref.ref(ctx.parked))
         with torch.no_grad():
             out = run(*tensors)
         outs = out if isinstance(out, tuple) else (out,)
@@ -77,8 +141,13 @@ class _Recompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        inputs = [p.back() if isinstance(p, _HostCopy) else p for p in ctx.parked]
-        del ctx.parked  # released after this module's backward
+        parked = ctx.parked
+        del ctx.parked
+        if _PARKED and _PARKED[-1]() is parked:
+            _PARKED.pop()
+        inputs = [p.back() if isinstance(p, _HostCopy) else p for p in parked]
+        del parked  # the host copies go now, the device inputs after this module's backward
+        _prefetch_next()  # the next module to run backward: its inputs come back during this one
         inputs = [t.detach().requires_grad_(t.is_floating_point() and g) if isinstance(t, torch.Tensor) else t
                   for t, g in zip(inputs, ctx.needs_input_grad[1:])]
         rng_devices = list(range(torch.cuda.device_count())) if ctx.cuda_rng is not None else []

@@ -44,6 +44,7 @@ from genome_lm.train.checkpoint import (
     save_checkpoint,
 )
 from genome_lm.train.data import SequenceStream
+from genome_lm.train.memory import host_bytes
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
@@ -234,6 +235,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 "peak_mem_bytes": int(par.max_all(memory.peak())),
                 "epoch": stream.epoch,
             }
+            if cfg.memory.offload_layer_inputs:  # pinned host memory the parked layer inputs held
+                record["offload_host_peak_bytes"] = int(par.max_all(host_bytes(reset_peak=True)[1]))
             if par.distributed:
                 record["world_size"] = par.world
             if load:
