@@ -56,11 +56,9 @@ class Assumptions(BaseModel):
     shard_over_cp: bool = Field(True, description="FSDP2 shards over the dp x cp mesh (cp ranks hold the same "
                                 "parameters, as in Megatron).")
     fsdp_prefetch_layers: int = Field(1, description="layers whose parameters FSDP2 all-gathers ahead of the one "
-                                      "computing.")
+                                      "computing in forward (backward: parallel.backward_prefetch).")
     fsdp_overlap: float = Field(1.0, ge=0, le=1, description="fraction of FSDP2 all-gather / reduce-scatter time "
                                 "hidden behind compute.")
-    reduce_dtype_bytes: int = Field(4, description="bytes per element of the gradient reduce-scatter "
-                                    "(MixedPrecisionPolicy reduce_dtype=float32).")
     adamw_temp_copies: float = Field(1.0, description="temporaries of the foreach AdamW step, in units of the "
                                      "sharded parameter bytes (sqrt(v)).")
     # --- memory capacity ---

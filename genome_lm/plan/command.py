@@ -37,8 +37,8 @@ class PlanParams(BaseModel):
                                  "GB = 10^9 bytes; default: the GPU's)")
     host_mem: Size | None = Field(default=None, description="host memory per node, e.g. 2TiB (default 2 TiB)")
     cp: int | None = Field(default=None, ge=1, description="context-parallel ranks (default: experiment's, else 1)")
-    ep: int | Literal["auto"] = Field(default=1, description="expert-parallel ranks (modelled; genome_lm.train "
-                                      "uses 1); 'auto' lets --fit choose")
+    ep: int | Literal["auto"] | None = Field(default=None, description="expert-parallel ranks (default: the "
+                                             "experiment's parallel.ep, else 1); 'auto' lets --fit choose")
     recompute: Literal["none", "per-layer"] | None = Field(default=None, description="recompute policy (overrides)")
     offload: bool | None = Field(default=None, description="offload layer inputs to host memory")
     overrides: list[str] = Field(default=[], json_schema_extra={"flag": "--set", "repeat": True, "metavar": "KEY=V"},
@@ -102,7 +102,7 @@ def build(args):
         layout = layout.replace(recompute=args.recompute, recompute_layers=())
     if args.offload is not None:
         layout = layout.replace(offload=args.offload)
-    ep_choices = _ep_choices(args.ep, cluster)
+    ep_choices = _ep_choices(layout.ep if args.ep is None else args.ep, cluster)
     layout = layout.replace(ep=ep_choices[0] if args.ep != "auto" else 1)
     layout.check()
     assume = Assumptions().override(args.assume)

@@ -27,7 +27,7 @@ class Layout:
     seq_len: int  # tokens per sequence (one sequence per CP group per micro-batch)
     cp: int = 1
     dp: int = 1
-    ep: int = 1  # expert parallelism: routed experts split over ep ranks (not in genome_lm.train yet)
+    ep: int = 1  # expert parallelism: routed experts split over ep ranks (parallel.ep)
     micro_batch: int = 1
     grad_accum: int = 1
     recompute: str = "none"
@@ -39,6 +39,8 @@ class Layout:
     dsa_block_queries: int = 1024
     loss_chunk_tokens: int = 4096
     kda_chunk: int = 64
+    reduce_bytes: int = 4  # FSDP2 gradient reduce-scatter: 4 float32, 2 bfloat16 (parallel.reduce_dtype)
+    backward_prefetch: int = 1  # layers all-gathered ahead in backward (parallel.backward_prefetch)
 
     @property
     def gpus(self) -> int:
@@ -81,6 +83,8 @@ class Layout:
     def describe(self) -> str:
         rec = self.recompute + (f"[{','.join(self.recompute_layers)}]" if self.recompute == "selective" else "")
         parts = [f"cp={self.cp}", f"dp={self.dp}"] + ([f"ep={self.ep}"] if self.ep > 1 else [])
+        parts += [f"reduce={'bf16' if self.reduce_bytes == 2 else 'fp32'}"] if self.reduce_bytes != 4 else []
+        parts += [f"bwd_prefetch={self.backward_prefetch}"] if self.backward_prefetch != 1 else []
         parts += [f"recompute={rec}", f"offload={'on' if self.offload else 'off'}",
                   f"moe_recompute={'on' if self.moe_recompute else 'off'}",
                   f"moe_block={format_size(self.moe_block_tokens)}", f"dsa_block={format_size(self.dsa_block_queries)}",
@@ -102,7 +106,8 @@ def layout_from_config(cfg, gpus: int | None = None) -> Layout:
             raise GenomeLMError(f"parallel.cp={par.cp} x parallel.dp={dp} = {dp * par.cp} GPUs, but --gpus {gpus}; "
                                 "set parallel.dp: auto or change --gpus")
     layout = Layout(
-        seq_len=cfg.data.seq_len, cp=par.cp, dp=dp, micro_batch=cfg.train.micro_batch,
+        seq_len=cfg.data.seq_len, cp=par.cp, dp=dp, ep=par.ep, micro_batch=cfg.train.micro_batch,
+        reduce_bytes=2 if par.reduce_dtype == "bfloat16" else 4, backward_prefetch=par.backward_prefetch,
         grad_accum=cfg.train.grad_accum, recompute=mem.recompute, recompute_layers=tuple(mem.recompute_layers),
         offload=mem.offload_layer_inputs, moe_recompute=mem.moe_recompute, hc_recompute=hc_recompute_available(),
         moe_block_tokens=mem.moe_block_tokens, dsa_block_queries=mem.dsa_block_queries,

@@ -115,8 +115,9 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         persistent["fsdp_root_unsharded"] = m.root_param_bytes  # embeddings, final norm, LM head
     layer_grads = [MASTER_BYTES * lay.param_count // F for lay in m.layers]
     root_grads = MASTER_BYTES * (m.param_count - sum(lay.param_count for lay in m.layers)) // F
-    prefetch = 1 + assume.fsdp_prefetch_layers
-    red = assume.reduce_dtype_bytes / a
+    prefetch = 1 + assume.fsdp_prefetch_layers  # forward: FSDP2's implicit prefetch
+    prefetch_bwd = 1 + layout.backward_prefetch
+    red = layout.reduce_bytes / a
 
     by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
     for lay in m.layers:
@@ -153,7 +154,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         kept_before -= keeps[i][0]
         grads += layer_grads[i]
         U = unsharded_layer_bytes(lay, layout)
-        comm = (prefetch * U + U + int(U * red)) if fsdp else 0
+        comm = (prefetch_bwd * U + U + int(U * red)) if fsdp else 0
         saved, transient, op = _walk_backward(ops)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
               op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=comm, gradients=grads,

@@ -114,9 +114,8 @@ def limits(plan: Plan) -> list[str]:
 def notes(plan: Plan) -> list[str]:
     out = []
     if plan.layout.ep > 1:
-        out.append(f"ep={plan.layout.ep}: expert parallelism is modelled but genome_lm.train shards experts with "
-                   "FSDP2 only (issue 6); the busiest expert rank is assumed "
-                   f"{plan.assume.expert_imbalance:g}x the mean")
+        out.append(f"ep={plan.layout.ep}: the busiest expert rank is assumed {plan.assume.expert_imbalance:g}x the "
+                   "mean (the trainer logs it per step: ep_rank_imbalance)")
     if plan.layout.cp > plan.cluster.gpus_per_node:
         out.append(f"cp={plan.layout.cp} spans nodes: CP all-gathers go over the network")
     return out

@@ -111,7 +111,7 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     if layout.gpus > 1:
         bw = _link(cluster, F, assume)
         per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
-        volume = per_layer * (2 + assume.reduce_dtype_bytes / a) * (F - 1) / F * layout.grad_accum
+        volume = per_layer * (2 + layout.reduce_bytes / a) * (F - 1) / F * layout.grad_accum
         fsdp = volume / bw
         parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * layout.grad_accum) / layout.grad_accum
     if layout.cp > 1:
