@@ -95,6 +95,7 @@ def _train(args) -> None:
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
         dry_run(cfg, world=run.nproc)
+        _planned_peak(p, run.nproc)
     elif run.ray is not None or (run.nproc or 1) > 1:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.launch import train_job
@@ -106,6 +107,18 @@ def _train(args) -> None:
             run_ray(job, run.ray or None, run.nproc)
     else:
         train(cfg, out=p.out, resume=p.resume)
+
+
+def _planned_peak(p: TrainParams, world: int | None) -> None:
+    """The planner's verdict for the dry run's layout (`genome-lm plan` has the whole report)."""
+    from genome_lm.plan.command import PlanParams, build
+    from genome_lm.plan.planner import make_plan
+
+    plan = make_plan(*build(PlanParams(experiment=p.experiment, overrides=p.overrides, gpus=world))[:4])
+    gib = 2**30
+    print(f"planner ({plan.cluster.gpus} x {plan.device}): peak {plan.peak_gpu_bytes / gib:,.1f} GiB per GPU at "
+          f"{plan.memory.peak_where}; {'fits' if plan.fits else 'DOES NOT FIT: ' + '; '.join(plan.problems)} "
+          f"(genome-lm plan {p.experiment} for the breakdown)")
 
 
 def _export(args) -> None:

@@ -35,6 +35,12 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
     total, per_rank, itemsize = _parameters(model, world)
     n_kda = c.layer_types.count("linear_attention")
     K, H = c.linear_head_dim, c.linear_num_heads
+    ep, E, k = cfg.parallel.ep, c.n_routed_experts, c.num_experts_per_tok
+    rows = B * max(lengths) * k
+    experts = [f"  EP over groups of {ep} ranks ({world // ep} groups): {E // ep} of {E} routed experts per rank; each "
+               f"MoE layer sends and receives {rows:,} token-expert rows x {c.hidden_size} per micro-batch "
+               f"(all-to-all, {_gib(rows * c.hidden_size * itemsize)} each way, in blocks of "
+               f"{cfg.memory.moe_block_tokens:,} tokens)"] if ep > 1 else []
     return [
         f"layout: {world} ranks = dp {dp} x cp {cp}; global batch {dp * B * cfg.train.grad_accum} sequences per step",
         f"  CP slabs per sequence: {slabs} (bounds {bounds if cp <= 8 else '...'})",
@@ -43,8 +49,11 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
         f"{[B, cp * (c.linear_conv_kernel_dim - 1), 3 * H * K]}",
         f"  DSA layers ({len(c.layer_types) - n_kda}): all-gather latent {[B, T, c.kv_lora_rank]} and index keys "
         f"{[B, T, c.index_head_dim]}",
-        f"  FSDP2 over {world} ranks: {per_rank:,} of {total:,} parameters per rank "
-        f"({_gib(per_rank * itemsize)} weights + {_gib(per_rank * itemsize * 2)} AdamW state)",
+        *experts,
+        f"  FSDP2 over {world} ranks{f' (the EP experts over the {world // ep} ranks holding the same ones)' if ep > 1 else ''}: "
+        f"{per_rank:,} of {total:,} parameters per rank "
+        f"({_gib(per_rank * itemsize)} weights + {_gib(per_rank * itemsize * 2)} AdamW state); reduce-scatter in "
+        f"{cfg.parallel.reduce_dtype}, backward prefetch {cfg.parallel.backward_prefetch} layer(s)",
     ]
 
 
@@ -84,7 +93,7 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
         f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
         f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}",
         _precision_line(cfg, model),
-        f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}",
+        f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}, ep={cfg.parallel.ep}",
         *layout_lines(model, cfg, world),
         _init_line(cfg, model, world),
         _checkpoint_line(cfg),
