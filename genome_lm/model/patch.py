@@ -6,6 +6,8 @@ Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
     moe   every `Glm5NextTextMoE`              -> `BlockedGlm5NextTextMoE` (`ops/moe/chunk.py`)
     hc    every `Glm5NextTextHyperConnection`  -> `RecomputedHyperConnection` (`ops/hc/layer.py`):
           its intermediates are recomputed in backward instead of kept
+    norm  every `Glm5NextTextRMSNorm`          -> `LeanRMSNorm` (`ops/norm/rms.py`): keeps only its
+          input for backward (the decoder layers' norms, DSA's LoRA norms, the final norm)
     loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk
 Each class is a subclass of the upstream one (`ops/install.py` says how it is installed);
 `print(model)` shows the classes and their settings, `model.long_context` the settings applied.
@@ -24,6 +26,7 @@ from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import route_cpu_to_torch
 from genome_lm.settings import ALL_OPS, DEFAULTS, LongContextSettings
 
@@ -49,6 +52,7 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
         "moe": (BlockedGlm5NextTextMoE, {"block_tokens": settings.moe_block_tokens,
                                          "recompute": settings.moe_recompute}),
         "hc": (RecomputedHyperConnection, {}),
+        "norm": (LeanRMSNorm, {}),
     }
     for op in settings.ops:
         if op in classes:

@@ -269,7 +269,7 @@ def test_upstream_fallbacks_context_restores():
 
 
 def test_streaming_steps_equal_one_pass():
-    _, layer = tiny_layer(4)
+    layer = LongKDA.install(tiny_layer(4)[1])
     x = torch.randn(2, 90, 64, generator=torch.Generator().manual_seed(4), requires_grad=True)
     full, _ = kda_layer_step(layer, x)
     (full * full).sum().backward()

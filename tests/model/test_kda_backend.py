@@ -46,7 +46,7 @@ def test_fla_backend_on_cpu_needs_the_interpreter(monkeypatch):
 
 def test_missing_fla_is_an_error_naming_the_fix(monkeypatch):
     # what a CUDA call meets without the gpu extra: no silent fallback to the torch op
-    monkeypatch.setattr(_fla, "_import_fla_chunk_kda", lambda: MISSING)
+    monkeypatch.setattr(_fla, "_import_fla", lambda module, name: MISSING)
     monkeypatch.setattr(chunk_mod, "use_fla", lambda device_type: True)
     q, k, v, g, beta, _ = make_inputs(0, T=5)
     with pytest.raises(GenomeLMError) as err:
@@ -61,7 +61,7 @@ def test_fla_import_failure_is_reported_not_raised(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "fla.ops.kda", None)  # makes the import raise ImportError
-    fn, error = _fla._import_fla_chunk_kda.__wrapped__()
+    fn, error = _fla._import_fla.__wrapped__("fla.ops.kda", "chunk_kda")
     assert fn is None and error.startswith("ModuleNotFoundError: ")
 
 

@@ -6,25 +6,120 @@ RMS-normalises the streams in float32, projects them to (2 + S)·S logits per to
 intermediate: the float32 copy of the streams and its normalised version (2·S·D floats per token)
 and ~2·iters [S, S] matrices (sizes: docs/model.md, "Hyper-connections").
 
-`RecomputedHyperConnection` runs the same forward under non-reentrant activation checkpointing: what is
-kept for backward is only the input streams (alive anyway: the decoder layer's residual) and the
-outputs (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]); the intermediates are rebuilt
-for backward from the input. Everything is per token, so the rebuild is exact (same ops, same
-inputs). Without autograd (inference, or inside a recomputed layer's no-grad forward) it is
-upstream's forward as is.
+`RecomputedHyperConnection` runs the same forward (`lean_hc_forward`) under non-reentrant
+activation checkpointing: what is kept for backward is only the input streams (alive anyway: the
+decoder layer's residual) and the outputs (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]);
+the intermediates are rebuilt for backward from the input. Everything is per token, so the
+rebuild is exact (same ops, same inputs). The two steps that touch [T, S·D] — the normalised
+projection to logits (`hc_logits`) and the weighted sum of the streams (`hc_collapse`) — are one
+autograd function each that keeps the compute-dtype streams, not a float32 copy, and works in
+blocks of tokens, so the recompute in backward never holds a float32 [T, S·D] tensor either.
+Without autograd (inference, or inside a recomputed layer's no-grad forward) it is the same
+forward without the checkpoint. The plain reference is upstream's forward (`upstream_hc_forward`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.norm.rms import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 
-__all__ = ["RecomputedHyperConnection", "upstream_hc_forward"]
+__all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "upstream_hc_forward"]
 
 upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
+ROW_BLOCK = 4096  # tokens per block of the float32 [S·D] temporaries
+
+
+class HCLogitsFunction(torch.autograd.Function):
+    """x [N, S·D] (compute dtype), fn [L, S·D] -> linear(rmsnorm(x.float()), fn.float()) [N, L] float32."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty(x.shape[0], fn.shape[0], dtype=torch.float32, device=x.device)
+        w = fn.float()
+        for a, b in row_blocks(x.shape[0], ROW_BLOCK):
+            xf = x[a:b].float()
+            out[a:b] = F.linear(xf * rstd_of(xf, eps), w)
+        ctx.save_for_backward(x, fn)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, fn = ctx.saved_tensors
+        w = fn.float()
+        dx = torch.empty_like(x)
+        dfn = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
+        for a, b in row_blocks(x.shape[0], ROW_BLOCK):
+            xf = x[a:b].float()
+            rstd = rstd_of(xf, ctx.eps)
+            xhat = xf * rstd
+            d = dy[a:b].float()
+            dfn += d.T @ xhat
+            dx[a:b] = rms_backward(d @ w, xhat, rstd).to(x.dtype)
+        return dx, dfn.to(fn.dtype), None
+
+
+class HCCollapseFunction(torch.autograd.Function):
+    """pre [..., S] float32, streams [..., S, D] -> (pre[..., None] · streams).sum(S) [..., D] in streams' dtype."""
+
+    @staticmethod
+    def forward(ctx, pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+        S, D = streams.shape[-2:]
+        p2, s2 = pre.reshape(-1, S), streams.reshape(-1, S, D)  # [N, S], [N, S, D]
+        out = torch.empty(*streams.shape[:-2], D, dtype=streams.dtype, device=streams.device)
+        o2 = out.view(-1, D)  # the output itself is no view (FSDP2 hooks a module's outputs)
+        for a, b in row_blocks(s2.shape[0], ROW_BLOCK):
+            o2[a:b] = (p2[a:b, :, None] * s2[a:b]).sum(dim=1).to(streams.dtype)
+        ctx.save_for_backward(pre, streams)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        pre, streams = ctx.saved_tensors
+        S, D = streams.shape[-2:]
+        p2, s2, d2 = pre.reshape(-1, S), streams.reshape(-1, S, D), dy.reshape(-1, D)
+        dpre, dstreams = torch.empty_like(p2), torch.empty_like(s2)
+        for a, b in row_blocks(s2.shape[0], ROW_BLOCK):
+            d = d2[a:b, None, :].float()  # the sum's grad, [n, 1, D]
+            dpre[a:b] = (d * s2[a:b]).sum(-1).to(pre.dtype)
+            dstreams[a:b] = (d * p2[a:b, :, None]).to(streams.dtype)
+        return dpre.view_as(pre), dstreams.view_as(streams)
+
+
+def hc_logits(streams: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
+    """streams [B, T, S, D], fn [L, S·D] -> [B, T, L] float32: upstream's flatten, float32 RMS norm, projection."""
+    B, T = streams.shape[:2]
+    return HCLogitsFunction.apply(streams.reshape(B * T, -1), fn, eps).view(B, T, -1)
+
+
+def hc_collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """pre [B, T, S], streams [B, T, S, D] -> [B, T, D]: upstream's collapse (float32 sum, cast to streams')."""
+    return HCCollapseFunction.apply(pre, streams)
+
+
+def lean_hc_forward(self, hidden_streams: torch.Tensor):
+    """`upstream_hc_forward` with its [T, S·D] steps as `hc_logits` and `hc_collapse`: same values."""
+    hc = self.hc_mult
+    logits = hc_logits(hidden_streams, self.fn, self.input_norm.eps)  # [B, T, (2 + S)·S]
+    pre_w, post_w, comb_w = logits.split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
+    pre_scale, post_scale, comb_scale = self.scale.unbind(0)
+    comb_w = comb_w.view(*comb_w.shape[:-1], hc, hc)
+    comb_b = comb_b.view(hc, hc)
+
+    pre = torch.sigmoid(pre_w * pre_scale + pre_b) + self.hc_eps
+    post = 2 * torch.sigmoid(post_w * post_scale + post_b)
+    comb = torch.softmax(comb_w * comb_scale + comb_b, dim=-1) + self.hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)  # Sinkhorn, as upstream
+    for _ in range(self.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+    return post, comb, hc_collapse(pre, hidden_streams)
 
 
 class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnection):
@@ -39,5 +134,5 @@ class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnecti
     def forward(self, hidden_streams: torch.Tensor):
         if torch.is_grad_enabled() and (hidden_streams.requires_grad
                                         or any(p.requires_grad for p in self.parameters())):
-            return checkpoint(upstream_hc_forward, self, hidden_streams, use_reentrant=False)
-        return upstream_hc_forward(self, hidden_streams)
+            return checkpoint(lean_hc_forward, self, hidden_streams, use_reentrant=False)
+        return lean_hc_forward(self, hidden_streams)

@@ -1,6 +1,7 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-Backend, read at every call from the environment (so it reaches spawned worker processes):
+Backend of every KDA kernel (the recurrent op, the short convolution, the gated output norm), read
+at every call from the environment (so it reaches spawned worker processes):
 
     GENOME_LM_KDA_BACKEND=auto   (default, or unset) CUDA tensors -> fla's Triton kernels,
                                  every other device -> genome_lm's torch op
@@ -13,8 +14,9 @@ On CUDA fla is not optional: when it does not import (missing, or Triton broken)
 `GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a silent fallback to torch.
 
 `import fla` imports every Triton op and fails where Triton is missing, so fla's kernels are
-imported lazily (`fla_chunk_kda`), and the pure-torch references are loaded straight from their
-source file (`load_fla_reference`), which needs only torch and einops.
+imported lazily (`fla_chunk_kda`, `fla_causal_conv1d`, `fla_rms_norm_gated`), and the pure-torch
+references are loaded straight from their source file (`load_fla_reference`), which needs only
+torch and einops.
 """
 
 import functools
@@ -59,24 +61,40 @@ def use_fla(device_type: str) -> bool:
 
 
 @functools.cache
-def _import_fla_chunk_kda() -> tuple[Callable | None, str]:
+def _import_fla(module: str, name: str) -> tuple[Callable | None, str]:
     try:
-        from fla.ops.kda import chunk_kda
+        fn = getattr(importlib.import_module(module), name)
     except Exception as exc:  # ImportError, or Triton/driver errors raised at import time
         first_line = (str(exc).strip().splitlines() or [""])[0]
         return None, (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)
-    return chunk_kda, ""
+    return fn, ""
+
+
+def fla_function(module: str, name: str) -> Callable:
+    """`module.name` from fla (e.g. "fla.ops.kda", "chunk_kda"); `GenomeLMError` naming the fix when
+    fla or its Triton kernels do not import."""
+    fn, error = _import_fla(module, name)
+    if fn is None:
+        raise GenomeLMError(
+            f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
+            f"`{GPU_EXTRA_FIX}`, or set {BACKEND_ENV}=torch for genome_lm's slower torch ops"
+        )
+    return fn
 
 
 def fla_chunk_kda() -> Callable:
-    """`fla.ops.kda.chunk_kda`; `GenomeLMError` naming the fix when fla or its Triton kernels do not import."""
-    fn, error = _import_fla_chunk_kda()
-    if fn is None:
-        raise GenomeLMError(
-            f"fla's KDA kernels (flash-linear-attention) do not import ({error}); install them with "
-            f"`{GPU_EXTRA_FIX}`, or set {BACKEND_ENV}=torch for genome_lm's slower torch op"
-        )
-    return fn
+    """`fla.ops.kda.chunk_kda` (see `fla_function`)."""
+    return fla_function("fla.ops.kda", "chunk_kda")
+
+
+def fla_causal_conv1d() -> Callable:
+    """`fla.modules.causal_conv1d.causal_conv1d`, the kernel behind `fla.modules.ShortConvolution`."""
+    return fla_function("fla.modules.causal_conv1d", "causal_conv1d")
+
+
+def fla_rms_norm_gated() -> Callable:
+    """`fla.modules.norm.fused_norm_gate.rms_norm_gated`, the function behind `fla.modules.FusedRMSNormGated`."""
+    return fla_function("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:

@@ -13,7 +13,10 @@ carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channe
 Memory: the [C, C, K] decay tensor of upstream's fallback is never built; the scores A are
 plain [C, C] matmuls of decay-rescaled q/k. Chunks are processed in segments (16 chunks);
 under autograd each segment is recomputed in backward (torch checkpoint), so what stays alive
-is the inputs, the output and one [K, V] state per segment: O(T·H·(K + V)) in all.
+is the inputs, the output and one [K, V] state per segment: O(T·H·(K + V)) in all. With
+`use_gate_in_kernel` (as fla's argument) g is the forget gate's raw input and each segment
+applies the gate itself (`gate.kda_gate`), so the input kept is raw g in the compute dtype, not
+the float32 log decay.
 
 Stability: exp() is only ever taken of non-positive numbers (g <= 0), so nothing overflows
 for any decay strength (upstream's bound -5, or none). For A this uses a binary split of the
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, use_fla
+from genome_lm.model.ops.kda.gate import kda_gate
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
@@ -45,6 +49,10 @@ def chunk_kda(
     output_final_state: bool = False,
     chunk_size: int = 64,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
 
@@ -58,6 +66,10 @@ def chunk_kda(
         output_final_state: return the state after the last token.
         chunk_size: tokens per chunk (a power of two); the torch path shrinks it for short T.
         use_qk_l2norm_in_kernel: l2-normalise q and k (in fp32) first, as upstream's layer asks.
+        use_gate_in_kernel: g is the forget gate's raw input (compute dtype) and the op applies
+            the gate, `gate.kda_gate(g, A_log, dt_bias, lower_bound)` (A_log `[HV]`, dt_bias
+            `[HV·K]`), as fla's argument of that name: fla's kernel with `safe_gate` for a bound
+            in [-5, 0); the torch path per checkpointed segment, so only raw g is kept.
 
     Returns:
         `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
@@ -68,7 +80,10 @@ def chunk_kda(
     (CPU tensors under Triton's interpreter, for tests), `=torch` none. The torch path computes in
     fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
+    gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if use_fla(q.device.type):
+        if use_gate_in_kernel:  # fla's safe gate (its fast path) takes bounds in [-5, 0) only
+            gate["safe_gate"] = lower_bound is not None and -5 <= lower_bound < 0
         o, S = fla_chunk_kda()(
             q=q,
             k=k,
@@ -80,10 +95,11 @@ def chunk_kda(
             output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             chunk_size=chunk_size if chunk_size in (32, 64) else 64,  # fla's kernels take 32 or 64
+            **gate,
         )
         return o.to(q.dtype), (S.float() if S is not None else None)
     return chunk_kda_torch(
-        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel, **gate
     )
 
 
@@ -98,6 +114,10 @@ def chunk_kda_torch(
     output_final_state: bool = False,
     chunk_size: int = 64,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float | None = None,
     segment_chunks: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pure-torch path of `chunk_kda` (any device); same arguments and returns.
@@ -113,32 +133,37 @@ def chunk_kda_torch(
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
-    opts = dict(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size, l2norm_qk=use_qk_l2norm_in_kernel)
+    opts = dict(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size, l2norm_qk=use_qk_l2norm_in_kernel,
+                gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
+    gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     if T == 0:
         return v.new_zeros(B, 0, HV, V, dtype=q.dtype), (S if output_final_state else None)
 
     recompute = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state, *gate_params)
     )
     step = segment_chunks * chunk_size
     outs = []
     # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
     for piece in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
         if recompute:
-            o, S = checkpoint(_kda_segment, *piece, S, use_reentrant=False, **opts)
+            o, S = checkpoint(_kda_segment, *piece, S, *gate_params, use_reentrant=False, **opts)
         else:
-            o, S = _kda_segment(*piece, S, **opts)
+            o, S = _kda_segment(*piece, S, *gate_params, **opts)
         outs.append(o)
     o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
     return o, (S if output_final_state else None)
 
 
-def _kda_segment(q, k, v, g, beta, S, scale: float, chunk_size: int, l2norm_qk: bool):
+def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: int, l2norm_qk: bool,
+                 gate_in_kernel: bool, lower_bound: float | None):
     """KDA over one segment: `[B, T, H, K]`-shaped inputs, `S` `[B, HV, K, V]` fp32 -> (o, S)."""
     dtype = q.dtype
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
+    if gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)  # [B, T, HV, K] float32
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if l2norm_qk:
         q, k = l2norm(q), l2norm(k)

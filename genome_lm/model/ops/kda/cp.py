@@ -42,12 +42,13 @@ def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
 
 
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False):
-    """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`."""
+                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, **gate):
+    """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`
+    (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **gate)
     Bsz, T, HV, V = v.shape
     K = q.shape[-1]
     o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]

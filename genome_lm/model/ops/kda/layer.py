@@ -12,6 +12,11 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     beta = sigmoid(b_proj(x))    # [B, T, H]
     o    = KDA(l2norm(q), l2norm(k), v, g, beta)                          # [B, T, H, V]
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
+
+The conv + SiLU, the forget gate and the gated output norm compute in float32 upstream, and
+autograd keeps their float32 intermediates; here each is one op that keeps its compute-dtype
+inputs and recomputes the rest (`conv.py`, `gate.py`, `norm.py`, fla's kernels on CUDA), and the
+gate is applied inside the recurrent op as fla's `use_gate_in_kernel` does.
 """
 
 from dataclasses import dataclass
@@ -19,10 +24,12 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
+from genome_lm.model.ops.kda.gate import KDAForgetGate
+from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
 from genome_lm.settings import DEFAULTS
 
@@ -50,14 +57,14 @@ def kda_layer_step(
     chunk_size: int | None = None,
     kda_core: Callable | None = None,
 ) -> tuple[torch.Tensor, KDAState]:
-    """Run one `Glm5NextTextLinearAttention` over the next piece of a sequence.
+    """Run one KDA layer over the next piece of a sequence.
 
     Args:
-        module: an upstream `Glm5NextTextLinearAttention` (its parameters are used as they are).
+        module: a `LongKDA` (its parameters are used as they are; `LongKDA.install` an upstream one).
         hidden_states: `[B, T, D]` the next T tokens (T >= 1).
         state: the `KDAState` after the previous tokens, or None at sequence start.
         attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
-        chunk_size: chunk of `chunk_kda`; default `module.chunk_size` (a `LongKDA`) or 64.
+        chunk_size: chunk of `chunk_kda`; default `module.chunk_size`.
         kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
             parallelism (`genome_lm.parallel`) passes one that composes the incoming state
             across ranks.
@@ -66,9 +73,16 @@ def kda_layer_step(
         `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
         gives the same outputs as one pass over the whole sequence. Purely functional (no
         in-place updates), so gradients flow through the carried state too.
+
+    What it keeps for backward, in the compute dtype: the input, the projections `[q | k | v]`
+    before and after the conv, the gate's raw input, beta, the low-rank gate activations, the
+    core's output and the output gate (`conv.py`, `gate.py`, `norm.py`; the core's own in
+    `chunk.py`).
     """
+    if not isinstance(module.conv1d, KDAShortConv):
+        raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
     if chunk_size is None:
-        chunk_size = getattr(module, "chunk_size", 64)
+        chunk_size = module.chunk_size
     if attention_mask is not None:  # upstream apply_mask_to_padding_states
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
     B, T, _ = hidden_states.shape
@@ -76,36 +90,31 @@ def kda_layer_step(
 
     mixed = torch.cat(
         [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
-    ).transpose(1, 2)  # [B, 3·H·K, T]
-    width = module.conv_kernel_size
-    if state is None:
-        prev = mixed.new_zeros(B, mixed.shape[1], width - 1)
-    else:
-        prev = state.conv_state.to(mixed.dtype)
-    full = torch.cat([prev, mixed], dim=-1)  # [B, 3·H·K, W-1+T]
-    # upstream's depthwise Conv1d (weight [3·H·K, 1, W], float32 upstream), called as a module so
-    # that a sharded conv1d is gathered; padding 0 once patched (W-1 as upstream builds it): the
-    # valid convolution of [prefix | x] is [B, 3·H·K, T]
-    pad = module.conv1d.padding[0]
-    qkv = module.conv1d(full.to(module.conv1d.weight.dtype))[..., pad : pad + T]
-    qkv = ACT2FN[module.activation](qkv).to(hidden_states.dtype)
-    new_conv_state = full[..., full.shape[-1] - (width - 1) :]  # [B, 3·H·K, W-1]
+    )  # [B, T, 3·H·K]
+    prev = None if state is None else state.conv_state  # [B, 3·H·K, W-1]
+    # called as a module, so that a sharded conv1d (float32) is gathered
+    qkv = module.conv1d(mixed, prev)  # silu(causal depthwise conv), [B, T, 3·H·K]
+    new_conv_state = conv_tail(mixed, prev, module.conv_kernel_size)  # [B, 3·H·K, W-1]
 
-    query, key, value = qkv.transpose(1, 2).split([module.qkv_dim] * 3, dim=-1)
+    query, key, value = qkv.split([module.qkv_dim] * 3, dim=-1)
     query, key, value = query.view(head_shape), key.view(head_shape), value.view(head_shape)  # [B, T, H, K]
-    g = module.forget_gate(hidden_states)  # [B, T, H, K] fp32, log space
+    raw_gate, A_log, dt_bias = module.forget_gate(hidden_states)  # the gate's inputs; the core applies it
     beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
 
     core, recurrent = (kda_core or chunk_kda)(
         query,
         key,
         value,
-        g,
+        raw_gate.view(head_shape),
         beta,
         initial_state=None if state is None else state.recurrent_state,
         output_final_state=True,
         chunk_size=chunk_size,
         use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        lower_bound=module.forget_gate.safe_gate_lower_bound,
     )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
@@ -117,9 +126,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
     Settings: `chunk_size` of `chunk_kda`; `cp`, a `CPContext` once `apply_context_parallel` ran
-    (then the layer runs its rank's slab, `ops/kda/cp.py`). The conv's padding is 0 once installed
-    (upstream never calls `conv1d`'s forward: its causal conv reads the weight), so
-    `kda_layer_step`'s call is exactly the valid convolution, without padded columns.
+    (then the layer runs its rank's slab, `ops/kda/cp.py`). Installing it also installs its
+    parts that keep only compute-dtype inputs for backward (same parameters and names):
+    `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv reads
+    the weight), `forget_gate` -> `KDAForgetGate`, `o_norm` -> `KDAOutputNorm`.
     """
 
     upstream = Glm5NextTextLinearAttention
@@ -130,7 +140,9 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = int(chunk_size)
-        self.conv1d.padding = (0,)
+        KDAShortConv.install(self.conv1d, activation=self.activation)
+        KDAForgetGate.install(self.forget_gate)
+        KDAOutputNorm.install(self.o_norm)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}, cp={self.cp}"

@@ -8,9 +8,15 @@ at a time so that it is obviously correct. Per value head, with state S in R^{K 
     o_t = S_t^T (scale * q_t)
 
 GVA: q and k have H heads, v / g / beta have HV = G * H heads; value head h reads q/k head h // G.
+
+`naive_short_conv` is the layer's short convolution as it was written before `conv.short_conv`
+(float32 conv of the concatenated [prev | x], SiLU, cast): its reference. The forget gate's and
+the output norm's references are upstream's forwards (`gate.upstream_forget_gate`,
+`ops.norm.upstream_gated_rms_norm`).
 """
 
 import torch
+import torch.nn.functional as F
 
 
 def naive_recurrent_kda(
@@ -59,3 +65,14 @@ def naive_recurrent_kda(
         S = S + torch.einsum("b h k, b h v -> b h k v", b_t[..., None] * k_t, v_t - v_old)
         o[:, t] = torch.einsum("b h k, b h k v -> b h v", q_t, S)
     return o.to(dtype), (S if output_final_state else None)
+
+
+def naive_short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(causal depthwise conv), the plain way: x `[B, T, C]`, weight `[C, 1, W]`, prev `[B, C, W-1]`
+    (None: zeros) -> `[B, T, C]` in x's dtype, computed in the weight's dtype."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    prev = x.new_zeros(B, C, W - 1) if prev is None else prev.to(x.dtype)
+    full = torch.cat([prev, x.transpose(1, 2)], dim=-1)  # [B, C, W-1+T]
+    out = F.silu(F.conv1d(full.to(weight.dtype), weight, groups=C))  # [B, C, T]
+    return out.to(x.dtype).transpose(1, 2)

@@ -1,0 +1,37 @@
+"""KDA's gated output norm as one op that keeps only its compute-dtype inputs for backward.
+
+Upstream's `o_norm` (`Glm5NextTextRMSNormGated`, the reference: `upstream_gated_rms_norm`)
+computes `weight · rmsnorm(o) · sigmoid(gate)` in float32 over each head's V channels and keeps
+four float32 [B, T, H, V] tensors for backward. `KDAOutputNorm` is that module (its `weight`
+unchanged) computing the same with the input o and the gate kept in the compute dtype:
+  - CUDA (`GENOME_LM_KDA_BACKEND`, see `_fla`): fla's `rms_norm_gated` with a sigmoid gate (the
+    function of `fla.modules.FusedRMSNormGated`; it also keeps the per-row rstd, 4 bytes per head);
+  - otherwise `ops.norm.gated_rms_norm` (torch, recomputes the row statistics in backward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.kda._fla import fla_rms_norm_gated, use_fla
+from genome_lm.model.ops.norm.rms import gated_rms_norm, upstream_gated_rms_norm
+from genome_lm.model.upstream import glm
+
+__all__ = ["KDAOutputNorm", "upstream_gated_rms_norm"]
+
+
+class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
+    """`Glm5NextTextRMSNormGated`: forward(o [..., V], gate [..., V]) -> [..., V] in o's dtype."""
+
+    upstream = glm.Glm5NextTextRMSNormGated
+
+    def configure(self) -> None:
+        if self.activation != "sigmoid":
+            raise NotImplementedError(f"KDA output norm with a {self.activation!r} gate; only sigmoid")
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if use_fla(hidden_states.device.type):
+            return fla_rms_norm_gated()(x=hidden_states, g=gate, weight=self.weight, bias=None, activation="sigmoid",
+                                        eps=self.variance_epsilon)
+        return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)
