@@ -8,6 +8,17 @@ when fla is importable): `triton.jit` picks the interpreter at decoration time.
 2. Loop variables: in compiled Triton the variable of a `range`/`tl.range` loop over runtime
    bounds is a tensor; the interpreter makes it a Python int, and fla calls `i_t.to(tl.int64)`.
    Such loops are rewritten so the variable is an int32 tensor (static loops keep ints).
+3. Masks: a mask combined from a `tl.static_range` index and a runtime bound (fla's
+   `causal_conv1d` backward: `(t < seq_len) & m_d`) comes out int32 in the interpreter, whose
+   masked loads and stores take only bool; such a mask is cast to bool (nonzero = true), as
+   compiled Triton reads it.
+4. Builtins under another name: the interpreter hands `triton.language`'s builtins their
+   semantics by patching the `tl` module; fla binds `gather = tl.gather` at import (used by
+   KDA's safe-gate kernels), which that misses. A kernel's module-level aliases of builtins are
+   patched alike while it runs.
+5. Dot precision: the safe-gate kernels ask `tl.dot` for `input_precision="bf16x3"`, which the
+   interpreter's options do not list; its dot is a float32 numpy matmul whatever the
+   precision, so "bf16x3" is added to the list (the result is what "ieee" gives).
 """
 
 import ast
@@ -21,6 +32,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 # fla's import-time notice that no GPU driver is active: expected here
 warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
 
+import numpy as np
 import triton.language as tl
 from triton.runtime import autotuner, interpreter
 
@@ -76,9 +88,57 @@ def _tensor_loop_variables() -> None:
     interpreter.FunctionRewriter.ast_transformer = _Transformer()
 
 
+def _bool_masks() -> None:
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_masked_load, "_genome_lm_shim", False):
+        return
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def as_bool(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interpreter.TensorHandle(mask.data != 0, tl.int1)
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, as_bool(mask), other, cache_policy, is_volatile)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, as_bool(mask), cache_policy)
+
+    create_masked_load._genome_lm_shim = True
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+
+
+def _builtin_aliases() -> None:
+    patch_lang = interpreter._patch_lang
+    if getattr(patch_lang, "_genome_lm_shim", False):
+        return
+
+    def _patch_lang(fn):
+        scope = patch_lang(fn)
+        module = sys.modules.get(fn.__module__)
+        if module is not None:
+            for name, value in list(fn.__globals__.items()):
+                if tl.core.is_builtin(value):
+                    interpreter._patch_attr(module, name, value, interpreter.interpreter_builder, scope)
+        return scope
+
+    _patch_lang._genome_lm_shim = True
+    interpreter._patch_lang = _patch_lang
+
+
+def _dot_precisions() -> None:
+    options = interpreter.interpreter_builder.options
+    if "bf16x3" not in options.allowed_dot_input_precisions:  # a frozen dataclass
+        object.__setattr__(options, "allowed_dot_input_precisions", (*options.allowed_dot_input_precisions, "bf16x3"))
+
+
 def install() -> None:
     _first_config_only()
     _tensor_loop_variables()
+    _bool_masks()
+    _builtin_aliases()
+    _dot_precisions()
 
 
 install()

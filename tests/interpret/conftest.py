@@ -48,3 +48,21 @@ def fla_calls(monkeypatch):
 
     monkeypatch.setattr(chunk_mod, "fla_chunk_kda", lambda: counting)
     return calls
+
+
+@pytest.fixture
+def fla_lean_calls(monkeypatch):
+    """Names of the calls that reach fla's short convolution ("conv") and gated norm ("norm")."""
+    from genome_lm.model.ops.kda import conv as conv_mod
+    from genome_lm.model.ops.kda import norm as norm_mod
+
+    calls = []
+    for mod, attr, name in [(conv_mod, "fla_causal_conv1d", "conv"), (norm_mod, "fla_rms_norm_gated", "norm")]:
+        real = getattr(mod, attr)()
+
+        def counting(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(mod, attr, lambda _fn=counting: _fn)
+    return calls
