@@ -8,16 +8,19 @@ storages autograd actually saves (saved-tensor hooks) on glm53-tiny in float32 a
 
 Per token (S streams of width D):
 - layer input   a·S·D (the residual streams; what per-layer recompute keeps or offloads)
-- frame         mid stream a·S·D; two RMSNorms (float32 input copy 4·D, rsqrt 4, normalised
-                a·D); two hc combines (block output a·D, post a·S, comb a·S²); unpatched
+- frame         mid stream a·S·D; two RMSNorm inputs 2·a·D (ops/norm: the input only, rstd
+                recomputed); two hc combines (block output a·D, post a·S, comb a·S²); unpatched
                 hyper-connections also keep a float32 copy and normalised copy of the streams and
                 ~2·iters Sinkhorn [S, S] matrices (ops/hc recomputes them instead)
-- KDA           masked input a·D, conv in/out float32 2·4·3HK, qkv a·3HK, beta a·H, two low-rank
-                gate projections 2·a·K, forget gate 3·4·HK, gated output norm 4·4·HK + 4·H,
-                o_proj input a·HK; torch op: one [H, K, K] float32 state per 16-chunk segment;
-                fla op: l2-normed q, k 2·a·HK, their rstd 8·H, cumulative gate 4·HK, Aqk/Akk 2·a·H·C;
-                under CP the op runs twice (+ zero values a·HK and o^M in float32 4·HK)
-- DSA           input a·D; q LoRA norm 4·ql + 4 + 2·a·ql; kv LoRA norm 4·R + 4 + a·R; latent
+- KDA           masked input a·D, conv input a·3HK (ops/kda/conv.py: the input only), raw gate
+                a·HK (ops/kda/gate.py: the gate applied inside the op), beta a·H, two low-rank gate
+                projections 2·a·K, gated output norm input and gate 2·a·HK (ops/kda/norm.py),
+                o_proj input a·HK, float32 copies of A_log and dt_bias per layer; torch op: q, k, v
+                (the conv output) a·3HK and one [H, K, K] float32 state per 16-chunk segment; fla
+                op: l2-normed q, k and a contiguous v 3·a·HK, their rstd 8·H, Aqk/Akk 2·a·H·C,
+                the norm's rstd 4·H; under CP the op runs twice (+ zero values a·HK and o^M in
+                float32 4·HK)
+- DSA           input a·D; q LoRA norm input + normalised 2·a·ql; kv LoRA norm input a·R; latent
                 a·R per *sequence* token (all-gathered under CP); q_nope copy a·H·DN; absorbed
                 query and output 2·a·H·R; row LSE 4·H; o_proj input a·H·DV; selection int32 per
                 query (kept by the attention's context, not by autograd)
@@ -45,7 +48,7 @@ def frame(m: ModelShape, n: int, hc_recompute: bool) -> dict[str, int]:
     a, S, D = m.act_bytes, m.S, m.D
     terms = {
         "mid_stream": n * a * S * D,
-        "norms": n * 2 * (F32 * D + F32 + a * D),
+        "norms": n * 2 * a * D,
         "hc_combine": n * 2 * (a * D + a * S + a * S * S),
     }
     if not hc_recompute:
@@ -67,16 +70,16 @@ def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> di
     HK = H * K
     terms = {
         "kda_input": n * a * D,
-        "kda_conv": n * 2 * F32 * 3 * HK,
-        "kda_qkv": n * a * 3 * HK,
-        "kda_gates": n * (a * H + 2 * a * K + 3 * F32 * HK),
-        "kda_out_norm": n * (4 * F32 * HK + F32 * H),
+        "kda_conv": n * a * 3 * HK,
+        "kda_gates": n * (a * HK + a * H + 2 * a * K) + F32 * (H + HK),
+        "kda_out_norm": n * 2 * a * HK,
         "kda_out_proj_in": n * a * HK,
     }
     if backend == "fla":
-        terms["kda_op"] = n * (2 * a * HK + 8 * H + F32 * HK + 2 * a * H * chunk)
+        terms["kda_op"] = n * (3 * a * HK + 8 * H + 2 * a * H * chunk + F32 * H)
     else:
         segments = -(-n // (KDA_SEGMENT_CHUNKS * chunk))
+        terms["kda_qkv"] = n * a * 3 * HK
         terms["kda_op"] = segments * F32 * H * K * K
     if cp > 1:
         terms["kda_op"] *= 2
@@ -89,8 +92,8 @@ def dsa(m: ModelShape, n: int, seq_tokens: int, layer: LayerShape) -> dict[str, 
     a, D, H, R, ql = m.act_bytes, m.D, m.dsa_heads, m.kv_lora, m.q_lora
     terms = {
         "dsa_input": n * a * D,
-        "dsa_q_lora": n * (F32 * ql + F32 + 2 * a * ql),
-        "dsa_kv_lora": n * (F32 * R + F32 + a * R),
+        "dsa_q_lora": n * 2 * a * ql,
+        "dsa_kv_lora": n * a * R,
         "dsa_latent": seq_tokens * a * R,
         "dsa_queries": n * (a * H * m.qk_nope + 2 * a * H * R + F32 * H + a * H * m.v_head),
     }
@@ -150,5 +153,5 @@ def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, i
 def outside_layers(m: ModelShape, n: int) -> dict[str, int]:
     """Saved outside the decoder layers: input ids, final norm, final hidden, targets, log-sum-exp."""
     a, D = m.act_bytes, m.D
-    return {"input_ids": n * 8, "final_norm": n * (F32 * D + F32 + a * D), "final_hidden": n * a * D,
+    return {"input_ids": n * 8, "final_norm": n * a * D, "final_hidden": n * a * D,
             "loss_targets": n * (8 + F32)}

@@ -7,13 +7,15 @@ activations, block buffers). `memory.py` walks these lists forward and backward.
 
 Transients are counted from the code of each op at its block size (n tokens on the rank, a the
 activation dtype bytes, float32 where the code computes in float32):
-- hyper-connection (ops/hc recompute): forward float32 stream copy (bf16 only) + one float32
-  [S, D] temporary; backward rebuilds it and holds three float32 [S, D] gradient buffers + the
-  stream gradient.
-- RMSNorm: float32 square temp forward; three float32 [D] buffers backward.
+- hyper-connection (ops/hc recompute): float32 [S, D] temporaries in blocks of 4,096 tokens (two
+  forward, three backward) + the stream gradient a·S·D; upstream's (no recompute): a float32
+  [S, D] temporary forward, three float32 [S, D] gradient buffers backward.
+- RMSNorm (ops/norm): float32 temporaries in blocks of 8,192 rows (two forward, three backward) +
+  the input gradient a·D.
 - combine: two a·S·D temporaries (post*out, comb^T@residual / their gradients).
-- KDA projections + conv: backward holds the float32 conv gradients (input and output side) and
-  the qkv gradient; gated output norm: three float32 [H, K] gradient buffers.
+- KDA projections + conv (ops/kda/conv.py): the conv output a·3HK, its float32 temporaries in
+  blocks of 2,048 tokens, backward the qkv and input gradients; gated output norm: float32
+  buffers in blocks of 8,192 rows + its two input gradients a·HK.
 - KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head),
   doubled in backward (rebuilt + gradients), plus the concatenated input gradients.
 - KDA fla op (CUDA): chunk_kda_fwd intermediates w, u, qg, kg, h [NT, H, K, V], v_new; backward
@@ -54,17 +56,20 @@ class Op:
         return sum(self.saved.values())
 
 
+HC_BLOCK, NORM_BLOCK, CONV_BLOCK = 4096, 8192, 2048  # tokens per block of the lean ops' float32 temporaries
+
+
 def hc_op(m: ModelShape, n: int, name: str, recompute: bool, saved: dict) -> Op:
     a, SD = m.act_bytes, m.S * m.D
-    copy = F32 * SD if a != F32 else 0
     if recompute:
-        return Op(name, saved, fwd=n * (copy + F32 * SD), bwd=n * (copy + 3 * F32 * SD + a * SD))
+        blk = min(n, HC_BLOCK)
+        return Op(name, saved, fwd=blk * 2 * F32 * SD, bwd=blk * 3 * F32 * SD + n * a * SD)
     return Op(name, saved, fwd=n * F32 * SD, bwd=n * (3 * F32 * SD + a * SD))
 
 
 def norm_op(m: ModelShape, n: int, name: str) -> Op:
-    D = m.D
-    return Op(name, {name: n * (F32 * D + F32 + m.act_bytes * D)}, fwd=n * F32 * D, bwd=n * 3 * F32 * D)
+    D, blk = m.D, min(n, NORM_BLOCK)
+    return Op(name, {name: n * m.act_bytes * D}, fwd=blk * 2 * F32 * D, bwd=blk * 3 * F32 * D + n * m.act_bytes * D)
 
 
 def combine_op(m: ModelShape, n: int, name: str, extra: dict) -> Op:
@@ -77,8 +82,10 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
     n, a, H, K, C = layout.tokens, m.act_bytes, m.kda_heads, m.kda_head_dim, layout.kda_chunk
     t = act.kda(m, n, backend, C, layout.cp)
     HK = H * K
-    proj = Op("kda_proj_conv", {k: t[k] for k in ("kda_input", "kda_conv", "kda_qkv", "kda_gates")},
-              fwd=n * (F32 + 2 * a) * 3 * HK, bwd=n * (2 * F32 * 3 * HK + a * 3 * HK + a * m.D), part="kda")
+    cb, nb = min(n, CONV_BLOCK), min(n, NORM_BLOCK)
+    proj = Op("kda_proj_conv", {k: t[k] for k in ("kda_input", "kda_conv", "kda_qkv", "kda_gates") if k in t},
+              fwd=n * a * 3 * HK + cb * 2 * F32 * 3 * HK, bwd=cb * 2 * F32 * 3 * HK + n * (2 * a * 3 * HK + a * m.D),
+              part="kda")
     if backend == "fla":
         h = H * K * K // C  # chunk states [NT, H, K, V] per token
         fwd = n * (a * 4 * HK + a * h + a * HK + 64 * H)
@@ -89,8 +96,8 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
         fwd = seg * F32 * H * floats + n * a * HK
         bwd = 2 * seg * F32 * H * floats + 2 * n * ((3 * a + F32) * HK + a * H)
     core = Op("kda_op", {k: t[k] for k in ("kda_op", "kda_cp_map") if k in t}, fwd=fwd, bwd=bwd, part="kda")
-    out = Op("kda_out", {k: t[k] for k in ("kda_out_norm", "kda_out_proj_in")}, fwd=0,
-             bwd=n * (3 * F32 * HK + a * m.D), part="kda")
+    out = Op("kda_out", {k: t[k] for k in ("kda_out_norm", "kda_out_proj_in")}, fwd=nb * 2 * F32 * HK,
+             bwd=nb * 3 * F32 * HK + n * (2 * a * HK + a * m.D), part="kda")
     return [proj, core, out]
 
 

@@ -50,7 +50,8 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
         f"  DSA layers ({len(c.layer_types) - n_kda}): all-gather latent {[B, T, c.kv_lora_rank]} and index keys "
         f"{[B, T, c.index_head_dim]}",
         *experts,
-        f"  FSDP2 over {world} ranks{f' (the EP experts over the {world // ep} ranks holding the same ones)' if ep > 1 else ''}: "
+        f"  FSDP2 over {world} ranks"
+        f"{f' (the EP experts over the {world // ep} ranks holding the same ones)' if ep > 1 else ''}: "
         f"{per_rank:,} of {total:,} parameters per rank "
         f"({_gib(per_rank * itemsize)} weights + {_gib(per_rank * itemsize * 2)} AdamW state); reduce-scatter in "
         f"{cfg.parallel.reduce_dtype}, backward prefetch {cfg.parallel.backward_prefetch} layer(s)",

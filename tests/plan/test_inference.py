@@ -21,13 +21,15 @@ def test_sharded_terms_by_hand(flash):
     b = plan.breakdown
     assert b["weights"] == plan.weights_bytes == flash.param_bytes // 64
     assert b["root_gathered"] == flash.root_param_bytes
-    assert b["layer_gathered"] == 2 * max(lay.param_bytes for lay in flash.layers)  # running + prefetched MoE layer
+    at = int(plan.peak_where.split()[3])  # "forward of layer i (...)"
+    assert b["layer_gathered"] == 2 * flash.layers[at].param_bytes  # the running layer + one prefetched
     assert b["streams"] == 2 * 2**16 * 2 * flash.S * flash.D  # slab of 65,536 tokens in and out, bf16
     assert sum(b.values()) == plan.peak_bytes
     # twice the window: the activation terms double, the parameter terms stay
     long = plan_forward(flash, layout.replace(seq_len=2**20)).breakdown
-    assert long["streams"] == 2 * b["streams"] and long["op"] == pytest.approx(2 * b["op"], rel=1e-3)
-    assert (long["weights"], long["layer_gathered"]) == (b["weights"], b["layer_gathered"])
+    assert long["streams"] == 2 * b["streams"]
+    assert b["op"] < long["op"] <= 2 * b["op"]  # at most in proportion: some temporaries are per block of tokens
+    assert long["weights"] == b["weights"]
 
 
 def test_one_process_holds_the_whole_model_and_gathers_nothing(flash):
