@@ -1,8 +1,9 @@
 """The docs/plan.md table: GLM-5.3-Flash at 128k-1M tokens on 8-64 B200s and H200s, `--fit` layouts.
 
-For every (GPU, GPU count, sequence length) the planner's `--fit` search runs twice: with the
-layouts genome_lm.train runs today (ep = 1: experts sharded by FSDP2 like every other weight)
-and with expert parallelism allowed (ep in 1, 2, 4, 8). Writes benchmarks/results/plan_table.json
+For every (GPU, GPU count, sequence length) the planner's `--fit` search runs twice: without
+expert parallelism (ep = 1: experts sharded by FSDP2 like every other weight) and with it allowed
+(`parallel.ep` in 1, 2, 4, 8). The starting layout is the GLM-5.3-Flash experiments' (bf16
+reduce-scatter, no backward prefetch). Writes benchmarks/results/plan_table.json
 and prints two markdown tables (no GPU needed; a few seconds per row).
 
     python benchmarks/plan_table.py [--gpus-list 8,16,32,64] [--seqs 128k,256k,512k,1M]
@@ -33,7 +34,7 @@ def main() -> None:
     shape = model_shape("glm53-flash", "bfloat16")
     assume = Assumptions()
     rows = []
-    for variant, eps in (("ep=1 (genome_lm.train today)", (1,)), ("ep allowed (1-8)", (1, 2, 4, 8))):
+    for variant, eps in (("ep=1", (1,)), ("ep allowed (1-8)", (1, 2, 4, 8))):
         for gpu in args.gpu_types.split(","):
             for gpus in (int(g) for g in args.gpus_list.split(",")):
                 for seq in (parse_size(s) for s in args.seqs.split(",")):
@@ -41,8 +42,8 @@ def main() -> None:
                     cluster = make_cluster(gpu, gpus)
                     cp = min(8, gpus)
                     given = Layout(seq_len=seq, cp=cp, dp=gpus // cp, recompute="per-layer", offload=True,
-                                   moe_recompute=True, moe_block_tokens=65536, dsa_block_queries=4096,
-                                   loss_chunk_tokens=16384)
+                                   moe_recompute=True, moe_block_tokens=8192, dsa_block_queries=1024,
+                                   loss_chunk_tokens=16384, reduce_bytes=2, backward_prefetch=0)
                     result = fit(shape, given, cluster, assume, eps)
                     p = result.best or result.closest
                     rows.append({"variant": variant, "gpu": gpu, "gpus": gpus, "seq": format_size(seq),
