@@ -161,8 +161,12 @@ def test_dry_run_glm53_flash_on_64_gpus(capsys):
     for line in ("root gathered", "decoder layers gathered", "residual streams", "largest op", "peak", "fits b200"):
         assert line in out, line
     assert "dry run OK: nothing was scored" in out
-    # too few GPUs for the model: said, with what to change
+    # one 8-GPU node: 73 GiB of weights per rank + a 128k slab's forward fit a B200, not an H200
     assert main(["eval", "--checkpoint", "glm53-flash", "--seq-len", "1M", "--nproc", "8", "--cp", "8",
+                 "--dry-run"]) == 0
+    assert "fits b200" in (out := capsys.readouterr().out) and "too large for h200" in out
+    # too few GPUs for the model: said, with what to change
+    assert main(["eval", "--checkpoint", "glm53-flash", "--seq-len", "1M", "--nproc", "4", "--cp", "4",
                  "--dry-run"]) == 0
     assert "too large for every GPU listed" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", "glm53-flash", "--nproc", "64", "--cp", "8", "--dry-run"]) == 2
