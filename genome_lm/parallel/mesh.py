@@ -190,7 +190,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
     else:
         world, rank = 1, 0
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
-    ep = getattr(parallel_cfg, "ep", 1)
+    ep = parallel_cfg.ep
     if world % ep:
         raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
                             f"use a number of processes that is a multiple of {ep}")
@@ -203,8 +203,8 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
-                          ep=ep, reduce_dtype=getattr(parallel_cfg, "reduce_dtype", "float32"),
-                          backward_prefetch=getattr(parallel_cfg, "backward_prefetch", 1), owns_process_group=owns)
+                          ep=ep, reduce_dtype=parallel_cfg.reduce_dtype, backward_prefetch=parallel_cfg.backward_prefetch,
+                          owns_process_group=owns)
     par.ep_mesh  # created now, by every rank together
     log.info("parallel: %s", par.describe())
     return par

@@ -38,15 +38,14 @@ def _reference(batches: list[torch.Tensor]) -> dict:
 
 
 def _ep_worker(rank: int, world: int, out_dir: str) -> None:
-    from types import SimpleNamespace
-
     from torch.distributed.tensor import DTensor
 
+    from genome_lm.config import ParallelConfig
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.parallelize import parallelize
 
     for name, layout in LAYOUTS.items():
-        par = init_parallel(SimpleNamespace(cp=layout["cp"], dp="auto", ep=layout["ep"]))
+        par = init_parallel(ParallelConfig(cp=layout["cp"], ep=layout["ep"]))
         model = parallelize(tiny_model(), _memory("per-layer" if name == "ep4" else "none"), par)
         ids = _batch(par.dp_rank)
         loss = model(ids, labels=ids).loss
