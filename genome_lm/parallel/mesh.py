@@ -203,8 +203,8 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
-                          ep=ep, reduce_dtype=parallel_cfg.reduce_dtype, backward_prefetch=parallel_cfg.backward_prefetch,
-                          owns_process_group=owns)
+                          ep=ep, reduce_dtype=parallel_cfg.reduce_dtype,
+                          backward_prefetch=parallel_cfg.backward_prefetch, owns_process_group=owns)
     par.ep_mesh  # created now, by every rank together
     log.info("parallel: %s", par.describe())
     return par
