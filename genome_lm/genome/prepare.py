@@ -3,6 +3,12 @@
 One chromosome is in memory at a time (as one uint8 code per base, see `tokenizer`), plus one
 window. The output is built in a hidden temporary directory beside `--out` and renamed into
 place when complete, so an interrupted run never leaves anything that looks finished.
+
+With `--leakage-k K` the training chromosomes' canonical K-mers are indexed as they stream past
+(`leakage.KmerIndex`, 8 bytes per distinct K-mer), and every eval window gets a `leakage_mask`:
+its tokens covered by a K-mer that occurs in a training chromosome, on either strand. An eval
+chromosome that comes before the last training one in the input is held in memory until the
+index is complete.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import FastaReader, Record
+from genome_lm.genome.leakage import MAX_K, KmerIndex
 from genome_lm.genome.shards import MegatronWriter, SplitWriter, fingerprint_of, load_manifest
 from genome_lm.genome.tokenizer import (
     N_ID,
@@ -59,9 +66,19 @@ class PrepareParams(BaseModel):
     min_len: Size | None = Field(default=None, description="shortest tail window kept (default: seq-len / 8)")
     reverse_complement: bool = Field(default=False, description="add reverse-complement copies to train")
     format: Literal["hf", "megatron"] = "hf"
+    leakage_k: int = Field(default=0, json_schema_extra={"metavar": "K"},
+                           description="mark eval tokens covered by a K-mer (either strand) that occurs in a train "
+                           "chromosome: the eval rows' leakage_mask column; K in 1..32, usually 32; 0: off")
 
     @model_validator(mode="after")
     def _check(self):
+        if self.leakage_k:
+            if not 1 <= self.leakage_k <= MAX_K:
+                raise ValueError(f"--leakage-k must lie in 1..{MAX_K} (K-mers are packed 2 bits per base into 64 "
+                                 f"bits; 32 is the usual choice), or 0 for off (got {self.leakage_k})")
+            if not self.train_chroms or not self.eval_chroms:
+                raise ValueError("--leakage-k marks eval tokens found in the training chromosomes: it needs both "
+                                 "--train-chroms and --eval-chroms")
         self.stride = self.seq_len if self.stride is None else self.stride
         self.min_len = max(1, self.seq_len // 8) if self.min_len is None else self.min_len
         if not self.min_len <= self.seq_len:
@@ -85,8 +102,9 @@ class PrepareParams(BaseModel):
         return validate(cls, {k: v for k, v in params.items() if v is not None}, "prepare")
 
     def recorded(self) -> dict:
-        """The parameters as the manifest records them (input files are recorded separately)."""
-        return self.model_dump(exclude={"fasta"})
+        """The parameters as the manifest records them (input files are recorded separately;
+        `leakage_k` only when on, so shards made before it existed still match)."""
+        return self.model_dump(exclude={"fasta"} | ({"leakage_k"} if not self.leakage_k else set()))
 
     def split_of(self, record_name: str) -> str | None:
         n = chrom_match_key(record_name)
@@ -112,6 +130,10 @@ class ChromStats:
     tokens: int = 0
     dropped_windows_n_frac: int = 0
     dropped_bases: dict = field(default_factory=lambda: {"gap": 0, "tail": 0, "n_frac": 0})
+    leakage_masked_tokens: int | None = None  #: eval tokens (of the windows written) in the leakage mask
+
+    def recorded(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
@@ -146,8 +168,10 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
         )
 
 
-def _process_record(rec: Record, split: str, spec: WindowSpec, params: PrepareParams, writers, mwriters) -> ChromStats:
-    """Cut `rec` into windows and write them (reverse-complement copies after the forward windows)."""
+def _process_record(rec: Record, split: str, spec: WindowSpec, params: PrepareParams, writers, mwriters,
+                    leak: np.ndarray | None = None) -> ChromStats:
+    """Cut `rec` into windows and write them (reverse-complement copies after the forward windows);
+    `leak` (bool [T], forward strand) is the leakage mask of the whole record, if any."""
     t0 = time.perf_counter()
     codes = rec.codes
     found = scan(codes, params.min_gap)
@@ -156,10 +180,17 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
                        softmasked_bases=found.softmasked_bases, iupac=found.iupac, contigs=len(spans),
                        longest_contig=max((e - s for s, e in spans), default=0))
     stats.dropped_bases["gap"] = int((found.gaps[:, 1] - found.gaps[:, 0]).sum())
+    if leak is not None:
+        stats.leakage_masked_tokens = 0
     writers[split].open_shard()
 
     def emit(s: int, e: int, strand: str, tokens, mask, n_frac: float) -> None:
-        writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac)
+        leak_packed = None
+        if leak is not None:
+            window = leak[s:e] if strand == "+" else leak[s:e][::-1]
+            stats.leakage_masked_tokens += int(np.count_nonzero(window))
+            leak_packed = np.packbits(window)
+        writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
         if split in mwriters:
             mwriters[split].add(tokens)
         stats.tokens += len(tokens)
@@ -191,6 +222,24 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
     return stats
 
 
+def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, ChromStats]) -> dict:
+    """The manifest's `leakage_mask` section: what the column means and how much of eval it marks."""
+    def counts(tokens: int, masked: int) -> dict:
+        return {"tokens": tokens, "masked_tokens": masked, "fraction": masked / tokens if tokens else 0.0}
+
+    per_chrom = {name: counts(stats[name].tokens, stats[name].leakage_masked_tokens) for name in eval_split["chroms"]}
+    total = counts(sum(c["tokens"] for c in per_chrom.values()), sum(c["masked_tokens"] for c in per_chrom.values()))
+    return {
+        "k": index.k, "split": "eval", "column": "leakage_mask", "encoding": "numpy.packbits", "bitorder": "big",
+        "meaning": f"1 = the token lies in a {index.k}-mer [i, i + {index.k}) that occurs, on either strand, in a "
+                   "training chromosome (K-mers with a base other than A/C/G/T are skipped; case is ignored); "
+                   "in token order",
+        "index": "sorted uint64 canonical K-mer codes (exact)", "false_positive_rate": 0.0,
+        "train_chroms": index.sources, "train_kmers_distinct": len(index.codes),
+        **total, "per_chrom": per_chrom,
+    }
+
+
 def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, show_progress: bool | None = None) -> dict:
     """Build the shard directory `out` and return its manifest (see module docstring)."""
     out = Path(out)
@@ -206,10 +255,18 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     spec = WindowSpec(params.seq_len, params.stride, params.tail, params.min_len)
     splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
     stats: dict[str, ChromStats] = {}
+    index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
+    train_left = {chrom_match_key(c) for c in params.train_chroms}
+    held: list[Record] = []  # eval records read before the index was complete
     t0 = time.perf_counter()
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        writers = {s: SplitWriter(tmp / s) for s in splits}
+        writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
         mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
+
+        def process(rec: Record, split: str) -> None:
+            leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
+            stats[rec.name] = _process_record(rec, split, spec, params, writers, mwriters, leak)
+
         claimed: dict[str, str] = {}
         for reader in readers:
             for rec in reader.records(lambda name: params.split_of(name) is not None):
@@ -220,7 +277,20 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                         "pass each chromosome once"
                     )
                 claimed[key] = rec.source
-                stats[rec.name] = _process_record(rec, params.split_of(rec.name), spec, params, writers, mwriters)
+                split = params.split_of(rec.name)
+                if split == "eval" and index is not None and not index.finalized:
+                    log.info("%s (eval): held in memory until the training chromosomes are indexed (%s to come)",
+                             rec.name, ", ".join(c for c in params.train_chroms if chrom_match_key(c) in train_left))
+                    held.append(rec)
+                    continue
+                process(rec, split)
+                if split == "train" and index is not None:
+                    index.add(rec.codes, rec.name)
+                    train_left.discard(key)
+                    if not train_left:
+                        index.finalize()
+                        while held:
+                            process(held.pop(0), "eval")
                 del rec
         _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
         inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
@@ -244,7 +314,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 "windows": n_windows,
                 "tokens": sum(st.tokens for st in chrom_stats.values()),
                 "files": files,
-                "per_chrom": {name: asdict(st) for name, st in chrom_stats.items()},
+                "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
             }
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -260,6 +330,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                            "strand '-' rows hold the reverse complement of [start, end)",
             "splits": manifest_splits,
         }
+        if index is not None:
+            manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
         if mwriters:
             manifest["megatron"] = {s: f"megatron/{s}" for s in mwriters}
         write_json_atomic(tmp / "manifest.json", manifest)

@@ -9,7 +9,10 @@ from the content, not from a random temporary path).
 Row schema: chrom (str), start, end (int64; 0-based half-open on the forward strand), strand
 ('+' or '-'), tokens (list<uint8>, see `tokenizer.VOCAB`; '-' rows hold the reverse complement),
 repeat_mask (list<uint8>: np.packbits of the per-token soft-mask flag, in token order, so the
-last byte may be padded), n_frac (float32: fraction of N tokens).
+last byte may be padded), n_frac (float32: fraction of N tokens). With `prepare --leakage-k K`
+the eval split also has leakage_mask (list<uint8>, np.packbits like repeat_mask: 1 = the token
+lies in a K-mer that occurs in a training chromosome, see `leakage`), after repeat_mask; shards
+without the column (older ones, or made without the flag) carry no leakage information.
 """
 
 from __future__ import annotations
@@ -42,13 +45,24 @@ FEATURES = {
     "repeat_mask": _LIST("uint8"),
     "n_frac": _VALUE("float32"),
 }
+LEAKAGE_COLUMN = "leakage_mask"
 
 
-def arrow_schema() -> pa.Schema:
-    """Arrow schema of a split (the types of FEATURES), with the `huggingface` metadata `datasets` reads back."""
+def features(leakage: bool = False) -> dict:
+    """FEATURES, with the leakage_mask column after repeat_mask when `leakage`."""
+    if not leakage:
+        return FEATURES
+    items = list(FEATURES.items())
+    at = list(FEATURES).index("repeat_mask") + 1
+    return dict(items[:at] + [(LEAKAGE_COLUMN, _LIST("uint8"))] + items[at:])
+
+
+def arrow_schema(leakage: bool = False) -> pa.Schema:
+    """Arrow schema of a split (the types of `features`), with the `huggingface` metadata `datasets` reads back."""
+    feats = features(leakage)
     arrow = lambda f: pa.list_(arrow(f["feature"])) if f["_type"] == "List" else pa.type_for_alias(f["dtype"])  # noqa: E731
-    schema = pa.schema([(name, arrow(f)) for name, f in FEATURES.items()])
-    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": FEATURES}})})
+    schema = pa.schema([(name, arrow(f)) for name, f in feats.items()])
+    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": feats}})})
 
 
 # Arrow arrays straight from numpy buffers: zero-copy, and `pa.array` would import pandas.
@@ -76,12 +90,14 @@ def _lists(arrays) -> pa.Array:
 
 
 class SplitWriter:
-    """Streams windows of one split into Arrow shard files, one shard per `open_shard()` call."""
+    """Streams windows of one split into Arrow shard files, one shard per `open_shard()` call;
+    with `leakage`, every row also takes a packed leakage mask."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, leakage: bool = False):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.schema = arrow_schema()
+        self.leakage = leakage
+        self.schema = arrow_schema(leakage)
         self.shards: list[Path] = []
         self._sink = None
         self._writer = None
@@ -100,8 +116,10 @@ class SplitWriter:
         self._writer = pa.ipc.new_stream(self._sink, self.schema)
 
     def add(self, chrom: str, start: int, end: int, strand: str, tokens: np.ndarray, mask_packed: np.ndarray,
-            n_frac: float) -> None:
-        self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac))
+            n_frac: float, leak_packed: np.ndarray | None = None) -> None:
+        if (leak_packed is not None) != self.leakage:
+            raise ValueError(f"{self.dir.name}: a leakage mask is {'required' if self.leakage else 'not expected'}")
+        self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac, leak_packed))
         self._batch_tokens += len(tokens)
         if self._batch_tokens >= BATCH_TOKENS:
             self._flush()
@@ -109,19 +127,18 @@ class SplitWriter:
     def _flush(self) -> None:
         if not self._batch:
             return
-        chrom, start, end, strand, tokens, masks, n_frac = zip(*self._batch)
-        batch = pa.record_batch(
-            [
-                _strings(chrom),
-                _primitive(np.array(start, dtype=np.int64), pa.int64()),
-                _primitive(np.array(end, dtype=np.int64), pa.int64()),
-                _strings(strand),
-                _lists(tokens),
-                _lists(masks),
-                _primitive(np.array(n_frac, dtype=np.float32), pa.float32()),
-            ],
-            schema=self.schema,
-        )
+        chrom, start, end, strand, tokens, masks, n_frac, leaks = zip(*self._batch)
+        columns = [
+            _strings(chrom),
+            _primitive(np.array(start, dtype=np.int64), pa.int64()),
+            _primitive(np.array(end, dtype=np.int64), pa.int64()),
+            _strings(strand),
+            _lists(tokens),
+            _lists(masks),
+            *([_lists(leaks)] if self.leakage else []),
+            _primitive(np.array(n_frac, dtype=np.float32), pa.float32()),
+        ]
+        batch = pa.record_batch(columns, schema=self.schema)
         self._wait()
         self._pending = self._pool.submit(self._writer.write_batch, batch)
         self._batch, self._batch_tokens = [], 0
@@ -155,7 +172,8 @@ class SplitWriter:
             "_output_all_columns": False,
             "_split": split,
         }
-        info = {"citation": "", "description": "genome_lm shards: one row per genome window", "features": FEATURES}
+        info = {"citation": "", "description": "genome_lm shards: one row per genome window",
+                "features": features(self.leakage)}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
         (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2))
         return names

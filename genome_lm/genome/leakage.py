@@ -1,0 +1,208 @@
+"""The leakage mask: held-out bases covered by an exact K-mer that also occurs in the training data.
+
+Segmental duplications and recent repeats put near-identical sequence on the held-out and the
+training chromosomes; loss on those bases measures memorised training data rather than
+long-context modelling. `KmerIndex` holds every *canonical* K-mer of the training chromosomes
+(K <= 32): the smaller of the K-mer's 2-bit code (A=0 C=1 G=2 T=3, first base in the highest
+bits) and its reverse complement's, so a match on either strand counts. K-mers with a base other
+than A, C, G, T (N, IUPAC codes) are skipped; soft-masked (lowercase) bases are the same base.
+
+Index: all codes in one uint64 array, sorted in place and deduplicated (8 bytes per distinct
+K-mer: chr1 + chr2, ~470M K-mers, ~3.8 GB), queried with `np.searchsorted` on sorted query
+chunks. Membership is exact: no false positives, no false negatives (a Bloom filter of the same
+size would answer in fewer bytes but wrongly for some fraction of absent K-mers). Work is done in
+chunks of `CHUNK` K-mers, so memory above the index and one chromosome stays at a few hundred MB.
+
+Mask: eval position p is marked when some K-mer [i, i + K) with i <= p < i + K is in the index
+(0-based, half-open, on the forward strand; a '-' row's mask is the forward one reversed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.tokenizer import TOKEN_MASK
+
+log = logging.getLogger(__name__)
+
+MAX_K = 32  # 2 bits per base in a uint64
+CHUNK = 1 << 22  # K-mers per step of the build and the query
+
+
+def check_k(k: int) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise GenomeLMError(f"--leakage-k must be an integer in 1..{MAX_K} (K-mers are packed 2 bits per base "
+                            f"into 64 bits; 32 is the usual choice), or 0 for no leakage mask; got {k!r}")
+    return int(k)
+
+
+def _forward_codes(v: np.ndarray, k: int) -> np.ndarray:
+    """2-bit codes uint64 [L - k + 1] of the k-mers of `v` (uint64 [L], values 0..3), by doubling:
+    codes of length 1, 2, 4, ... joined along the binary digits of k (log2(k) passes, not k)."""
+    out, olen, p, plen, bits = None, 0, v, 1, k
+    while True:
+        if bits & 1:
+            if out is None:
+                out, olen = p, plen
+            else:  # append the plen-mer that starts olen bases later
+                m = len(v) - olen - plen + 1
+                out = (out[:m] << np.uint64(2 * plen)) | p[olen : olen + m]
+                olen += plen
+        bits >>= 1
+        if not bits:
+            return out
+        p = (p[:-plen] << np.uint64(2 * plen)) | p[plen:]
+        plen *= 2
+
+
+def canonical_kmers(codes: np.ndarray, k: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical codes uint64 [n] and validity bool [n] of the k-mers starting at start..stop-1
+    (n = stop - start) of `codes` (token ids or prepare's codes: soft-mask bits are ignored); a
+    k-mer is invalid when it holds a base that is not A, C, G or T."""
+    seg = codes[start : stop + k - 1] & TOKEN_MASK  # uint8 [n + k - 1]
+    bad = seg > 3
+    cs = np.zeros(len(seg) + 1, dtype=np.int32)
+    np.cumsum(bad, out=cs[1:])
+    valid = cs[k:] == cs[:-k]  # [n]: no bad base in [i, i + k)
+    v = np.where(bad, 0, seg).astype(np.uint64)
+    fwd = _forward_codes(v, k)
+    rev = _forward_codes(np.uint64(3) - v[::-1], k)[::-1]  # reverse complement of each k-mer
+    return np.minimum(fwd, rev), valid
+
+
+def _chunks(n: int, desc: str, show_progress: bool | None):
+    disable = None if show_progress is None else not show_progress  # None: only on a TTY
+    with tqdm(total=n, unit="bp", unit_scale=True, desc=desc, disable=disable, leave=False) as bar:
+        for i0 in range(0, n, CHUNK):
+            i1 = min(n, i0 + CHUNK)
+            yield i0, i1
+            bar.update(i1 - i0)
+
+
+class KmerIndex:
+    """The canonical k-mers of the chromosomes `add`ed, then `finalize`d for `contains` / `mask`.
+
+    Memory: 8 bytes per k-mer added while building (one array, grown in place per chromosome), 8
+    per distinct k-mer once finalized, plus chunk temporaries (~50 bytes x CHUNK)."""
+
+    def __init__(self, k: int, show_progress: bool | None = None):
+        self.k = check_k(k)
+        self.show_progress = show_progress
+        self.codes = np.empty(0, dtype=np.uint64)
+        self.added = 0  # valid k-mers added (with repeats)
+        self.sources: list[str] = []
+        self.finalized = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes
+
+    def add(self, codes: np.ndarray, name: str = "") -> int:
+        """Add the valid canonical k-mers of one chromosome (uint8 [T]); returns how many."""
+        if self.finalized:
+            raise RuntimeError("KmerIndex.add after finalize")
+        t0, n = time.perf_counter(), max(0, len(codes) - self.k + 1)
+        w = len(self.codes)
+        self.codes.resize(w + n, refcheck=False)  # realloc: grows in place (mremap), no second copy
+        for i0, i1 in _chunks(n, f"leakage index {name}", self.show_progress):
+            canon, valid = canonical_kmers(codes, self.k, i0, i1)
+            kept = canon[valid]
+            self.codes[w : w + len(kept)] = kept
+            w += len(kept)
+        added = w - (len(self.codes) - n)
+        self.codes.resize(w, refcheck=False)
+        self.added += added
+        self.sources.append(name)
+        log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %s)", name or "sequence",
+                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, _gb(self.nbytes))
+        return added
+
+    def finalize(self) -> "KmerIndex":
+        """Sort in place and drop repeated k-mers (in place, chunk by chunk)."""
+        if self.finalized:
+            return self
+        t0 = time.perf_counter()
+        self.codes.sort()
+        self.codes.resize(_dedupe_sorted(self.codes), refcheck=False)  # no view of it is left
+        self.finalized = True
+        log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %s (sorted in %.1fs)",
+                 f"{len(self.codes):,}", self.k, ", ".join(self.sources) or "nothing", f"{self.added:,}",
+                 _gb(self.nbytes), time.perf_counter() - t0)
+        return self
+
+    def contains(self, query: np.ndarray) -> np.ndarray:
+        """bool [Q]: whether each canonical code uint64 [Q] is in the index."""
+        self._check_finalized()
+        if len(self.codes) == 0 or len(query) == 0:
+            return np.zeros(len(query), dtype=bool)
+        order = np.argsort(query)
+        q = query[order]  # sorted queries: searchsorted walks the index in order (~15x faster)
+        idx = np.searchsorted(self.codes, q)
+        np.minimum(idx, len(self.codes) - 1, out=idx)
+        found = np.empty(len(query), dtype=bool)
+        found[order] = self.codes[idx] == q
+        return found
+
+    def hits(self, codes: np.ndarray, name: str = "") -> np.ndarray:
+        """bool [T - k + 1] (empty for T < k): k-mer starting at i is valid and in the index."""
+        self._check_finalized()
+        n = max(0, len(codes) - self.k + 1)
+        out = np.zeros(n, dtype=bool)
+        for i0, i1 in _chunks(n, f"leakage mask {name}", self.show_progress):
+            canon, valid = canonical_kmers(codes, self.k, i0, i1)
+            pos = np.flatnonzero(valid)
+            out[i0 + pos] = self.contains(canon[pos])
+        return out
+
+    def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
+        """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
+        t0 = time.perf_counter()
+        covered = cover(self.hits(codes, name), self.k, len(codes))
+        log.info("leakage mask: %s: %s of %s bases (%.2f%%) covered by a training %d-mer (%.1fs)", name or "sequence",
+                 f"{int(covered.sum()):,}", f"{len(codes):,}", 100 * covered.mean() if len(codes) else 0.0,
+                 self.k, time.perf_counter() - t0)
+        return covered
+
+    def _check_finalized(self) -> None:
+        if not self.finalized:
+            raise RuntimeError("KmerIndex: call finalize() after the last add()")
+
+
+def _dedupe_sorted(a: np.ndarray) -> int:
+    """Move the distinct values of the sorted array `a` to its front, chunk by chunk; returns their count."""
+    w, last = 0, None
+    for i0 in range(0, len(a), CHUNK):
+        chunk = a[i0 : i0 + CHUNK]
+        keep = np.empty(len(chunk), dtype=bool)
+        keep[0] = last is None or chunk[0] != last
+        np.not_equal(chunk[1:], chunk[:-1], out=keep[1:])
+        last = chunk[-1].copy()
+        kept = chunk[keep]  # a copy; writes go to [w, w + len) with w <= i0, behind the reads
+        a[w : w + len(kept)] = kept
+        w += len(kept)
+    return w
+
+
+def cover(hits: np.ndarray, k: int, length: int) -> np.ndarray:
+    """bool [length]: p is covered when hits[i] for some i in [p - k + 1, p] (hits: bool [length - k + 1])."""
+    out = np.zeros(length, dtype=bool)
+    for c0 in range(0, length, CHUNK):
+        c1 = min(length, c0 + CHUNK)
+        a = max(0, c0 - k + 1)
+        h = hits[a:c1]  # the starts that can cover [c0, c1)
+        cs = np.zeros(len(h) + 1, dtype=np.int32)
+        np.cumsum(h, out=cs[1:])
+        p = np.arange(c0, c1)
+        lo = np.maximum(p - k + 1, 0) - a
+        hi = np.minimum(p + 1, len(hits)) - a  # starts lo..hi-1
+        np.greater(cs[np.maximum(hi, lo)] - cs[lo], 0, out=out[c0:c1])
+    return out
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
