@@ -5,7 +5,8 @@
               KDA chunked core H·(4CK + C(K+V) + 2CV + 6KV) per token forward, 2x backward;
               DSA indexer 2·HI·DI per query and visible pool (forward only, no grad; a block
               scores the pools complete before it: half of P = T/kpool on one rank, more on the
-              last CP rank, which sets the pace); KDA core twice under CP (affine map pass);
+              last CP rank, which sets the pace); KDA core twice under CP on torch (affine map pass;
+              fla's CP is one);
               DSA sparse attention 4·W·R per query and head forward, 10·W·R backward;
               LM head 8·D·V per token (chunked: logits rebuilt in backward)
     memory    DSA row gathers W·R·(2a + 8) bytes per query forward, + 24·W·R backward; loss
@@ -76,7 +77,7 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
         flops += f
         if layer.attn == "kda":
             H, K, C = m.kda_heads, m.kda_head_dim, layout.kda_chunk
-            runs = 2 if layout.cp > 1 else 1  # CP: the slab's affine map is a second pass
+            runs = 2 if layout.cp > 1 and backend != "fla" else 1  # torch CP: the affine map is a second pass
             f = runs * n * H * (4 * C * K + 2 * C * K + 2 * C * K + 6 * K * K) * (3 + attn_wrapped)
             parts["kda_core"] += f / attn
         else:
@@ -103,8 +104,8 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     parts["loss"] = max(8 * n * m.D * m.V / gemm, n * m.V * (3 * a + 24) / hbm)
     flops += 8 * n * m.D * m.V
     F = shard_degree(layout, assume)
-    # read/write the float32 master weights, gradient, two states, temp
-    parts["optimizer"] = 12 * MASTER_BYTES * m.param_count / F / hbm
+    # read and write the float32 master weights and the moments, read the gradient, a temporary
+    parts["optimizer"] = (6 * MASTER_BYTES + 4 * layout.state_bytes + 2 * MASTER_BYTES) * m.param_count / F / hbm
     compute = sum(parts.values())
 
     fsdp = 0.0

@@ -19,6 +19,11 @@ when fla is importable): `triton.jit` picks the interpreter at decoration time.
 5. Dot precision: the safe-gate kernels ask `tl.dot` for `input_precision="bf16x3"`, which the
    interpreter's options do not list; its dot is a float32 numpy matmul whatever the
    precision, so "bf16x3" is added to the list (the result is what "ieee" gives).
+
+`fla_cp_on_cpu()` (called by a test's gloo workers, after fla is importable) lets fla's own
+context parallelism run there too: its device check (NVIDIA or Ascend only) accepts CPU tensors,
+and its all-gather into a [world, ...] tensor, which gloo rejects (gloo takes only the flat
+[world·n, ...] form NCCL also accepts), gathers flat and views the result.
 """
 
 import ast
@@ -131,6 +136,37 @@ def _dot_precisions() -> None:
     options = interpreter.interpreter_builder.options
     if "bf16x3" not in options.allowed_dot_input_precisions:  # a frozen dataclass
         object.__setattr__(options, "allowed_dot_input_precisions", (*options.allowed_dot_input_precisions, "bf16x3"))
+
+
+def fla_cp_on_cpu() -> None:
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    comm, context = importlib.import_module("fla.ops.cp.comm"), importlib.import_module("fla.ops.cp.context")
+    if getattr(comm.all_gather_into_tensor, "_genome_lm_shim", False):
+        return
+    gather, check = comm.all_gather_into_tensor, context._check_cp_device
+
+    def all_gather_into_tensor(inp, out=None, group=None, async_op=False):
+        world = dist.get_world_size(group=group)
+        flat = torch.empty(world * inp.shape[0], *inp.shape[1:], device=inp.device, dtype=inp.dtype)
+        dist.all_gather_into_tensor(flat, inp.contiguous(), group=group)
+        gathered = flat.view(world, *inp.shape)
+        return (gathered if out is None else out.copy_(gathered)), None
+
+    def check_cp_device(device):
+        if device.type != "cpu":
+            check(device)
+
+    all_gather_into_tensor._genome_lm_shim = True
+    for name in ("comm", "context", "chunk_delta_h", "chunk_fwd", "chunk_bwd", "chunk_merge"):
+        module = importlib.import_module(f"fla.ops.cp.{name}")  # each bound the originals at import
+        if getattr(module, "all_gather_into_tensor", None) is gather:
+            module.all_gather_into_tensor = all_gather_into_tensor
+        if getattr(module, "_check_cp_device", None) is check:
+            module._check_cp_device = check_cp_device
 
 
 def install() -> None:

@@ -1,9 +1,11 @@
 """A 2-rank context-parallel step on gloo with every KDA call on fla (interpreted) vs one process in torch.
 
-Rank r runs its slab's two KDA passes (`cp_kda_core`: the ordinary pass and the state-map pass)
-on fla; loss, per-token NLL and every parameter gradient must equal the single-process run on
-genome_lm's torch op. glm53-demo (one KDA layer with 2 heads of 32, two DSA layers), T = 50:
-slabs of 25 tokens (fla's forward interprets one program per token and head: short slabs).
+Rank r runs its slab's KDA core on fla's own context parallelism (`fla_cp_kda_core`: one
+`chunk_kda` per slab with a `cp_context`, the states exchanged inside fla's kernels, forward and
+backward); loss, per-token NLL and every parameter gradient must equal the single-process run on
+genome_lm's torch op, which the two-pass method (tests/parallel/test_cp.py) also equals.
+glm53-demo (one KDA layer with 2 heads of 32, two DSA layers), T = 50: slabs of 25 tokens (fla's
+forward interprets one program per token and head: short slabs).
 """
 
 from tests.interpret import _interpreter  # noqa: F401, I001  (before anything imports triton)
@@ -43,15 +45,17 @@ def _step(cp: bool) -> dict:
 
 
 def _cp_worker(rank: int, world: int, out_dir: str) -> None:
-    from genome_lm.model.ops.kda import chunk as chunk_mod
+    from genome_lm.model.ops.kda import cp as cp_mod
+    from tests.interpret._interpreter import fla_cp_on_cpu
 
-    real, calls = chunk_mod.fla_chunk_kda(), []
+    fla_cp_on_cpu()
+    real, calls = cp_mod.fla_chunk_kda(), []
 
     def counting(*args, **kwargs):
-        calls.append(kwargs["v"].shape)
+        calls.append((tuple(kwargs["v"].shape), kwargs["cp_context"] is not None))
         return real(*args, **kwargs)
 
-    chunk_mod.fla_chunk_kda = lambda: counting
+    cp_mod.fla_chunk_kda = lambda: counting
     res = _step(cp=True)
     for g in res["grads"].values():  # CP ranks share parameters: their gradients add up
         dist.all_reduce(g)
@@ -66,8 +70,8 @@ def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch):
     spawn(_cp_worker, 2, str(tmp_path), timeout=280)
     for rank, slab in enumerate([25, 25]):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        # the ordinary pass (values of width V) and the state-map pass (width K), both on fla
-        assert [tuple(s) for s in got["fla_calls"]] == [(B, slab, 2, 32), (B, slab, 2, 32)], rank
+        # one pass per slab, on fla's context parallelism (no state-map pass)
+        assert got["fla_calls"] == [((B, slab, 2, 32), True)], rank
         torch.testing.assert_close(got["loss"], ref["loss"], rtol=RTOL["loss"], atol=1e-6, msg="loss")
         torch.testing.assert_close(got["nll"], ref["nll"], rtol=RTOL["nll"], atol=1e-5, msg="per-token NLL")
         assert got["grads"].keys() == ref["grads"].keys()

@@ -18,6 +18,12 @@ slab: every rank recomputes those of its own last W-1 tokens and they are all-ga
 shorter than W-1 takes the rest from earlier ranks; the sequence start is zero-padded, as
 upstream pads).
 
+On fla (CUDA by default; `_fla.use_fla`) with equal slabs the core is instead fla's own context
+parallelism: one `chunk_kda` per slab with an `FLACPContext` of the CP group, which exchanges the
+same affine maps inside the kernels (forward and backward) without a second pass or o^M kept for
+backward. The two-pass method is the path on every other device and the reference that fla's is
+tested against (`tests/interpret/test_cp.py`).
+
 Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv width.
 """
 
@@ -27,6 +33,7 @@ import torch
 from torch import nn
 
 from genome_lm.model.cp import attach, gather_seq
+from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.layer import KDAState, kda_layer_step
 
@@ -47,6 +54,8 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
+    if use_fla(q.device.type) and len(set(cp.lengths)) == 1:
+        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, **gate)
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **gate)
     Bsz, T, HV, V = v.shape
@@ -61,6 +70,24 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     o = o_b.float() + torch.einsum("bthk,bhkv->bthv", o_m.float(), s_in)
     final = torch.matmul(M_r.float(), s_in) + B_r.float()
     return o.to(q.dtype), final
+
+
+def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, **gate):
+    """This rank's slab [B, T, HV, V] of fla's context-parallel `chunk_kda` (equal slabs; each batch
+    row is its own sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
+    build = fla_function("fla.ops.cp", "build_cp_context")
+    T = q.shape[1]
+    bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
+    group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group
+    context = build(bounds.to(q.device), group=group, cu_seqlens_cpu=bounds)
+    if gate.get("use_gate_in_kernel"):  # as chunk_kda: fla's safe gate takes bounds in [-5, 0) only
+        bound = gate.get("lower_bound")
+        gate["safe_gate"] = bound is not None and -5 <= bound < 0
+    outs = [fla_chunk_kda()(q=q[b:b + 1], k=k[b:b + 1], v=v[b:b + 1], g=g[b:b + 1], beta=beta[b:b + 1],
+                            scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                            chunk_size=chunk_size if chunk_size in (32, 64) else 64, cp_context=context, **gate)[0]
+            for b in range(q.shape[0])]
+    return torch.cat(outs).to(q.dtype), None
 
 
 def _conv_prefix(module: nn.Module, hidden_states: torch.Tensor, cp) -> torch.Tensor:

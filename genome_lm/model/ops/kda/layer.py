@@ -119,7 +119,7 @@ def kda_layer_step(
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
     out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
-    return out, KDAState(new_conv_state, recurrent.float())
+    return out, KDAState(new_conv_state, None if recurrent is None else recurrent.float())
 
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
