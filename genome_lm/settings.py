@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ALL_OPS = ("kda", "dsa", "moe", "hc", "norm", "loss")
+ALL_OPS = ("kda", "dsa", "moe", "hc", "norm", "mlp", "loss")
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class LongContextSettings:
     moe_block_tokens: tokens per MoE block.
     moe_recompute: rebuild each MoE block's activations in backward (see `model/ops/moe/chunk.py`).
     loss_chunk_tokens: tokens per chunk of the LM head + cross-entropy.
-    ops: which of "kda", "dsa", "moe", "hc", "norm", "loss" to apply.
+    ops: which of "kda", "dsa", "moe", "hc", "norm", "mlp", "loss" to apply.
     """
 
     kda_chunk_size: int = 64

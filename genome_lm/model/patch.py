@@ -8,6 +8,9 @@ Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
           its intermediates are recomputed in backward instead of kept
     norm  every `Glm5NextTextRMSNorm`          -> `LeanRMSNorm` (`ops/norm/rms.py`): keeps only its
           input for backward (the decoder layers' norms, DSA's LoRA norms, the final norm)
+    mlp   every dense layer's `Glm5NextTextMLP` -> `LeanMLP` (`ops/mlp/swiglu.py`): keeps its input
+          and two projections, not the six [T, I] activations (MoE shared experts are left alone:
+          blocked MoE rebuilds them in backward)
     loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk
 Each class is a subclass of the upstream one (`ops/install.py` says how it is installed);
 `print(model)` shows the classes and their settings, `model.long_context` the settings applied.
@@ -25,9 +28,10 @@ from torch.distributed.fsdp import FSDPModule
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.ops.norm import LeanRMSNorm
-from genome_lm.model.upstream import route_cpu_to_torch
+from genome_lm.model.upstream import glm, route_cpu_to_torch
 from genome_lm.settings import ALL_OPS, DEFAULTS, LongContextSettings
 
 __all__ = ["ALL_OPS", "DEFAULTS", "LongContextSettings", "apply_long_context"]
@@ -54,6 +58,10 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
         "hc": (RecomputedHyperConnection, {}),
         "norm": (LeanRMSNorm, {}),
     }
+    if "mlp" in settings.ops:
+        for m in model.modules():
+            if isinstance(m, glm.Glm5NextTextDecoderLayer) and isinstance(m.mlp, LeanMLP.upstream):
+                LeanMLP.install(m.mlp)
     for op in settings.ops:
         if op in classes:
             cls, kwargs = classes[op]

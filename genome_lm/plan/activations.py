@@ -18,13 +18,13 @@ Per token (S streams of width D):
                 o_proj input a·HK, float32 copies of A_log and dt_bias per layer; torch op: q, k, v
                 (the conv output) a·3HK and one [H, K, K] float32 state per 16-chunk segment; fla
                 op: l2-normed q, k and a contiguous v 3·a·HK, their rstd 8·H, Aqk/Akk 2·a·H·C,
-                the norm's rstd 4·H; under CP the op runs twice (+ zero values a·HK and o^M in
-                float32 4·HK)
+                the norm's rstd 4·H; under CP the torch op runs twice (+ zero values a·HK and o^M
+                in float32 4·HK), fla's CP once
 - DSA           input a·D; q LoRA norm input + normalised 2·a·ql; kv LoRA norm input a·R; latent
                 a·R per *sequence* token (all-gathered under CP); q_nope copy a·H·DN; absorbed
                 query and output 2·a·H·R; row LSE 4·H; o_proj input a·H·DV; selection int32 per
                 query (kept by the attention's context, not by autograd)
-- dense MLP     input a·D, six a·I activations (gate, up, clamped gate, silu, clamped up, product)
+- dense MLP     input a·D, gate and up projections 2·a·I (ops/mlp: clamps, silu and product rebuilt)
 - MoE           input a·D; with moe_recompute nothing else (blocks rebuilt in backward); otherwise
                 router (float32 input copy, sigmoid scores 4·E, group/top-k indices and masks),
                 routed rows k·(2·a·D + 6·a·I + 28) and the shared expert 6·a·I
@@ -64,8 +64,9 @@ def hc_intermediates(m: ModelShape) -> int:
 
 
 def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> dict[str, int]:
-    """Under context parallelism (model/ops/kda/cp.py) the op runs twice per slab (ordinary run, and
-    the slab's affine map with zero values of width K), and o^M is kept in float32 for the einsum."""
+    """Under context parallelism (model/ops/kda/cp.py) the torch op runs twice per slab (ordinary run,
+    and the slab's affine map with zero values of width K), and o^M is kept in float32 for the
+    einsum; fla's own context parallelism (the fla backend, equal slabs) is one pass, nothing more."""
     a, D, H, K = m.act_bytes, m.D, m.kda_heads, m.kda_head_dim
     HK = H * K
     terms = {
@@ -81,7 +82,7 @@ def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> di
         segments = -(-n // (KDA_SEGMENT_CHUNKS * chunk))
         terms["kda_qkv"] = n * a * 3 * HK
         terms["kda_op"] = segments * F32 * H * K * K
-    if cp > 1:
+    if cp > 1 and backend != "fla":
         terms["kda_op"] *= 2
         terms["kda_cp_map"] = n * (a * HK + F32 * HK)  # zero values (saved by the op), o^M in float32
     return terms
@@ -105,7 +106,7 @@ def dsa(m: ModelShape, n: int, seq_tokens: int, layer: LayerShape) -> dict[str, 
 
 def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
     a = m.act_bytes
-    return {"mlp_input": n * a * m.D, "mlp_act": n * 6 * a * m.dense_width}
+    return {"mlp_input": n * a * m.D, "mlp_act": n * 2 * a * m.dense_width}
 
 
 def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None) -> dict[str, int]:

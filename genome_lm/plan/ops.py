@@ -29,7 +29,9 @@ activation dtype bytes, float32 where the code computes in float32):
   and their sum) and the float32 [T, R] latent gradient accumulator.
 - MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
   block's activations live while it runs; backward adds row gradients rows·a·(2·D + 3·I).
-- dense MLP backward: three a·I gradients.
+- dense MLP (ops/mlp): per block of 8,192 rows four a·I temporaries forward (clamps, silu,
+  product), eight backward (those, the product's gradient, the sigmoid, the two projection
+  gradients), three float32 weight-gradient accumulators [I, D] and the input gradient a·D.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Op:
         return sum(self.saved.values())
 
 
-HC_BLOCK, NORM_BLOCK, CONV_BLOCK = 4096, 8192, 2048  # tokens per block of the lean ops' float32 temporaries
+HC_BLOCK, NORM_BLOCK, CONV_BLOCK, MLP_BLOCK = 4096, 8192, 2048, 8192  # tokens per block of the lean ops' temporaries
 
 
 def hc_op(m: ModelShape, n: int, name: str, recompute: bool, saved: dict) -> Op:
@@ -130,8 +132,9 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
 def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> list[Op]:
     n, a, D = layout.tokens, m.act_bytes, m.D
     if layer.mlp == "dense":
-        t = act.dense_mlp(m, n)
-        return [Op("dense_mlp", t, fwd=0, bwd=n * 3 * a * m.dense_width, part="dense")]
+        t, blk, width = act.dense_mlp(m, n), min(n, MLP_BLOCK), m.dense_width
+        return [Op("dense_mlp", t, fwd=blk * 4 * a * width, bwd=blk * 8 * a * width + 3 * F32 * width * D + n * a * D,
+                   part="dense")]
     M = min(layout.moe_block_tokens, n)
     rows_n = act.moe_rows(m, n, layout, imbalance)
     rows = max(1, rows_n * M // n)

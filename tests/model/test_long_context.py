@@ -59,7 +59,7 @@ def loss_and_grads(model, x):
 ])
 def test_patched_model_matches_upstream(T, seed, overrides):
     ref, patched = pair(seed, **overrides)
-    assert set(patched.long_context.ops) == {"kda", "dsa", "moe", "hc", "norm", "loss"}
+    assert set(patched.long_context.ops) == {"kda", "dsa", "moe", "hc", "norm", "mlp", "loss"}
     for upstream, cls in [(glm.Glm5NextTextHyperConnection, RecomputedHyperConnection), (glm.Glm5NextTextMoE,
                           BlockedGlm5NextTextMoE), (glm.Glm5NextTextLinearAttention, LongKDA),
                           (glm.Glm5NextTextAttention, LongDSA)]:
