@@ -64,6 +64,10 @@ class TrainConfig(Section):
     weight_decay: float = Field(default=0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="dtype of AdamW's two moments: bfloat16 halves their memory (4 instead of "
+        "8 bytes per parameter, beside float32 master weights and gradients; DeepSeek-V3 trained so) and needs "
+        "betas <= 0.992 (docs/precision.md)")
     grad_clip: float | None = Field(default=1.0, gt=0)
     seed: int = 0
     checkpoint_every: int = Field(default=100, gt=0)

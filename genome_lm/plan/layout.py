@@ -41,6 +41,7 @@ class Layout:
     kda_chunk: int = 64
     reduce_bytes: int = 4  # FSDP2 gradient reduce-scatter: 4 float32, 2 bfloat16 (parallel.reduce_dtype)
     backward_prefetch: int = 1  # layers all-gathered ahead in backward (parallel.backward_prefetch)
+    state_bytes: int = 4  # each AdamW moment per parameter: 4 float32, 2 bfloat16 (train.optimizer_state_dtype)
 
     @property
     def gpus(self) -> int:
@@ -85,6 +86,7 @@ class Layout:
         parts = [f"cp={self.cp}", f"dp={self.dp}"] + ([f"ep={self.ep}"] if self.ep > 1 else [])
         parts += [f"reduce={'bf16' if self.reduce_bytes == 2 else 'fp32'}"] if self.reduce_bytes != 4 else []
         parts += [f"bwd_prefetch={self.backward_prefetch}"] if self.backward_prefetch != 1 else []
+        parts += ["adam_states=bf16"] if self.state_bytes == 2 else []
         parts += [f"recompute={rec}", f"offload={'on' if self.offload else 'off'}",
                   f"moe_recompute={'on' if self.moe_recompute else 'off'}",
                   f"moe_block={format_size(self.moe_block_tokens)}", f"dsa_block={format_size(self.dsa_block_queries)}",
@@ -108,6 +110,7 @@ def layout_from_config(cfg, gpus: int | None = None) -> Layout:
     layout = Layout(
         seq_len=cfg.data.seq_len, cp=par.cp, dp=dp, ep=par.ep, micro_batch=cfg.train.micro_batch,
         reduce_bytes=2 if par.reduce_dtype == "bfloat16" else 4, backward_prefetch=par.backward_prefetch,
+        state_bytes=2 if cfg.train.optimizer_state_dtype == "bfloat16" else 4,
         grad_accum=cfg.train.grad_accum, recompute=mem.recompute, recompute_layers=tuple(mem.recompute_layers),
         offload=mem.offload_layer_inputs, moe_recompute=mem.moe_recompute, hc_recompute=hc_recompute_available(),
         moe_block_tokens=mem.moe_block_tokens, dsa_block_queries=mem.dsa_block_queries,

@@ -4,8 +4,9 @@ The step is walked phase by phase, as the trainer runs it:
     forward of each layer (op by op) -> loss forward/backward -> backward of each layer from the
     last (recomputing it first when it is wrapped) -> optimizer step.
 At every point the live bytes are
-    persistent     sharded float32 master weights + float32 AdamW states (+ the float32
-                   gradients produced so far): 16 bytes per parameter over the shard degree
+    persistent     sharded float32 master weights + two AdamW moments (float32, or bf16 with
+                   train.optimizer_state_dtype) (+ the float32 gradients produced so far): 16
+                   (bf16 moments: 12) bytes per parameter over the shard degree
     comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer, and in
                    backward its unsharded gradients and the float32 reduce-scatter input
     kept           what earlier layers keep for backward: everything (recompute none), their
@@ -27,7 +28,7 @@ from genome_lm.plan.layout import Layout
 from genome_lm.plan.ops import Op, layer_ops, loss_transients
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
-MASTER_BYTES = 4  # float32 master weights, gradients, and each AdamW state, per parameter
+MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
 
 
 @dataclass
@@ -107,10 +108,11 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     n, a = layout.tokens, m.act_bytes
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1
-    # training holds float32 master weights, float32 gradients and two float32 AdamW states per
-    # parameter, sharded (genome_lm.parallel.fsdp); the gathered copies are in the model's dtype
+    # training holds float32 master weights, float32 gradients and two AdamW moments per parameter,
+    # sharded (genome_lm.parallel.fsdp, train/optim.py); the gathered copies are in the model's dtype
     params = MASTER_BYTES * m.param_count // F
-    persistent = {"parameters": params if gpu else 0, "optimizer_states": 2 * params if gpu else 0}
+    states = 2 * layout.state_bytes * m.param_count // F
+    persistent = {"parameters": params if gpu else 0, "optimizer_states": states if gpu else 0}
     if fsdp:
         persistent["fsdp_root_unsharded"] = m.root_param_bytes  # embeddings, final norm, LM head
     layer_grads = [MASTER_BYTES * lay.param_count // F for lay in m.layers]

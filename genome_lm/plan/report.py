@@ -8,7 +8,7 @@ from genome_lm.plan.hardware import GiB
 
 LABELS = {
     "parameters": "float32 master weights (FSDP2 shard)",
-    "optimizer_states": "AdamW states, float32 (shard)",
+    "optimizer_states": "AdamW states (shard)",
     "gradients": "float32 gradients (shard, so far)",
     "fsdp_root_unsharded": "embeddings + LM head (unsharded)",
     "fsdp_buffers": "FSDP2 all-gather / reduce-scatter buffers",

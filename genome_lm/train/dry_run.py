@@ -53,7 +53,8 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
         f"  FSDP2 over {world} ranks"
         f"{f' (the EP experts over the {world // ep} ranks holding the same ones)' if ep > 1 else ''}: "
         f"{per_rank:,} of {total:,} parameters per rank "
-        f"({_gib(per_rank * itemsize)} weights + {_gib(per_rank * itemsize * 2)} AdamW state); reduce-scatter in "
+        f"({_gib(per_rank * itemsize)} weights + {_gib(per_rank * _state_bytes(cfg, itemsize) * 2)} AdamW state); "
+        "reduce-scatter in "
         f"{cfg.parallel.reduce_dtype}, backward prefetch {cfg.parallel.backward_prefetch} layer(s)",
     ]
 
@@ -109,9 +110,16 @@ def _precision_line(cfg: ExperimentConfig, model) -> str:
     if compute_dtype(cfg) is None:
         return "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
     groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)
-    return ("precision: bf16 compute; float32 master weights, gradients and AdamW states, sharded by FSDP2 (16 "
-            f"bytes per parameter); upstream's float32 exceptions in {groups} float32 FSDP2 groups of their own "
-            "(routers, conv1d, forget gates, hyper-connections); model/ exports in bf16")
+    states = cfg.train.optimizer_state_dtype
+    per_param = 8 + 2 * _state_bytes(cfg, 4)
+    return (f"precision: bf16 compute; float32 master weights and gradients, {states} AdamW moments, sharded by "
+            f"FSDP2 ({per_param} bytes per parameter); upstream's float32 exceptions in {groups} float32 FSDP2 "
+            "groups of their own (routers, conv1d, forget gates, hyper-connections); model/ exports in bf16")
+
+
+def _state_bytes(cfg: ExperimentConfig, itemsize: int) -> int:
+    """Bytes of one AdamW moment per parameter: the parameter's (float32 master) or bf16's."""
+    return 2 if cfg.train.optimizer_state_dtype == "bfloat16" else itemsize
 
 
 def _init_line(cfg: ExperimentConfig, model: nn.Module, world: int) -> str:

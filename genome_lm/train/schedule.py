@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from genome_lm.train.optim import AdamW
+
 
 def lr_lambda(step: int, *, steps: int, warmup: int, schedule: str, min_lr_ratio: float) -> float:
     """Multiplier of the base lr for optimizer step `step` (0-based)."""
@@ -25,10 +27,12 @@ def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.l
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not on norms, biases, gates and other vectors). The
     routed experts' stacked weights are a group of their own, whatever the layout: with expert
-    parallelism they are DTensors on another mesh, which one foreach update cannot mix."""
+    parallelism they are DTensors on another mesh, which one foreach update cannot mix.
+    `train_cfg.optimizer_state_dtype`: float32 -> torch's AdamW; bfloat16 -> `optim.AdamW` with
+    bf16 moments (same update arithmetic)."""
     decay, no_decay, experts = [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -37,4 +41,7 @@ def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if experts:
         groups.append({"params": experts, "weight_decay": train_cfg.weight_decay})
-    return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps)
+    kw = dict(lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps)
+    if train_cfg.optimizer_state_dtype == "bfloat16":
+        return AdamW(groups, state_dtype=torch.bfloat16, **kw)
+    return torch.optim.AdamW(groups, **kw)

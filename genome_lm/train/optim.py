@@ -1,0 +1,101 @@
+"""AdamW whose two moment estimates are stored in a chosen dtype (`train.optimizer_state_dtype`).
+
+torch's `AdamW` keeps `exp_avg` and `exp_avg_sq` in the parameter's dtype: float32 beside
+float32 master weights, 8 bytes per parameter. `AdamW(params, state_dtype=torch.bfloat16)` keeps
+them in bf16 (4 bytes per parameter) as DeepSeek-V3 trained (float32 master weights and
+gradients, bf16 moments). Each step reads a parameter's moments into float32, updates them with
+torch AdamW's arithmetic (same ops, same order), rounds them back to the storage dtype (to
+nearest) and updates the float32 parameter from the float32 values of this step:
+
+    p      <- p · (1 - lr · weight_decay)
+    m      <- lerp(m, g, 1 - beta1)                 v <- beta2 · v + (1 - beta2) · g²
+    p      <- p - lr / (1 - beta1^t) · m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+    store  m, v as state_dtype
+
+With `state_dtype=torch.float32` the result is torch's single-tensor AdamW bit for bit
+(`tests/train/test_optim.py`). A bf16 moment keeps 8 significant bits: a decay (1 - beta) below
+2^-7 would be rounded away (0.999 · v rounds back to v), so bf16 moments need beta1, beta2 <=
+1 - 2^-7 (0.992); the default betas (0.9, 0.95) and DeepSeek-V3's are well inside.
+
+Parameters may be DTensors (FSDP2 shards, expert-parallel shards): the update is elementwise, so
+it runs on each rank's local shard; the moments are DTensors of the same placements, so DCP
+checkpoints and `get_optimizer_state_dict` treat them as torch's (`load_state_dict`, which DCP's
+`set_optimizer_state_dict` also calls, keeps them in `state_dtype`). The state also holds `step`
+(a float32 scalar tensor, as torch's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from genome_lm.errors import GenomeLMError
+
+BF16_MAX_BETA = 1 - 2**-7
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay) with moments stored as `state_dtype`; see the module docstring."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, state_dtype: torch.dtype = torch.float32):
+        if state_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"AdamW state_dtype must be float32 or bfloat16, got {state_dtype}")
+        if state_dtype == torch.bfloat16 and max(betas) > BF16_MAX_BETA:
+            raise GenomeLMError(
+                f"train.betas {tuple(betas)} with train.optimizer_state_dtype: bfloat16: a bf16 moment rounds a "
+                f"decay of 1 - beta < 2^-7 away; use betas <= {BF16_MAX_BETA:.4f} (e.g. [0.9, 0.95]) or "
+                "optimizer_state_dtype: float32")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.state_dtype = state_dtype
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, which casts every moment to its parameter's dtype; cast back to `state_dtype`."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and state[key].dtype != self.state_dtype:
+                    state[key] = state[key].to(self.state_dtype)
+
+    def _state(self, p: torch.Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._state(p)
+                state["step"] += 1
+                step = state["step"].item()
+                param, grad = _local(p), _local(p.grad)
+                m_store, v_store = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                m = m_store if m_store.dtype == param.dtype else m_store.to(param.dtype)
+                v = v_store if v_store.dtype == param.dtype else v_store.to(param.dtype)
+                param.mul_(1 - lr * wd)
+                m.lerp_(grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step_size = lr / (1 - beta1**step)
+                denom = (v.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+                param.addcdiv_(m, denom, value=-step_size)
+                if m is not m_store:
+                    m_store.copy_(m)
+                    v_store.copy_(v)
+        return loss
