@@ -45,6 +45,7 @@ DEMO_GENOME = dict(
     n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.3,
     min_distance=500, max_distance=8000, substitution_rate=0.01, indel_rate=0.0, reverse_fraction=0.0,
     tandem_fraction=0.5, tandem_unit_min=10, tandem_unit_max=80, tandem_copies_min=4, tandem_copies_max=30,
+    segdup_count=5, segdup_max_len=5000, segdup_region=(0.17, 0.30),  # chr22 shares sequence with chr1/chr2
 )
 
 
@@ -94,7 +95,7 @@ def run(root: Path, quick: bool = False) -> dict:
     log.info(f"[2/8] prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
     params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1,chr2", eval_chroms="chr22",
                                     seq_len=r.window, min_gap="1000", max_n_frac=0.05, tail="keep",
-                                    min_len=r.window, reverse_complement=True)
+                                    min_len=r.window, reverse_complement=True, leakage_k=32)
     manifest = prepare(params, shards)
 
     data = [f"data.shards={shards}"]

@@ -21,6 +21,11 @@ tokens that have long preceding context. What it plants, in the order it is buil
    the sidecar TSV) put copies within a short context: `make demo` uses them to teach a small
    model in-context copying before the long-context fine-tune.
 4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
+5. Optionally (`segdup_count` > 0), segmental duplications (`segdups.py`): stretches of the
+   earlier records copied, nearly exactly, into `segdup_into` (chr22) before its repeats are
+   planted, so that the held-out record shares exact K-mers with the training ones (what
+   `prepare --leakage-k` marks); sidecar `F.segdups.tsv`. Off by default: the default genome is
+   unchanged.
 
 Same parameters and seed -> the same bytes: numpy's PCG64 seeded per record, and gzip with
 mtime 0 and no file name. Coordinates are 0-based, half-open, on the forward strand.
@@ -33,7 +38,7 @@ import gzip
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
+from genome_lm.genome.segdups import SegDup, format_segdups, plant_segdups
 from genome_lm.utils import atomic_file, validate
 
 log = logging.getLogger(__name__)
@@ -103,6 +109,12 @@ class SynthParams(BaseModel):
     tandem_copies_min: int = 4  #: fewest units in one array
     tandem_copies_max: int = 16  #: most units in one array
     tandem_divergence: float = 0.01  #: per-base substitution rate of a unit vs the one before it
+    segdup_count: int = 0  #: segmental duplications copied into `segdup_into` (at scale 1.0; 0: none)
+    segdup_into: str = "chr22"  #: the record that receives them (from the records before it)
+    segdup_min_len: int = 1_000  #: shortest segmental duplication (log-uniform lengths)
+    segdup_max_len: int = 8_000  #: longest
+    segdup_region: tuple[float, float] = (0.0, 1.0)  #: where in `segdup_into`, as fractions of its length
+    segdup_substitution_rate: float = 0.002  #: per-base substitution rate of a copy vs its source
 
     @model_validator(mode="after")
     def _check(self):
@@ -121,6 +133,12 @@ class SynthParams(BaseModel):
             (self.mean_copies >= 2, "mean_copies >= 2"),
             (self.n_families >= 1, "n_families >= 1"),
             (0 < self.inner_gap_min <= self.inner_gap_max, "0 < inner_gap_min <= inner_gap_max"),
+            (self.segdup_count >= 0, "segdup_count >= 0"),
+            (0 < self.segdup_min_len <= self.segdup_max_len, "0 < segdup_min_len <= segdup_max_len"),
+            (0 <= self.segdup_region[0] < self.segdup_region[1] <= 1, "0 <= segdup_region[0] < segdup_region[1] <= 1"),
+            (0 <= self.segdup_substitution_rate <= 1, "0 <= segdup_substitution_rate <= 1"),
+            (not self.segdup_count or self.segdup_into in [c.name for c in self.chroms[1:]],
+             "segdup_into to name a record after the first (segmental duplications copy the records before it)"),
         ]
         for ok, what in checks:
             if not ok:
@@ -144,11 +162,13 @@ class RepeatCopy:
 
 @dataclass
 class SynthGenome:
-    """The generated genome: sequences (ASCII bytes), family consensus sequences, copies."""
+    """The generated genome: sequences (ASCII bytes), family consensus sequences, copies, and the
+    segmental duplications (not among the repeat copies: they are uppercase)."""
 
     sequences: dict[str, bytes]
     families: dict[str, bytes]
     copies: list[RepeatCopy]
+    segdups: list[SegDup] = field(default_factory=list)
 
     def repeat_fraction(self) -> float:
         """Share of non-N bases that lie in planted copies."""
@@ -317,8 +337,8 @@ def _plant_tandems(rng, name, seq, occ, p: SynthParams) -> list[RepeatCopy]:
     return copies
 
 
-def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams,
-                families) -> tuple[np.ndarray, list[RepeatCopy]]:
+def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthParams, families,
+                earlier: dict[str, bytes]) -> tuple[np.ndarray, list[RepeatCopy], list[SegDup]]:
     rng = np.random.default_rng([seed, 1, index])
     length = round(spec.length * scale)
     runs = _n_runs(rng, spec, length, scale, p)
@@ -337,6 +357,11 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
         seq[a:b] = _N
 
     occ = _Occupancy(length, runs)
+    segdups = []
+    if p.segdup_count and spec.name == p.segdup_into:  # own stream, before the repeats: they plant around them
+        segdups = plant_segdups(np.random.default_rng([seed, 3, index]), spec.name, seq, occ, earlier,
+                                max(1, round(p.segdup_count * scale)), p.segdup_min_len, p.segdup_max_len,
+                                p.segdup_region, p.segdup_substitution_rate)
     copies = _plant_repeats(rng, spec.name, seq, occ, families, p)
     if p.tandem_fraction:  # in the space the interspersed copies left; own stream: the default genome is unchanged
         copies += _plant_tandems(np.random.default_rng([seed, 2, index]), spec.name, seq, occ, p)
@@ -346,7 +371,7 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
         i = _first(100, lambda: int(rng.integers(0, length)), lambda i: 65 <= seq[i] <= 90 and seq[i] != _N)
         if i is not None:  # an uppercase base, not N
             seq[i] = IUPAC[rng.integers(len(IUPAC))]
-    return seq, copies
+    return seq, copies, segdups
 
 
 # --- public API ------------------------------------------------------------------------
@@ -362,12 +387,13 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     if not (scale > 0) or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = _families(np.random.default_rng([seed, 0]), params)
-    sequences, copies = {}, []
+    sequences, copies, segdups = {}, [], []
     for i, spec in enumerate(params.chroms):
-        seq, chrom_copies = _chromosome(seed, i, spec, scale, params, families)
+        seq, chrom_copies, chrom_segdups = _chromosome(seed, i, spec, scale, params, families, dict(sequences))
         sequences[spec.name] = seq.tobytes()
         copies += chrom_copies
-    return SynthGenome(sequences, {k: _UPPER[v].tobytes() for k, v in families.items()}, copies)
+        segdups += chrom_segdups
+    return SynthGenome(sequences, {k: _UPPER[v].tobytes() for k, v in families.items()}, copies, segdups)
 
 
 def synthesize(scale: float = 1.0, seed: int = 0, **params) -> dict[str, bytes]:
@@ -380,13 +406,22 @@ def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
     return b">" + name.encode() + b"\n" + b"".join(seq[i : i + width] + b"\n" for i in range(0, len(seq), width))
 
 
-def repeats_path(fasta: str | os.PathLike) -> Path:
-    """The sidecar TSV beside a FASTA: genome.fa.gz -> genome.repeats.tsv."""
+def _sidecar(fasta: str | os.PathLike, suffix: str) -> Path:
     fasta = Path(fasta)
     stem = fasta.name
-    for suffix in (".gz", ".fa", ".fasta", ".fna"):
-        stem = stem.removesuffix(suffix)
-    return fasta.with_name(stem + ".repeats.tsv")
+    for ext in (".gz", ".fa", ".fasta", ".fna"):
+        stem = stem.removesuffix(ext)
+    return fasta.with_name(stem + suffix)
+
+
+def repeats_path(fasta: str | os.PathLike) -> Path:
+    """The sidecar TSV beside a FASTA: genome.fa.gz -> genome.repeats.tsv."""
+    return _sidecar(fasta, ".repeats.tsv")
+
+
+def segdups_path(fasta: str | os.PathLike) -> Path:
+    """The segmental duplications' sidecar TSV (`segdups.read_segdups`): genome.fa.gz -> genome.segdups.tsv."""
+    return _sidecar(fasta, ".segdups.tsv")
 
 
 def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
@@ -401,18 +436,20 @@ class WrittenGenome:
     repeats: Path
     lengths: dict[str, int]
     repeat_fraction: float
+    segdups: Path | None = None  #: the segdups sidecar, when the genome has any
 
 
 def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
                           params: SynthParams | None = None) -> WrittenGenome:
     """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
-    planted copies (chrom, start, end, strand, family, source_start) beside it. `params`
-    (see `make_params`) replaces the default SynthParams."""
+    planted copies (chrom, start, end, strand, family, source_start) beside it, and one of the
+    segmental duplications when there are any (`segdups_path`). `params` (see `make_params`)
+    replaces the default SynthParams."""
     out = Path(out)
-    tsv = repeats_path(out)
+    tsv, sd_tsv = repeats_path(out), segdups_path(out)
     if not out.name.endswith(".gz"):
         raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
-    for path in (out, tsv):
+    for path in (out, tsv, sd_tsv):
         if path.exists() and not overwrite:
             raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
     check_writable(out.parent)
@@ -423,6 +460,11 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     with atomic_file(tsv, "w") as f:
         f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
                                      for c in genome.copies))
+    if genome.segdups:
+        with atomic_file(sd_tsv, "w") as f:
+            f.write(format_segdups(genome.segdups))
+    else:
+        sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
     with atomic_file(out, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
         for name, seq in genome.sequences.items():
             gz.write(fasta_lines(name, seq))
@@ -430,10 +472,14 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     frac = genome.repeat_fraction()
     n_tandem = sum(c.family == "tandem" for c in genome.copies)
     tandem = f" and {n_tandem} tandem units" if n_tandem else ""
+    sd_bases = sum(d.end - d.start for d in genome.segdups)
+    segdups = (f", {len(genome.segdups)} segmental duplications ({sd_bases:,} bp) in "
+               f"{', '.join(sorted({d.chrom for d in genome.segdups}))}" if genome.segdups else "")
     log.info(
-        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s) "
+        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s%s) "
         "and %s in %.1f s",
         out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
-        100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, tsv, time.perf_counter() - t0,
+        100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
+        time.perf_counter() - t0,
     )
-    return WrittenGenome(out, tsv, lengths, frac)
+    return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)

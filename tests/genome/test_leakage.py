@@ -10,6 +10,7 @@ from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome import leakage, load_manifest, load_shards
 from genome_lm.genome.leakage import KmerIndex, canonical_kmers, check_k
+from genome_lm.genome.synth import make_params, synthesize_genome
 from genome_lm.genome.tokenizer import CODE_LUT, SOFTMASK_BIT, encode, reverse_complement, unpack_mask
 
 from .conftest import random_chrom, write_fasta
@@ -150,6 +151,18 @@ def test_index_counts_and_reverse_complement_codes():
     index.finalize()
     assert index.added == 14 and len(index.codes) == len(set(canon.tolist()))
     assert (np.diff(index.codes.astype(np.float64)) > 0).all()
+
+
+def test_demo_genome_segdups_are_masked():
+    from genome_lm.demo import DEMO_GENOME
+
+    g = synthesize_genome(scale=0.5, seed=0, params=make_params(**DEMO_GENOME))
+    mask = mask_of([g.sequences["chr1"].decode(), g.sequences["chr2"].decode()], g.sequences["chr22"].decode(), 32)
+    inside = np.zeros(len(mask), dtype=bool)
+    for d in g.segdups:
+        inside[d.start : d.end] = True
+        assert mask[d.start : d.end].mean() > 0.95, d  # a few substitutions (0.2%) leave a K-mer unmatched
+    assert len(g.segdups) >= 2 and mask[~inside].sum() < 0.01 * mask.sum() + 100  # chance matches elsewhere
 
 
 # --- through prepare ---------------------------------------------------------------------------

@@ -11,11 +11,13 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.segdups import read_segdups
 from genome_lm.genome.synth import (
     SynthParams,
     make_params,
     read_repeats,
     repeats_path,
+    segdups_path,
     synthesize,
     synthesize_genome,
     write_synthetic_fasta,
@@ -198,6 +200,44 @@ def test_tandem_arrays_are_contiguous_diverging_lowercase_units():
     # the interspersed copies are still planted, and tandem_fraction 0 (the default) plants none
     assert any(c.family != "tandem" for c in g.copies)
     assert not any(c.family == "tandem" for c in synthesize_genome(scale=0.05, seed=3).copies)
+
+
+SEGDUPS = dict(segdup_count=8, segdup_region=(0.2, 0.9))
+
+
+def test_segmental_duplications_copy_earlier_records_into_chr22():
+    g = synthesize_genome(scale=SCALE, seed=7, params=make_params(**SEGDUPS))
+    plain = synthesize_genome(scale=SCALE, seed=7)
+    assert plain.segdups == [] and g.sequences["chr1"] == plain.sequences["chr1"]  # only chr22 changes
+    assert g.sequences["chr2"] == plain.sequences["chr2"] and g.sequences["chr22"] != plain.sequences["chr22"]
+    assert len(g.segdups) == 2 and {d.strand for d in g.segdups} == {"+", "-"}  # round(8 x 0.25)
+    chr22 = g.sequences["chr22"]
+    for d in g.segdups:
+        assert d.chrom == "chr22" and d.source_chrom in ("chr1", "chr2") and 1000 <= d.end - d.start <= 8000
+        assert 0.2 * len(chr22) <= d.start and d.end <= 0.9 * len(chr22)
+        copy = chr22[d.start : d.end]
+        src = oriented(g.sequences[d.source_chrom], d.source_start, d.source_end, d.strand)
+        assert copy.isupper() and len(copy) == len(src) and b"N" not in copy
+        iupac = len(re.findall(rb"[RYKMSWBDHV]", copy))  # placed after, in uppercase background
+        assert sum(a != b for a, b in zip(copy, src)) == d.substitutions + iupac
+        assert d.substitutions < 0.01 * len(copy)
+    # the repeat copies are planted around them: lowercase is still exactly the listed copies
+    lower = sum(len(re.findall(rb"[acgt]", s)) for s in g.sequences.values())
+    assert lower == sum(c.end - c.start for c in g.copies)
+    assert not any(c.start < d.end and d.start < c.end for c in g.copies if c.chrom == "chr22" for d in g.segdups)
+
+
+def test_segdup_sidecar_and_bad_parameters(tmp_path):
+    written = write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.05, seed=2, params=make_params(**SEGDUPS))
+    assert written.segdups == segdups_path(written.fasta) == tmp_path / "g.segdups.tsv"
+    want = synthesize_genome(scale=0.05, seed=2, params=make_params(**SEGDUPS)).segdups
+    assert read_segdups(written.segdups) == want and len(want) == 1
+    again = write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.05, seed=2, overwrite=True)
+    assert again.segdups is None and not segdups_path(written.fasta).exists()  # no stale sidecar
+    for bad, named in [({"segdup_into": "chr1"}, "segdup_into"), ({"segdup_region": (0.5, 0.2)}, "segdup_region"),
+                       ({"segdup_min_len": 0}, "segdup_min_len")]:
+        with pytest.raises(GenomeLMError, match=named):
+            make_params(segdup_count=1, **bad)
 
 
 def test_sidecar_tsv_lists_the_planted_copies(tmp_path):
