@@ -95,6 +95,9 @@ class BlockSizes(Section):
                                     description="queries per block of DSA sparse attention")
     loss_chunk_tokens: Size = Field(default=DEFAULTS.loss_chunk_tokens,
                                     description="tokens per chunk of the LM head + loss")
+    kda_head_block: int = Field(default=DEFAULTS.kda_head_block, ge=0,
+                                description="KDA heads per fla kernel call on CUDA (0: all): fla's backward "
+                                "transients shrink by heads / kda_head_block (docs/plan.md)")
 
 
 class MemoryConfig(BlockSizes):
@@ -103,6 +106,10 @@ class MemoryConfig(BlockSizes):
         default_factory=list, description="with recompute: selective, the layer kinds to recompute"
     )
     offload_layer_inputs: bool = False
+    offload_keep_last: int = Field(
+        default=1, ge=0, description="with offload_layer_inputs: the last N decoder layers keep their checkpointed "
+        "inputs on the device (the last layer's backward starts right after the loss, so its copy back could not "
+        "overlap anything); 0 offloads every layer")
     moe_recompute: bool = Field(default=DEFAULTS.moe_recompute,
                                 description="rebuild each MoE block's expert activations in backward")
 

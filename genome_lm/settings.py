@@ -15,6 +15,7 @@ ALL_OPS = ("kda", "dsa", "moe", "hc", "norm", "mlp", "loss")
 @dataclass(frozen=True)
 class LongContextSettings:
     """kda_chunk_size: chunk length of `chunk_kda`.
+    kda_head_block: value heads per fla KDA kernel call (0: all; `chunk_kda`'s head_block).
     dsa_block_queries: queries per block of the DSA indexer and sparse attention.
     moe_block_tokens: tokens per MoE block.
     moe_recompute: rebuild each MoE block's activations in backward (see `model/ops/moe/chunk.py`).
@@ -23,6 +24,7 @@ class LongContextSettings:
     """
 
     kda_chunk_size: int = 64
+    kda_head_block: int = 0
     dsa_block_queries: int = 1024
     moe_block_tokens: int = 4096
     moe_recompute: bool = False

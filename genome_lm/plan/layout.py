@@ -33,12 +33,14 @@ class Layout:
     recompute: str = "none"
     recompute_layers: tuple[str, ...] = ()
     offload: bool = False
+    offload_keep_last: int = 1  # the last layers whose inputs stay on the device (memory.offload_keep_last)
     moe_recompute: bool = False
     hc_recompute: bool = True
     moe_block_tokens: int = 4096
     dsa_block_queries: int = 1024
     loss_chunk_tokens: int = 4096
     kda_chunk: int = 64
+    kda_head_block: int = 0  # KDA heads per fla call (memory.kda_head_block; 0: all)
     reduce_bytes: int = 4  # FSDP2 gradient reduce-scatter: 4 float32, 2 bfloat16 (parallel.reduce_dtype)
     backward_prefetch: int = 1  # layers all-gathered ahead in backward (parallel.backward_prefetch)
     state_bytes: int = 4  # each AdamW moment per parameter: 4 float32, 2 bfloat16 (train.optimizer_state_dtype)
@@ -91,6 +93,7 @@ class Layout:
                   f"moe_recompute={'on' if self.moe_recompute else 'off'}",
                   f"moe_block={format_size(self.moe_block_tokens)}", f"dsa_block={format_size(self.dsa_block_queries)}",
                   f"loss_chunk={format_size(self.loss_chunk_tokens)}"]
+        parts += [f"kda_heads_per_call={self.kda_head_block}"] if self.kda_head_block else []
         return " ".join(parts)
 
 
@@ -112,9 +115,10 @@ def layout_from_config(cfg, gpus: int | None = None) -> Layout:
         reduce_bytes=2 if par.reduce_dtype == "bfloat16" else 4, backward_prefetch=par.backward_prefetch,
         state_bytes=2 if cfg.train.optimizer_state_dtype == "bfloat16" else 4,
         grad_accum=cfg.train.grad_accum, recompute=mem.recompute, recompute_layers=tuple(mem.recompute_layers),
-        offload=mem.offload_layer_inputs, moe_recompute=mem.moe_recompute, hc_recompute=hc_recompute_available(),
+        offload=mem.offload_layer_inputs, offload_keep_last=mem.offload_keep_last, moe_recompute=mem.moe_recompute,
+        hc_recompute=hc_recompute_available(),
         moe_block_tokens=mem.moe_block_tokens, dsa_block_queries=mem.dsa_block_queries,
-        loss_chunk_tokens=mem.loss_chunk_tokens,
+        loss_chunk_tokens=mem.loss_chunk_tokens, kda_head_block=mem.kda_head_block,
     )
     layout.check()
     return layout

@@ -127,7 +127,9 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         if key not in by_kind:
             by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
     all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
-    keeps = [kept(ops, m, lay, layout, assume) for ops, lay in zip(all_ops, m.layers)]
+    on_device = layout.replace(offload=False)  # the last offload_keep_last layers are not offloaded
+    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.offload_keep_last else on_device, assume)
+             for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]
     if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
         keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]
     outside = act.outside_layers(m, n)

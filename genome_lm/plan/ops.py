@@ -19,7 +19,8 @@ activation dtype bytes, float32 where the code computes in float32):
 - KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head),
   doubled in backward (rebuilt + gradients), plus the concatenated input gradients.
 - KDA fla op (CUDA): chunk_kda_fwd intermediates w, u, qg, kg, h [NT, H, K, V], v_new; backward
-  rebuilds them and adds dh, dAqk/dAkk (float32), dq, dk, dv, dg.
+  rebuilds them and adds dh, dAqk/dAkk (float32), dq, dk, dv, dg. With memory.kda_head_block
+  the heads go to fla in calls of that many, so the intermediates are those of one call.
 - DSA indexer (no grad, in forward): index queries/keys/gates, k-pool build (float32 logits and
   softmax over T·DI), a float32 [block, P] row buffer kept for all blocks, and at the last block
   the float32 [block, HI, P] scores (scaled and relu'd in place) and the row scores before they
@@ -90,8 +91,11 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
               part="kda")
     if backend == "fla":
         h = H * K * K // C  # chunk states [NT, H, K, V] per token
-        fwd = n * (a * 4 * HK + a * h + a * HK + 64 * H)
-        bwd = n * (a * 4 * HK + 2 * a * h + 2 * F32 * H * C + a * 3 * HK + F32 * HK + a * HK)
+        # per call (layout.kda_head_block heads of H; calls run one after another): the chunk
+        # intermediates; the output (forward) and the input gradients (backward) are whole
+        calls = H // layout.kda_head_block if layout.kda_head_block and layout.kda_head_block < H else 1
+        fwd = n * ((a * 4 * HK + a * h + 64 * H) // calls + a * HK)
+        bwd = n * ((a * 4 * HK + 2 * a * h + 2 * F32 * H * C + a * HK) // calls + a * 3 * HK + F32 * HK)
     else:
         seg = min(n, act.KDA_SEGMENT_CHUNKS * C)
         floats = 14 * K + 4 * C + (4 * K + 1 if a != F32 else 0)

@@ -46,6 +46,11 @@ class Plan:
         return self.memory.peak_bytes + self.process_baseline_bytes
 
     @property
+    def needed_gpu_bytes(self) -> int:
+        """The peak plus the allocator's overhead and the runtime's reserve (what must fit a GPU)."""
+        return int(self.peak_gpu_bytes * (1 + self.assume.fragmentation) + self.assume.runtime_reserved_gib * GiB)
+
+    @property
     def host_bytes_per_gpu(self) -> int:
         return self.memory.host_bytes_per_gpu
 
@@ -97,7 +102,7 @@ def limits(plan: Plan) -> list[str]:
     """Reasons the plan does not fit its cluster (empty when it fits)."""
     c, a, lay = plan.cluster, plan.assume, plan.layout
     out = []
-    need = plan.memory.peak_bytes * (1 + a.fragmentation) + a.runtime_reserved_gib * GiB
+    need = plan.needed_gpu_bytes
     if need > c.gpu.memory_bytes:
         out.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {plan.memory.peak_bytes / GiB:.1f} + "
                    f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "

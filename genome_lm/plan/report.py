@@ -45,6 +45,7 @@ def plan_json(plan) -> dict:
         "peak_gpu_bytes": plan.peak_gpu_bytes,
         "peak_gpu_gib": gib(plan.peak_gpu_bytes),
         "peak_where": mem.peak_where,
+        "needed_gpu_gib": gib(plan.needed_gpu_bytes) if plan.cluster else None,
         "breakdown": dict(mem.breakdown) | ({"process_baseline": plan.process_baseline_bytes}
                                             if plan.process_baseline_bytes else {}),
         "host_bytes_per_gpu": plan.host_bytes_per_gpu,
@@ -84,14 +85,14 @@ def format_plan(plan) -> str:
         lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
     if plan.cluster is not None:
         limit = plan.cluster.gpu.memory_bytes
-        lines.append(f"  limit: {gib(limit):,.1f} GiB per GPU, "
-                     f"of which {plan.assume.runtime_reserved_gib:g} GiB runtime "
-                     f"and {plan.assume.fragmentation:.0%} allocator overhead reserved")
+        lines.append(f"  with {plan.assume.fragmentation:.0%} allocator overhead and "
+                     f"{plan.assume.runtime_reserved_gib:g} GiB runtime: needs {gib(plan.needed_gpu_bytes):,.1f} "
+                     f"of {gib(limit):,.1f} GiB per GPU")
     lines.append("activations of one layer without recompute / kept between forward and backward:")
     for kind, full in mem.activations_by_layer_type.items():
         lines.append(f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB")
     host = plan.host_bytes_per_gpu
-    lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB per GPU"
+    lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU"
                  + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
                     f"(of {gib(plan.cluster.host_memory_per_node):,.0f})" if plan.cluster else ""))
     if plan.time is not None:

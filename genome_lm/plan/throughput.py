@@ -134,8 +134,9 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     if layout.offload:
         link = gpu.host_link_bytes_per_s * assume.host_link_efficiency
         per_layer = act.layer_input(m, n) if layout.wraps("layer") else n * a * m.D
-        wrapped = m.n_layers if layout.wraps("layer") else sum(
-            layout.wraps(lay.attn) + layout.wraps(lay.mlp) for lay in m.layers)
+        offloaded = m.layers[:max(0, m.n_layers - layout.offload_keep_last)]  # the last ones stay on the device
+        wrapped = len(offloaded) if layout.wraps("layer") else sum(
+            layout.wraps(lay.attn) + layout.wraps(lay.mlp) for lay in offloaded)
         copy = per_layer * wrapped / link
         forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
         back = 0.0 if assume.offload_prefetch else copy

@@ -40,19 +40,19 @@ def apply_recompute(model: nn.Module, memory: MemoryConfig) -> list[str]:
         return []
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("apply_recompute: recompute before FSDP2 shards the model (see train/parallelize.py)")
-    targets = {}
-    for i, layer in enumerate(model.model.layers):
+    targets, layers = {}, model.model.layers
+    for i, layer in enumerate(layers):
         if memory.recompute == "per-layer":
-            targets[f"layers.{i}"] = layer
+            targets[f"layers.{i}"] = (i, layer)
             continue
         attn = "kda" if layer.block_type == "linear_attention" else "dsa"
         mlp = "moe" if hasattr(layer.mlp, "experts") else "dense"
         if attn in memory.recompute_layers:
-            targets[f"layers.{i}.self_attn"] = layer.self_attn
+            targets[f"layers.{i}.self_attn"] = (i, layer.self_attn)
         if mlp in memory.recompute_layers:
-            targets[f"layers.{i}.mlp"] = layer.mlp
-    for module in targets.values():
-        recompute(module, offload=memory.offload_layer_inputs)
+            targets[f"layers.{i}.mlp"] = (i, layer.mlp)
+    for i, module in targets.values():  # the last offload_keep_last layers keep their inputs on the device
+        recompute(module, offload=memory.offload_layer_inputs and i < len(layers) - memory.offload_keep_last)
     return list(targets)
 
 
@@ -70,7 +70,8 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
         raise ValueError("parallelize: a compute dtype needs FSDP2 (a sharded ParallelContext)")
 
     apply_long_context(model, dsa_block_queries=memory.dsa_block_queries, moe_block_tokens=memory.moe_block_tokens,
-                       loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute)
+                       loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute,
+                       kda_head_block=memory.kda_head_block)
     if parallel is not None and parallel.cp > 1:
         apply_context_parallel(model, parallel.cp_group)
     ep_mesh = getattr(parallel, "ep_mesh", None)

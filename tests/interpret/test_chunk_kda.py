@@ -82,3 +82,33 @@ def test_fla_cp_second_pass(fla_calls):
     assert_close("M", M, M_ref, tol["state"])
     for name, got, ref in zip(["dq", "dk", "dg", "dbeta"], grads, grads_ref):
         assert_close(name, got, ref, tol[name])
+
+
+def test_fla_in_head_blocks_matches_one_call(fla_calls):
+    # memory.kda_head_block: fla gets the value heads in calls of `head_block` (GVA: each call with
+    # the q/k heads of its values; the gate's A_log / dt_bias rows of its heads); outputs, final
+    # state and every gradient (the gate's parameters included) as the torch path over all heads
+    H, HV, K, T = 2, 4, 32, 40
+    q, k, v, g, beta, h0 = make_inputs(25, B=1, T=T, H=H, HV=HV, K=K, V=K)
+    gen = torch.Generator().manual_seed(26)
+    A_log, dt_bias = 0.3 * torch.randn(HV, generator=gen), 0.3 * torch.randn(HV * K, generator=gen)
+
+    def run(fn, **kw):
+        xs = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0, A_log, dt_bias)]
+        o, S = fn(*xs[:5], initial_state=xs[5], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                  use_gate_in_kernel=True, A_log=xs[6], dt_bias=xs[7], lower_bound=-5.0, **kw)
+        g2 = torch.Generator().manual_seed(27)
+        loss = (o * torch.randn(o.shape, generator=g2)).sum() + (S * torch.randn(S.shape, generator=g2)).sum()
+        return o.detach(), S.detach(), torch.autograd.grad(loss, xs)
+
+    o, S, grads = run(chunk_kda, head_block=2)
+    assert [c["v"].shape[2] for c in fla_calls] == [2, 2] and [c["q"].shape[2] for c in fla_calls] == [1, 1]
+    o_ref, S_ref, grads_ref = run(chunk_kda_torch)
+    tol = TOL[torch.float32]
+    assert_close("o", o, o_ref, tol["o"])
+    assert_close("state", S, S_ref, tol["state"])
+    for name, got, ref in zip([*NAMES, "dA_log", "ddt_bias"], grads, grads_ref):
+        assert_close(name, got, ref, 2e-5)
+    with pytest.raises(ValueError, match="head_block=3"):
+        chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0,
+                  head_block=3)

@@ -10,6 +10,7 @@ forward interprets one program per token and head: short slabs).
 
 from tests.interpret import _interpreter  # noqa: F401, I001  (before anything imports triton)
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -27,14 +28,15 @@ def _batch():
     return ids, labels
 
 
-def _step(cp: bool) -> dict:
+def _step(cp: bool, head_block: int = 0) -> dict:
     """One forward + backward of glm53-demo (long-context ops; CP over the world when `cp`)."""
     from genome_lm.model import build
     from genome_lm.model.patch import apply_long_context
     from genome_lm.parallel import apply_context_parallel
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48)
+    model = apply_long_context(build("glm53-demo"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48,
+                               kda_head_block=head_block)
     if cp:
         apply_context_parallel(model)
     ids, labels = _batch()
@@ -44,7 +46,7 @@ def _step(cp: bool) -> dict:
     return {"loss": out.loss.detach(), "nll": out.per_token_nll.detach(), "grads": grads}
 
 
-def _cp_worker(rank: int, world: int, out_dir: str) -> None:
+def _cp_worker(rank: int, world: int, out_dir: str, head_block: int) -> None:
     from genome_lm.model.ops.kda import cp as cp_mod
     from tests.interpret._interpreter import fla_cp_on_cpu
 
@@ -56,22 +58,24 @@ def _cp_worker(rank: int, world: int, out_dir: str) -> None:
         return real(*args, **kwargs)
 
     cp_mod.fla_chunk_kda = lambda: counting
-    res = _step(cp=True)
+    res = _step(cp=True, head_block=head_block)
     for g in res["grads"].values():  # CP ranks share parameters: their gradients add up
         dist.all_reduce(g)
     res["fla_calls"] = calls
     torch.save(res, f"{out_dir}/rank{rank}.pt")
 
 
-def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("head_block", [0, 1], ids=["all-heads", "head-blocks"])
+def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch, head_block):
     monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "torch")
     ref = _step(cp=False)
     monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")  # inherited by the spawned ranks
-    spawn(_cp_worker, 2, str(tmp_path), timeout=280)
+    spawn(_cp_worker, 2, str(tmp_path), head_block, timeout=280)
     for rank, slab in enumerate([25, 25]):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        # one pass per slab, on fla's context parallelism (no state-map pass)
-        assert got["fla_calls"] == [((B, slab, 2, 32), True)], rank
+        # one pass per slab (per head block), on fla's context parallelism (no state-map pass)
+        want = [((B, slab, 2, 32), True)] if not head_block else [((B, slab, 1, 32), True)] * 2
+        assert got["fla_calls"] == want, rank
         torch.testing.assert_close(got["loss"], ref["loss"], rtol=RTOL["loss"], atol=1e-6, msg="loss")
         torch.testing.assert_close(got["nll"], ref["nll"], rtol=RTOL["nll"], atol=1e-5, msg="per-token NLL")
         assert got["grads"].keys() == ref["grads"].keys()

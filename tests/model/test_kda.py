@@ -249,7 +249,7 @@ def test_install_keeps_parameters_and_survives_deepcopy():
     assert LongKDA.install(layer, chunk_size=16) is layer
     assert type(layer) is LongKDA and list(layer.state_dict()) == keys
     assert [p.data_ptr() for p in layer.parameters()] == params  # the same tensors, nothing copied
-    assert repr(layer).startswith("LongKDA(\n  chunk_size=16, cp=None\n")
+    assert repr(layer).startswith("LongKDA(\n  chunk_size=16, head_block=0, cp=None\n")
     twin = copy.deepcopy(layer)
     assert type(twin) is LongKDA and twin.chunk_size == 16
     with pytest.raises(TypeError, match="expects a Glm5NextTextLinearAttention"):

@@ -60,3 +60,19 @@ def test_out_of_order_steps_raise():
             apply_long_context(model)
     finally:
         par.shutdown()
+
+
+@pytest.mark.parametrize("keep", [0, 1, 2])
+def test_offload_keep_last_leaves_the_last_layers_on_the_device(keep):
+    """memory.offload_keep_last: the last N layers are plain checkpoints (input kept on the device),
+    the others offloaded; loss and gradients equal recompute without offload."""
+    from genome_lm.train.memory import _OffloadedRecompute
+
+    memory = MemoryConfig(recompute="per-layer", offload_layer_inputs=True, offload_keep_last=keep, **SIZES)
+    model = parallelize(tiny_model(), memory)
+    layers = list(model.model.layers)
+    offloaded = [isinstance(layer, _OffloadedRecompute) for layer in layers]
+    assert offloaded == [i < len(layers) - keep for i in range(len(layers))]
+    loss, grads = _loss_and_grads(model)
+    loss2, grads2 = _loss_and_grads(parallelize(tiny_model(), MemoryConfig(recompute="per-layer", **SIZES)))
+    assert torch.equal(loss, loss2) and all(torch.equal(grads[n], grads2[n]) for n in grads)

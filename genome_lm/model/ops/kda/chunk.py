@@ -53,6 +53,7 @@ def chunk_kda(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     lower_bound: float | None = None,
+    head_block: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
 
@@ -70,6 +71,10 @@ def chunk_kda(
             the gate, `gate.kda_gate(g, A_log, dt_bias, lower_bound)` (A_log `[HV]`, dt_bias
             `[HV·K]`), as fla's argument of that name: fla's kernel with `safe_gate` for a bound
             in [-5, 0); the torch path per checkpointed segment, so only raw g is kept.
+        head_block: on fla, value heads per kernel call (0: all in one). fla's backward rebuilds
+            its chunk intermediates and states for every head of a call at once; calls of
+            `head_block` heads run their backwards one after another, so those transients shrink
+            by HV / head_block (`fla_by_heads`). The torch path ignores it (its segments bound them).
 
     Returns:
         `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
@@ -84,23 +89,39 @@ def chunk_kda(
     if use_fla(q.device.type):
         if use_gate_in_kernel:  # fla's safe gate (its fast path) takes bounds in [-5, 0) only
             gate["safe_gate"] = lower_bound is not None and -5 <= lower_bound < 0
-        o, S = fla_chunk_kda()(
-            q=q,
-            k=k,
-            v=v,
-            g=g,
-            beta=beta,
-            scale=scale,
-            initial_state=None if initial_state is None else initial_state.float(),  # fla asserts fp32
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            chunk_size=chunk_size if chunk_size in (32, 64) else 64,  # fla's kernels take 32 or 64
-            **gate,
-        )
+        kw = dict(scale=scale, output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  chunk_size=chunk_size if chunk_size in (32, 64) else 64)  # fla's kernels take 32 or 64
+        h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32
+        o, S = fla_by_heads(fla_chunk_kda(), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
         return o.to(q.dtype), (S.float() if S is not None else None)
     return chunk_kda_torch(
         q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel, **gate
     )
+
+
+def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_state=None, **kw):
+    """`fla_fn` (fla's `chunk_kda` contract) over groups of `head_block` value heads (0 or >= HV:
+    one call); outputs [B, T, HV, V] and final states [B, HV, K, V] concatenated over the groups.
+    Per group: q, k heads of its values (GVA: HV / H value heads share one), g, beta, initial
+    state, and the gate's A_log [HV] / dt_bias [HV·K] rows."""
+    HV, H, K = v.shape[2], q.shape[2], q.shape[3]
+    if not head_block or head_block >= HV:
+        return fla_fn(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, **gate, **kw)
+    G = HV // H
+    if head_block % G or HV % head_block:
+        raise ValueError(f"kda head_block={head_block} must divide the {HV} value heads in multiples of {G}")
+    outs, states = [], []
+    for h0 in range(0, HV, head_block):
+        h1, hq = h0 + head_block, slice(h0 // G, (h0 + head_block) // G)
+        part = dict(gate)
+        for name, rows in (("A_log", 1), ("dt_bias", K)):
+            if part.get(name) is not None:
+                part[name] = part[name][h0 * rows:h1 * rows]
+        o, S = fla_fn(q=q[:, :, hq], k=k[:, :, hq], v=v[:, :, h0:h1], g=g[:, :, h0:h1], beta=beta[:, :, h0:h1],
+                      initial_state=None if initial_state is None else initial_state[:, h0:h1], **part, **kw)
+        outs.append(o)
+        states.append(S)
+    return torch.cat(outs, dim=2), (None if states[0] is None else torch.cat(states, dim=1))
 
 
 def chunk_kda_torch(

@@ -34,7 +34,7 @@ from torch import nn
 
 from genome_lm.model.cp import attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
-from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads
 from genome_lm.model.ops.kda.layer import KDAState, kda_layer_step
 
 
@@ -49,15 +49,15 @@ def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
 
 
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, **gate):
+                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, head_block: int = 0, **gate):
     """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`
     (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
     if use_fla(q.device.type) and len(set(cp.lengths)) == 1:
-        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, **gate)
+        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, head_block, **gate)
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **gate)
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, **gate)
     Bsz, T, HV, V = v.shape
     K = q.shape[-1]
     o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]
@@ -72,9 +72,11 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     return o.to(q.dtype), final
 
 
-def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, **gate):
+def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, head_block: int,
+                    **gate):
     """This rank's slab [B, T, HV, V] of fla's context-parallel `chunk_kda` (equal slabs; each batch
-    row is its own sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
+    row is its own sequence of cp·T tokens; `head_block` value heads per call, as `chunk_kda`'s)
+    -> (o [B, T, HV, V], None): fla's CP gives no final state."""
     build = fla_function("fla.ops.cp", "build_cp_context")
     T = q.shape[1]
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
@@ -83,10 +85,10 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
     if gate.get("use_gate_in_kernel"):  # as chunk_kda: fla's safe gate takes bounds in [-5, 0) only
         bound = gate.get("lower_bound")
         gate["safe_gate"] = bound is not None and -5 <= bound < 0
-    outs = [fla_chunk_kda()(q=q[b:b + 1], k=k[b:b + 1], v=v[b:b + 1], g=g[b:b + 1], beta=beta[b:b + 1],
-                            scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                            chunk_size=chunk_size if chunk_size in (32, 64) else 64, cp_context=context, **gate)[0]
-            for b in range(q.shape[0])]
+    kw = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cp_context=context,
+              chunk_size=chunk_size if chunk_size in (32, 64) else 64)
+    outs = [fla_by_heads(fla_chunk_kda(), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
+                         beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
     return torch.cat(outs).to(q.dtype), None
 
 

@@ -115,6 +115,7 @@ def kda_layer_step(
         A_log=A_log,
         dt_bias=dt_bias,
         lower_bound=module.forget_gate.safe_gate_lower_bound,
+        head_block=module.head_block,
     )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
@@ -134,18 +135,22 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
 
     upstream = Glm5NextTextLinearAttention
     chunk_size: int = DEFAULTS.kda_chunk_size
+    head_block: int = DEFAULTS.kda_head_block
     cp = None
 
-    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size) -> None:
+    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block) -> None:
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
+        if head_block < 0 or (head_block and self.num_heads % head_block):
+            raise ValueError(f"kda head_block={head_block} must be 0 (all heads) or divide the {self.num_heads} heads")
         self.chunk_size = int(chunk_size)
+        self.head_block = int(head_block)
         KDAShortConv.install(self.conv1d, activation=self.activation)
         KDAForgetGate.install(self.forget_gate)
         KDAOutputNorm.install(self.o_norm)
 
     def extra_repr(self) -> str:
-        return f"chunk_size={self.chunk_size}, cp={self.cp}"
+        return f"chunk_size={self.chunk_size}, head_block={self.head_block}, cp={self.cp}"
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
                 **kwargs) -> torch.Tensor:
