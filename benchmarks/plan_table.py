@@ -2,8 +2,9 @@
 
 For every (GPU, GPU count, sequence length) the planner's `--fit` search runs twice: without
 expert parallelism (ep = 1: experts sharded by FSDP2 like every other weight) and with it allowed
-(`parallel.ep` in 1, 2, 4, 8). The starting layout is the GLM-5.3-Flash experiments' (bf16
-reduce-scatter, no backward prefetch). Writes benchmarks/results/plan_table.json
+(`parallel.ep` in 1, 2, 4, 8). The starting layout is experiments/glm53flash_1m_64xb200.yaml's
+(block sizes, bf16 reduce-scatter and AdamW moments, offload, KDA head blocks), with each row's
+sequence length, cp and dp. Writes benchmarks/results/plan_table.json
 and prints two markdown tables (no GPU needed; a few seconds per row).
 
     python benchmarks/plan_table.py [--gpus-list 8,16,32,64] [--seqs 128k,256k,512k,1M]
@@ -20,7 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    from genome_lm.plan import Assumptions, Layout, fit, make_cluster, model_shape
+    from genome_lm.config import load_experiment
+    from genome_lm.plan import Assumptions, fit, make_cluster, model_shape
+    from genome_lm.plan.layout import layout_from_config
     from genome_lm.plan.report import format_table, gib
     from genome_lm.utils import format_size, parse_size
 
@@ -31,6 +34,8 @@ def main() -> None:
     ap.add_argument("--json", default=str(HERE / "results" / "plan_table.json"))
     args = ap.parse_args()
 
+    # the experiments' layout (blocks, dtypes, offload, head blocks), re-sized per row
+    start = layout_from_config(load_experiment(str(HERE.parent / "experiments" / "glm53flash_1m_64xb200.yaml")), 64)
     shape = model_shape("glm53-flash", "bfloat16")
     assume = Assumptions()
     rows = []
@@ -41,9 +46,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     cluster = make_cluster(gpu, gpus)
                     cp = min(8, gpus)
-                    given = Layout(seq_len=seq, cp=cp, dp=gpus // cp, recompute="per-layer", offload=True,
-                                   moe_recompute=True, moe_block_tokens=8192, dsa_block_queries=1024,
-                                   loss_chunk_tokens=16384, reduce_bytes=2, backward_prefetch=0)
+                    given = start.replace(seq_len=seq, cp=cp, dp=gpus // cp, ep=1)
                     result = fit(shape, given, cluster, assume, eps)
                     p = result.best or result.closest
                     rows.append({"variant": variant, "gpu": gpu, "gpus": gpus, "seq": format_size(seq),

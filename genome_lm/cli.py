@@ -117,7 +117,9 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
     plan = make_plan(*build(PlanParams(experiment=p.experiment, overrides=p.overrides, gpus=world))[:4])
     gib = 2**30
     print(f"planner ({plan.cluster.gpus} x {plan.device}): peak {plan.peak_gpu_bytes / gib:,.1f} GiB per GPU at "
-          f"{plan.memory.peak_where}; {'fits' if plan.fits else 'DOES NOT FIT: ' + '; '.join(plan.problems)} "
+          f"{plan.memory.peak_where} (needs {plan.needed_gpu_bytes / gib:,.1f} GiB with the allocator and runtime "
+          f"margins), host {plan.host_bytes_per_gpu / 1e9:,.1f} GB per GPU; "
+          f"{'fits' if plan.fits else 'DOES NOT FIT: ' + '; '.join(plan.problems)} "
           f"(genome-lm plan {p.experiment} for the breakdown)")
 
 

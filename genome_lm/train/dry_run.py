@@ -45,7 +45,8 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
         f"layout: {world} ranks = dp {dp} x cp {cp}; global batch {dp * B * cfg.train.grad_accum} sequences per step",
         f"  CP slabs per sequence: {slabs} (bounds {bounds if cp <= 8 else '...'})",
         f"  per rank: input_ids [{B}, {max(lengths):,}], layer input {[B, max(lengths), c.hc_mult, c.hidden_size]}",
-        f"  KDA layers ({n_kda}): all-gather maps {[B, cp, H, K, 2 * K]} fp32 and conv tails "
+        f"  KDA layers ({n_kda}): on CUDA fla's context parallelism (states exchanged inside its kernels), "
+        f"elsewhere all-gather maps {[B, cp, H, K, 2 * K]} fp32; conv tails "
         f"{[B, cp * (c.linear_conv_kernel_dim - 1), 3 * H * K]}",
         f"  DSA layers ({len(c.layer_types) - n_kda}): all-gather latent {[B, T, c.kv_lora_rank]} and index keys "
         f"{[B, T, c.index_head_dim]}",
@@ -92,8 +93,10 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
         f"per step: input_ids [{B}, {T:,}] x {cfg.train.grad_accum} micro-batches = "
         f"{B * T * cfg.train.grad_accum:,} tokens; layer input [{B}, {T:,}, {c.hc_mult}, {c.hidden_size}]",
         f"memory: recompute={m.recompute}{' ' + str(m.recompute_layers) if m.recompute == 'selective' else ''}, "
-        f"offload_layer_inputs={m.offload_layer_inputs}, moe_block_tokens={m.moe_block_tokens}, "
-        f"dsa_block_queries={m.dsa_block_queries}, loss_chunk_tokens={m.loss_chunk_tokens}",
+        f"offload_layer_inputs={m.offload_layer_inputs}"
+        f"{f' (the last {m.offload_keep_last} kept on the device)' if m.offload_layer_inputs else ''}, "
+        f"moe_block_tokens={m.moe_block_tokens}, dsa_block_queries={m.dsa_block_queries}, "
+        f"loss_chunk_tokens={m.loss_chunk_tokens}, kda_head_block={m.kda_head_block or 'all'}",
         _precision_line(cfg, model),
         f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}, ep={cfg.parallel.ep}",
         *layout_lines(model, cfg, world),

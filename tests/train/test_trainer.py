@@ -177,7 +177,9 @@ def test_dry_run_full_size(tiny_shards, capsys, name):
     out = capsys.readouterr().out
     assert code == 0
     assert "313,326,816,766" in out and "dry run OK" in out
-    assert "recompute=per-layer, offload_layer_inputs=True" in out
+    assert "recompute=per-layer, offload_layer_inputs=True (the last 1 kept on the device)" in out
+    assert "ep=8" in out and "36 of 288 routed experts per rank" in out and "kda_head_block=32" in out
+    assert "bfloat16 AdamW moments" in out and "fits" in out.splitlines()[-1]
     assert "precision: bf16 compute; float32 master weights" in out and "in 200 float32 FSDP2 groups" in out
 
 
