@@ -26,9 +26,10 @@ its label in benchmarks/results/bench_layer_memory.json and leaves the rest, so 
 
 The committed JSON: `before` ran on the tree of 471cc66 (KDA+MoE 644,129 bytes per token measured,
 644,056 predicted: issue 15's figures), `after` with the lean KDA internals, RMSNorms and
-hyper-connection recompute (`ops/kda/{conv,gate,norm}.py`, `ops/norm`, `ops/hc`), its planner
-column still the planner of that time; DSA+MoE with `--dsa-block-queries 256` (a 1024-query
-block needs ~18 GB of this 23 GB machine; the saved bytes are the same).
+hyper-connection recompute (`ops/kda/{conv,gate,norm}.py`, `ops/norm`, `ops/hc`), KDA+dense
+re-run with the lean dense MLP (`ops/mlp`: 430,809 -> 332,505); DSA+MoE with
+`--dsa-block-queries 256` (a 1024-query block needs ~18 GB of this 23 GB machine; the saved
+bytes are the same).
 """
 
 from __future__ import annotations
