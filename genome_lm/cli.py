@@ -148,9 +148,9 @@ def _eval(args) -> None:
         from genome_lm.eval import evaluate
 
         s = evaluate(cfg)
-    o = s["overall"]
-    print(f"{cfg.out}: {o['n_tokens']:,} tokens, mean NLL {o['mean_nll']:.4f} nats/token = "
-          f"{o['bits_per_base']:.4f} bits/base (95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats)")
+    from genome_lm.eval.text import format_summary
+
+    print(format_summary(s, cfg.out))
 
 
 def _compare(args) -> None:

@@ -2,7 +2,8 @@
 
 Each token scored by both evals counts once, in the bucket of its preceding context (with
 different --seq-len, the context of the eval with the longer pieces). Per bucket, overall and
-by repeat class:
+by the class of each stratum (`strata.py`: repeat; leakage when either eval has the mask;
+each `--annotate` NAME of either eval; the masks of A where both have one):
     diff           = mean_B - mean_A          (nats/token; negative: B is better)
     rel_change_pct = 100 * (mean_B / mean_A - 1)
 with 95% CIs from a paired bootstrap over windows (the same drawn windows for A and B).
@@ -21,15 +22,16 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.outputs import iter_windows, load_summary, read_json, read_meta
 from genome_lm.eval.stats import (
-    CLASSES,
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
     LN2,
+    StrataAccumulator,
     bootstrap_ci,
     jfloat,
     ratio,
-    window_stats,
 )
+from genome_lm.eval.strata import place, strata_of
+from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
 from genome_lm.utils import atomic_directory, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -37,9 +39,9 @@ COMPARE_FILE = "compare.json"
 MIN_SHARE_FOR_HEADLINE = 0.01  # a bucket needs >= 1% of the tokens to be named as where the gain is
 
 
-def _same_windows(a: Path, b: Path) -> dict:
-    """The window columns of `a` (`read_meta`), after checking that `b` scored the same windows."""
-    ma, mb = read_meta(a), read_meta(b)
+def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
+    """The window columns of `a`'s `orientation` rows (`read_meta`), after checking that `b` scored the same."""
+    ma, mb = read_meta(a, orientation), read_meta(b, orientation)
     keys = ("chrom", "start", "end", "strand")
     if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
         raise GenomeLMError(
@@ -47,6 +49,43 @@ def _same_windows(a: Path, b: Path) -> dict:
             "evaluate both with the same --shards, --split and --max-windows"
         )
     return ma
+
+
+def _merged(wa: dict, wb: dict) -> dict:
+    """A's window record with the strata B has and A lacks (the same windows, so the same tokens)."""
+    rec = dict(wa)
+    if rec.get("leakage") is None:
+        rec["leakage"] = wb.get("leakage")
+    rec["annotations"] = {**(wb.get("annotations") or {}), **(wa.get("annotations") or {})}
+    return rec
+
+
+def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarray, orientation: str = "forward"):
+    """One pass over the `orientation` rows of both evals -> (strata, acc_a, acc_b): `StrataAccumulator`s
+    of A's and B's NLL over the tokens both scored (the counts and contexts are in both)."""
+    acc_a = acc_b = strata = None
+    for i, (wa, wb) in enumerate(zip(iter_windows(a, orientation), iter_windows(b, orientation))):
+        rec = _merged(wa, wb)
+        if strata is None:
+            strata = strata_of(rec)
+            acc_a, acc_b = (StrataAccumulator(n_windows, strata, edges) for _ in range(2))
+        both = ~(np.isnan(wa["nll"]) | np.isnan(wb["nll"]))
+        contexts = contexts_of(len(wa["nll"]), seq_len)
+        acc_a.add(i, rec, contexts, np.where(both, wa["nll"], np.nan))
+        acc_b.add(i, rec, contexts, np.where(both, wb["nll"], np.nan))
+    return strata, acc_a, acc_b
+
+
+def paired_tables(strata, acc_a, acc_b, edges, resamples, seed) -> dict:
+    """{"overall", "buckets", "repeat": {...}, ("leakage", "annotations")} of `paired_stats`' result."""
+    def table(sl):
+        return _paired_table(acc_a.sums[sl], acc_b.sums[sl], acc_a.counts[sl], acc_a.ctx[sl[1:]], edges,
+                             resamples, seed)
+
+    result = _paired_table(acc_a.sums[:, 0].sum(1), acc_b.sums[:, 0].sum(1), acc_a.counts[:, 0].sum(1),
+                           acc_a.ctx[0].sum(0), edges, resamples, seed)
+    per = [{label: table((slice(None), i, c)) for c, label in enumerate(st.labels)} for i, st in enumerate(strata)]
+    return place(result, strata, per)
 
 
 def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
@@ -94,16 +133,7 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
     meta = _same_windows(a, b)
     W, seq_len = len(meta["window"]), max(sum_a["config"]["seq_len"], sum_b["config"]["seq_len"])
     edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
-    K = len(edges) - 1
-    sa, sb = np.zeros((W, 2, K + 1)), np.zeros((W, 2, K + 1))
-    n = np.zeros((W, 2, K + 1), dtype=np.int64)
-    ctx = np.zeros((2, K + 1))
-    for i, (wa, wb) in enumerate(zip(iter_windows(a), iter_windows(b))):
-        both = ~(np.isnan(wa["nll"]) | np.isnan(wb["nll"]))
-        contexts = contexts_of(len(wa["nll"]), seq_len)
-        sa[i], n[i], x = window_stats(np.where(both, wa["nll"], np.nan), contexts, wa["repeat"], edges)
-        sb[i], _, _ = window_stats(np.where(both, wb["nll"], np.nan), contexts, wa["repeat"], edges)
-        ctx += x
+    tables = paired_tables(*paired_stats(a, b, W, seq_len, edges), edges, resamples, seed)
     result = {
         **{k: {"dir": str(d), "checkpoint": s.get("checkpoint", {}).get("path"), "seq_len": s["config"]["seq_len"]}
            for k, d, s in (("a", a, sum_a), ("b", b, sum_b))},
@@ -111,42 +141,13 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
                       "negative = B has lower loss; gain_share = the bucket's share of the total NLL reduction",
         "context": f"tokens of preceding context (position modulo seq_len {seq_len}); lo inclusive, hi exclusive",
         "n_windows": W,
-        **_paired_table(sa.sum(1), sb.sum(1), n.sum(1), ctx.sum(0), edges, resamples, seed),
-        "repeat": {name: _paired_table(sa[:, c], sb[:, c], n[:, c], ctx[c], edges, resamples, seed)
-                   for c, name in enumerate(CLASSES)},
+        **tables,
         "bootstrap": {"unit": "window", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95},
     }
+    if "leakage" not in tables:
+        result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)
     return result
-
-
-def _num(x, spec: str, width: int = 0) -> str:
-    return f"{'-' if x is None else format(x, spec):>{width}}"
-
-
-def format_table(result: dict) -> str:
-    """The comparison as a fixed-width text table (printed by the CLI)."""
-    lines = [f"A = {result['a']['dir']}", f"B = {result['b']['dir']}",
-             f"{'context':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} "
-             f"{'95% CI (%)':>17} {'share':>6}"]
-
-    def row(label: str, e: dict) -> str:
-        ci = f"[{_num(e['rel_ci_low'], '+.2f')}, {_num(e['rel_ci_high'], '+.2f')}]"
-        share = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
-        return (f"{label:>17} {e['n_tokens']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
-                f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} {ci:>17} {share:>6}")
-
-    for bk in result["buckets"]:
-        if bk["n_tokens"]:
-            lines.append(row(f"[{bk['lo']:,}, {bk['hi']:,})", bk))
-    lines.append(row("all", result["overall"]))
-    for name in CLASSES:
-        lines.append(row(f"all {name}", result["repeat"][name]["overall"]))
-    c = result["concentration"]["largest_relative_gain"]
-    if c:
-        lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "
-                     f"(95% CI {_num(c['rel_ci_low'], '+.2f')} to {_num(c['rel_ci_high'], '+.2f')})")
-    return "\n".join(lines)
 
 
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:

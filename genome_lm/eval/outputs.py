@@ -1,12 +1,20 @@
 """The per-token output of an eval: `tokens.parquet`, one row per window.
 
 Columns: window (int64, row of the shard split), chrom, start, end (int64, 0-based half-open on
-the forward strand), strand ('+'/'-'), nll (list<float32> [L], nats; NaN = not scored),
-repeat_mask (list<uint8>, numpy.packbits of the per-token soft-mask flag, as in the shards).
+the forward strand), strand ('+'/'-': the strand of the tokens scored), nll (list<float32> [L],
+nats; NaN = not scored), repeat_mask (list<uint8>, numpy.packbits of the per-token soft-mask
+flag, as in the shards); optional columns, present only when the eval has them:
+    leakage_mask        list<uint8>        packbits, when the shards have `prepare --leakage-k`'s mask
+    annotation_masks    list<list<uint8>>  one packbits mask per `--annotate` file, in the order of the
+                                           schema metadata `genome_lm.annotations` (JSON list of NAMEs)
+    reverse_complement  bool               with `--strands both`: True on the row that scored the
+                                           reverse complement of shard row `window` (it follows that
+                                           window's forward row, and its strand is the other one)
 
-Token j of a window maps to genome position `start + j` on '+' rows and `end - 1 - j` on '-'
-rows (which hold the reverse complement). Its preceding context is `j % seq_len` (seq_len from
-summary.json's config). One row group per window, so readers stream window by window.
+Masks are in token order, like the NLL. Token j of a window maps to genome position `start + j`
+on '+' rows and `end - 1 - j` on '-' rows (which hold the reverse complement). Its preceding
+context is `j % seq_len` (seq_len from summary.json's config). One row group per row, so
+readers stream window by window.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from genome_lm.genome.tokenizer import unpack_mask
 TOKENS_FILE = "tokens.parquet"
 SUMMARY_FILE = "summary.json"
 META_COLUMNS = ["window", "chrom", "start", "end", "strand"]
+ANNOTATIONS_KEY = b"genome_lm.annotations"
 SCHEMA = pa.schema([
     ("window", pa.int64()),
     ("chrom", pa.string()),
@@ -36,17 +45,39 @@ SCHEMA = pa.schema([
 ])
 
 
-class TokensWriter(pq.ParquetWriter):
-    """Writes `tokens.parquet` one window (row group) at a time; use as a context manager."""
+def schema(leakage: bool = False, annotations: list[str] = (), strands: bool = False) -> pa.Schema:
+    """SCHEMA plus the optional columns an eval writes (see the module docstring)."""
+    fields = list(SCHEMA)
+    if leakage:
+        fields.append(pa.field("leakage_mask", pa.list_(pa.uint8())))
+    if annotations:
+        fields.append(pa.field("annotation_masks", pa.list_(pa.list_(pa.uint8()))))
+    if strands:
+        fields.append(pa.field("reverse_complement", pa.bool_()))
+    meta = {ANNOTATIONS_KEY: json.dumps(list(annotations)).encode()} if annotations else None
+    return pa.schema(fields, metadata=meta)
 
-    def __init__(self, path: Path):
-        super().__init__(str(path), SCHEMA, compression="zstd")
+
+class TokensWriter(pq.ParquetWriter):
+    """Writes `tokens.parquet` one window (row group) at a time; use as a context manager. The
+    optional columns are written when the writer is made with them (`schema`)."""
+
+    def __init__(self, path: Path, leakage: bool = False, annotations: list[str] = (), strands: bool = False):
+        self.schema_ = schema(leakage, annotations, strands)
+        super().__init__(str(path), self.schema_, compression="zstd")
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
-            repeat_packed: np.ndarray) -> None:
+            repeat_packed: np.ndarray, leakage_packed: np.ndarray | None = None,
+            annotation_packed: list[np.ndarray] | None = None, reverse_complement: bool | None = None) -> None:
         row = {"window": window, "chrom": chrom, "start": start, "end": end, "strand": strand,
-               "nll": np.asarray(nll, dtype=np.float32), "repeat_mask": np.asarray(repeat_packed, dtype=np.uint8)}
-        self.write_batch(pa.RecordBatch.from_pydict({k: [v] for k, v in row.items()}, schema=SCHEMA))
+               "nll": np.asarray(nll, dtype=np.float32), "repeat_mask": np.asarray(repeat_packed, dtype=np.uint8),
+               "leakage_mask": leakage_packed, "annotation_masks": annotation_packed,
+               "reverse_complement": reverse_complement}
+        names = self.schema_.names
+        missing = [k for k in names if row[k] is None]
+        if missing or any(row[k] is not None for k in row if k not in names):
+            raise ValueError(f"TokensWriter: columns {names}, row gives {[k for k in row if row[k] is not None]}")
+        self.write_batch(pa.RecordBatch.from_pydict({k: [row[k]] for k in names}, schema=self.schema_))
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:
@@ -57,24 +88,55 @@ def _file(directory: str | Path, name: str, command: str) -> Path:
     return path
 
 
-def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
-    """The window columns (window, chrom, start, end, strand) as numpy arrays [W], plus `length`."""
-    table = pq.read_table(_file(eval_dir, TOKENS_FILE, "eval"), columns=META_COLUMNS)
+def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str, np.ndarray]:
+    """The window columns (window, chrom, start, end, strand) as numpy arrays [W], plus `length` and
+    `rc` (bool: the row scored a reverse complement); `orientation` as in `iter_windows`."""
+    path = _file(eval_dir, TOKENS_FILE, "eval")
+    has_rc = "reverse_complement" in pq.read_schema(path).names
+    table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []))
     meta = {c: table.column(c).to_numpy(zero_copy_only=False) for c in META_COLUMNS}
+    meta["rc"] = (table.column("reverse_complement").to_numpy(zero_copy_only=False).astype(bool) if has_rc
+                  else np.zeros(table.num_rows, dtype=bool))
+    if orientation is not None:
+        keep = meta["rc"] == (orientation == "reverse")
+        meta = {k: v[keep] for k, v in meta.items()}
     meta["length"] = meta["end"] - meta["start"]
     return meta
 
 
-def iter_windows(eval_dir: str | Path) -> Iterator[dict]:
-    """Windows in file order: window/chrom/start/end/strand, nll float32 [L], repeat bool [L]."""
+def annotation_names(eval_dir: str | Path) -> list[str]:
+    """NAMEs of the `--annotate` masks in tokens.parquet (in column order); [] without any."""
+    meta = pq.read_schema(_file(eval_dir, TOKENS_FILE, "eval")).metadata or {}
+    return json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []
+
+
+def _values(column, row: int) -> np.ndarray:
+    return column[row].values.to_numpy(zero_copy_only=False)
+
+
+def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterator[dict]:
+    """Rows in file order: window/chrom/start/end/strand, nll float32 [L], repeat bool [L], leakage
+    bool [L] or None (no leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True:
+    the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
+    only the rows with rc False / True."""
     pf = pq.ParquetFile(_file(eval_dir, TOKENS_FILE, "eval"))
+    names = annotation_names(eval_dir)
     for g in range(pf.num_row_groups):
         table = pf.read_row_group(g)
+        cols = set(table.column_names)
         for row in range(table.num_rows):
+            rc = bool(table.column("reverse_complement")[row].as_py()) if "reverse_complement" in cols else False
+            if orientation is not None and rc != (orientation == "reverse"):
+                continue
             rec = {c: table.column(c)[row].as_py() for c in META_COLUMNS}
-            rec["nll"] = table.column("nll")[row].values.to_numpy(zero_copy_only=False)  # float32
-            packed = table.column("repeat_mask")[row].values.to_numpy(zero_copy_only=False)
-            rec["repeat"] = unpack_mask(packed, len(rec["nll"]))
+            rec["nll"] = _values(table.column("nll"), row)  # float32
+            L = len(rec["nll"])
+            rec["repeat"] = unpack_mask(_values(table.column("repeat_mask"), row), L)
+            rec["leakage"] = unpack_mask(_values(table.column("leakage_mask"), row), L) if "leakage_mask" in cols \
+                else None
+            packed = table.column("annotation_masks")[row].as_py() if names else []
+            rec["annotations"] = {n: unpack_mask(np.asarray(p, dtype=np.uint8), L) for n, p in zip(names, packed)}
+            rec["rc"] = rc
             yield rec
 
 

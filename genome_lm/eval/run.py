@@ -32,7 +32,8 @@ from genome_lm.eval.cache import WindowCache
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import ENGINES, score_window
-from genome_lm.eval.stats import summarize, window_stats
+from genome_lm.eval.stats import StrataAccumulator, summarize
+from genome_lm.eval.strata import LEAKAGE, REPEAT, describe
 from genome_lm.genome.tokenizer import unpack_mask
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
@@ -179,28 +180,36 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
                    cache: WindowCache, engines: list[str], extra: dict) -> dict:
     """tokens.parquet + summary.json (+ parity.json), built under a temporary name; then the cache goes."""
-    n, K = len(meta["chrom"]), len(edges) - 1
-    sums, counts = np.zeros((n, 2, K + 1)), np.zeros((n, 2, K + 1), dtype=np.int64)
-    ctx_sums = np.zeros((2, K + 1))
+    from genome_lm.genome.shards import LEAKAGE_COLUMN
+
+    n = len(meta["chrom"])
+    leakage = LEAKAGE_COLUMN in ds.column_names
+    strata = [REPEAT] + ([LEAKAGE] if leakage else [])
+    acc = StrataAccumulator(n, strata, edges)
     par = parity_mod.ParityTable(edges) if cfg.parity else None
-    masks = ds.select_columns(["repeat_mask"])  # rows without their tokens
+    masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     with atomic_directory(out, overwrite=cfg.overwrite) as tmp:
-        with TokensWriter(tmp / "tokens.parquet") as writer:
+        with TokensWriter(tmp / "tokens.parquet", leakage=leakage) as writer:
             for i in range(n):
-                arrays = cache.get(i)
-                nll, packed = arrays["nll"], masks[i]["repeat_mask"]
+                arrays, row = cache.get(i), masks[i]
+                nll = arrays["nll"]
                 contexts = contexts_of(len(nll), seq_len)
-                sums[i], counts[i], x = window_stats(nll, contexts, unpack_mask(packed, len(nll)), edges)
-                ctx_sums += x
+                rec = {"nll": nll, "repeat": unpack_mask(row["repeat_mask"], len(nll)),
+                       "leakage": unpack_mask(row[LEAKAGE_COLUMN], len(nll)) if leakage else None}
+                acc.add(i, rec, contexts)
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
                 writer.add(i, str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]),
-                           nll, packed)
-        summary = summarize(sums, counts, ctx_sums, edges, cfg.resamples, cfg.seed)
+                           nll, row["repeat_mask"], leakage_packed=row[LEAKAGE_COLUMN] if leakage else None)
+        summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",
                             "lo/hi": "tokens of preceding context, lo inclusive, hi exclusive"}
         summary["context"] = (f"preceding context = tokens before it in its scored piece: position in the window "
                               f"modulo seq_len ({seq_len}); N bases and the first token of each piece are not scored")
+        summary["strata"] = describe(strata)
+        if not leakage:
+            summary["strata_absent"] = {"leakage": f"{cfg.shards}/{cfg.split} has no leakage_mask column "
+                                                   "(prepare without --leakage-k, or older shards)"}
         summary["bootstrap"] = {"unit": "window", "resamples": cfg.resamples, "seed": cfg.seed, "level": 0.95,
                                 "method": "percentile"}
         if par is not None:

@@ -5,10 +5,12 @@ resampling unit is the window: each bootstrap replicate draws W windows with rep
 recomputes the token-weighted mean sum(NLL) / count over the drawn windows. All replicates
 are computed at once as matrix products (replicate weights [R, W] @ per-window sums [W, M]).
 
-Per-window sufficient statistics, for W windows, C = 2 repeat classes (0 unmasked, 1
-repeat-masked) and K buckets plus one last column for "all scored tokens":
+Per-window sufficient statistics, for W windows, C = 2 classes of a stratum (0: mask False, 1:
+mask True; the repeat classes unmasked / repeat-masked by default) and K buckets plus one last
+column for "all scored tokens":
     sums   float64 [W, C, K+1]   sum of NLL (nats)
     counts int64   [W, C, K+1]   number of scored tokens
+With several strata (`strata.py`: repeat, leakage, annotations) they stack to [W, S, C, K+1].
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Callable
 import numpy as np
 
 from genome_lm.eval.buckets import assign
+from genome_lm.eval.strata import REPEAT, Stratum, masks, place
 
 LN2 = math.log(2.0)
-CLASSES = ("unmasked", "masked")
+CLASSES = REPEAT.labels  # ("unmasked", "masked")
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
@@ -31,7 +34,8 @@ _BLOCK = 256  # bootstrap replicates per matrix product (bounds memory at 256 x 
 def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edges: np.ndarray):
     """One window -> (sums float64 [C, K+1], counts int64 [C, K+1], context sums float64 [C, K+1]),
     from `nll` float32 [L] (NaN: not scored), `contexts` int64 [L] (preceding context of each
-    token), `repeat` bool [L] (repeat-masked bases) and bucket `edges` int64 [K+1]."""
+    token), `repeat` bool [L] (the class of each token: repeat-masked bases, or any stratum's
+    mask) and bucket `edges` int64 [K+1]."""
     K = len(edges) - 1
     scored = ~np.isnan(nll)
     bucket = assign(contexts, edges)
@@ -43,6 +47,30 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
     for arr in (sums, counts, ctx):
         arr[:, K] = arr.sum(axis=1)
     return sums, counts.astype(np.int64), ctx
+
+
+def strata_stats(nll: np.ndarray, contexts: np.ndarray, masks: list[np.ndarray], edges: np.ndarray):
+    """`window_stats` for each of S masks bool [L] -> (sums [S, C, K+1], counts [S, C, K+1], ctx [S, C, K+1])."""
+    parts = [window_stats(nll, contexts, m, edges) for m in masks]
+    return tuple(np.stack([p[i] for p in parts]) for i in range(3))
+
+
+class StrataAccumulator:
+    """Per-window statistics of W windows over S strata: `sums`, `counts` [W, S, C, K+1] and the
+    summed contexts `ctx` [S, C, K+1], filled window by window (`add`), read by `summarize`."""
+
+    def __init__(self, n_windows: int, strata: list[Stratum], edges: np.ndarray):
+        self.strata, self.edges = list(strata), edges
+        shape = (n_windows, len(self.strata), 2, len(edges))
+        self.sums, self.counts = np.zeros(shape), np.zeros(shape, dtype=np.int64)
+        self.ctx = np.zeros(shape[1:])
+
+    def add(self, i: int, rec: dict, contexts: np.ndarray, nll: np.ndarray | None = None) -> None:
+        """Window i: `rec` holds the masks (`strata.mask_of`) and, unless given, `nll` float32 [L]."""
+        s, n, c = strata_stats(rec["nll"] if nll is None else nll, contexts, masks(rec, self.strata), self.edges)
+        self.sums[i] += s
+        self.counts[i] += n
+        self.ctx += c
 
 
 def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.ndarray],
@@ -77,28 +105,44 @@ def jfloat(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def bucket_table(s: np.ndarray, n: np.ndarray, c: np.ndarray, edges: np.ndarray,
+                 resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
+    """{"overall": entry, "buckets": [entry + lo, hi, context_mean]} from per-window NLL sums `s` and
+    counts `n` [W, K+1] and summed contexts `c` [K+1]; entry = n_tokens, n_windows, mean_nll,
+    bits_per_base, ci_low, ci_high (nats; window bootstrap)."""
+    total_s, total_n = s.sum(axis=0), n.sum(axis=0)
+    mean = ratio(total_s, total_n)
+    low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": s, "n": n}, resamples, seed)
+    ctx_mean = ratio(c, total_n)
+    n_windows = (n > 0).sum(axis=0)
+
+    def entry(k: int) -> dict:
+        return {"n_tokens": int(total_n[k]), "n_windows": int(n_windows[k]), "mean_nll": jfloat(mean[k]),
+                "bits_per_base": jfloat(mean[k] / LN2), "ci_low": jfloat(low[k]), "ci_high": jfloat(high[k])}
+
+    K = len(edges) - 1
+    buckets = [{"lo": int(edges[k]), "hi": int(edges[k + 1]), **entry(k), "context_mean": jfloat(ctx_mean[k])}
+               for k in range(K)]
+    return {"overall": entry(K), "buckets": buckets}
+
+
 def summarize(sums: np.ndarray, counts: np.ndarray, ctx_sums: np.ndarray, edges: np.ndarray,
-              resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
-    """Per-window statistics [W, C, K+1] -> {"overall", "buckets", "repeat": {"masked", "unmasked"}}.
+              resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+              strata: list[Stratum] | None = None) -> dict:
+    """Per-window statistics -> {"overall", "buckets", "repeat": {"unmasked", "masked"}, ...}.
 
-    `ctx_sums` [C, K+1] (summed over windows) gives each bucket's mean context.
+    Either [W, C, K+1] (the repeat classes; `ctx_sums` [C, K+1]) or, with `strata` [S], [W, S, C, K+1]
+    (`ctx_sums` [S, C, K+1]); each stratum's classes get a `bucket_table`, filed by `strata.place`
+    (`"leakage": {...}`, `"annotations": {NAME: {"out", "in"}}`). `ctx_sums` (summed over windows)
+    gives each bucket's mean context.
     """
-    def table(s: np.ndarray, n: np.ndarray, c: np.ndarray) -> dict:  # s, n [W, K+1]; c [K+1]
-        total_s, total_n = s.sum(axis=0), n.sum(axis=0)
-        mean = ratio(total_s, total_n)
-        low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": s, "n": n}, resamples, seed)
-        ctx_mean = ratio(c, total_n)
-        n_windows = (n > 0).sum(axis=0)
+    if strata is None:
+        sums, counts, ctx_sums, strata = sums[:, None], counts[:, None], ctx_sums[None], [REPEAT]
 
-        def entry(k: int) -> dict:
-            return {"n_tokens": int(total_n[k]), "n_windows": int(n_windows[k]), "mean_nll": jfloat(mean[k]),
-                    "bits_per_base": jfloat(mean[k] / LN2), "ci_low": jfloat(low[k]), "ci_high": jfloat(high[k])}
+    def table(s, n, c):
+        return bucket_table(s, n, c, edges, resamples, seed)
 
-        K = len(edges) - 1
-        buckets = [{"lo": int(edges[k]), "hi": int(edges[k + 1]), **entry(k), "context_mean": jfloat(ctx_mean[k])}
-                   for k in range(K)]
-        return {"overall": entry(K), "buckets": buckets}
-
-    result = table(sums.sum(axis=1), counts.sum(axis=1), ctx_sums.sum(axis=0))
-    result["repeat"] = {name: table(sums[:, c], counts[:, c], ctx_sums[c]) for c, name in enumerate(CLASSES)}
-    return result
+    result = table(sums[:, 0].sum(axis=1), counts[:, 0].sum(axis=1), ctx_sums[0].sum(axis=0))
+    per = [{label: table(sums[:, i, c], counts[:, i, c], ctx_sums[i, c]) for c, label in enumerate(st.labels)}
+           for i, st in enumerate(strata)]
+    return place(result, strata, per)

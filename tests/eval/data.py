@@ -50,3 +50,35 @@ def write_fake_run(run_dir: Path, steps: int = 30) -> Path:
                                 "lr": lr, "grad_norm": 1.0, "tokens_per_s": 5000 + 100 * rng.standard_normal(),
                                 "peak_mem_bytes": int(1.5 * 2**30)}) + "\n")
     return run_dir
+
+
+# The "strata" genome: segmental duplications of chr1 planted in chr22, so that `prepare --leakage-k 32`
+# marks some eval tokens (windows 3 and 4 of the eval split, 1k windows).
+STRATA_GENOME = dict(segdup_count=40, segdup_min_len=200, segdup_max_len=600, segdup_region=(0.1, 0.4))
+STRATA_WINDOWS = 5
+
+
+def strata_inputs(root: Path) -> SimpleNamespace:
+    """Shards with a leakage mask (chr1 train, chr22 eval, 1k windows, --leakage-k 32)."""
+    from genome_lm.genome.prepare import PrepareParams, prepare
+    from genome_lm.genome.synth import SynthParams, write_synthetic_fasta
+
+    fasta = root / "genome.fa.gz"
+    write_synthetic_fasta(fasta, scale=0.05, seed=3, params=SynthParams(**STRATA_GENOME))
+    params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1", eval_chroms="chr22", seq_len="1k",
+                                    min_len="256", leakage_k=32)
+    prepare(params, root / "shards", show_progress=False)
+    return SimpleNamespace(root=root, fasta=fasta, shards=root / "shards")
+
+
+def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path, **flags) -> SimpleNamespace:
+    """Both checkpoints of `inputs` on the first STRATA_WINDOWS windows of `strata`'s shards, with the
+    eval `flags` (EvalConfig fields), and their comparison."""
+    from genome_lm.eval import EvalConfig, evaluate, write_compare
+
+    for i, ckpt in enumerate((inputs.ckpt0, inputs.ckpt1)):
+        evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(strata.shards), out=str(out / f"eval{i}"),
+                            max_windows=STRATA_WINDOWS, resamples=300, **flags), show_progress=False)
+    write_compare(out / "eval0", out / "eval1", out / "cmp01", resamples=300)
+    return SimpleNamespace(**vars(strata), ckpt0=inputs.ckpt0, ckpt1=inputs.ckpt1, eval0=out / "eval0",
+                           eval1=out / "eval1", cmp01=out / "cmp01")

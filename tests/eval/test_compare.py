@@ -29,7 +29,7 @@ def test_compare_two_evals(evaluated):
     assert sum(shares) == pytest.approx(1.0)
     assert r["concentration"]["largest_relative_gain"]["lo"] in {x["lo"] for x in r["buckets"]}
     table = format_table(r)
-    assert "all masked" in table and "[512, 1,024)" in table
+    assert "repeat masked" in table and "[512, 1,024)" in table
 
 
 def test_compare_with_itself_is_zero(evaluated):

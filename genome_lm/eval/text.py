@@ -1,0 +1,74 @@
+"""What `genome-lm eval` and `genome-lm compare` print: short fixed-width tables from summary.json
+and compare.json, each number beside the count of tokens it rests on.
+
+    print(format_summary(summary))     # eval: overall, per stratum (repeat, leakage, annotations)
+    print(format_table(result))        # compare: per bucket, overall, per stratum
+"""
+
+from __future__ import annotations
+
+STRATUM_TITLES = {"repeat": "repeat", "leakage": "leakage"}
+
+
+def _num(x, spec: str, width: int = 0) -> str:
+    return f"{'-' if x is None else format(x, spec):>{width}}"
+
+
+def strata_rows(result: dict) -> list[tuple[str, dict]]:
+    """(label, table) for every class of every stratum in a summary or compare result, in order:
+    repeat, leakage, then the annotations ("NAME in" before "NAME out")."""
+    rows = []
+    for section in ("repeat", "leakage"):
+        for label, table in (result.get(section) or {}).items():
+            rows.append((f"{STRATUM_TITLES[section]} {label}", table))
+    for name, classes in (result.get("annotations") or {}).items():
+        rows.extend((f"{name} {label}", classes[label]) for label in ("in", "out") if label in classes)
+    return rows
+
+
+def absent_lines(result: dict) -> list[str]:
+    return [f"no {key} split: {why}" for key, why in (result.get("strata_absent") or {}).items()]
+
+
+def format_summary(summary: dict, out: str | None = None) -> str:
+    """An eval's summary as text: the overall line, then one row per stratum class."""
+    o = summary["overall"]
+    head = f"{out}: " if out else ""
+    lines = [f"{head}{o['n_tokens']:,} tokens, mean NLL {_num(o['mean_nll'], '.4f')} nats/token = "
+             f"{_num(o['bits_per_base'], '.4f')} bits/base (95% CI {_num(o['ci_low'], '.4f')}-"
+             f"{_num(o['ci_high'], '.4f')} nats)"]
+    rows = strata_rows(summary)
+    if rows:
+        lines.append(f"{'':>22} {'tokens':>12} {'windows':>7} {'nats':>8} {'bits/base':>9} {'95% CI (nats)':>17}")
+        for label, t in rows:
+            e = t["overall"]
+            ci = f"[{_num(e['ci_low'], '.4f')}, {_num(e['ci_high'], '.4f')}]"
+            lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
+                         f"{_num(e['bits_per_base'], '.4f', 9)} {ci:>17}")
+    lines += absent_lines(summary)
+    return "\n".join(lines)
+
+
+def _compare_row(label: str, e: dict) -> str:
+    ci = f"[{_num(e['rel_ci_low'], '+.2f')}, {_num(e['rel_ci_high'], '+.2f')}]"
+    share = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
+    return (f"{label:>17} {e['n_tokens']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
+            f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} {ci:>17} {share:>6}")
+
+
+def format_table(result: dict) -> str:
+    """The comparison as a fixed-width text table (printed by the CLI)."""
+    lines = [f"A = {result['a']['dir']}", f"B = {result['b']['dir']}",
+             f"{'context':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} "
+             f"{'95% CI (%)':>17} {'share':>6}"]
+    for bk in result["buckets"]:
+        if bk["n_tokens"]:
+            lines.append(_compare_row(f"[{bk['lo']:,}, {bk['hi']:,})", bk))
+    lines.append(_compare_row("all", result["overall"]))
+    lines += [_compare_row(label, t["overall"]) for label, t in strata_rows(result)]
+    c = result["concentration"]["largest_relative_gain"]
+    if c:
+        lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "
+                     f"(95% CI {_num(c['rel_ci_low'], '+.2f')} to {_num(c['rel_ci_high'], '+.2f')})")
+    lines += absent_lines(result)
+    return "\n".join(lines)
