@@ -40,6 +40,10 @@ class EvalConfig(BlockSizes):
     cp: int = Field(default=1, gt=0, description="context parallelism: split each window (piece) into C contiguous "
                     "slabs, one per process, for windows longer than one GPU holds; --nproc N must be a multiple "
                     "of C; the processes form N / C data-parallel replicas")
+    annotate: list[str] = Field(default=[], json_schema_extra={"repeat": True, "metavar": "FILE.bed[:NAME]"},
+                                description="split every table by a BED file's intervals (0-based, half-open; "
+                                "chromosome names as prepare matches them): tokens in / out of them; NAME "
+                                "defaults to the file name without its suffix; repeatable")
     resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")
     seed: int = Field(default=0, description="bootstrap seed")
     overwrite: bool = False

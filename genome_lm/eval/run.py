@@ -27,13 +27,14 @@ from tqdm import tqdm
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import parity as parity_mod
 from genome_lm.eval import sharded
+from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import StrataAccumulator, summarize
-from genome_lm.eval.strata import LEAKAGE, REPEAT, describe
+from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.genome.tokenizer import unpack_mask
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
@@ -55,9 +56,9 @@ def checkpoint_record(checkpoint: str) -> dict:
     return record
 
 
-def check_inputs(cfg: EvalConfig) -> None:
-    """One-line errors for the inputs (out, checkpoint, shards, split, pieces for --cp)
-    before anything is scored or written."""
+def check_inputs(cfg: EvalConfig) -> list:
+    """One-line errors for the inputs (out, checkpoint, shards, split, pieces for --cp, the --annotate
+    BED files) before anything is scored or written; returns the annotations (`annotate.Annotation`)."""
     if not cfg.shards:
         raise GenomeLMError("--shards: give the directory written by `genome-lm prepare`")
     if not cfg.out:
@@ -70,6 +71,7 @@ def check_inputs(cfg: EvalConfig) -> None:
                             "or a model directory")
     lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows)
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
+    return load_annotations(cfg.annotate)
 
 
 def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
@@ -111,7 +113,8 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
     from genome_lm.parallel.launch import maybe_inject_fault
 
-    par.on_main(lambda: check_inputs(cfg))
+    checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
+    par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     out = Path(cfg.out)
     manifest, ds = _inputs(cfg)
     ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
@@ -170,7 +173,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
 
-    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra))
+    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra,
+                                                 checked["annotations"]))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
@@ -178,35 +182,39 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
 
 
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
-                   cache: WindowCache, engines: list[str], extra: dict) -> dict:
+                   cache: WindowCache, engines: list[str], extra: dict, annotations: list) -> dict:
     """tokens.parquet + summary.json (+ parity.json), built under a temporary name; then the cache goes."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     n = len(meta["chrom"])
     leakage = LEAKAGE_COLUMN in ds.column_names
-    strata = [REPEAT] + ([LEAKAGE] if leakage else [])
+    strata = [REPEAT] + ([LEAKAGE] if leakage else []) + [annotation(a.name) for a in annotations]
     acc = StrataAccumulator(n, strata, edges)
     par = parity_mod.ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     with atomic_directory(out, overwrite=cfg.overwrite) as tmp:
-        with TokensWriter(tmp / "tokens.parquet", leakage=leakage) as writer:
+        with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations]) as writer:
             for i in range(n):
                 arrays, row = cache.get(i), masks[i]
                 nll = arrays["nll"]
                 contexts = contexts_of(len(nll), seq_len)
+                where = (str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]))
                 rec = {"nll": nll, "repeat": unpack_mask(row["repeat_mask"], len(nll)),
-                       "leakage": unpack_mask(row[LEAKAGE_COLUMN], len(nll)) if leakage else None}
+                       "leakage": unpack_mask(row[LEAKAGE_COLUMN], len(nll)) if leakage else None,
+                       "annotations": {a.name: a.mask(*where) for a in annotations}}
                 acc.add(i, rec, contexts)
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
-                writer.add(i, str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]),
-                           nll, row["repeat_mask"], leakage_packed=row[LEAKAGE_COLUMN] if leakage else None)
+                writer.add(i, *where, nll, row["repeat_mask"], leakage_packed=row[LEAKAGE_COLUMN] if leakage else None,
+                           annotation_packed=[np.packbits(m) for m in rec["annotations"].values()] or None)
         summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",
                             "lo/hi": "tokens of preceding context, lo inclusive, hi exclusive"}
         summary["context"] = (f"preceding context = tokens before it in its scored piece: position in the window "
                               f"modulo seq_len ({seq_len}); N bases and the first token of each piece are not scored")
         summary["strata"] = describe(strata)
+        for a in annotations:
+            summary["strata"][annotation(a.name).key].update(a.record())
         if not leakage:
             summary["strata_absent"] = {"leakage": f"{cfg.shards}/{cfg.split} has no leakage_mask column "
                                                    "(prepare without --leakage-k, or older shards)"}

@@ -68,7 +68,25 @@ def strata_inputs(root: Path) -> SimpleNamespace:
     params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1", eval_chroms="chr22", seq_len="1k",
                                     min_len="256", leakage_k=32)
     prepare(params, root / "shards", show_progress=False)
-    return SimpleNamespace(root=root, fasta=fasta, shards=root / "shards")
+    return SimpleNamespace(root=root, fasta=fasta, shards=root / "shards", **write_beds(root, fasta))
+
+
+def write_beds(root: Path, fasta: Path) -> dict:
+    """Two BED files over chr22: the planted segmental duplications (`segdups.bed`, names 'chr22') and
+    stripes [100 k, 100 k + 30) (`stripes.bed`, names '22', a header and a comment line)."""
+    import csv
+
+    with open(fasta.with_name(fasta.name.replace(".fa.gz", ".segdups.tsv"))) as f:
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if r["chrom"] == "chr22"]
+    segdups = root / "segdups.bed"
+    segdups.write_text("".join(f"{r['chrom']}\t{r['start']}\t{r['end']}\tdup\t0\t{r['strand']}\n" for r in rows))
+    stripes = root / "stripes.bed"
+    stripes.write_text("track name=stripes\n# every 100 bases, 30 long\n"
+                       + "".join(f"22 {p} {p + STRIPE}\n" for p in range(0, 60_000, 100)))
+    return {"segdups_bed": segdups, "stripes_bed": stripes}
+
+
+STRIPE = 30
 
 
 def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path, **flags) -> SimpleNamespace:
@@ -76,6 +94,7 @@ def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path
     eval `flags` (EvalConfig fields), and their comparison."""
     from genome_lm.eval import EvalConfig, evaluate, write_compare
 
+    flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], **flags}
     for i, ckpt in enumerate((inputs.ckpt0, inputs.ckpt1)):
         evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(strata.shards), out=str(out / f"eval{i}"),
                             max_windows=STRATA_WINDOWS, resamples=300, **flags), show_progress=False)

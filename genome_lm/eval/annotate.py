@@ -1,0 +1,141 @@
+"""BED annotations as eval strata: `genome-lm eval --annotate FILE.bed[:NAME]` (repeatable).
+
+    ann = load_annotations(["rmsk_Alu.bed", "gencode_exons.bed.gz:exons"])
+    inside = ann[0].mask("chr22", 10_000, 11_024, "+")     # bool [1024], token order
+
+Each file is one stratum named NAME (default: the file name without `.gz` and its last suffix,
+`rmsk_Alu.bed` -> `rmsk_Alu`): a token is "in" when its genomic coordinate lies in one of the
+file's intervals, "out" otherwise. Coordinates follow the project's one rule, which is BED's own:
+0-based, half-open, `[start, end)` on the forward strand (BED's strand column is ignored: a base is
+in an interval whichever strand is read). Token j of a window [start, end) is at `start + j` on
+'+' rows and `end - 1 - j` on '-' rows, so a '-' row's mask is the forward mask reversed.
+Chromosome names match as `prepare` matches them (`chrom_match_key`: 'chr22' == '22' == 'Chr22').
+
+Lines that are empty or start with '#', 'track' or 'browser' are skipped; the others need at
+least three fields (tab- or space-separated) with integer 0 <= start <= end (a zero-length
+interval holds no base). A missing file or a malformed line is a `GenomeLMError` naming the file,
+the line number and the flag. Intervals are merged per chromosome (sorted starts, overlaps and
+abutting intervals joined), so a window's mask is one `np.searchsorted` pair plus a cumulative sum.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.prepare import chrom_match_key
+
+log = logging.getLogger(__name__)
+FLAG = "--annotate"
+_SKIP = ("#", "track", "browser")
+
+
+@dataclass
+class Annotation:
+    """One BED file: merged intervals per chromosome key, `starts`/`ends` int64 [M] sorted and disjoint."""
+
+    name: str
+    path: str
+    intervals: dict[str, tuple[np.ndarray, np.ndarray]]
+    n_lines: int  # intervals read from the file (before merging)
+
+    def mask(self, chrom: str, start: int, end: int, strand: str = "+") -> np.ndarray:
+        """bool [end - start]: token j in an interval, in token order (`strand` '-': reversed)."""
+        L = end - start
+        starts, ends = self.intervals.get(chrom_match_key(chrom), (np.empty(0, np.int64), np.empty(0, np.int64)))
+        i0, i1 = np.searchsorted(ends, start, side="right"), np.searchsorted(starts, end, side="left")
+        edge = np.zeros(L + 1, dtype=np.int64)  # +1 where an interval opens, -1 where it closes (window frame)
+        np.add.at(edge, np.clip(starts[i0:i1] - start, 0, L), 1)
+        np.add.at(edge, np.clip(ends[i0:i1] - start, 0, L), -1)
+        inside = np.cumsum(edge[:L]) > 0
+        return inside[::-1].copy() if strand == "-" else inside
+
+    def record(self) -> dict:
+        """What summary.json says about it (under `strata["annotations:NAME"]`)."""
+        return {"file": self.path, "intervals": self.n_lines,
+                "merged_intervals": int(sum(len(s) for s, _ in self.intervals.values())),
+                "bases": int(sum(int((e - s).sum()) for s, e in self.intervals.values())),
+                "chroms": sorted(self.intervals)}
+
+
+def parse_spec(spec: str) -> tuple[Path, str]:
+    """'FILE.bed[:NAME]' -> (path, NAME); a path that exists as given is taken whole."""
+    path, name = Path(spec), None
+    if not path.exists() and ":" in spec:
+        head, tail = spec.rsplit(":", 1)
+        if tail and "/" not in tail:
+            path, name = Path(head), tail
+    if name is None:
+        stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+        name = stem.rsplit(".", 1)[0] if "." in stem else stem
+    if not name.strip():
+        raise GenomeLMError(f"{FLAG} {spec!r}: give a non-empty NAME after ':' (FILE.bed[:NAME])")
+    return path, name
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint (non-abutting) intervals covering the same bases; zero-length ones dropped."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    if len(starts) == 0:
+        return starts, ends
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]  # an interval starting after all before it ended opens a new run
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(starts)) - 1
+    return starts[first], reach[last]
+
+
+def read_bed(path: Path, name: str) -> Annotation:
+    """Parse and merge one BED file (see the module docstring for the rules and errors)."""
+    if not path.is_file():
+        raise GenomeLMError(f"{FLAG} {path}: no such file (give a BED file: chrom, start, end; 0-based half-open)")
+    by_chrom: dict[str, tuple[list[int], list[int]]] = {}
+    opener = gzip.open if path.name.endswith(".gz") else open
+    n = 0
+    try:
+        with opener(path, "rt") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip() or line.startswith(_SKIP):
+                    continue
+                fields = line.rstrip("\n").split("\t") if "\t" in line else line.split()
+                where = f"{FLAG} {path}, line {lineno}"
+                if len(fields) < 3:
+                    raise GenomeLMError(f"{where}: {len(fields)} field(s); a BED line needs chrom, start, end")
+                try:
+                    s, e = int(fields[1]), int(fields[2])
+                except ValueError:
+                    raise GenomeLMError(f"{where}: start {fields[1]!r} / end {fields[2]!r} are not integers") from None
+                if s < 0 or e < s:
+                    raise GenomeLMError(f"{where}: interval [{s}, {e}) needs 0 <= start <= end (0-based, half-open)")
+                starts, ends = by_chrom.setdefault(chrom_match_key(fields[0]), ([], []))
+                starts.append(s)
+                ends.append(e)
+                n += 1
+    except (OSError, UnicodeDecodeError, EOFError) as err:
+        raise GenomeLMError(f"{FLAG} {path}: cannot read it as a (gzipped) text BED file: {err}") from None
+    intervals = {c: _merge(np.asarray(s, np.int64), np.asarray(e, np.int64)) for c, (s, e) in by_chrom.items()}
+    ann = Annotation(name, str(path), intervals, n)
+    log.info("annotation %s: %s: %s intervals, %s bases on %d chromosome(s)", name, path, f"{n:,}",
+             f"{ann.record()['bases']:,}", len(intervals))
+    return ann
+
+
+def load_annotations(specs: list[str]) -> list[Annotation]:
+    """The `--annotate` values, parsed, in order; NAMEs must differ."""
+    out: list[Annotation] = []
+    for spec in specs:
+        path, name = parse_spec(spec)
+        if any(a.name == name for a in out):
+            raise GenomeLMError(f"{FLAG} {spec!r}: NAME {name!r} is given twice; name them apart with "
+                                "FILE.bed:NAME")
+        out.append(read_bed(path, name))
+    return out
