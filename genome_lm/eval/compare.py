@@ -144,6 +144,12 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
         **tables,
         "bootstrap": {"unit": "window", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95},
     }
+    if sum_a.get("context_ablation") or sum_b.get("context_ablation"):
+        from genome_lm.eval.ablation import compare_ablation
+
+        result["context_ablation"] = compare_ablation(
+            a, b, (sum_a.get("context_ablation") or {}).get("lengths", []),
+            (sum_b.get("context_ablation") or {}).get("lengths", []), resamples, seed)
     if "leakage" not in tables:
         result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)

@@ -3,14 +3,16 @@ flags, `--config FILE.yaml` and `--set` are generated from it (docs/config.md)."
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
 from genome_lm.utils import Size
 
 DTYPES = ("float32", "bfloat16")
+Sizes = Annotated[list[Size], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]
+                                              if isinstance(v, str) else v)]  # '1k,8k' (a flag) or a YAML list
 
 
 class EvalConfig(BlockSizes):
@@ -44,9 +46,19 @@ class EvalConfig(BlockSizes):
                                 description="split every table by a BED file's intervals (0-based, half-open; "
                                 "chromosome names as prepare matches them): tokens in / out of them; NAME "
                                 "defaults to the file name without its suffix; repeatable")
+    context: Sizes = Field(default=[], description="context ablation: score the last --ablation-targets tokens of "
+                           "each window given exactly L preceding tokens, for each L (comma-separated, e.g. "
+                           "1k,2k,4k; each at most the window length minus the targets)")
+    ablation_targets: Size | None = Field(default=None, description="target tokens per window of --context "
+                                          "(default: the last 1/8 of each window)")
     resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")
     seed: int = Field(default=0, description="bootstrap seed")
     overwrite: bool = False
+
+    @field_validator("context")
+    @classmethod
+    def _sorted_lengths(cls, v: list[int]) -> list[int]:
+        return sorted(set(v))
 
     @field_validator("dtype")
     @classmethod

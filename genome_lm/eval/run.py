@@ -15,6 +15,7 @@ float32 on CPU and bfloat16 on CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -25,8 +26,8 @@ import torch
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.eval import ablation, sharded
 from genome_lm.eval import parity as parity_mod
-from genome_lm.eval import sharded
 from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
@@ -35,6 +36,7 @@ from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
 from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import StrataAccumulator, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
+from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.genome.tokenizer import unpack_mask
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
@@ -71,6 +73,8 @@ def check_inputs(cfg: EvalConfig) -> list:
                             "or a model directory")
     lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows)
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
+    if cfg.context:
+        ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
     return load_annotations(cfg.annotate)
 
 
@@ -129,6 +133,10 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
            "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
            "tf32": par.device.type == "cuda" and cfg.tf32}
+    targets = ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, par.cp) if cfg.context \
+        else np.zeros(n, dtype=np.int64)  # [W] ablation targets per window, 0: none
+    if cfg.context:
+        key["context"], key["ablation_targets"] = cfg.context, targets.tolist()
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
@@ -142,7 +150,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
 
         model = sharded.build_model(cfg, ckpt["model_dir"], par).eval()
         lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
-        pieces = [sharded.n_pieces(length, seq_len) * len(engines) for length in lengths]
+        pieces = [_forwards(int(length), seq_len, len(engines), cfg.context, int(t))
+                  for length, t in zip(lengths, targets)]
         with tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
                   unit_scale=True, desc=f"eval {out.name}",
                   disable=not par.is_main or (None if show_progress is None else not show_progress)) as bar:
@@ -151,8 +160,13 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                 scored = None
                 if i is not None:
                     tokens = ds[i]["tokens"]
-                    scored = (i, {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
-                                  for name, engine in zip(("nll", "nll_alt"), engines)})
+                    arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
+                              for name, engine in zip(("nll", "nll_alt"), engines)}
+                    if targets[i]:
+                        arrays["ablation"] = ablation.score_ablation(
+                            model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
+                            main_nll=arrays["nll"] if len(tokens) <= seq_len else None)
+                    scored = (i, arrays)
                 for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
                     sharded.idle_forward(model, par.cp)
                 for j, arrays in sharded.gather_on_main(par, scored):
@@ -174,16 +188,25 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     }
 
     summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra,
-                                                 checked["annotations"]))
+                                                 checked["annotations"], targets))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
     return summary
 
 
+def _forwards(length: int, seq_len: int, n_engines: int, context: list[int], targets: int) -> int:
+    """Forward passes window scoring makes (the dp replicas of a round make as many): its pieces per
+    engine, plus one per ablation length (less one that the main pass serves)."""
+    pieces = sharded.n_pieces(length, seq_len)
+    extra = len(context) - (pieces == 1 and length - targets in context) if targets else 0
+    return pieces * n_engines + extra
+
+
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
-                   cache: WindowCache, engines: list[str], extra: dict, annotations: list) -> dict:
-    """tokens.parquet + summary.json (+ parity.json), built under a temporary name; then the cache goes."""
+                   cache: WindowCache, engines: list[str], extra: dict, annotations: list, targets: np.ndarray) -> dict:
+    """tokens.parquet + summary.json (+ parity.json, context_ablation.parquet), built under a temporary
+    name; then the cache goes. `targets` [W]: ablation targets per window (0: none)."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     n = len(meta["chrom"])
@@ -192,7 +215,9 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     acc = StrataAccumulator(n, strata, edges)
     par = parity_mod.ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
-    with atomic_directory(out, overwrite=cfg.overwrite) as tmp:
+    abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
+    with atomic_directory(out, overwrite=cfg.overwrite) as tmp, contextlib.ExitStack() as files:
+        abl_writer = files.enter_context(ablation.AblationWriter(tmp / ablation.ABLATION_FILE)) if abl else None
         with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations]) as writer:
             for i in range(n):
                 arrays, row = cache.get(i), masks[i]
@@ -207,6 +232,11 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                     par.add(nll, arrays["nll_alt"], contexts)
                 writer.add(i, *where, nll, row["repeat_mask"], leakage_packed=row[LEAKAGE_COLUMN] if leakage else None,
                            annotation_packed=[np.packbits(m) for m in rec["annotations"].values()] or None)
+                if targets[i]:
+                    t0 = len(nll) - int(targets[i])
+                    abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
+                    abl_writer.add(i, *where, t0, arrays["ablation"])
+        files.close()  # context_ablation.parquet complete before the directory is renamed
         summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",
                             "lo/hi": "tokens of preceding context, lo inclusive, hi exclusive"}
@@ -220,6 +250,8 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                                                    "(prepare without --leakage-k, or older shards)"}
         summary["bootstrap"] = {"unit": "window", "resamples": cfg.resamples, "seed": cfg.seed, "level": 0.95,
                                 "method": "percentile"}
+        if abl is not None:
+            summary["context_ablation"] = abl.result(cfg.ablation_targets, n, cfg.engine, cfg.resamples, cfg.seed)
         if par is not None:
             summary["parity"] = par.result(engines)
             write_json_atomic(tmp / "parity.json", summary["parity"])

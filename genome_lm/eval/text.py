@@ -1,8 +1,8 @@
 """What `genome-lm eval` and `genome-lm compare` print: short fixed-width tables from summary.json
 and compare.json, each number beside the count of tokens it rests on.
 
-    print(format_summary(summary))     # eval: overall, per stratum (repeat, leakage, annotations)
-    print(format_table(result))        # compare: per bucket, overall, per stratum
+    print(format_summary(summary))     # eval: overall, per stratum (repeat, leakage, annotations), ablation
+    print(format_table(result))        # compare: per bucket, overall, per stratum, ablation
 """
 
 from __future__ import annotations
@@ -46,7 +46,49 @@ def format_summary(summary: dict, out: str | None = None) -> str:
             lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
                          f"{_num(e['bits_per_base'], '.4f', 9)} {ci:>17}")
     lines += absent_lines(summary)
+    lines += ablation_lines(summary.get("context_ablation"))
     return "\n".join(lines)
+
+
+def _ci(lo, hi, spec: str) -> str:
+    return f"[{_num(lo, spec)}, {_num(hi, spec)}]"
+
+
+def ablation_lines(abl: dict | None) -> list[str]:
+    """An eval's context ablation: mean NLL per L and the paired step from the L before."""
+    if not abl:
+        return []
+    lines = [f"context ablation: {abl['target_tokens']:,} target tokens ({abl['targets']}) in {abl['n_windows']} "
+             f"window(s) ({abl['windows_left_out']} left out: too short), each scored given exactly L preceding tokens",
+             f"{'L':>10} {'nats':>8} {'bits/base':>9} {'95% CI (nats)':>17} {'vs previous L':>13} {'95% CI':>19}"]
+    steps = _steps(abl["paired_differences"], "mean_delta", 13)
+    lines += [f"{e['L']:>10,} {_num(e['mean_nll'], '.4f', 8)} {_num(e['bits_per_base'], '.4f', 9)} "
+              f"{_ci(e['ci_low'], e['ci_high'], '.4f'):>17} {steps.get(e['L'], '')}".rstrip() for e in abl["by_length"]]
+    return lines
+
+
+def _steps(diffs: list[dict], key: str, width: int) -> dict[int, str]:
+    """{L: "delta [ci]"} of the steps into each L (`to`)."""
+    return {d["to"]: f"{_num(d[key], '+.4f', width)} {_ci(d['ci_low'], d['ci_high'], '+.4f'):>19}" for d in diffs}
+
+
+def compare_ablation_lines(abl: dict | None) -> list[str]:
+    """Both models' ablation side by side, B - A at each L, and B's step minus A's."""
+    if not abl:
+        return []
+    if "absent" in abl:
+        return [f"no context ablation comparison: {abl['absent']}"]
+    lines = [f"context ablation: {abl['target_tokens']:,} target tokens in {abl['n_windows']} window(s) scored "
+             "by both, each given exactly L preceding tokens",
+             f"{'L':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17} "
+             f"{'B-A step':>9} {'95% CI':>19}"]
+    steps = _steps(abl["gain_difference"], "diff", 9)
+    lines += [f"{e['L']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
+              f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} "
+              f"{_ci(e['rel_ci_low'], e['rel_ci_high'], '+.2f'):>17} {steps.get(e['L'], '')}".rstrip()
+              for e in abl["difference"]]
+    lines.append("(B-A step: B's change from the previous L minus A's; negative: B gains more from the added context)")
+    return lines
 
 
 def _compare_row(label: str, e: dict) -> str:
@@ -71,4 +113,5 @@ def format_table(result: dict) -> str:
         lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "
                      f"(95% CI {_num(c['rel_ci_low'], '+.2f')} to {_num(c['rel_ci_high'], '+.2f')})")
     lines += absent_lines(result)
+    lines += compare_ablation_lines(result.get("context_ablation"))
     return "\n".join(lines)

@@ -56,6 +56,7 @@ def write_fake_run(run_dir: Path, steps: int = 30) -> Path:
 # marks some eval tokens (windows 3 and 4 of the eval split, 1k windows).
 STRATA_GENOME = dict(segdup_count=40, segdup_min_len=200, segdup_max_len=600, segdup_region=(0.1, 0.4))
 STRATA_WINDOWS = 5
+ABLATION = [64, 256, 800]  # --context of the strata evals (windows of 927 and 1024 tokens: t0 >= 812)
 
 
 def strata_inputs(root: Path) -> SimpleNamespace:
@@ -94,7 +95,7 @@ def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path
     eval `flags` (EvalConfig fields), and their comparison."""
     from genome_lm.eval import EvalConfig, evaluate, write_compare
 
-    flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], **flags}
+    flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], "context": ABLATION, **flags}
     for i, ckpt in enumerate((inputs.ckpt0, inputs.ckpt1)):
         evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(strata.shards), out=str(out / f"eval{i}"),
                             max_windows=STRATA_WINDOWS, resamples=300, **flags), show_progress=False)

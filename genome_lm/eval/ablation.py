@@ -1,0 +1,261 @@
+"""Context ablation: the same target tokens scored with exactly L preceding tokens, for each L.
+
+    genome-lm eval ... --context 1k,2k,4k [--ablation-targets 512]
+
+Position in a window confounds context with everything else that varies along it. The ablation
+fixes a target set per window, its last n tokens [t0, end) (t0 = length - n; n =
+`--ablation-targets`, default length // 8: the final 1/8 of the window), and for each L in
+`--context` feeds tokens [t0 - L, end) of the window as one sequence, keeping only the targets'
+NLL: each target t then has L + (t - t0) tokens of context, the same for every window, and the
+same tokens are scored at every L, so the differences between lengths are paired.
+
+Which windows take part: those with t0 >= max(L) (a shorter window, e.g. a contig's tail, is
+left out of every L, so all L see the same windows; `summary.json` counts them). An L larger
+than every window's t0, L < 1, L + n beyond `--seq-len`, or n not below the window length is a
+`GenomeLMError` naming `--context` / `--ablation-targets`.
+
+Engines: "parallel", one forward over L + n tokens per L (the prefix's labels are -100, so only
+the targets are scored). "streaming" (`model.streaming.StreamingScorer`), per L the prefix in
+chunks through `hidden_step` (no LM head, no NLL for the prefix) and then the targets through
+`step`. The model's state at t0 depends on where the prefix starts, so nothing is shared between
+two L (a causal model's state cannot be trimmed at the front); what is saved is the LM head over
+the prefix, and an L equal to a window's t0 reuses the main pass when the window is one piece.
+Cost per window: sum over L of (L + n) tokens of forward.
+
+Output: `context_ablation.parquet`, one row per window taking part: window, chrom, start, end,
+strand (as tokens.parquet), target_start (= t0, int64), nll (list<list<float32>> [n_L][n]: the
+targets' NLL at each L, in `--context` order ascending; NaN = not scored, N bases).
+"""
+
+from __future__ import annotations
+
+from itertools import zip_longest
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, ratio
+
+ABLATION_FILE = "context_ablation.parquet"
+TARGET_FRACTION = 8  # default targets: the last length // 8 tokens of each window
+SCHEMA = pa.schema([("window", pa.int64()), ("chrom", pa.string()), ("start", pa.int64()), ("end", pa.int64()),
+                    ("strand", pa.string()), ("target_start", pa.int64()), ("nll", pa.list_(pa.list_(pa.float32())))])
+
+
+def n_targets(length: int, targets: int | None) -> int:
+    """Targets of a window of `length` tokens: `targets`, else length // 8 (at least 1)."""
+    return int(targets) if targets else max(1, int(length) // TARGET_FRACTION)
+
+
+def plan(window_lengths: np.ndarray, lengths: list[int], targets: int | None, seq_len: int | None,
+         cp: int = 1) -> np.ndarray:
+    """Targets n int64 [W] of each window, 0 for a window that does not take part; one-line errors."""
+    L = sorted(lengths)
+    if L[0] < 1:
+        raise GenomeLMError(f"--context {L[0]}: every length must be >= 1 (tokens of preceding context)")
+    n = np.array([n_targets(w, targets) for w in window_lengths], dtype=np.int64)
+    if targets and int(targets) >= int(window_lengths.max()):
+        raise GenomeLMError(f"--ablation-targets {targets}: must be below the window length "
+                            f"({int(window_lengths.max()):,} tokens); the targets need preceding context")
+    t0 = window_lengths - n
+    if L[-1] > int(t0.max()):
+        raise GenomeLMError(
+            f"--context {L[-1]:,}: too long for these windows; the targets of a {int(window_lengths.max()):,}-token "
+            f"window start at token {int(t0.max()):,}, so L can be at most {int(t0.max()):,} (lower --context"
+            f"{', or --ablation-targets' if targets else ', or give a smaller --ablation-targets'})")
+    if seq_len is not None and L[-1] + int(n.max()) > seq_len:
+        raise GenomeLMError(f"--context {L[-1]:,}: L + targets ({L[-1] + int(n.max()):,} tokens) is more than "
+                            f"--seq-len {seq_len:,} (the longest sequence one forward takes); raise --seq-len or "
+                            "lower --context / --ablation-targets")
+    if L[0] + int(n.min()) < cp:
+        raise GenomeLMError(f"--context {L[0]}: a sequence of L + targets tokens must have >= --cp {cp} tokens")
+    return np.where(t0 >= L[-1], n, 0)
+
+
+def score_ablation(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, lengths: list[int], n: int,
+                   engine: str = "parallel", chunk_tokens: int = 4096, main_nll: np.ndarray | None = None
+                   ) -> np.ndarray:
+    """NLL float32 [n_L, n] of the last n tokens of a window (shard ids uint8 [T]) given exactly L
+    preceding tokens, for each L of `lengths`. `main_nll` float32 [T], the window scored as one
+    piece with the same engine, serves an L equal to T - n."""
+    from genome_lm.eval.scoring import IGNORE_INDEX, piece_inputs, score_piece
+
+    t0 = len(tokens) - n
+    out = np.empty((len(lengths), n), dtype=np.float32)
+    for j, L in enumerate(lengths):
+        if L == t0 and main_nll is not None:
+            out[j] = main_nll[t0:]
+            continue
+        ids, labels = piece_inputs(tokens[t0 - L:], lut, n_known)  # [1, L + n]
+        labels[:, :L] = IGNORE_INDEX  # only the targets are scored
+        if engine == "streaming":
+            out[j] = _stream_targets(model, ids, labels, L, chunk_tokens)
+        else:
+            out[j] = score_piece(model, ids, labels, engine, chunk_tokens)[L:]
+    return out
+
+
+def _stream_targets(model, ids, labels, L: int, chunk_tokens: int) -> np.ndarray:
+    """The streaming engine on ids [1, L + n]: the prefix through `hidden_step` only, the targets
+    through `step` (the prefix's last hidden state scores the first target). NLL float32 [n]."""
+    import torch
+
+    from genome_lm.eval.scoring import IGNORE_INDEX
+    from genome_lm.model.streaming import StreamingScorer
+
+    T = ids.shape[1]
+    ids = ids.to(model.lm_head.weight.device)
+    scorer = StreamingScorer(model, total_len=T)
+    with torch.no_grad():
+        for c0 in range(0, L, chunk_tokens):
+            hidden = scorer.hidden_step(ids[:, c0:min(c0 + chunk_tokens, L)])
+        scorer.last_hidden = hidden[:, -1:].clone()
+        nll = torch.cat([scorer.step(ids[:, t:min(t + chunk_tokens, T)])[0] for t in range(L, T, chunk_tokens)])
+    nll = nll.float().cpu().numpy()
+    return np.where(labels[0, L:].numpy() != IGNORE_INDEX, nll, np.nan).astype(np.float32)
+
+
+class AblationWriter(pq.ParquetWriter):
+    """`context_ablation.parquet`, one row group per window taking part; a context manager."""
+
+    def __init__(self, path: Path):
+        super().__init__(str(path), SCHEMA, compression="zstd")
+
+    def add(self, window: int, chrom: str, start: int, end: int, strand: str, target_start: int,
+            nll: np.ndarray) -> None:
+        row = {"window": window, "chrom": chrom, "start": start, "end": end, "strand": strand,
+               "target_start": target_start, "nll": [np.asarray(x, dtype=np.float32) for x in nll]}
+        self.write_batch(pa.RecordBatch.from_pydict({k: [v] for k, v in row.items()}, schema=SCHEMA))
+
+
+def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
+    """Rows of `context_ablation.parquet`: window, chrom, start, end, strand, target_start, nll float32 [n_L, n]."""
+    pf = pq.ParquetFile(Path(eval_dir) / ABLATION_FILE)
+    for g in range(pf.num_row_groups):
+        table = pf.read_row_group(g)
+        for row in range(table.num_rows):
+            rec = {c: table.column(c)[row].as_py() for c in SCHEMA.names[:-1]}
+            rec["nll"] = np.asarray(table.column("nll")[row].as_py(), dtype=np.float32)
+            yield rec
+
+
+def window_sums(nll: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """NLL sums float64 [n_L] over the targets scored at every L (and in `mask` bool [n]), and their count."""
+    keep = ~np.isnan(nll).any(axis=0)
+    if mask is not None:
+        keep &= mask
+    return nll[:, keep].astype(np.float64).sum(axis=1), int(keep.sum())
+
+
+def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: int, seed: int) -> dict:
+    """{"by_length": [...], "paired_differences": [...]} from per-window sums [W, n_L] and counts [W]
+    (the same targets at every L); CIs: the window bootstrap. mean_delta = mean(to) - mean(from)."""
+    n = np.broadcast_to(counts[:, None], sums.shape).astype(np.float64)
+    total, tokens = sums.sum(axis=0), int(counts.sum())
+    mean = ratio(total, n.sum(axis=0))
+    delta = ratio(total[1:] - total[:-1], n.sum(axis=0)[1:])
+    stat = lambda s, n: np.concatenate([ratio(s, n), ratio(s[:, 1:] - s[:, :-1], n[:, 1:])], axis=1)  # noqa: E731
+    low, high = bootstrap_ci(stat, {"s": sums, "n": n}, resamples, seed)
+    k, windows = len(lengths), int((counts > 0).sum())
+    by_length = [{"L": int(L), "mean_nll": jfloat(mean[j]), "bits_per_base": jfloat(mean[j] / LN2),
+                  "ci_low": jfloat(low[j]), "ci_high": jfloat(high[j]), "tokens": tokens, "n_windows": windows}
+                 for j, L in enumerate(lengths)]
+    diffs = [{"from": int(lengths[j]), "to": int(lengths[j + 1]), "mean_delta": jfloat(delta[j]),
+              "mean_delta_bits": jfloat(delta[j] / LN2), "ci_low": jfloat(low[k + j]), "ci_high": jfloat(high[k + j]),
+              "tokens": tokens} for j in range(k - 1)]
+    return {"by_length": by_length, "paired_differences": diffs}
+
+
+class AblationStats:
+    """Per-window ablation sums of the windows taking part, overall and per stratum class; `result`
+    is summary.json's `context_ablation`."""
+
+    def __init__(self, lengths: list[int], strata: list):
+        self.lengths, self.strata = list(lengths), list(strata)
+        self.sums, self.counts, self.targets = [], [], []  # per window: [1 + 2 S, n_L], [1 + 2 S], n
+
+    def add(self, nll: np.ndarray, masks: list[np.ndarray]) -> None:
+        """One window: `nll` [n_L, n], `masks` bool [n] per stratum (the targets' classes)."""
+        parts = [window_sums(nll)] + [window_sums(nll, m == c) for m in masks for c in (False, True)]
+        self.sums.append(np.stack([p[0] for p in parts]))
+        self.counts.append(np.array([p[1] for p in parts]))
+        self.targets.append(nll.shape[1])
+
+    def result(self, targets: int | None, n_windows: int, engine: str, resamples: int, seed: int) -> dict:
+        from genome_lm.eval.strata import place
+
+        sums, counts = np.stack(self.sums), np.stack(self.counts)  # [W, 1 + 2 S, n_L], [W, 1 + 2 S]
+
+        def part(i: int) -> dict:
+            return table(sums[:, i], counts[:, i], self.lengths, resamples, seed)
+
+        uniform = len(set(self.targets)) == 1
+        out = {"targets_per_window": self.targets[0] if uniform else None,
+               "targets": f"the last {targets} tokens of each window" if targets else
+               f"the last length // {TARGET_FRACTION} tokens of each window",
+               "lengths": self.lengths, "n_windows": len(self.targets),
+               "windows_left_out": n_windows - len(self.targets),
+               "target_tokens": int(counts[:, 0].sum()), **part(0),
+               "definition": "target t (t0 <= t < end) scored given tokens [t0 - L, t) of its window; mean_delta = "
+                             "mean_nll(to) - mean_nll(from) over the same tokens (negative: more context helps); "
+                             "CIs: bootstrap over windows",
+               "engine": engine}
+        per = [{label: part(1 + 2 * i + c) for c, label in enumerate(st.labels)} for i, st in enumerate(self.strata)]
+        return place(out, self.strata, per)
+
+
+def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int], resamples: int,
+                     seed: int) -> dict:
+    """compare.json's `context_ablation`: both evals' tables at the lengths both scored, over the
+    targets both scored at every such L, and per L the paired difference B - A (nats, and %), plus
+    `gain_difference`: per step from L_i to L_i+1, B's mean_delta minus A's (negative: B gains more
+    from the added context). `{"absent": why}` when the evals cannot be paired."""
+    if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
+        return {"absent": "both evals need --context (context_ablation.parquet)"}
+    common = sorted(set(lengths_a) & set(lengths_b))
+    if not common:
+        return {"absent": f"no --context length in both evals ({lengths_a} vs {lengths_b})"}
+    ja, jb = [lengths_a.index(L) for L in common], [lengths_b.index(L) for L in common]
+    sa, sb, n = [], [], []
+    for ra, rb in zip_longest(iter_ablation(a), iter_ablation(b)):
+        if ra is None or rb is None or (ra["window"], ra["target_start"]) != (rb["window"], rb["target_start"]):
+            what = lambda r: "none" if r is None else f"window {r['window']} from token {r['target_start']}"  # noqa: E731
+            raise GenomeLMError(f"{a} and {b} ablated different targets ({what(ra)} vs {what(rb)}); evaluate both "
+                                "with the same --ablation-targets, windows and largest --context")
+        xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]
+        keep = ~(np.isnan(xa).any(axis=0) | np.isnan(xb).any(axis=0))
+        sa.append(xa[:, keep].astype(np.float64).sum(axis=1))
+        sb.append(xb[:, keep].astype(np.float64).sum(axis=1))
+        n.append(int(keep.sum()))
+    if not n:
+        return {"absent": "no window in both evals' context_ablation.parquet"}
+    sa, sb, counts = np.stack(sa), np.stack(sb), np.asarray(n)
+    nn = np.broadcast_to(counts[:, None], sa.shape).astype(np.float64)
+    k = len(common)
+
+    def stat(a, b, n):  # [r, n_C] each -> diff [n_C], rel % [n_C], gain difference [n_C - 1]
+        gain = ratio((b[:, 1:] - b[:, :-1]) - (a[:, 1:] - a[:, :-1]), n[:, 1:])
+        return np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1), gain], axis=1)
+
+    est = stat(sa.sum(0)[None], sb.sum(0)[None], nn.sum(0)[None])[0]
+    low, high = bootstrap_ci(stat, {"a": sa, "b": sb, "n": nn}, resamples, seed)
+    ta, tb = table(sa, counts, common, resamples, seed), table(sb, counts, common, resamples, seed)
+    tokens = int(counts.sum())
+    difference = [{"L": L, "mean_nll_a": ta["by_length"][j]["mean_nll"], "mean_nll_b": tb["by_length"][j]["mean_nll"],
+                   "diff": jfloat(est[j]), "diff_ci_low": jfloat(low[j]), "diff_ci_high": jfloat(high[j]),
+                   "diff_bits_per_base": jfloat(est[j] / LN2), "rel_change_pct": jfloat(est[k + j]),
+                   "rel_ci_low": jfloat(low[k + j]), "rel_ci_high": jfloat(high[k + j]), "tokens": tokens}
+                  for j, L in enumerate(common)]
+    gain = [{"from": common[j], "to": common[j + 1], "delta_a": ta["paired_differences"][j]["mean_delta"],
+             "delta_b": tb["paired_differences"][j]["mean_delta"], "diff": jfloat(est[2 * k + j]),
+             "ci_low": jfloat(low[2 * k + j]), "ci_high": jfloat(high[2 * k + j]), "tokens": tokens}
+            for j in range(k - 1)]
+    return {"lengths": common, "n_windows": len(counts), "target_tokens": tokens, "a": ta, "b": tb,
+            "difference": difference, "gain_difference": gain,
+            "definition": "a, b: each eval's ablation over the targets both scored at every L; diff = mean_nll_B - "
+                          "mean_nll_A at each L; gain_difference = B's mean_delta - A's from L_i to L_i+1 "
+                          "(negative: B gains more from the added context); CIs: paired bootstrap over windows"}
