@@ -2,6 +2,10 @@
 
     write_report(["evals/base", "evals/longctx", "evals/base_vs_longctx"], runs=["runs/demo_base"],
                  out="reports/demo.html")
+
+With a base, a short-context and a long-context fine-tune of it (`matched=(base, short, long)`, or found
+from the runs' `model.init` and context: `matched.find_roles`), the page also answers "is the gain from
+context, or from more training?" (`matched.py`). Two evals give the two-model page.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.report import plots, tables
-from genome_lm.report.data import CompareResult, implied_compares, load_dirs, load_run
+from genome_lm.report.data import CompareResult, EvalResult, implied_compares, load_dirs, load_eval, load_run
+from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading
 from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
@@ -39,8 +44,8 @@ def _figure(fig, alt: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def headline(compares: list[CompareResult]) -> str:
-    lines = []
+def headline(compares: list[CompareResult], gain: ContextGain | None = None) -> str:
+    lines = [f"<p><b>{html.escape(reading(gain))}</b></p>"] if gain else []
     for cmp in compares:
         o = cmp.result["overall"]
         if o["rel_change_pct"] is None:
@@ -55,19 +60,70 @@ def headline(compares: list[CompareResult]) -> str:
     return f'<div class="headline">{"".join(lines)}</div>' if lines else ""
 
 
+def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
+                  matched: tuple | None) -> ContextGain | None:
+    """The three-way comparison of `matched` (base, short, long eval dirs; added to `evals` if missing),
+    else of the roles `find_roles` sees among three or more evals, else None."""
+    if matched is not None:
+        if len(matched) != 3:
+            raise GenomeLMError(f"matched takes 3 eval directories (base, short, long), got {len(matched)}")
+        picked = []
+        for d in matched:
+            ev = next((e for e in evals if Path(e.dir).resolve() == Path(d).resolve()), None)
+            if ev is None:
+                evals.append(ev := load_eval(d))
+            picked.append(ev)
+        return context_gain(*picked, compares=compares)
+    roles = find_roles(evals) if len(evals) >= 3 else None
+    if roles is None:
+        return None
+    try:
+        return context_gain(*roles, compares=compares)
+    except GenomeLMError as e:
+        log.warning("no base / short / long comparison of %s: %s", ", ".join(ev.label for ev in roles), e)
+        return None
+
+
+def _context_gain_section(gain: ContextGain) -> list[str]:
+    o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
+    windows = gain.pair("long", "short").result["n_windows"]
+    tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in {windows} windows (95% CI: "
+              f"bootstrap over windows); each difference on the tokens both models scored "
+              f"({gain.pair('long', 'short').result['overall']['n_tokens']:,}), with a paired bootstrap over the same "
+              "windows.")
+    t = gain.training
+    if t.get("short") and t.get("long"):
+        tokens += (f" The short-context fine-tune trained on {t['short'].tokens:,} tokens ({t['short'].steps:,} steps "
+                   f"at context {t['short'].seq_len:,}), the long-context one on {t['long'].tokens:,} "
+                   f"({t['long'].steps:,} steps at context {t['long'].seq_len:,}).")
+    return ["<h2>Is the gain from context, or from more training?</h2>",
+            f'<p class="headline">{html.escape(reading(gain))}</p>',
+            "<p>The long-context fine-tune also trained on more tokens than the base. The control is the same base "
+            "fine-tuned on the same number of tokens at the base's context: short vs base is what more training "
+            "alone does, long vs short what the context adds.</p>",
+            f"<p>{html.escape(tokens)}</p>",
+            _figure(plots.plot_context_gain(gain), "context vs more training",
+                    "Left: change in held-out loss over all tokens, 100 x (mean loss of the first model / mean loss "
+                    "of the second - 1), with paired 95% bootstrap CIs over windows. Right: the same per context "
+                    "bucket."),
+            tables.context_gain_table(gain)]
+
+
 def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
-                 title: str = "genome_lm: loss by preceding context") -> str:
-    """The report page as an HTML string."""
+                 title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
+    """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
+    section on context vs more training (see the module docstring)."""
     evals, compares = load_dirs(list(dirs))
     run_metrics = [load_run(r) for r in runs]
-    if not evals and not compares and not run_metrics:
+    if not evals and not compares and not run_metrics and matched is None:
         raise GenomeLMError("nothing to report: give eval or compare directories (and/or --run RUN_DIR)")
+    gain = _context_gain(evals, compares, matched)
     if not compares and len(evals) >= 2:
-        compares = implied_compares(evals)
+        compares = list(gain.pairs.values()) if gain else implied_compares(evals)
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S")}; losses in bits per base '
              "(= nats per token / ln 2); context = tokens of sequence preceding the scored token</p>",
-             headline(compares)]
+             headline(compares, gain)]
     if evals:
         items = "".join(
             f"<li><b>{html.escape(e.label)}</b>: {html.escape(str(e.dir))} &mdash; checkpoint "
@@ -85,6 +141,8 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                   _figure(plots.plot_relative_change(compares), "relative change vs context",
                           "100 x (mean loss B / mean loss A - 1) per context bucket on the same tokens; bands: paired "
                           "bootstrap 95% CI over windows. Below zero: B is better.")]
+    if gain:
+        parts += _context_gain_section(gain)
     if evals:
         parts += ["<h2>Repeat-masked vs unmasked bases</h2>",
                   _figure(plots.plot_repeat_split(evals), "repeat vs non-repeat",

@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from genome_lm.eval.stats import LN2
 from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
+from genome_lm.report.matched import PAIRS, ContextGain
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 DPI = 110
@@ -135,5 +136,45 @@ def plot_training_curves(runs: list[RunMetrics], title: str = "Training") -> Fig
         ax.set_xlabel("optimizer step")
     axes[0, 1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     axes[0, 0].legend(fontsize=9)
+    fig.suptitle(title)
+    return fig
+
+
+def plot_context_gain(gain: ContextGain, title: str = "Is the gain from context, or from more training?") -> Figure:
+    """Left: the three paired changes over all tokens (short vs base, long vs base, long vs short) with
+    their 95% CIs; right: the same per context bucket, with bands."""
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    left.axvline(0, color="0.3", lw=1)
+    right.axhline(0, color="0.3", lw=1)
+    for i, (b, a, what) in enumerate(PAIRS):
+        r, color = gain.pair(b, a).result, COLORS[(i + 2) % len(COLORS)]
+        o = r["overall"]
+        label = f"{b} vs {a} ({what})"
+        if o["rel_change_pct"] is not None:
+            lo, hi = o["rel_ci_low"], o["rel_ci_high"]
+            err = None if lo is None or hi is None else [[o["rel_change_pct"] - lo], [hi - o["rel_change_pct"]]]
+            left.errorbar(o["rel_change_pct"], -i, xerr=err, fmt="o", color=color, ms=7, capsize=5, lw=2)
+            left.annotate(f"{o['rel_change_pct']:+.2f}%", (o["rel_change_pct"], -i), xytext=(0, 9),
+                          textcoords="offset points", ha="center", fontsize=9, color=color)
+        x, y, lo, hi = _series(r["buckets"], "rel_change_pct", "rel_ci_low", "rel_ci_high")
+        right.plot(x, y, "-o", color=color, ms=3.5, lw=1.7, label=label)
+        right.fill_between(x, lo, hi, color=color, alpha=0.16, lw=0)
+    left.set_yticks([-i for i in range(len(PAIRS))], [f"{b} vs {a}\n({what})" for b, a, what in PAIRS])
+    left.set_ylim(-len(PAIRS) + 0.5, 0.6)
+    left.margins(x=0.2)
+    short = gain.training.get("short")
+    if short and short.seq_len:
+        right.axvline(short.seq_len, color="0.5", ls=":", lw=1.2)
+        right.annotate(f"short fine-tune's context ({_tokens(short.seq_len)})", (short.seq_len, 1), xytext=(3, -3),
+                       xycoords=("data", "axes fraction"), textcoords="offset points", va="top", fontsize=8,
+                       color="0.35")
+    left.set_xlabel("change in held-out loss, all tokens (%)\nbelow 0: the first model is better")
+    left.grid(True, axis="x", alpha=0.3)
+    left.set_title("all tokens (bars: paired 95% CI)", fontsize=10)
+    _context_axis(right)
+    right.set_ylabel("change in loss (%)")
+    right.set_title("by preceding context (shaded: paired 95% CI)", fontsize=10)
+    right.legend(loc="best", fontsize=8)
     fig.suptitle(title)
     return fig

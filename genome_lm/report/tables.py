@@ -9,6 +9,7 @@ import numpy as np
 
 from genome_lm.eval.stats import LN2
 from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
+from genome_lm.report.matched import PAIRS, ROLES, ContextGain
 
 
 def _table(header: list[str], rows: list[list[str]], caption: str = "") -> str:
@@ -75,6 +76,32 @@ def compare_table(cmp: CompareResult) -> str:
                    "share of gain"], rows, caption)
 
 
+def context_gain_table(gain: ContextGain) -> str:
+    """The three models (training tokens, held-out tokens, bits/base with CI), then the three paired
+    differences (tokens both scored, B - A in bits/base and relative, with paired 95% CIs)."""
+    rows = []
+    for role, name in ROLES.items():
+        ev, t = gain.evals[role], gain.training.get(role)
+        o = ev.summary["overall"]
+        trained = "&ndash;" if t is None else f"{t.tokens:,} ({t.steps:,} steps at context {t.seq_len:,})"
+        rows.append([f"<b>{name}</b> ({html.escape(ev.label)})", trained, f"{o['n_tokens']:,}",
+                     str(ev.summary.get("shards", {}).get("n_windows", "")), _num(o["bits_per_base"]),
+                     f"{_num(o['ci_low'] and o['ci_low'] / LN2)} &ndash; {_num(o['ci_high'] and o['ci_high'] / LN2)}",
+                     ""])
+    for b, a, what in PAIRS:
+        r = gain.pair(b, a).result
+        d = r["overall"]
+        bits = lambda x: _num(x if x is None else x / LN2, "{:+.4f}")  # noqa: E731
+        rows.append([f"<b>{b} &minus; {a}</b> ({html.escape(what)})", "", f"{d['n_tokens']:,}", str(r["n_windows"]),
+                     bits(d["diff"]), f"{bits(d['diff_ci_low'])} &ndash; {bits(d['diff_ci_high'])}",
+                     f"{_num(d['rel_change_pct'], '{:+.2f}%')} ({_num(d['rel_ci_low'], '{:+.2f}')} &ndash; "
+                     f"{_num(d['rel_ci_high'], '{:+.2f}')})"])
+    return _table(["model / paired difference", "training tokens", "held-out tokens", "windows", "bits/base",
+                   "95% CI (bits/base)", "change (95% CI, %)"], rows,
+                  "Base, short- and long-context fine-tunes on the same held-out tokens (differences: paired "
+                  "bootstrap over windows; long - short = the gain attributable to context)")
+
+
 def parity_table(ev: EvalResult) -> str:
     p = ev.summary.get("parity")
     if not p:
@@ -91,10 +118,11 @@ def run_table(runs: list[RunMetrics]) -> str:
         c = run.columns
         last = lambda k: c[k][np.isfinite(c[k])][-1] if np.isfinite(c[k]).any() else None  # noqa: E731
         agg = lambda f, k: f(c[k][np.isfinite(c[k])]) if np.isfinite(c[k]).any() else None  # noqa: E731
-        peak = agg(np.max, "peak_mem_bytes")
-        rows.append([html.escape(run.label), _num(last("step"), "{:.0f}"),
+        peak, per_step, steps = agg(np.max, "peak_mem_bytes"), agg(np.median, "tokens"), last("step")
+        rows.append([html.escape(run.label), _num(steps, "{:.0f}"),
+                     _num(per_step and steps and per_step * steps, "{:,.0f}"),
                      _num(c["loss"][0] if len(c["loss"]) else None),
                      _num(last("loss")), _num(agg(np.median, "tokens_per_s"), "{:,.0f}"),
                      _num(peak and peak / 2**30, "{:.2f}")])
-    return _table(["run", "steps", "first loss", "last loss", "median tokens/s", "peak memory (GiB)"], rows,
-                  "Training runs (metrics.jsonl)")
+    return _table(["run", "steps", "tokens (steps x tokens/step)", "first loss", "last loss", "median tokens/s",
+                   "peak memory (GiB)"], rows, "Training runs (metrics.jsonl)")

@@ -1,0 +1,190 @@
+"""Is the gain from context, or from more training? The compute-matched comparison of three evals of
+the same windows: the base, a fine-tune of it at the base's short context and one at long context,
+both fine-tunes on the same number of training tokens.
+
+    gain = context_gain("evals/demo_base", "evals/demo_shortctx", "evals/demo_longctx")
+    print(format_context_gain(gain))          # the demo's three-way table
+    gain.pair("long", "short").result          # compare_evals(short, long): B = long, A = short
+    reading(gain)                              # the report's one-sentence reading
+
+    short - base   more training alone
+    long  - base   more training + context
+    long  - short  the gain attributable to context
+
+Each difference is `genome_lm.eval.compare.compare_evals` of the pair (B - A on the tokens both
+scored, paired bootstrap over windows), taken from a compare directory given to the report when
+it pairs the same two evals, else computed. Training tokens come from each eval's run (the run
+directory above its `checkpoints/`): steps x tokens per step of its metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from genome_lm.eval.compare import compare_evals
+from genome_lm.eval.stats import LN2
+from genome_lm.report.data import CompareResult, EvalResult, load_eval
+
+ROLES = {"base": "base", "short": "short-context fine-tune", "long": "long-context fine-tune"}
+PAIRS = (("short", "base", "more training"), ("long", "base", "training + context"), ("long", "short", "context"))
+
+
+@dataclass
+class Training:
+    """What a run trained: `steps` optimizer steps of `tokens_per_step` tokens at context `seq_len`."""
+    run: Path
+    steps: int
+    tokens_per_step: int
+    seq_len: int
+    init: str | None  # model.init of the run (None: from scratch)
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+
+@dataclass
+class ContextGain:
+    evals: dict[str, EvalResult]                        # role ("base", "short", "long") -> eval
+    pairs: dict[tuple[str, str], CompareResult]         # (B role, A role) -> comparison, B - A
+    training: dict[str, Training | None] = field(default_factory=dict)
+
+    def pair(self, b: str, a: str) -> CompareResult:
+        return self.pairs[(b, a)]
+
+
+def training_of(ev: EvalResult) -> Training | None:
+    """The run whose checkpoint `ev` scored (RUN/checkpoints/X -> RUN), if its files are there."""
+    ckpt = Path(ev.summary.get("checkpoint", {}).get("path") or "")
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+    if run is None or not (run / "metrics.jsonl").is_file() or not (run / "config.yaml").is_file():
+        return None
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    per_step = [r["tokens"] for r in rows if r.get("tokens")]
+    if not rows or not per_step:
+        return None
+    return Training(run=run, steps=int(rows[-1]["step"]), tokens_per_step=int(np.median(per_step)),
+                    seq_len=int(cfg.get("data", {}).get("seq_len", 0)), init=cfg.get("model", {}).get("init"))
+
+
+def _same(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _find_pair(compares: list[CompareResult], a: EvalResult, b: EvalResult) -> CompareResult | None:
+    for cmp in compares:
+        r = cmp.result
+        if _same(r["a"]["dir"], a.dir) and _same(r["b"]["dir"], b.dir):
+            return cmp
+    return None
+
+
+def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, long: EvalResult | str | Path,
+                 compares: list[CompareResult] = (), **compare_kwargs) -> ContextGain:
+    """The three evals (EvalResult or eval directories) and their three paired comparisons."""
+    evals = {role: ev if isinstance(ev, EvalResult) else load_eval(ev)
+             for role, ev in (("base", base), ("short", short), ("long", long))}
+    pairs = {}
+    for b, a, _ in PAIRS:
+        found = _find_pair(list(compares), evals[a], evals[b])
+        if found is None:
+            result = compare_evals(evals[a].dir, evals[b].dir, **compare_kwargs)
+            found = CompareResult(f"{evals[b].label} vs {evals[a].label}", None, result)
+        pairs[(b, a)] = found
+    return ContextGain(evals, pairs, {role: training_of(ev) for role, ev in evals.items()})
+
+
+def _model_dir(ev: EvalResult) -> Path | None:
+    d = ev.summary.get("checkpoint", {}).get("model_dir")
+    return Path(d).resolve() if d else None
+
+
+def _init_is(init: str | None, model_dir: Path) -> bool:
+    if not init:
+        return False
+    p = Path(os.path.expandvars(init)).resolve()
+    return model_dir in (p, (p / "model").resolve())
+
+
+def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalResult] | None:
+    """(base, short, long) among `evals`: one eval whose checkpoint two others' runs started from
+    (`model.init`), the one trained at the shorter context being `short`; None if there is none."""
+    runs = {id(ev): training_of(ev) for ev in evals}
+    for base in evals:
+        model_dir = _model_dir(base)
+        if model_dir is None:
+            continue
+        tuned = [ev for ev in evals if ev is not base and runs[id(ev)] and _init_is(runs[id(ev)].init, model_dir)]
+        if len(tuned) == 2 and runs[id(tuned[0])].seq_len != runs[id(tuned[1])].seq_len:
+            short, long = sorted(tuned, key=lambda ev: runs[id(ev)].seq_len)
+            return base, short, long
+    return None
+
+
+def _pct(o: dict, key: str = "rel_change_pct") -> str:
+    return "n/a" if o.get(key) is None else f"{o[key]:+.2f}%"
+
+
+def _ci(o: dict) -> str:
+    lo, hi = o.get("rel_ci_low"), o.get("rel_ci_high")
+    return "n/a" if lo is None or hi is None else f"{lo:+.2f} to {hi:+.2f}%"
+
+
+def reading(gain: ContextGain) -> str:
+    """One sentence: the long- and short-context fine-tunes against the base, and their difference."""
+    lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
+    text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {_ci(lb)}) and fine-tuning "
+            f"on as many tokens at the base's context by {_pct(sb)} ({_ci(sb)}), so the gain attributable to "
+            f"context, long vs short, is {_pct(ls)} ({_ci(ls)})")
+    lo, hi = ls.get("rel_ci_low"), ls.get("rel_ci_high")
+    if hi is not None and hi < 0:
+        return text + ", its CI clear of zero."
+    if lo is not None and lo > 0:
+        return text + ": the long-context model is worse, its CI clear of zero."
+    return text + ": its CI includes zero, so these windows cannot tell it from no effect."
+
+
+def _trained(t: Training | None) -> str:
+    return "-" if t is None else f"{t.tokens:,} @ {t.seq_len:,}"
+
+
+def _bits(x, spec: str = ".4f") -> str:
+    """nats -> bits/base, or '-'."""
+    return "-" if x is None else format(x / LN2, spec)
+
+
+def format_context_gain(gain: ContextGain) -> str:
+    """The three-way table as fixed-width text (printed by `make demo`)."""
+    o = gain.evals["base"].summary["overall"]
+    lines = [f"  Is the gain from context, or from more training? held-out loss, {o['n_tokens']:,} tokens in "
+             f"{gain.pair('long', 'base').result['n_windows']} windows (95% CI: bootstrap over windows)",
+             f"  {'model':<33} {'trained (tokens @ context)':>27} {'bits/base':>10} {'95% CI':>18}"]
+    for role, name in ROLES.items():
+        o = gain.evals[role].summary["overall"]
+        ci = f"[{_bits(o['ci_low'])}, {_bits(o['ci_high'])}]"
+        lines.append(f"  {name:<33} {_trained(gain.training.get(role)):>27} {_bits(o['mean_nll']):>10} {ci:>18}")
+    lines.append(f"  {'paired difference, B - A':<33} {'tokens':>10} {'bits/base':>10} {'95% CI':>20} {'rel %':>7} "
+                 f"{'95% CI (%)':>16}")
+    for b, a, what in PAIRS:
+        d = gain.pair(b, a).result["overall"]
+        ci = f"[{_bits(d['diff_ci_low'], '+.4f')}, {_bits(d['diff_ci_high'], '+.4f')}]"
+        rel = "-" if d["rel_change_pct"] is None else f"{d['rel_change_pct']:+.2f}"
+        rci = ("-" if d["rel_ci_low"] is None or d["rel_ci_high"] is None
+               else f"[{d['rel_ci_low']:+.2f}, {d['rel_ci_high']:+.2f}]")
+        lines.append(f"  {f'{b} - {a} ({what})':<33} {d['n_tokens']:>10,} {_bits(d['diff'], '+.4f'):>10} {ci:>20} "
+                     f"{rel:>7} {rci:>16}")
+    lines += textwrap.wrap(reading(gain), width=110, initial_indent="  ", subsequent_indent="  ")
+    return "\n".join(lines)
+

@@ -1,0 +1,90 @@
+"""The compute-matched comparison (base, short- and long-context fine-tune): the pairs are compare_evals'
+own numbers, the roles are found from the runs, and the report gets its section only with three models."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from genome_lm.cli import main
+from genome_lm.eval import compare_evals, load_summary, write_compare
+from genome_lm.report import build_report, context_gain, find_roles, format_context_gain, load_eval, reading
+from tests.report.conftest import STEPS, TOKENS_PER_STEP
+from tests.report.test_report import _images
+
+SECTION = "Is the gain from context, or from more training?"
+LN2 = math.log(2)
+
+
+def test_pairs_are_compare_evals_of_each_pair(matched):
+    gain = context_gain(matched.base, matched.short, matched.long, resamples=300)
+    for (b, a), cmp in gain.pairs.items():
+        want = compare_evals(getattr(matched, a), getattr(matched, b), resamples=300)["overall"]
+        assert cmp.result["overall"] == pytest.approx(want)
+    for role in ("base", "short", "long"):
+        assert gain.evals[role].summary == load_summary(getattr(matched, role))
+        assert gain.training[role].tokens == STEPS * TOKENS_PER_STEP
+    assert (gain.training["short"].seq_len, gain.training["long"].seq_len) == (256, 1024)
+    assert gain.training["base"].init is None and gain.training["long"].init.endswith("base/checkpoints/last")
+
+
+def test_three_way_table(matched):
+    gain = context_gain(matched.base, matched.short, matched.long, resamples=300)
+    text = format_context_gain(gain)
+    lines = text.splitlines()
+    for role, name in (("base", "base"), ("short", "short-context fine-tune"), ("long", "long-context fine-tune")):
+        row = next(line for line in lines if line.strip().startswith(name + " "))
+        bits = load_summary(getattr(matched, role))["overall"]["bits_per_base"]
+        assert f"{bits:.4f}" in row and f"{STEPS * TOKENS_PER_STEP:,} @ " in row
+    row = next(line for line in lines if "long - short (context)" in line)
+    d = gain.pair("long", "short").result["overall"]
+    assert f"{d['diff'] / LN2:+.4f}" in row and f"[{d['rel_ci_low']:+.2f}, {d['rel_ci_high']:+.2f}]" in row
+    assert f"{d['n_tokens']:,}" in row
+    assert "gain attributable to context" in text.replace("\n  ", " ")
+    # the reading's verdict follows the long - short CI
+    verdict = ("clear of zero" if d["rel_ci_high"] < 0 or d["rel_ci_low"] > 0 else "includes zero")
+    assert verdict in reading(gain)
+
+
+def test_roles_found_from_the_runs(matched, evaluated):
+    evs = [load_eval(d) for d in (matched.long, matched.base, matched.short)]
+    base, short, long = find_roles(evs)
+    assert (base.dir, short.dir, long.dir) == (matched.base, matched.short, matched.long)
+    # evals without runs (or without a common base) have no roles
+    assert find_roles([load_eval(d) for d in (evaluated.eval0, evaluated.eval1, matched.long)]) is None
+
+
+def test_report_has_the_section_with_three_models(matched, tmp_path):
+    page = build_report([matched.base, matched.short, matched.long])  # roles found, pairs computed
+    images = _images(page)
+    assert "context vs more training" in images and images["context vs more training"].startswith(b"\x89PNG")
+    assert SECTION in page and "gain attributable to context" in page
+    assert "training tokens" in page and f"{STEPS * TOKENS_PER_STEP:,} ({STEPS} steps at context 1,024)" in page
+    assert re.search(r"rests on its [\d,]+ held-out tokens in 3 windows", page)
+    for label in ("short vs base", "long vs base", "long vs short"):  # all three pairs in the tables
+        assert f"{label}: A = " in page
+
+
+def test_report_reuses_given_compares_and_takes_explicit_roles(matched, tmp_path, monkeypatch):
+    cmp = tmp_path / "short_vs_long"
+    write_compare(matched.short, matched.long, cmp, resamples=300)
+    calls = []
+    import genome_lm.report.matched as m
+
+    monkeypatch.setattr(m, "compare_evals", lambda a, b, **kw: calls.append((a, b)) or compare_evals(a, b, **kw))
+    page = build_report([cmp], matched=(matched.base, matched.short, matched.long))
+    assert SECTION in page
+    assert sorted(calls) == sorted([(matched.base, matched.short), (matched.base, matched.long)])  # not short/long
+
+
+def test_two_models_get_no_section(evaluated):
+    page = build_report([evaluated.eval0, evaluated.eval1])
+    assert SECTION not in page and "context vs more training" not in _images(page)
+
+
+def test_cli_report_of_three_evals(matched, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert main(["report", str(matched.base), str(matched.short), str(matched.long), "--out", str(out)]) == 0
+    assert SECTION in out.read_text()
