@@ -1,7 +1,12 @@
 """`make demo`: the bundled default, end to end, on the synthetic genome, CPU only.
 
     synthetic genome -> prepare (train chr1+chr2, eval chr22) -> train the base model at short
-    context -> evaluate it -> fine-tune at long context from it -> evaluate -> compare -> report
+    context -> evaluate it -> fine-tune it at long context -> evaluate -> fine-tune it on as many
+    tokens at the base's short context (the compute-matched control) -> evaluate -> compare the
+    three pairwise -> report
+
+The long- minus short-context fine-tune is the gain attributable to context; the long-context
+fine-tune minus the base also holds what more training alone does (short minus base).
 
 Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
 smaller version of every step (a few minutes; the test suite runs it).
@@ -27,14 +32,14 @@ EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 @dataclass(frozen=True)
 class Recipe:
     scale: float  # synthetic genome size multiplier (1.0 = 4 Mbp)
-    window: str  # prepare --seq-len: the eval context
+    window: str  # prepare --seq-len: the eval context and the long-context fine-tune's
     base_steps: int
-    long_steps: int
+    finetune_steps: int  # each fine-tune's; the short-context one takes window / 256 sequences per step
     eval_windows: int
 
 
-FULL = Recipe(scale=1.0, window="8k", base_steps=1200, long_steps=200, eval_windows=12)
-QUICK = Recipe(scale=0.25, window="2k", base_steps=6, long_steps=3, eval_windows=2)
+FULL = Recipe(scale=1.0, window="8k", base_steps=1200, finetune_steps=200, eval_windows=12)
+QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2)
 
 # The demo genome (`genome-lm synth --set ...`): two kinds of repeat that teach two things.
 # Interspersed copies (~28% of the bases), mostly out of the base model's 256-token reach but
@@ -49,17 +54,44 @@ DEMO_GENOME = dict(
 )
 
 
-def _train(exp: str, out: Path, steps: int, extra: list[str]) -> None:
+def _experiment(exp: str, steps: int, extra: list[str]):
     from genome_lm.config import load_experiment
+
+    return load_experiment(EXPERIMENTS / exp, [f"train.steps={steps}", *extra])
+
+
+def _train(cfg, out: Path) -> None:
     from genome_lm.train import train
     from genome_lm.train.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(out / "checkpoints")
-    if latest is not None and int(latest.name.split("_")[1]) >= steps:
+    if latest is not None and int(latest.name.split("_")[1]) >= cfg.train.steps:
         log.info("    %s is complete (%s); reusing it", out, latest.name)
         return
-    cfg = load_experiment(EXPERIMENTS / exp, [f"train.steps={steps}", *extra])
     train(cfg, out=out, resume=latest is not None)
+
+
+def _tokens_per_step(cfg) -> int:
+    return cfg.data.seq_len * cfg.train.micro_batch * cfg.train.grad_accum
+
+
+def matched_finetunes(r: Recipe, data: list[str], init: Path):
+    """The long- and short-context fine-tune experiments of recipe `r` from checkpoint `init`: the
+    short one (demo_shortctx.yaml, the base's context) takes window / seq_len sequences per step, so
+    that both train on the same tokens per step for the same steps (and the same schedule)."""
+    from genome_lm.utils import parse_size
+
+    window = parse_size(r.window)
+    common = [*data, f"model.init={init}"]
+    long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
+    short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
+    per_step = _tokens_per_step(long)
+    if per_step % (short.data.seq_len * short.train.grad_accum):
+        raise ValueError(f"{per_step} tokens per step is no whole number of {short.data.seq_len}-token sequences")
+    short.train.micro_batch = per_step // (short.data.seq_len * short.train.grad_accum)
+    assert _tokens_per_step(short) == per_step and short.train.steps == long.train.steps
+    assert short.data.seq_len < window
+    return long, short
 
 
 def _eval(checkpoint: Path, shards: Path, out: Path, windows: int) -> dict:
@@ -75,43 +107,53 @@ def run(root: Path, quick: bool = False) -> dict:
     from genome_lm.eval import format_table, write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth import make_params, write_synthetic_fasta
-    from genome_lm.report import write_report
+    from genome_lm.report import context_gain, format_context_gain, load_compare_dir, write_report
 
     r = QUICK if quick else FULL
     tag = "demo_quick" if quick else "demo"
     fasta = root / "data" / "generated" / f"{tag}.fa.gz"
     shards = root / "shards" / tag
-    base, long = root / "runs" / f"{tag}_base", root / "runs" / f"{tag}_longctx"
-    ev_base, ev_long = root / "evals" / f"{tag}_base", root / "evals" / f"{tag}_longctx"
-    cmp_dir, report = root / "evals" / f"{tag}_base_vs_longctx", root / "reports" / f"{tag}.html"
+    runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}
+    evals = {name: root / "evals" / f"{tag}_{name}" for name in runs}
+    pairs = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # (A, B): B - A
+    cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in pairs}
+    report = root / "reports" / f"{tag}.html"
     t0 = time.perf_counter()
 
-    log.info(f"[1/8] synthetic genome -> {fasta}")
+    log.info(f"[1/10] synthetic genome -> {fasta}")
     if fasta.exists():
         log.info("    %s exists; reusing it", fasta)
     else:
         write_synthetic_fasta(fasta, scale=r.scale, seed=0, params=make_params(**DEMO_GENOME))
 
-    log.info(f"[2/8] prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
+    log.info(f"[2/10] prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
     params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1,chr2", eval_chroms="chr22",
                                     seq_len=r.window, min_gap="1000", max_n_frac=0.05, tail="keep",
                                     min_len=r.window, reverse_complement=True, leakage_k=32)
     manifest = prepare(params, shards)
 
     data = [f"data.shards={shards}"]
-    log.info(f"[3/8] train the base model at short context -> {base}")
-    _train("demo_base.yaml", base, r.base_steps, data)
-    log.info(f"[4/8] evaluate the base model on chr22 -> {ev_base}")
-    s_base = _eval(base / "checkpoints" / "last", shards, ev_base, r.eval_windows)
-    log.info(f"[5/8] fine-tune at {r.window} context from the base model -> {long}")
-    _train("demo_longctx.yaml", long, r.long_steps,
-           data + [f"model.init={base / 'checkpoints' / 'last'}", f"data.seq_len={r.window}"])
-    log.info(f"[6/8] evaluate the long-context model on chr22 -> {ev_long}")
-    s_long = _eval(long / "checkpoints" / "last", shards, ev_long, r.eval_windows)
-    log.info(f"[7/8] compare -> {cmp_dir}")
-    result = write_compare(ev_base, ev_long, cmp_dir, overwrite=True)
-    log.info(f"[8/8] report -> {report}")
-    write_report([ev_base, ev_long, cmp_dir], report, runs=[base, long], title="genome_lm demo: base vs long context")
+    summaries = {}
+    log.info(f"[3/10] train the base model at short context -> {runs['base']}")
+    _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"])
+    log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
+    summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r.eval_windows)
+    long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
+    for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "the base's short"))):
+        log.info(f"[{5 + 2 * n}/10] fine-tune at {what} context ({cfg.data.seq_len:,} tokens x {cfg.train.micro_batch}"
+                 f" per step, {cfg.train.steps} steps: {cfg.train.steps * _tokens_per_step(cfg):,} tokens) from the "
+                 f"base model -> {runs[name]}")
+        _train(cfg, runs[name])
+        log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
+        summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r.eval_windows)
+    log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in cmp_dirs.values()))
+    results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
+    gain = context_gain(evals["base"], evals["shortctx"], evals["longctx"],
+                        compares=[load_compare_dir(d) for d in cmp_dirs.values()])
+    log.info(f"[10/10] report -> {report}")
+    write_report([*evals.values(), *cmp_dirs.values()], report, runs=list(runs.values()),
+                 title="genome_lm demo: base vs short- vs long-context fine-tune",
+                 matched=(evals["base"], evals["shortctx"], evals["longctx"]))
 
     elapsed = time.perf_counter() - t0
     print()
@@ -119,11 +161,12 @@ def run(root: Path, quick: bool = False) -> dict:
     for split, info in manifest["splits"].items():
         print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
               f"({', '.join(info['chroms'])})")
-    print(f"  held-out chr22 loss, bits/base: base {s_base['overall']['bits_per_base']:.4f}, "
-          f"long-context {s_long['overall']['bits_per_base']:.4f}")
-    print(format_table(result))
+    print(format_context_gain(gain))
+    print("  long- vs short-context fine-tune on held-out chr22, by preceding context:")
+    print(format_table(results[("shortctx", "longctx")]))
     print(f"  report: {report}")
-    return {"base": s_base, "longctx": s_long, "compare": result, "report": str(report)}
+    return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
+            "compare": results[("base", "longctx")], "compares": results, "gain": gain, "report": str(report)}
 
 
 def main(argv: list[str] | None = None) -> int:

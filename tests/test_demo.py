@@ -22,21 +22,33 @@ def demo_losses(root: Path) -> dict:
         lines = (root / "runs" / run / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line)["loss"] for line in lines]
 
-    return {"base": losses("demo_quick_base"), "longctx": losses("demo_quick_longctx"),
+    names = ("base", "longctx", "shortctx")
+    return {**{name: losses(f"demo_quick_{name}") for name in names},
             "eval_mean_nll": {name: load_summary(root / "evals" / f"demo_quick_{name}")["overall"]["mean_nll"]
-                              for name in ("base", "longctx")}}
+                              for name in names}}
 
 
 def test_quick_demo_end_to_end(tmp_path, capsys):
     assert main(["--quick", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "finished" in out and "relative change" in out.lower() or "largest" in out
+    # the three-way table: each model's loss with its CI, then the three paired differences
+    assert "Is the gain from context, or from more training?" in out
+    for line in ("base ", "short-context fine-tune", "long-context fine-tune", "short - base (more training)",
+                 "long - base (training + context)", "long - short (context)", "gain attributable to context"):
+        assert line in out, line
     shards = tmp_path / "shards" / "demo_quick"
     assert len(load_shards(shards, "train")) > 0 and len(load_shards(shards, "eval")) > 0
-    for d in ("evals/demo_quick_base", "evals/demo_quick_longctx"):
-        assert (tmp_path / d / "summary.json").exists()
+    for d in ("evals/demo_quick_base", "evals/demo_quick_longctx", "evals/demo_quick_shortctx",
+              "evals/demo_quick_shortctx_vs_longctx/compare.json"):
+        assert (tmp_path / d).exists(), d
     html = (tmp_path / "reports" / "demo_quick.html").read_text()
-    assert html.count("data:image/png;base64,") >= 3
+    assert html.count("data:image/png;base64,") >= 5 and "Is the gain from context, or from more training?" in html
+    # the control trained on as many tokens as the long-context fine-tune, at the base's context
+    tokens = {name: [json.loads(line)["tokens"] for line in
+                     (tmp_path / "runs" / f"demo_quick_{name}" / "metrics.jsonl").read_text().splitlines()]
+              for name in ("longctx", "shortctx")}
+    assert tokens["shortctx"] == tokens["longctx"] == [2048] * 3
     got = demo_losses(tmp_path)
     if os.environ.get("GENOME_LM_UPDATE_GOLDEN") == "1":
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +56,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     want = json.loads(GOLDEN.read_text())
     assert got["base"] == pytest.approx(want["base"], **GOLDEN_TOL)
     assert got["longctx"] == pytest.approx(want["longctx"], **GOLDEN_TOL)
+    assert got["shortctx"] == pytest.approx(want["shortctx"], **GOLDEN_TOL)
     assert got["eval_mean_nll"] == pytest.approx(want["eval_mean_nll"], **GOLDEN_TOL)
     # a rerun reuses every step
     assert main(["--quick", "--root", str(tmp_path)]) == 0
