@@ -123,6 +123,22 @@ def _concentration(table: dict) -> dict:
             "largest_share_of_gain": {k: top[k] for k in keep} if top else None}
 
 
+def _compare_strands(a, b, sum_a, sum_b, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
+    """compare.json's `strands`: the paired tables of the forward rows (the top level), of the
+    reverse-complement rows and of both pooled; `{"absent": why}` unless both evals have both strands."""
+    from genome_lm.eval.strands import merged
+
+    if "strands" not in sum_a or "strands" not in sum_b:
+        return {"absent": f"only {a if 'strands' in sum_a else b} scored both strands (eval --strands both)"}
+    W = len(_same_windows(a, b, "reverse")["window"])
+    rev = paired_stats(a, b, W, seq_len, edges, "reverse")
+    avg = (fwd[0], merged(fwd[1], rev[1]), merged(fwd[2], rev[2]))
+    return {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
+            "average": paired_tables(*avg, edges, resamples, seed),
+            "definition": "forward: the rows as stored (the top level); reverse: their reverse complements; "
+                          "average: both pooled, each base once per strand, windows drawn with both strands"}
+
+
 def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
     """The paired comparison of eval directories `a` and `b` (see module docstring) as a dict."""
     a, b = Path(a), Path(b)
@@ -133,7 +149,8 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
     meta = _same_windows(a, b)
     W, seq_len = len(meta["window"]), max(sum_a["config"]["seq_len"], sum_b["config"]["seq_len"])
     edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
-    tables = paired_tables(*paired_stats(a, b, W, seq_len, edges), edges, resamples, seed)
+    fwd = paired_stats(a, b, W, seq_len, edges)
+    tables = paired_tables(*fwd, edges, resamples, seed)
     result = {
         **{k: {"dir": str(d), "checkpoint": s.get("checkpoint", {}).get("path"), "seq_len": s["config"]["seq_len"]}
            for k, d, s in (("a", a, sum_a), ("b", b, sum_b))},
@@ -144,6 +161,8 @@ def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPL
         **tables,
         "bootstrap": {"unit": "window", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95},
     }
+    if "strands" in sum_a or "strands" in sum_b:
+        result["strands"] = _compare_strands(a, b, sum_a, sum_b, fwd, tables, seq_len, edges, resamples, seed)
     if sum_a.get("context_ablation") or sum_b.get("context_ablation"):
         from genome_lm.eval.ablation import compare_ablation
 

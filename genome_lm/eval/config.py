@@ -46,6 +46,9 @@ class EvalConfig(BlockSizes):
                                 description="split every table by a BED file's intervals (0-based, half-open; "
                                 "chromosome names as prepare matches them): tokens in / out of them; NAME "
                                 "defaults to the file name without its suffix; repeatable")
+    strands: Literal["forward", "both"] = Field(default="forward", description="'both': also score the reverse "
+                                                "complement of each window (summary.json strands: forward, reverse, "
+                                                "average, per-base agreement)")
     context: Sizes = Field(default=[], description="context ablation: score the last --ablation-targets tokens of "
                            "each window given exactly L preceding tokens, for each L (comma-separated, e.g. "
                            "1k,2k,4k; each at most the window length minus the targets)")

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval import ablation, sharded
+from genome_lm.eval import ablation, sharded, strands
 from genome_lm.eval import parity as parity_mod
 from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.buckets import bucket_edges, contexts_of
@@ -37,7 +37,7 @@ from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import StrataAccumulator, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
-from genome_lm.genome.tokenizer import unpack_mask
+from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
         else np.zeros(n, dtype=np.int64)  # [W] ablation targets per window, 0: none
     if cfg.context:
         key["context"], key["ablation_targets"] = cfg.context, targets.tolist()
+    if cfg.strands != "forward":
+        key["strands"] = cfg.strands
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
@@ -150,8 +152,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
 
         model = sharded.build_model(cfg, ckpt["model_dir"], par).eval()
         lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
-        pieces = [_forwards(int(length), seq_len, len(engines), cfg.context, int(t))
-                  for length, t in zip(lengths, targets)]
+        passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
+        pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
         with tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
                   unit_scale=True, desc=f"eval {out.name}",
                   disable=not par.is_main or (None if show_progress is None else not show_progress)) as bar:
@@ -162,6 +164,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                     tokens = ds[i]["tokens"]
                     arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
                               for name, engine in zip(("nll", "nll_alt"), engines)}
+                    if cfg.strands == "both":
+                        arrays["nll_rc"] = score_window(model, reverse_complement(tokens), lut, n_known, seq_len,
+                                                        cfg.engine, cfg.chunk_tokens)
                     if targets[i]:
                         arrays["ablation"] = ablation.score_ablation(
                             model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
@@ -195,12 +200,21 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     return summary
 
 
-def _forwards(length: int, seq_len: int, n_engines: int, context: list[int], targets: int) -> int:
+def _forwards(length: int, seq_len: int, passes: int, context: list[int], targets: int) -> int:
     """Forward passes window scoring makes (the dp replicas of a round make as many): its pieces per
-    engine, plus one per ablation length (less one that the main pass serves)."""
+    whole-window pass, plus one per ablation length (less one that the main pass serves)."""
     pieces = sharded.n_pieces(length, seq_len)
     extra = len(context) - (pieces == 1 and length - targets in context) if targets else 0
-    return pieces * n_engines + extra
+    return pieces * passes + extra
+
+
+def _write_row(writer: TokensWriter, i: int, where: tuple, rec: dict, rc: bool) -> None:
+    """One tokens.parquet row from a window record (masks bool [L] packed again); `rc`: the row scored
+    the reverse complement (a column only with --strands both)."""
+    writer.add(i, *where, rec["nll"], np.packbits(rec["repeat"]),
+               leakage_packed=None if rec["leakage"] is None else np.packbits(rec["leakage"]),
+               annotation_packed=[np.packbits(m) for m in rec["annotations"].values()] or None,
+               reverse_complement=rc if "reverse_complement" in writer.schema_.names else None)
 
 
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
@@ -212,13 +226,15 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     n = len(meta["chrom"])
     leakage = LEAKAGE_COLUMN in ds.column_names
     strata = [REPEAT] + ([LEAKAGE] if leakage else []) + [annotation(a.name) for a in annotations]
+    both = cfg.strands == "both"
     acc = StrataAccumulator(n, strata, edges)
+    acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
     par = parity_mod.ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
     with atomic_directory(out, overwrite=cfg.overwrite) as tmp, contextlib.ExitStack() as files:
         abl_writer = files.enter_context(ablation.AblationWriter(tmp / ablation.ABLATION_FILE)) if abl else None
-        with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations]) as writer:
+        with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations], both) as writer:
             for i in range(n):
                 arrays, row = cache.get(i), masks[i]
                 nll = arrays["nll"]
@@ -230,8 +246,12 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 acc.add(i, rec, contexts)
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
-                writer.add(i, *where, nll, row["repeat_mask"], leakage_packed=row[LEAKAGE_COLUMN] if leakage else None,
-                           annotation_packed=[np.packbits(m) for m in rec["annotations"].values()] or None)
+                _write_row(writer, i, where, rec, False)
+                if both:
+                    rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
+                    acc_rc.add(i, rc, contexts)
+                    agree.add(i, nll, rc["nll"], contexts, contexts)
+                    _write_row(writer, i, (*where[:3], rc["strand"]), rc, True)
                 if targets[i]:
                     t0 = len(nll) - int(targets[i])
                     abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
@@ -250,6 +270,8 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                                                    "(prepare without --leakage-k, or older shards)"}
         summary["bootstrap"] = {"unit": "window", "resamples": cfg.resamples, "seed": cfg.seed, "level": 0.95,
                                 "method": "percentile"}
+        if both:
+            summary["strands"] = strands.strand_tables(acc, acc_rc, agree, cfg.resamples, cfg.seed)
         if abl is not None:
             summary["context_ablation"] = abl.result(cfg.ablation_targets, n, cfg.engine, cfg.resamples, cfg.seed)
         if par is not None:

@@ -46,8 +46,29 @@ def format_summary(summary: dict, out: str | None = None) -> str:
             lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
                          f"{_num(e['bits_per_base'], '.4f', 9)} {ci:>17}")
     lines += absent_lines(summary)
+    lines += strand_lines(summary.get("strands"))
     lines += ablation_lines(summary.get("context_ablation"))
     return "\n".join(lines)
+
+
+STRAND_LABELS = {"forward": "forward strand", "reverse": "reverse complement", "average": "both strands"}
+
+
+def strand_lines(strands: dict | None) -> list[str]:
+    """--strands both: each strand's and the pooled mean NLL, and the per-base agreement."""
+    if not strands:
+        return []
+    lines = ["strands (the lines above: forward strand):"]
+    for key, label in STRAND_LABELS.items():
+        e = strands[key]["overall"]
+        lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
+                     f"{_num(e['bits_per_base'], '.4f', 9)} {_ci(e['ci_low'], e['ci_high'], '.4f'):>17}")
+    g = strands["agreement"]["overall"]
+    lines.append(f"strand agreement over {g['n_tokens']:,} bases scored on both strands: Pearson r "
+                 f"{_num(g['pearson_r'], '.3f')} {_ci(g['pearson_ci_low'], g['pearson_ci_high'], '.3f')}, mean |delta| "
+                 f"{_num(g['mean_abs_diff'], '.4f')} nats {_ci(g['abs_diff_ci_low'], g['abs_diff_ci_high'], '.4f')}, "
+                 f"forward - reverse {_num(g['mean_diff'], '+.4f')} nats (contexts differ: before vs after each base)")
+    return lines
 
 
 def _ci(lo, hi, spec: str) -> str:
@@ -108,6 +129,12 @@ def format_table(result: dict) -> str:
             lines.append(_compare_row(f"[{bk['lo']:,}, {bk['hi']:,})", bk))
     lines.append(_compare_row("all", result["overall"]))
     lines += [_compare_row(label, t["overall"]) for label, t in strata_rows(result)]
+    st = result.get("strands")
+    if st and "absent" in st:
+        lines.append(f"no strand comparison: {st['absent']}")
+    elif st:
+        lines += [_compare_row(label.replace("reverse complement", "rev. complement"), st[key]["overall"])
+                  for key, label in STRAND_LABELS.items()]
     c = result["concentration"]["largest_relative_gain"]
     if c:
         lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "

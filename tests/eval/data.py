@@ -91,11 +91,13 @@ STRIPE = 30
 
 
 def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path, **flags) -> SimpleNamespace:
-    """Both checkpoints of `inputs` on the first STRATA_WINDOWS windows of `strata`'s shards, with the
-    eval `flags` (EvalConfig fields), and their comparison."""
+    """Both checkpoints of `inputs` on the first STRATA_WINDOWS windows of `strata`'s shards, with every
+    issue-16 flag (two --annotate files, --context ABLATION, --strands both; `flags` update them), and
+    their comparison."""
     from genome_lm.eval import EvalConfig, evaluate, write_compare
 
-    flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], "context": ABLATION, **flags}
+    flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], "context": ABLATION,
+             "strands": "both", **flags}
     for i, ckpt in enumerate((inputs.ckpt0, inputs.ckpt1)):
         evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(strata.shards), out=str(out / f"eval{i}"),
                             max_windows=STRATA_WINDOWS, resamples=300, **flags), show_progress=False)

@@ -79,7 +79,7 @@ def test_annotation_strata_in_summary_tokens_and_compare(strata_evaluated):
     rec = s["strata"]["annotations:stripes"]
     assert rec["chroms"] == ["22"] and rec["intervals"] == 600 and rec["file"].endswith("stripes.bed")
     n_in = 0
-    for w in iter_windows(strata_evaluated.eval0):
+    for w in iter_windows(strata_evaluated.eval0, "forward"):
         pos = w["start"] + np.arange(len(w["nll"]))
         assert np.array_equal(w["annotations"]["stripes"], (pos % 100) < STRIPE)  # '22' matched 'chr22'
         n_in += int((w["annotations"]["stripes"] & ~np.isnan(w["nll"])).sum())

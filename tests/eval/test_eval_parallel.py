@@ -29,7 +29,12 @@ def _configs(d, root) -> dict[str, dict]:
     return {"dp2": dict(base, out=str(root / "dp2"), max_windows=N_WINDOWS),
             "cp2": dict(base, out=str(root / "cp2"), max_windows=2, seq_len=300, cp=2),
             # bf16 from a float32 checkpoint: each rank's shards are rounded as one process's bf16 model
-            "bf16": dict(base, out=str(root / "bf16"), max_windows=2, dtype="bfloat16")}
+            "bf16": dict(base, out=str(root / "bf16"), max_windows=2, dtype="bfloat16"),
+            # issue 16's extra forwards (reverse complements, ablation lengths; 896 = t0 of the 1024-token
+            # windows reuses the main pass; the 927-token window takes no part) in rounds whose replicas
+            # must make as many forwards
+            "dp2_issue16": dict(base, out=str(root / "dp2_issue16"), max_windows=N_WINDOWS, strands="both",
+                                context=[100, 896])}
 
 
 def _worker(rank: int, world: int, configs: dict) -> None:
@@ -45,8 +50,9 @@ def launched(evaluated, tmp_path_factory):
     one = EvalConfig(**dict(configs["cp2"], out=str(root / "cp2_one"), cp=1))
     evaluate(one, show_progress=False)
     evaluate(EvalConfig(**dict(configs["bf16"], out=str(root / "bf16_one"))), show_progress=False)
+    evaluate(EvalConfig(**dict(configs["dp2_issue16"], out=str(root / "dp2_issue16_one"))), show_progress=False)
     return {"dp2": (root / "dp2", evaluated.eval0), "cp2": (root / "cp2", root / "cp2_one"),
-            "bf16": (root / "bf16", root / "bf16_one")}
+            "bf16": (root / "bf16", root / "bf16_one"), "dp2_issue16": (root / "dp2_issue16", root / "dp2_issue16_one")}
 
 
 def max_nll_diff(got, want) -> float:
@@ -87,6 +93,22 @@ def test_two_ranks_equal_one_process(launched, case):
     assert ref["config"]["parallel"] == {"world": 1, "dp": 1, "cp": 1}
     assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
     assert not cache_dir_for(got).exists()
+
+
+def test_strands_and_ablation_two_ranks_equal_one_process(launched):
+    from genome_lm.eval.ablation import iter_ablation
+
+    got, want = launched["dp2_issue16"]
+    assert max_nll_diff(got, want) <= ATOL  # forward and reverse-complement rows
+    rows = list(zip(iter_ablation(got), iter_ablation(want), strict=True))
+    assert len(rows) == N_WINDOWS - 1  # window 2 (927 tokens, targets from 812) is too short for L = 896
+    for x, y in rows:
+        assert x["window"] == y["window"] and x["target_start"] == y["target_start"]
+        np.testing.assert_allclose(x["nll"], y["nll"], rtol=0, atol=ATOL)
+    s, ref = load_summary(got), load_summary(want)
+    assert s["strands"]["agreement"]["overall"]["n_tokens"] == ref["strands"]["agreement"]["overall"]["n_tokens"]
+    assert s["context_ablation"]["target_tokens"] == ref["context_ablation"]["target_tokens"]
+    assert s["context_ablation"]["windows_left_out"] == 1
 
 
 def test_cli_nproc_2_end_to_end(evaluated, tmp_path, monkeypatch, capsys):

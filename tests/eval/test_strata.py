@@ -29,7 +29,7 @@ def test_leakage_strata_in_summary_and_tokens(strata_evaluated):
     _split_adds_up(s["leakage"], s)
     ds = load_shards(strata_evaluated.shards, "eval")
     masked = 0
-    for w in iter_windows(strata_evaluated.eval0):
+    for w in iter_windows(strata_evaluated.eval0, "forward"):
         row = ds[w["window"]]
         leak = unpack_mask(row["leakage_mask"], len(row["tokens"]))
         assert np.array_equal(w["leakage"], leak)  # tokens.parquet carries the shards' mask

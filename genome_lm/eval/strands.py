@@ -1,0 +1,115 @@
+"""Both strands: `genome-lm eval --strands both` also scores the reverse complement of each window.
+
+DNA has no preferred direction, so a model should score a window and its reverse complement
+alike. With `--strands both` every shard row is scored twice: as stored ("forward", the row's own
+strand, '+' on the eval split) and as its reverse complement ("reverse": token j' of that row is
+the complement of the forward token L-1-j', i.e. genome position `end - 1 - j'` for a '+' row,
+so the row carries the other strand, as prepare's '-' rows do). Masks (repeat, leakage,
+annotations) of the reverse row are the forward ones reversed; its contexts are positions in
+the reverse row (`contexts_of`), as on the forward strand.
+
+summary.json `strands`:
+    forward, reverse    the summary's tables (overall, buckets, repeat, leakage, annotations) of
+                        one strand; the top level of summary.json is the forward strand, as
+                        without --strands, so it stays comparable with one-strand evals
+    average             both strands pooled (each base counted once per strand; equal to the mean
+                        of the two strands' means overall), bootstrap over windows with both
+                        strands of a window drawn together
+    agreement           the same base scored from each side: NLL of genome position p on the
+                        forward row (context: the bases before p in the window, 5' of it on '+')
+                        vs on the reverse row (context: the bases after p); Pearson r of per-base
+                        NLL, mean |delta| and mean delta (forward - reverse), overall and by the
+                        *shorter* of the two contexts (a base near a window end has little context
+                        on one side: low agreement there is expected, not a model fault); CIs from
+                        the window bootstrap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from genome_lm.eval.buckets import assign
+from genome_lm.eval.stats import StrataAccumulator, bootstrap_ci, jfloat, ratio, summarize
+
+ORIENTATIONS = ("forward", "reverse")
+FLIP = {"+": "-", "-": "+"}
+_MOMENTS = 7  # n, sum f, sum r, sum f^2, sum r^2, sum f r, sum |f - r|
+
+
+def reverse_record(rec: dict, nll_rc: np.ndarray) -> dict:
+    """The reverse-complement row of a forward window record: `nll_rc` float32 [L] in its own token
+    order, every mask reversed, strand flipped."""
+    out = dict(rec, nll=nll_rc, strand=FLIP.get(rec.get("strand"), rec.get("strand")), rc=True)
+    for key in ("repeat", "leakage"):
+        if rec.get(key) is not None:
+            out[key] = rec[key][::-1]
+    out["annotations"] = {n: m[::-1] for n, m in (rec.get("annotations") or {}).items()}
+    return out
+
+
+def merged(x: StrataAccumulator, y: StrataAccumulator) -> StrataAccumulator:
+    """Both accumulators' windows added row by row (the same windows and strata): the pooled strands."""
+    out = StrataAccumulator(len(x.sums), x.strata, x.edges)
+    out.sums, out.counts, out.ctx = x.sums + y.sums, x.counts + y.counts, x.ctx + y.ctx
+    return out
+
+
+class Agreement:
+    """Per-window moments of the paired per-base NLL (forward f, reverse r aligned to genome order),
+    by bucket of the shorter context: [W, 7, K+1] (last column: all pairs)."""
+
+    def __init__(self, n_windows: int, edges: np.ndarray):
+        self.edges = edges
+        self.moments = np.zeros((n_windows, _MOMENTS, len(edges)))
+
+    def add(self, i: int, nll_f: np.ndarray, nll_rc: np.ndarray, contexts_f: np.ndarray,
+            contexts_rc: np.ndarray) -> None:
+        """Window i: forward NLL [L] and contexts [L], and the reverse row's [L] in its own order."""
+        f, r = nll_f.astype(np.float64), nll_rc[::-1].astype(np.float64)  # r[j]: genome position of f[j]
+        shorter = np.minimum(contexts_f, contexts_rc[::-1])
+        both = ~(np.isnan(f) | np.isnan(r))
+        K = len(self.edges) - 1
+        bucket = assign(shorter, self.edges)
+        bucket = np.where(bucket < 0, K, bucket)[both]
+        f, r = f[both], r[both]
+        for m, w in enumerate((None, f, r, f * f, r * r, f * r, np.abs(f - r))):
+            col = np.bincount(bucket, weights=w, minlength=K + 1)
+            col[K] = col.sum()
+            self.moments[i, m] += col
+
+    def result(self, resamples: int, seed: int) -> dict:
+        def stat(m):  # [r, 7 (K+1)] -> pearson [K+1], mean |d| [K+1], mean d [K+1]
+            n, sf, sr, sff, srr, sfr, sabs = (m[:, k::_MOMENTS] for k in range(_MOMENTS))
+            cov, vf, vr = n * sfr - sf * sr, n * sff - sf * sf, n * srr - sr * sr
+            return np.concatenate([ratio(cov, np.sqrt(np.maximum(vf * vr, 0))), ratio(sabs, n), ratio(sf - sr, n)],
+                                  axis=1)
+
+        per_window = self.moments.transpose(0, 2, 1).reshape(len(self.moments), -1)  # [W, (K+1) 7]
+        est = stat(per_window.sum(axis=0)[None])[0]
+        low, high = bootstrap_ci(stat, {"m": per_window}, resamples, seed)
+        K = len(self.edges) - 1
+        n = self.moments[:, 0].sum(axis=0)
+
+        def entry(k: int) -> dict:
+            a, b = K + 1 + k, 2 * (K + 1) + k
+            return {"n_tokens": int(n[k]), "pearson_r": jfloat(est[k]), "pearson_ci_low": jfloat(low[k]),
+                    "pearson_ci_high": jfloat(high[k]), "mean_abs_diff": jfloat(est[a]),
+                    "abs_diff_ci_low": jfloat(low[a]), "abs_diff_ci_high": jfloat(high[a]),
+                    "mean_diff": jfloat(est[b]), "diff_ci_low": jfloat(low[b]), "diff_ci_high": jfloat(high[b])}
+
+        return {"definition": "the same genome position scored on the forward row (context: the bases before it) "
+                              "and on the reverse-complement row (context: the bases after it); pearson_r of per-base "
+                              "NLL, mean_abs_diff = mean |NLL_forward - NLL_reverse|, mean_diff = mean (forward - "
+                              "reverse), nats; buckets by the shorter of the two contexts; CIs: bootstrap over windows",
+                "overall": entry(K),
+                "buckets": [{"lo": int(self.edges[k]), "hi": int(self.edges[k + 1]), **entry(k)} for k in range(K)]}
+
+
+def strand_tables(fwd: StrataAccumulator, rev: StrataAccumulator, agreement: Agreement,
+                  resamples: int, seed: int) -> dict:
+    """summary.json's `strands` (see the module docstring)."""
+    def tables(acc):
+        return summarize(acc.sums, acc.counts, acc.ctx, acc.edges, resamples, seed, strata=acc.strata)
+
+    return {"forward": tables(fwd), "reverse": tables(rev), "average": tables(merged(fwd, rev)),
+            "agreement": agreement.result(resamples, seed)}
