@@ -5,7 +5,9 @@
 
 An eval directory holds `tokens.parquet` (per-token NLL, see `outputs.py`) and `summary.json`
 (`{"overall": {"mean_nll", "n_tokens", ...}, "buckets": [{"lo", "hi", "n_tokens", "mean_nll",
-"ci_low", "ci_high", ...}], "repeat": {...}, ...}`); a compare directory holds `compare.json`.
+"ci_low", "ci_high", ...}], "repeat": {...}, ...}`; with the issue-16 options also "leakage",
+"annotations", "strands", "context_ablation", see docs/architecture.md, On-disk formats); a
+compare directory holds `compare.json`.
 Reading results (compare, report) does not import torch; `evaluate` does, on first use.
 """
 
@@ -13,9 +15,11 @@ from genome_lm.eval.buckets import assign, bucket_edges, contexts_of, log2_edges
 from genome_lm.eval.compare import compare_evals, format_table, load_compare, write_compare
 from genome_lm.eval.config import EvalConfig
 from genome_lm.eval.outputs import iter_windows, load_summary, read_meta
+from genome_lm.eval.text import format_summary
 
 __all__ = [
     "EvalConfig", "evaluate", "load_summary", "compare_evals", "write_compare", "load_compare", "format_table",
+    "format_summary",
     "iter_windows", "read_meta", "assign", "bucket_edges", "contexts_of", "log2_edges",
 ]
 

@@ -252,6 +252,7 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
                   for j, L in enumerate(common)]
     gain = [{"from": common[j], "to": common[j + 1], "delta_a": ta["paired_differences"][j]["mean_delta"],
              "delta_b": tb["paired_differences"][j]["mean_delta"], "diff": jfloat(est[2 * k + j]),
+             "diff_bits": jfloat(est[2 * k + j] / LN2),
              "ci_low": jfloat(low[2 * k + j]), "ci_high": jfloat(high[2 * k + j]), "tokens": tokens}
             for j in range(k - 1)]
     return {"lengths": common, "n_windows": len(counts), "target_tokens": tokens, "a": ta, "b": tb,

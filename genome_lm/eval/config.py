@@ -49,11 +49,14 @@ class EvalConfig(BlockSizes):
     strands: Literal["forward", "both"] = Field(default="forward", description="'both': also score the reverse "
                                                 "complement of each window (summary.json strands: forward, reverse, "
                                                 "average, per-base agreement)")
-    context: Sizes = Field(default=[], description="context ablation: score the last --ablation-targets tokens of "
-                           "each window given exactly L preceding tokens, for each L (comma-separated, e.g. "
-                           "1k,2k,4k; each at most the window length minus the targets)")
-    ablation_targets: Size | None = Field(default=None, description="target tokens per window of --context "
-                                          "(default: the last 1/8 of each window)")
+    context: Sizes = Field(
+        default=[], json_schema_extra={"metavar": "L1,L2,..."},
+        description="context ablation: score the last --ablation-targets tokens of each window given exactly L "
+        "preceding tokens, for each L (comma-separated, e.g. 1k,2k,4k; each at most the window length minus the "
+        "targets)")
+    ablation_targets: Size | None = Field(default=None, json_schema_extra={"metavar": "N"},
+                                          description="target tokens per window of --context (default: the last "
+                                          "1/8 of each window)")
     resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")
     seed: int = Field(default=0, description="bootstrap seed")
     overwrite: bool = False
