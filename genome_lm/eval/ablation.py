@@ -9,6 +9,7 @@ fixes a target set per window, its last n tokens [t0, end) (t0 = length - n; n =
 NLL: each target t then has L + (t - t0) tokens of context, the same for every window, and the
 same tokens are scored at every L, so the differences between lengths are paired.
 
+The ablation scores the windows as stored (the forward strand, also with `--strands both`).
 Which windows take part: those with t0 >= max(L) (a shorter window, e.g. a contig's tail, is
 left out of every L, so all L see the same windows; `summary.json` counts them). An L larger
 than every window's t0, L < 1, L + n beyond `--seq-len`, or n not below the window length is a
