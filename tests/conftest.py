@@ -3,7 +3,8 @@ pick the CPU and gloo on a GPU machine as they do here. The `gpu` tier (`make te
 GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU.
 
 Session fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and the
-eval inputs and outputs of tests/eval and tests/report (see tests/eval/data.py)."""
+eval inputs and outputs of tests/eval and tests/report, with and without the issue-16 strata,
+ablation and strands (see tests/eval/data.py)."""
 
 import os
 
@@ -33,3 +34,19 @@ def evaluated(eval_inputs, tmp_path_factory):
     from tests.eval import data
 
     return data.evaluated(eval_inputs, tmp_path_factory.mktemp("evals"))
+
+
+@pytest.fixture(scope="session")
+def strata_inputs(tmp_path_factory):
+    """The strata genome: segmental duplications, a leakage mask, two BED files (tests/eval/data.py)."""
+    from tests.eval import data
+
+    return data.strata_inputs(tmp_path_factory.mktemp("strata_inputs"))
+
+
+@pytest.fixture(scope="session")
+def strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory):
+    """Both checkpoints evaluated with every issue-16 flag, and their comparison."""
+    from tests.eval import data
+
+    return data.strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory.mktemp("strata_evals"))

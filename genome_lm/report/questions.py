@@ -1,0 +1,237 @@
+"""The report's answers to three questions a reader asks of a loss-by-context result (issue 16).
+
+1. Does the model read distant sequence? The context ablation (`eval --context`): the same target
+   tokens scored with exactly L preceding tokens, per model (`context_ablation` in summary.json).
+2. Does it hold on the other strand? `eval --strands both`: loss per strand and the per-base
+   agreement between them (`strands`).
+3. Is the held-out chromosome really held out? Loss on tokens covered by a K-mer of the training
+   chromosomes (`prepare --leakage-k`) against the rest (`leakage`); also any `--annotate` strata.
+
+For each: a figure (`plot_*`, matplotlib Figure), an HTML table (`*_table`) and a one-sentence
+reading (`*_reading`) that says how many tokens the numbers rest on. Every function takes the
+evals that have the section and returns None where none has it, so a report of older evals
+simply leaves the section out. Losses are in bits per base.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from genome_lm.eval.stats import LN2
+from genome_lm.report.data import EvalResult
+from genome_lm.report.plots import COLORS, _context_axis, _tokens
+from genome_lm.report.tables import _num, _table
+
+
+def _bits(x):
+    return None if x is None else x / LN2
+
+
+def _ci(lo, hi) -> str:
+    return f"[{_num(_bits(lo), '{:+.4f}')}, {_num(_bits(hi), '{:+.4f}')}]"
+
+
+def _clear(lo, hi) -> str:
+    """Whether a CI excludes zero, in words."""
+    if lo is None or hi is None:
+        return "no CI"
+    return "CI clear of zero" if lo > 0 or hi < 0 else "CI includes zero"
+
+
+def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
+    return [ev for ev in evals if isinstance(ev.summary.get(key), dict) and "absent" not in ev.summary[key]]
+
+
+# --- 1. context ablation --------------------------------------------------------------------
+
+
+def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
+    """Per eval: mean loss of the fixed target tokens vs the preceding context L given, 95% CIs."""
+    evals = _with(evals, "context_ablation")
+    if not evals:
+        return None
+    fig = Figure(figsize=(8.5, 4.5))
+    ax = fig.add_subplot()
+    for i, ev in enumerate(evals):
+        rows = ev.summary["context_ablation"]["by_length"]
+        x = np.array([r["L"] for r in rows], dtype=float)
+        y = np.array([r["mean_nll"] / LN2 for r in rows])
+        lo = np.array([r["ci_low"] / LN2 for r in rows])
+        hi = np.array([r["ci_high"] / LN2 for r in rows])
+        ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=COLORS[i % len(COLORS)],
+                    label=ev.label)
+    _context_axis(ax)
+    ax.set_xlabel("preceding context given to the same target tokens (L, log scale)")
+    ax.set_ylabel("bits per base")
+    ax.set_title("Context ablation: the same tokens with L tokens of context")
+    ax.legend()
+    return fig
+
+
+def context_ablation_table(evals: list[EvalResult]) -> str | None:
+    """Per eval and L: mean loss with CI, and the paired change from the previous L (same tokens)."""
+    evals = _with(evals, "context_ablation")
+    if not evals:
+        return None
+    rows = []
+    for ev in evals:
+        ab = ev.summary["context_ablation"]
+        deltas = {d["to"]: d for d in ab["paired_differences"]}
+        for r in ab["by_length"]:
+            d = deltas.get(r["L"])
+            change = "" if d is None else f"{_num(_bits(d['mean_delta']), '{:+.4f}')} {_ci(d['ci_low'], d['ci_high'])}"
+            rows.append([ev.label, _tokens(r["L"]), f"{r['tokens']:,}", _num(r["mean_nll"] / LN2),
+                         _ci(r["ci_low"], r["ci_high"]).replace("+", ""), change])
+    return _table(["eval", "L", "target tokens", "bits/base", "95% CI", "change from previous L (paired, 95% CI)"],
+                  rows, "Context ablation: fixed target tokens (the end of each window) scored with L preceding tokens")
+
+
+def context_ablation_reading(evals: list[EvalResult]) -> str | None:
+    """One sentence per eval: the first step up in L, its paired change and whether its CI clears zero."""
+    evals = _with(evals, "context_ablation")
+    if not evals:
+        return None
+    parts = []
+    for ev in evals:
+        ab = ev.summary["context_ablation"]
+        if not ab["paired_differences"]:
+            continue
+        d = ab["paired_differences"][0]
+        parts.append(f"{ev.label}: {_tokens(d['from'])} → {_tokens(d['to'])} changes the loss of the same "
+                     f"{d['tokens']:,} tokens by {_num(_bits(d['mean_delta']), '{:+.4f}')} bits/base "
+                     f"{_ci(d['ci_low'], d['ci_high'])} ({_clear(d['ci_low'], d['ci_high'])})")
+    n = evals[0].summary["context_ablation"]
+    return (f"On {n['target_tokens']:,} target tokens in {n['n_windows']} windows, a model that reads distant "
+            "sequence gets better as L grows; position in the window plays no part here. " + "; ".join(parts) + ".")
+
+
+# --- 2. both strands ------------------------------------------------------------------------
+
+
+def plot_strands(evals: list[EvalResult]) -> Figure | None:
+    """Per eval: overall loss on the forward strand, the reverse complement and both, with 95% CIs."""
+    evals = _with(evals, "strands")
+    if not evals:
+        return None
+    fig = Figure(figsize=(8.5, 4))
+    ax = fig.add_subplot()
+    names = ("forward", "reverse", "average")
+    width = 0.8 / len(evals)
+    for i, ev in enumerate(evals):
+        st = ev.summary["strands"]
+        y = np.array([st[k]["overall"]["mean_nll"] / LN2 for k in names])
+        lo = np.array([st[k]["overall"]["ci_low"] / LN2 for k in names])
+        hi = np.array([st[k]["overall"]["ci_high"] / LN2 for k in names])
+        x = np.arange(len(names)) + (i - (len(evals) - 1) / 2) * width
+        ax.bar(x, y, width, yerr=[y - lo, hi - y], capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
+    ax.set_xticks(np.arange(len(names)), ["forward strand", "reverse complement", "both"])
+    ax.set_ylabel("bits per base")
+    ymin = min(st["overall"]["ci_low"] for ev in evals for st in (ev.summary["strands"][k] for k in names)) / LN2
+    ax.set_ylim(bottom=max(0.0, ymin - 0.05))
+    ax.set_title("Both strands")
+    ax.legend()
+    return fig
+
+
+def strands_table(evals: list[EvalResult]) -> str | None:
+    """Per eval: loss per strand and pooled, and the per-base agreement (Pearson r, mean |Δ|)."""
+    evals = _with(evals, "strands")
+    if not evals:
+        return None
+    rows = []
+    for ev in evals:
+        st = ev.summary["strands"]
+        g = st["agreement"]["overall"]
+        tabs = [st[k]["overall"] for k in ("forward", "reverse", "average")]
+        cells = [f"{_num(t['mean_nll'] / LN2)} {_ci(t['ci_low'], t['ci_high']).replace('+', '')}" for t in tabs]
+        rows.append([ev.label, *cells, f"{st['average']['overall']['n_tokens']:,}",
+                     f"{_num(g['pearson_r'], '{:.3f}')} [{_num(g['pearson_ci_low'], '{:.3f}')}, "
+                     f"{_num(g['pearson_ci_high'], '{:.3f}')}]",
+                     _num(_bits(g["mean_abs_diff"]))])
+    return _table(["eval", "forward (bits/base, 95% CI)", "reverse complement", "both", "tokens (both)",
+                   "per-base agreement r", "mean |Δ| (bits)"], rows,
+                  "Both strands: each window and its reverse complement; agreement = the same base scored from "
+                  "each side")
+
+
+def strands_reading(evals: list[EvalResult]) -> str | None:
+    evals = _with(evals, "strands")
+    if not evals:
+        return None
+    parts = []
+    for ev in evals:
+        st = ev.summary["strands"]
+        f, r = st["forward"]["overall"], st["reverse"]["overall"]
+        parts.append(f"{ev.label}: forward {_num(f['mean_nll'] / LN2)} vs reverse {_num(r['mean_nll'] / LN2)} "
+                     f"bits/base, per-base r = {_num(st['agreement']['overall']['pearson_r'], '{:.3f}')}")
+    n = evals[0].summary["strands"]["average"]["overall"]["n_tokens"]
+    return (f"A model without a preferred direction scores a window and its reverse complement alike ({n:,} tokens "
+            "over both strands; agreement compares the same base seen with its 5' and its 3' context, so it is lower "
+            "near window ends): " + "; ".join(parts) + ".")
+
+
+# --- 3. leakage and annotation strata ----------------------------------------------------------
+
+
+def _classes(ev: EvalResult) -> list[tuple[str, str, dict]]:
+    """(stratum, class, table) of the leakage split and every annotation, as summary.json has them."""
+    s, out = ev.summary, []
+    if isinstance(s.get("leakage"), dict):
+        out += [("leakage", "shared with training", s["leakage"]["masked"]),
+                ("leakage", "not shared", s["leakage"]["unmasked"])]
+    for name, t in (s.get("annotations") or {}).items():
+        out += [(name, "in", t["in"]), (name, "out", t["out"])]
+    return out
+
+
+def plot_leakage(evals: list[EvalResult]) -> Figure | None:
+    """Per eval: loss on tokens inside a training K-mer vs the rest, 95% CIs."""
+    evals = [ev for ev in evals if isinstance(ev.summary.get("leakage"), dict)]
+    if not evals:
+        return None
+    fig = Figure(figsize=(8.5, 4))
+    ax = fig.add_subplot()
+    names = ("unmasked", "masked")
+    width = 0.8 / len(evals)
+    for i, ev in enumerate(evals):
+        tabs = [ev.summary["leakage"][k]["overall"] for k in names]
+        y = np.array([np.nan if t["mean_nll"] is None else t["mean_nll"] / LN2 for t in tabs])
+        lo = np.array([np.nan if t["ci_low"] is None else t["ci_low"] / LN2 for t in tabs])
+        hi = np.array([np.nan if t["ci_high"] is None else t["ci_high"] / LN2 for t in tabs])
+        x = np.arange(2) + (i - (len(evals) - 1) / 2) * width
+        ax.bar(x, y, width, yerr=[y - lo, hi - y], capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
+    ax.set_xticks(np.arange(2), ["not in a training K-mer", "in a training K-mer (prepare --leakage-k)"])
+    ax.set_ylabel("bits per base")
+    ax.set_title("Is the held-out chromosome held out? Loss with and without shared K-mers")
+    ax.legend()
+    return fig
+
+
+def strata_table(evals: list[EvalResult]) -> str | None:
+    """Per eval: the leakage classes and every annotation's in / out, with tokens and CIs."""
+    rows = []
+    for ev in evals:
+        for stratum, cls, t in _classes(ev):
+            o = t["overall"]
+            rows.append([ev.label, stratum, cls, f"{o['n_tokens']:,}", _num(_bits(o["mean_nll"])),
+                         _ci(o["ci_low"], o["ci_high"]).replace("+", "")])
+    if not rows:
+        return None
+    return _table(["eval", "stratum", "class", "tokens", "bits/base", "95% CI"], rows,
+                  "Loss by stratum: leakage (K-mers shared with the training chromosomes) and --annotate BED files")
+
+
+def leakage_reading(evals: list[EvalResult]) -> str | None:
+    evals = [ev for ev in evals if isinstance(ev.summary.get("leakage"), dict)]
+    if not evals:
+        return None
+    lk = evals[0].summary["leakage"]
+    masked, unmasked = lk["masked"]["overall"]["n_tokens"], lk["unmasked"]["overall"]["n_tokens"]
+    frac = masked / max(1, masked + unmasked)
+    parts = [f"{ev.label}: {_num(_bits(ev.summary['leakage']['masked']['overall']['mean_nll']))} on shared vs "
+             f"{_num(_bits(ev.summary['leakage']['unmasked']['overall']['mean_nll']))} bits/base on the rest"
+             for ev in evals]
+    return (f"{masked:,} of {masked + unmasked:,} scored tokens ({100 * frac:.1f}%) lie in a K-mer that also occurs in "
+            "the training chromosomes; a much lower loss there measures memorised training sequence, and the "
+            "'not shared' numbers are the held-out result: " + "; ".join(parts) + ".")

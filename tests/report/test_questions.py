@@ -1,0 +1,33 @@
+"""The report's sections for issue 16's questions (report/questions.py) on evals that ran with
+--context, --strands both, a leakage mask and --annotate; absent sections give None."""
+
+from __future__ import annotations
+
+from genome_lm.report import load_eval
+from genome_lm.report import questions as q
+from genome_lm.report.plots import figure_png
+
+
+def test_sections_from_evals_with_every_flag(strata_evaluated):
+    evals = [load_eval(strata_evaluated.eval0), load_eval(strata_evaluated.eval1)]
+    for plot in (q.plot_context_ablation, q.plot_strands, q.plot_leakage):
+        assert figure_png(plot(evals)).startswith(b"\x89PNG")
+    ab = evals[0].summary["context_ablation"]
+    table = q.context_ablation_table(evals)
+    assert table.count("<tr>") == 1 + 2 * len(ab["by_length"])  # header + one row per eval and L
+    assert f"{ab['target_tokens']:,} target tokens" in q.context_ablation_reading(evals)
+    st = evals[0].summary["strands"]
+    assert f"{st['average']['overall']['n_tokens']:,} tokens" in q.strands_reading(evals)
+    assert "per-base agreement r" in q.strands_table(evals)
+    lk = evals[0].summary["leakage"]
+    masked = lk["masked"]["overall"]["n_tokens"]
+    assert masked > 0 and f"{masked:,} of" in q.leakage_reading(evals)
+    strata = q.strata_table(evals)
+    assert "shared with training" in strata and "stripes" in strata and "segdups" in strata
+
+
+def test_sections_absent_without_the_flags(evaluated):
+    evals = [load_eval(evaluated.eval0), load_eval(evaluated.eval1)]
+    for fn in (q.plot_context_ablation, q.context_ablation_table, q.context_ablation_reading, q.plot_strands,
+               q.strands_table, q.strands_reading, q.plot_leakage, q.leakage_reading, q.strata_table):
+        assert fn(evals) is None, fn.__name__
