@@ -5,7 +5,8 @@
 
 With a base, a short-context and a long-context fine-tune of it (`matched=(base, short, long)`, or found
 from the runs' `model.init` and context: `matched.find_roles`), the page also answers "is the gain from
-context, or from more training?" (`matched.py`). Two evals give the two-model page.
+context, or from more training?" (`matched.py`). Two evals give the two-model page. Evals that ran
+with `--context`, `--strands both`, a leakage mask or `--annotate` get a section each (`questions.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.report import plots, tables
+from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import CompareResult, EvalResult, implied_compares, load_dirs, load_eval, load_run
 from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading
 from genome_lm.utils import atomic_file
@@ -109,6 +110,39 @@ def _context_gain_section(gain: ContextGain) -> list[str]:
             tables.context_gain_table(gain)]
 
 
+def _section(title: str, fig, alt: str, caption: str, reading_text: str | None, table: str | None) -> list[str]:
+    out = [f"<h2>{html.escape(title)}</h2>"]
+    if reading_text:
+        out.append(f'<p class="headline">{html.escape(reading_text)}</p>')
+    if fig is not None:
+        out.append(_figure(fig, alt, caption))
+    return out + ([table] if table else [])
+
+
+def _questions_sections(evals: list[EvalResult]) -> list[str]:
+    """One section per question of `questions.py` the evals can answer (none for older evals)."""
+    out = []
+    if questions.context_ablation_table(evals):
+        out += _section("Does the model read distant sequence? (context ablation)",
+                        questions.plot_context_ablation(evals), "context ablation",
+                        "The same target tokens (the end of each window) scored with exactly L preceding tokens "
+                        "(eval --context); error bars: 95% bootstrap CI over windows. Position in the window plays "
+                        "no part: a falling curve means the model uses the added distant sequence.",
+                        questions.context_ablation_reading(evals), questions.context_ablation_table(evals))
+    if questions.strands_table(evals):
+        out += _section("Does it hold on the other strand?", questions.plot_strands(evals), "both strands",
+                        "Overall loss on each window (forward strand), its reverse complement, and both pooled "
+                        "(eval --strands both); error bars: 95% bootstrap CI over windows.",
+                        questions.strands_reading(evals), questions.strands_table(evals))
+    if questions.strata_table(evals):
+        out += _section("Is the held-out chromosome really held out? (leakage and annotation strata)",
+                        questions.plot_leakage(evals), "leakage",
+                        "Loss on eval tokens covered by an exact K-mer that also occurs in a training chromosome "
+                        "(prepare --leakage-k, either strand) and on the rest; error bars: 95% bootstrap CI.",
+                        questions.leakage_reading(evals), questions.strata_table(evals))
+    return out
+
+
 def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
@@ -144,6 +178,7 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
     if gain:
         parts += _context_gain_section(gain)
     if evals:
+        parts += _questions_sections(evals)
         parts += ["<h2>Repeat-masked vs unmasked bases</h2>",
                   _figure(plots.plot_repeat_split(evals), "repeat vs non-repeat",
                           "Loss by context on bases outside repeats (left) and on soft-masked repeat bases (right)."),

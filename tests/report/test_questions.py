@@ -31,3 +31,13 @@ def test_sections_absent_without_the_flags(evaluated):
     for fn in (q.plot_context_ablation, q.context_ablation_table, q.context_ablation_reading, q.plot_strands,
                q.strands_table, q.strands_reading, q.plot_leakage, q.leakage_reading, q.strata_table):
         assert fn(evals) is None, fn.__name__
+
+
+def test_report_page_has_a_section_per_question(strata_evaluated, tmp_path):
+    from genome_lm.report import write_report
+
+    page = write_report([strata_evaluated.eval0, strata_evaluated.eval1], out=tmp_path / "r.html").read_text()
+    for title in ("Does the model read distant sequence?", "Does it hold on the other strand?",
+                  "Is the held-out chromosome really held out?"):
+        assert title in page
+    assert page.count("data:image/png;base64,") >= 5
