@@ -73,6 +73,20 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
     return window_lengths(ds, cfg.max_windows), f"{cfg.shards}/{cfg.split}"
 
 
+def forward_tokens(cfg, lengths: np.ndarray) -> dict:
+    """Tokens the eval runs forward: the windows [W], their reverse complements (--strands both) and
+    the context ablation's sum over L of (L + n) per window taking part (eval/ablation.py's rule:
+    n = --ablation-targets or length // 8, windows with length - n >= max L)."""
+    out = {"windows": int(lengths.sum()), "reverse": int(lengths.sum()) if cfg.strands == "both" else 0,
+           "ablation": 0}
+    if cfg.context:
+        n = np.full_like(lengths, cfg.ablation_targets) if cfg.ablation_targets else lengths // 8
+        part = (lengths - n) >= max(cfg.context)
+        out["ablation"] = int(len(cfg.context) * n[part].sum() + sum(cfg.context) * part.sum())
+    out["total"] = out["windows"] + out["reverse"] + out["ablation"]
+    return out
+
+
 def dry_run(cfg, world: int | None = None) -> dict:
     """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
     from genome_lm.config import BlockSizes
@@ -116,6 +130,12 @@ def dry_run(cfg, world: int | None = None) -> dict:
     print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
           f"({_n(summary['rounds'], 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
+    work = forward_tokens(cfg, lengths)
+    summary["forward_tokens"] = work
+    if work["total"] != work["windows"]:
+        print(f"forward passes: {work['total']:,} tokens in all, {work['total'] / work['windows']:.2f}x the windows' "
+              f"(windows {work['windows']:,}, reverse complements {work['reverse']:,}, context ablation "
+              f"{work['ablation']:,}); time grows with it, memory per forward does not")
     print("memory per rank (estimate: forward only, no gradients):")
     share = f"FSDP2 shard, 1/{world}" if world > 1 else "whole model, one process"
     print(f"  {'weights (' + share + ')':<50} {_gib(plan.breakdown['weights']):>12}")

@@ -191,6 +191,11 @@ def test_dry_run_glm53_flash_on_64_gpus(capsys):
     assert main(["eval", "--checkpoint", "glm53-flash", "--seq-len", "1M", "--nproc", "4", "--cp", "4",
                  "--dry-run"]) == 0
     assert "too large for every GPU listed" in capsys.readouterr().out
+    # --strands both and --context: the forward work it adds (1M windows; targets 128k; L 1k + 64k)
+    assert main(["eval", "--checkpoint", "glm53-flash", "--seq-len", "1M", "--nproc", "64", "--cp", "8",
+                 "--strands", "both", "--context", "1k,64k", "--dry-run"]) == 0
+    work = 2**20 + 2**20 + 2 * 2**17 + 2**10 + 2**16
+    assert f"forward passes: {work:,} tokens in all" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", "glm53-flash", "--nproc", "64", "--cp", "8", "--dry-run"]) == 2
     assert "--dry-run without --shards plans one window of --seq-len tokens" in capsys.readouterr().err
 
