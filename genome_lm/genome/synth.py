@@ -10,6 +10,8 @@ tokens that have long preceding context. What it plants, in the order it is buil
    short arm on chr22 (its first ~17%), and a few short runs (100-500 bp) inside the arms.
 2. Background (uppercase): isochore-like segments of 20-300 kbp, each with its own GC
    content in 35-60%, bases drawn independently, then CpG depleted (most CG -> TG or CA).
+   Optionally (`markov_order` K > 0), each segment is instead an order-K Markov chain with a
+   transition table of its own (`markov.py`), which only the segment's preceding sequence reveals.
 3. Repeat copies (lowercase, i.e. soft-masked): `n_families` consensus sequences of 200 bp
    to 6 kbp. A copy *cluster* starts with a founder that diverges ~10% from its family's
    consensus; each later copy is the previous one mutated ~3% (substitutions plus small
@@ -39,13 +41,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
+from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
 from genome_lm.genome.segdups import SegDup, format_segdups, plant_segdups
 from genome_lm.utils import atomic_file, validate
 
@@ -86,6 +91,10 @@ class SynthParams(BaseModel):
     isochore_min: int = 20_000  #: shortest isochore (bases; log-uniform lengths)
     isochore_max: int = 300_000  #: longest isochore
     cpg_depletion: float = 0.75  #: probability that a background CG is mutated to TG or CA
+    markov_order: int = 0  #: >0: each isochore's background is an order-K Markov chain of its own (markov.py)
+    markov_rows: Literal["dirichlet", "additive"] = "additive"  #: how each isochore draws its chain's table
+    markov_alpha: float = 0.5  #: "dirichlet": concentration of each row (smaller: more predictable)
+    markov_scale: float = 0.6  #: "additive": standard deviation of the per-position log-odds A[i, a, b]
     n_families: int = 40  #: number of repeat families (consensus sequences)
     family_min_len: int = 200  #: shortest consensus (log-uniform lengths)
     family_max_len: int = 6_000  #: longest consensus
@@ -121,6 +130,8 @@ class SynthParams(BaseModel):
         checks = [
             (0 <= self.gc_min <= self.gc_max <= 1, "gc_min <= gc_max within [0, 1]"),
             (0 < self.isochore_min <= self.isochore_max, "0 < isochore_min <= isochore_max"),
+            (0 <= self.markov_order <= 6, "0 <= markov_order <= 6"),
+            (self.markov_alpha > 0 and self.markov_scale >= 0, "markov_alpha > 0 and markov_scale >= 0"),
             (0 < self.family_min_len <= self.family_max_len, "0 < family_min_len <= family_max_len"),
             (0 < self.min_distance <= self.max_distance, "0 < min_distance <= max_distance"),
             (self.family_max_len + SPACER <= self.max_distance, "family_max_len + 20 <= max_distance"),
@@ -347,7 +358,12 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
     seg_len = np.exp(rng.uniform(np.log(p.isochore_min), np.log(p.isochore_max), size=length // p.isochore_min + 2))
     seg_gc = rng.uniform(p.gc_min, p.gc_max, size=len(seg_len))
     gc = np.repeat(seg_gc, np.ceil(seg_len).astype(int))[:length]
-    codes = _random_bases(rng, gc, length)
+    if p.markov_order:  # own stream: the default genome is unchanged
+        rows = (partial(dirichlet_rows, order=p.markov_order, alpha=p.markov_alpha) if p.markov_rows == "dirichlet"
+                else partial(additive_rows, order=p.markov_order, scale=p.markov_scale))
+        codes = markov_bases(np.random.default_rng([seed, 4, index]), seg_len, p.markov_order, length, rows)
+    else:
+        codes = _random_bases(rng, gc, length)
     cg = np.flatnonzero((codes[:-1] == 1) & (codes[1:] == 2) & (rng.random(length - 1) < p.cpg_depletion))
     to_tg = rng.random(len(cg)) < 0.5
     codes[cg[to_tg]] = 3  # C -> T
