@@ -153,22 +153,33 @@ def window_sums(nll: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.nda
 
 
 def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: int, seed: int) -> dict:
-    """{"by_length": [...], "paired_differences": [...]} from per-window sums [W, n_L] and counts [W]
-    (the same targets at every L); CIs: the window bootstrap. mean_delta = mean(to) - mean(from)."""
+    """{"by_length": [...], "paired_differences": [...], "span": {...}} from per-window sums [W, n_L] and
+    counts [W] (the same targets at every L); CIs: the window bootstrap. mean_delta = mean(to) -
+    mean(from); `paired_differences` step between consecutive L, `span` from the shortest L to the
+    longest (None with one L)."""
     n = np.broadcast_to(counts[:, None], sums.shape).astype(np.float64)
     total, tokens = sums.sum(axis=0), int(counts.sum())
     mean = ratio(total, n.sum(axis=0))
-    delta = ratio(total[1:] - total[:-1], n.sum(axis=0)[1:])
-    stat = lambda s, n: np.concatenate([ratio(s, n), ratio(s[:, 1:] - s[:, :-1], n[:, 1:])], axis=1)  # noqa: E731
+    steps = np.concatenate([total[1:] - total[:-1], total[-1:] - total[:1]])  # consecutive steps, then the span
+    delta = ratio(steps, n.sum(axis=0)[:1].repeat(len(steps)))
+
+    def stat(s, n):
+        d = np.concatenate([s[:, 1:] - s[:, :-1], s[:, -1:] - s[:, :1]], axis=1)
+        return np.concatenate([ratio(s, n), ratio(d, n[:, :1].repeat(d.shape[1], axis=1))], axis=1)
+
     low, high = bootstrap_ci(stat, {"s": sums, "n": n}, resamples, seed)
     k, windows = len(lengths), int((counts > 0).sum())
     by_length = [{"L": int(L), "mean_nll": jfloat(mean[j]), "bits_per_base": jfloat(mean[j] / LN2),
                   "ci_low": jfloat(low[j]), "ci_high": jfloat(high[j]), "tokens": tokens, "n_windows": windows}
                  for j, L in enumerate(lengths)]
-    diffs = [{"from": int(lengths[j]), "to": int(lengths[j + 1]), "mean_delta": jfloat(delta[j]),
-              "mean_delta_bits": jfloat(delta[j] / LN2), "ci_low": jfloat(low[k + j]), "ci_high": jfloat(high[k + j]),
-              "tokens": tokens} for j in range(k - 1)]
-    return {"by_length": by_length, "paired_differences": diffs}
+
+    def diff(j: int, a: int, b: int) -> dict:
+        return {"from": int(a), "to": int(b), "mean_delta": jfloat(delta[j]), "mean_delta_bits": jfloat(delta[j] / LN2),
+                "ci_low": jfloat(low[k + j]), "ci_high": jfloat(high[k + j]), "tokens": tokens}
+
+    diffs = [diff(j, lengths[j], lengths[j + 1]) for j in range(k - 1)]
+    span = diff(k - 1, lengths[0], lengths[-1]) if k > 1 else None
+    return {"by_length": by_length, "paired_differences": diffs, "span": span}
 
 
 class AblationStats:

@@ -20,7 +20,14 @@ from genome_lm.report.data import (
     load_run,
 )
 from genome_lm.report.html import build_report, write_report
-from genome_lm.report.matched import ContextGain, context_gain, find_roles, format_context_gain, reading
+from genome_lm.report.matched import (
+    ContextGain,
+    context_gain,
+    find_roles,
+    format_ablation,
+    format_context_gain,
+    reading,
+)
 from genome_lm.report.plots import (
     figure_png,
     plot_context_gain,
@@ -42,6 +49,7 @@ __all__ = [
     "EvalResult", "CompareResult", "RunMetrics", "load_eval", "load_compare_dir", "load_dirs", "load_run",
     "implied_compares", "build_report", "write_report", "figure_png", "plot_loss_by_context",
     "plot_relative_change", "plot_repeat_split", "plot_training_curves", "bucket_table", "compare_table",
-    "parity_table", "repeat_table", "run_table", "ContextGain", "context_gain", "find_roles", "format_context_gain",
+    "parity_table", "repeat_table", "run_table", "ContextGain", "context_gain", "find_roles", "format_ablation",
+    "format_context_gain",
     "reading", "plot_context_gain", "context_gain_table",
 ]

@@ -188,3 +188,46 @@ def format_context_gain(gain: ContextGain) -> str:
     lines += textwrap.wrap(reading(gain), width=110, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
+
+
+def _step(d: dict | None) -> str:
+    if d is None:
+        return ""
+    return f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
+
+
+def _clear_of_zero(d: dict) -> str:
+    if d["ci_high"] < 0:
+        return "falls, CI clear of zero"
+    if d["ci_low"] > 0:
+        return "rises, CI clear of zero"
+    return "CI includes zero"
+
+
+def format_ablation(gain: ContextGain) -> str | None:
+    """The three models' context ablations side by side as fixed-width text (printed by `make demo`):
+    per L, bits/base of the same target tokens and the paired change from the previous L [95% CI];
+    then the change from the shortest to the longest L. None when an eval has no ablation."""
+    abl = {role: gain.evals[role].summary.get("context_ablation") for role in ROLES}
+    if any(not isinstance(a, dict) or "by_length" not in a for a in abl.values()):
+        return None
+    first = abl["base"]
+    head = (f"Does the model read distant sequence? Context ablation: the same {first['target_tokens']:,} target "
+            f"tokens ({first['targets']}, {first['n_windows']} windows) given exactly L preceding tokens; "
+            "bits/base and the paired change from the previous L [95% CI]")
+    lines = [*textwrap.wrap(head, width=110, initial_indent="  ", subsequent_indent="  "),
+             f"  {'L':>7}" + "".join(f" {ROLES[r]:>42}" for r in ROLES)]
+    steps = {r: {d["to"]: d for d in a["paired_differences"]} for r, a in abl.items()}
+    for j, e in enumerate(first["by_length"]):
+        cells = []
+        for r in ROLES:
+            row = abl[r]["by_length"][j]
+            cells.append(f" {_bits(row['mean_nll']):>8} {_step(steps[r].get(e['L'])):>33}")
+        lines.append((f"  {e['L']:>7,}" + "".join(cells)).rstrip())
+    spans = {r: abl[r].get("span") for r in ROLES}
+    if all(spans.values()):
+        s = spans["base"]
+        text = f"From L = {s['from']:,} to {s['to']:,}: " + "; ".join(
+            f"{ROLES[r]} {_step(spans[r])} bits/base ({_clear_of_zero(spans[r])})" for r in ROLES) + "."
+        lines += textwrap.wrap(text, width=110, initial_indent="  ", subsequent_indent="  ")
+    return "\n".join(lines)

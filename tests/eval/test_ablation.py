@@ -89,6 +89,10 @@ def test_ablation_in_summary_file_and_compare(strata_evaluated):
         assert e["ci_low"] <= e["ci_high"] and e["bits_per_base"] == pytest.approx(e["mean_nll"] / np.log(2))
     for j, d in enumerate(abl["paired_differences"]):
         assert d["mean_delta"] == pytest.approx((nll[j + 1] - nll[j]).mean(), abs=1e-12)
+    span = abl["span"]
+    assert (span["from"], span["to"]) == (ABLATION[0], ABLATION[-1])
+    assert span["mean_delta"] == pytest.approx((nll[-1] - nll[0]).mean(), abs=1e-12)
+    assert span["ci_low"] <= span["mean_delta"] <= span["ci_high"]
     r = abl["repeat"]
     assert r["masked"]["by_length"][0]["tokens"] + r["unmasked"]["by_length"][0]["tokens"] == abl["target_tokens"]
     assert "annotations" in abl and "leakage" in abl

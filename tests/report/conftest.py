@@ -40,5 +40,5 @@ def matched(eval_inputs, tmp_path_factory):
         ckpt = _fake_run(root / "runs" / role, seed, seq_len, None if role == "base" else base_ckpt)
         evals[role] = root / "evals" / role
         evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(eval_inputs.shards), out=str(evals[role]),
-                            max_windows=3, resamples=300), show_progress=False)
+                            max_windows=3, resamples=300, context=[64, 256]), show_progress=False)
     return SimpleNamespace(root=root, **evals)

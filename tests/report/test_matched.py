@@ -10,7 +10,15 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.eval import compare_evals, load_summary, write_compare
-from genome_lm.report import build_report, context_gain, find_roles, format_context_gain, load_eval, reading
+from genome_lm.report import (
+    build_report,
+    context_gain,
+    find_roles,
+    format_ablation,
+    format_context_gain,
+    load_eval,
+    reading,
+)
 from tests.report.conftest import STEPS, TOKENS_PER_STEP
 from tests.report.test_report import _images
 
@@ -46,6 +54,27 @@ def test_three_way_table(matched):
     # the reading's verdict follows the long - short CI
     verdict = ("clear of zero" if d["rel_ci_high"] < 0 or d["rel_ci_low"] > 0 else "includes zero")
     assert verdict in reading(gain)
+
+
+def test_ablation_table_of_the_three(matched, evaluated):
+    gain = context_gain(matched.base, matched.short, matched.long, resamples=300)
+    text = format_ablation(gain)
+    lines = text.splitlines()
+    assert "Does the model read distant sequence?" in text
+    for L in (64, 256):
+        row = next(line for line in lines if line.split()[:1] == [f"{L:,}"])
+        for role in ("base", "short", "long"):
+            abl = load_summary(getattr(matched, role))["context_ablation"]
+            e = next(e for e in abl["by_length"] if e["L"] == L)
+            assert f"{e['bits_per_base']:.4f}" in row
+            if L == 256:  # the step from 64, and the span (the same two lengths here) with its verdict
+                d = abl["paired_differences"][0]
+                assert f"{d['mean_delta_bits']:+.4f} [{d['ci_low'] / LN2:+.4f}, {d['ci_high'] / LN2:+.4f}]" in row
+                assert abl["span"]["mean_delta"] == pytest.approx(d["mean_delta"])
+    flat = text.replace("\n  ", " ")
+    assert "From L = 64 to 256:" in flat and flat.count("CI includes zero") + flat.count("clear of zero") == 3
+    # evals without an ablation: no table
+    assert format_ablation(context_gain(evaluated.eval0, evaluated.eval1, evaluated.eval1, resamples=50)) is None
 
 
 def test_roles_found_from_the_runs(matched, evaluated):
