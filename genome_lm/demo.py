@@ -36,20 +36,24 @@ class Recipe:
     base_steps: int
     finetune_steps: int  # each fine-tune's; the short-context one takes window / 256 sequences per step
     eval_windows: int
+    context: str  # eval --context: the ablation's lengths L (targets: the last 1/8 of each window)
 
 
-FULL = Recipe(scale=1.0, window="8k", base_steps=1200, finetune_steps=200, eval_windows=12)
-QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2)
+FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, eval_windows=12, context="1k,2k,4k,7k")
+QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2, context="256,1k")
 
-# The demo genome (`genome-lm synth --set ...`): two kinds of repeat that teach two things.
-# Interspersed copies (~28% of the bases), mostly out of the base model's 256-token reach but
-# within the 8k fine-tune's; tandem arrays in the space left (~46%), which put copies within 256
-# tokens so that a model trained from scratch learns in-context copying at all. The default
-# genome's repeats are more realistic but not learnable by a from-scratch CPU model in minutes.
+# The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~70% of the bases)
+# is an order-6 Markov chain with a table of its own per isochore (20-300 kbp), additive in the six
+# preceding bases (genome/markov.py): only the sequence before a token reveals its isochore's table,
+# and a small model learns to estimate it in context within ~100 steps, without the phase change
+# that in-context copying needs (docs/model.md, "What the demo's long-context fine-tune learns").
+# Tandem arrays (~20%) put copies within 256 tokens; interspersed copies (~10%) 500-8000 bases from
+# their source; segmental duplications of chr1/chr2 in chr22 give the leakage mask something to mark.
 DEMO_GENOME = dict(
-    n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.3,
+    markov_order=6, markov_rows="additive", markov_scale=0.4,
+    n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.1,
     min_distance=500, max_distance=8000, substitution_rate=0.01, indel_rate=0.0, reverse_fraction=0.0,
-    tandem_fraction=0.5, tandem_unit_min=10, tandem_unit_max=80, tandem_copies_min=4, tandem_copies_max=30,
+    tandem_fraction=0.2, tandem_unit_min=10, tandem_unit_max=80, tandem_copies_min=4, tandem_copies_max=30,
     segdup_count=5, segdup_max_len=5000, segdup_region=(0.17, 0.30),  # chr22 shares sequence with chr1/chr2
 )
 
@@ -94,20 +98,29 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     return long, short
 
 
-def _eval(checkpoint: Path, shards: Path, out: Path, windows: int) -> dict:
+def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> dict:
+    """eval with the context ablation (`r.context`) and both strands."""
     from genome_lm.eval import EvalConfig, evaluate, load_summary
 
     if (out / "summary.json").exists():
         log.info("    %s is complete; reusing it", out)
         return load_summary(out)
-    return evaluate(EvalConfig(checkpoint=str(checkpoint), shards=str(shards), out=str(out), max_windows=windows))
+    return evaluate(EvalConfig(checkpoint=str(checkpoint), shards=str(shards), out=str(out), max_windows=r.eval_windows,
+                               context=r.context, strands="both"))
+
+
+def _strand_line(name: str, summary: dict) -> str:
+    st = summary["strands"]
+    f, v, g = st["forward"]["overall"], st["reverse"]["overall"], st["agreement"]["overall"]
+    return (f"  {name:<24} forward {f['bits_per_base']:.4f}, reverse complement {v['bits_per_base']:.4f} bits/base; "
+            f"per-base Pearson r {g['pearson_r']:.3f}")
 
 
 def run(root: Path, quick: bool = False) -> dict:
     from genome_lm.eval import format_table, write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth import make_params, write_synthetic_fasta
-    from genome_lm.report import context_gain, format_context_gain, load_compare_dir, write_report
+    from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
 
     r = QUICK if quick else FULL
     tag = "demo_quick" if quick else "demo"
@@ -137,15 +150,15 @@ def run(root: Path, quick: bool = False) -> dict:
     log.info(f"[3/10] train the base model at short context -> {runs['base']}")
     _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"])
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
-    summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r.eval_windows)
+    summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
-    for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "the base's short"))):
-        log.info(f"[{5 + 2 * n}/10] fine-tune at {what} context ({cfg.data.seq_len:,} tokens x {cfg.train.micro_batch}"
-                 f" per step, {cfg.train.steps} steps: {cfg.train.steps * _tokens_per_step(cfg):,} tokens) from the "
-                 f"base model -> {runs[name]}")
+    for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "short"))):
+        log.info(f"[{5 + 2 * n}/10] fine-tune the base model at {what} context ({cfg.data.seq_len:,} tokens x "
+                 f"{cfg.train.micro_batch} per step, {cfg.train.steps} steps: "
+                 f"{cfg.train.steps * _tokens_per_step(cfg):,} tokens) -> {runs[name]}")
         _train(cfg, runs[name])
         log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
-        summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r.eval_windows)
+        summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
     log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in cmp_dirs.values()))
     results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
     gain = context_gain(evals["base"], evals["shortctx"], evals["longctx"],
@@ -162,6 +175,17 @@ def run(root: Path, quick: bool = False) -> dict:
         print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
               f"({', '.join(info['chroms'])})")
     print(format_context_gain(gain))
+    if (ablation := format_ablation(gain)) is not None:
+        print(ablation)
+    print("  both strands (each window also scored as its reverse complement):")
+    names = {"base": "base", "shortctx": "short-context fine-tune", "longctx": "long-context fine-tune"}
+    for role, name in names.items():
+        print(_strand_line(name, summaries[role]))
+    leak, n = {k: v["overall"] for k, v in summaries["longctx"]["leakage"].items()}, summaries["longctx"]["overall"]
+    bits = {k: "-" if v["bits_per_base"] is None else f"{v['bits_per_base']:.4f}" for k, v in leak.items()}
+    print(f"  leakage mask (eval positions in a 32-mer that occurs in chr1/chr2): {leak['masked']['n_tokens']:,} of "
+          f"{n['n_tokens']:,} scored tokens; the long-context model scores {bits['unmasked']} bits/base without "
+          f"them, {bits['masked']} on them")
     print("  long- vs short-context fine-tune on held-out chr22, by preceding context:")
     print(format_table(results[("shortctx", "longctx")]))
     print(f"  report: {report}")

@@ -37,6 +37,15 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     for line in ("base ", "short-context fine-tune", "long-context fine-tune", "short - base (more training)",
                  "long - base (training + context)", "long - short (context)", "gain attributable to context"):
         assert line in out, line
+    # the three models' context ablation (the same targets given L = 256 and 1k), both strands, leakage
+    assert "Does the model read distant sequence?" in out and "From L = 256 to 1,024:" in out
+    assert out.count("reverse complement") >= 3 and "per-base Pearson r" in out
+    assert "leakage mask" in out
+    for name in ("base", "longctx", "shortctx"):
+        s = load_summary(tmp_path / "evals" / f"demo_quick_{name}")
+        assert [e["L"] for e in s["context_ablation"]["by_length"]] == [256, 1024]
+        assert s["context_ablation"]["span"]["tokens"] == s["context_ablation"]["target_tokens"] > 0
+        assert set(s["strands"]) >= {"forward", "reverse", "average", "agreement"}
     shards = tmp_path / "shards" / "demo_quick"
     assert len(load_shards(shards, "train")) > 0 and len(load_shards(shards, "eval")) > 0
     for d in ("evals/demo_quick_base", "evals/demo_quick_longctx", "evals/demo_quick_shortctx",
@@ -44,6 +53,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         assert (tmp_path / d).exists(), d
     html = (tmp_path / "reports" / "demo_quick.html").read_text()
     assert html.count("data:image/png;base64,") >= 5 and "Is the gain from context, or from more training?" in html
+    assert "Context ablation" in html
     # the control trained on as many tokens as the long-context fine-tune, at the base's context
     tokens = {name: [json.loads(line)["tokens"] for line in
                      (tmp_path / "runs" / f"demo_quick_{name}" / "metrics.jsonl").read_text().splitlines()]

@@ -162,7 +162,8 @@ def test_demo_genome_segdups_are_masked():
     for d in g.segdups:
         inside[d.start : d.end] = True
         assert mask[d.start : d.end].mean() > 0.95, d  # a few substitutions (0.2%) leave a K-mer unmatched
-    assert len(g.segdups) >= 2 and mask[~inside].sum() < 0.01 * mask.sum() + 100  # chance matches elsewhere
+    # elsewhere: homopolymer runs of the Markov background (poly-G and the like) that chr1/chr2 also hold
+    assert len(g.segdups) >= 2 and mask[~inside].sum() < 0.1 * mask.sum()
 
 
 # --- through prepare ---------------------------------------------------------------------------
