@@ -88,7 +88,8 @@ def context_ablation_table(evals: list[EvalResult]) -> str | None:
 
 
 def context_ablation_reading(evals: list[EvalResult]) -> str | None:
-    """One sentence per eval: the first step up in L, its paired change and whether its CI clears zero."""
+    """One sentence per eval: the paired change from the shortest L to the longest (`span`; the
+    first step for evals written before it) and whether its CI clears zero."""
     evals = _with(evals, "context_ablation")
     if not evals:
         return None
@@ -97,7 +98,7 @@ def context_ablation_reading(evals: list[EvalResult]) -> str | None:
         ab = ev.summary["context_ablation"]
         if not ab["paired_differences"]:
             continue
-        d = ab["paired_differences"][0]
+        d = ab.get("span") or ab["paired_differences"][0]
         parts.append(f"{ev.label}: {_tokens(d['from'])} → {_tokens(d['to'])} changes the loss of the same "
                      f"{d['tokens']:,} tokens by {_num(_bits(d['mean_delta']), '{:+.4f}')} bits/base "
                      f"{_ci(d['ci_low'], d['ci_high'])} ({_clear(d['ci_low'], d['ci_high'])})")

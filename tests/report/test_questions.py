@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from genome_lm.report import load_eval
 from genome_lm.report import questions as q
-from genome_lm.report.plots import figure_png
+from genome_lm.report.plots import _tokens, figure_png
 
 
 def test_sections_from_evals_with_every_flag(strata_evaluated):
@@ -15,7 +15,11 @@ def test_sections_from_evals_with_every_flag(strata_evaluated):
     ab = evals[0].summary["context_ablation"]
     table = q.context_ablation_table(evals)
     assert table.count("<tr>") == 1 + 2 * len(ab["by_length"])  # header + one row per eval and L
-    assert f"{ab['target_tokens']:,} target tokens" in q.context_ablation_reading(evals)
+    reading = q.context_ablation_reading(evals)
+    assert f"{ab['target_tokens']:,} target tokens" in reading
+    span = ab["span"]  # the reading is the change over the whole span of L
+    assert f"{_tokens(span['from'])} → {_tokens(span['to'])} changes" in reading
+    assert f"{span['mean_delta_bits']:+.4f}" in reading
     st = evals[0].summary["strands"]
     assert f"{st['average']['overall']['n_tokens']:,} tokens" in q.strands_reading(evals)
     assert "per-base agreement r" in q.strands_table(evals)
