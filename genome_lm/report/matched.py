@@ -189,7 +189,6 @@ def format_context_gain(gain: ContextGain) -> str:
     return "\n".join(lines)
 
 
-
 def _step(d: dict | None) -> str:
     if d is None:
         return ""
