@@ -47,25 +47,43 @@ def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
 
 
 def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
-    """Per eval: mean loss of the fixed target tokens vs the preceding context L given, 95% CIs."""
+    """Per eval, left: mean loss of the fixed target tokens vs the preceding context L given, 95% CIs
+    over windows; right: the paired change from the previous L (same tokens), 95% paired CIs, the
+    panel that says whether added context helps (the left panel's CIs mostly hold window-to-window
+    variation that the pairing removes)."""
     evals = _with(evals, "context_ablation")
     if not evals:
         return None
-    fig = Figure(figsize=(8.5, 4.5))
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax, dx = fig.subplots(1, 2)
     for i, ev in enumerate(evals):
-        rows = ev.summary["context_ablation"]["by_length"]
+        ab = ev.summary["context_ablation"]
+        rows, color = ab["by_length"], COLORS[i % len(COLORS)]
         x = np.array([r["L"] for r in rows], dtype=float)
         y = np.array([r["mean_nll"] / LN2 for r in rows])
         lo = np.array([r["ci_low"] / LN2 for r in rows])
         hi = np.array([r["ci_high"] / LN2 for r in rows])
-        ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=COLORS[i % len(COLORS)],
-                    label=ev.label)
-    _context_axis(ax)
-    ax.set_xlabel("preceding context given to the same target tokens (L, log scale)")
+        ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=color, label=ev.label)
+        steps = ab["paired_differences"]
+        if steps:
+            shift = 2 ** (0.06 * (i - (len(evals) - 1) / 2))  # side by side on the log axis
+            xs = np.array([d["to"] for d in steps], dtype=float) * shift
+            d = np.array([d["mean_delta"] / LN2 for d in steps])
+            dlo = np.array([s["ci_low"] / LN2 for s in steps])
+            dhi = np.array([s["ci_high"] / LN2 for s in steps])
+            dx.errorbar(xs, d, yerr=[d - dlo, dhi - d], marker="o", capsize=3, ls="none", color=color,
+                        label=ev.label)
+    ticks = sorted({r["L"] for ev in evals for r in ev.summary["context_ablation"]["by_length"]})
+    for a in (ax, dx):
+        _context_axis(a)
+        a.set_xticks(ticks)
+        a.set_xlabel("preceding context given to the same target tokens (L, log scale)")
     ax.set_ylabel("bits per base")
-    ax.set_title("Context ablation: the same tokens with L tokens of context")
+    ax.set_title("Context ablation: the same target tokens given L tokens")
     ax.legend()
+    dx.axhline(0.0, color="black", lw=0.8)
+    dx.set_ylabel("change from the previous L (bits per base)")
+    dx.set_title("Paired change from the previous L (< 0: context helps)")
     return fig
 
 
