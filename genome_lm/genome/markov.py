@@ -37,7 +37,7 @@ def additive_rows(rng: np.random.Generator, order: int, scale: float) -> np.ndar
 
 
 def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: int, rows) -> np.ndarray:
-    """n base codes (0 C, 1 G, 2 A, 3 T; uint8): consecutive segments of `seg_len` bases (the
+    """n base codes (0 A, 1 C, 2 G, 3 T; uint8): consecutive segments of `seg_len` bases (the
     last cut at n), each an order-`order` Markov chain with its own table `rows(rng)` (float
     [4^order, 4], rows summing to 1; row c = the K preceding bases, the base at t - 1 in c's
     lowest two bits); a segment's first bases continue from the bases before it."""

@@ -21,7 +21,7 @@ def test_state_holds_the_last_base_in_its_lowest_bits():
     # order 2, next base = the base two back (bits 2..3 of the row index): period 2 after the start
     seq = markov_bases(np.random.default_rng(0), np.array([40.0]), 2, 40, _deterministic(lambda c: (c >> 2) & 3))
     assert (seq[2:] == seq[:-2]).all()
-    # next = last base + 1: the cycle C G A T
+    # next = last base + 1: the cycle A C G T
     seq = markov_bases(np.random.default_rng(0), np.array([40.0]), 2, 40, _deterministic(lambda c: ((c & 3) + 1) % 4))
     assert ((seq[1:].astype(int) - seq[:-1]) % 4 == 1).all()
 
