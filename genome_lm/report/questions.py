@@ -39,6 +39,15 @@ def _clear(lo, hi) -> str:
     return "CI clear of zero" if lo > 0 or hi < 0 else "CI includes zero"
 
 
+def _bits_ci(entries: list[dict], key: str = "mean_nll") -> tuple[np.ndarray, list[np.ndarray]]:
+    """entries[key], ci_low, ci_high in bits (None -> NaN): the values and matplotlib's yerr."""
+    def col(k):
+        return np.array([np.nan if e[k] is None else e[k] / LN2 for e in entries])
+
+    y, lo, hi = col(key), col("ci_low"), col("ci_high")
+    return y, [y - lo, hi - y]
+
+
 def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
     return [ev for ev in evals if isinstance(ev.summary.get(key), dict) and "absent" not in ev.summary[key]]
 
@@ -60,19 +69,14 @@ def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
         ab = ev.summary["context_ablation"]
         rows, color = ab["by_length"], COLORS[i % len(COLORS)]
         x = np.array([r["L"] for r in rows], dtype=float)
-        y = np.array([r["mean_nll"] / LN2 for r in rows])
-        lo = np.array([r["ci_low"] / LN2 for r in rows])
-        hi = np.array([r["ci_high"] / LN2 for r in rows])
-        ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, color=color, label=ev.label)
+        y, yerr = _bits_ci(rows)
+        ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, color=color, label=ev.label)
         steps = ab["paired_differences"]
         if steps:
             shift = 2 ** (0.06 * (i - (len(evals) - 1) / 2))  # side by side on the log axis
             xs = np.array([d["to"] for d in steps], dtype=float) * shift
-            d = np.array([d["mean_delta"] / LN2 for d in steps])
-            dlo = np.array([s["ci_low"] / LN2 for s in steps])
-            dhi = np.array([s["ci_high"] / LN2 for s in steps])
-            dx.errorbar(xs, d, yerr=[d - dlo, dhi - d], marker="o", capsize=3, ls="none", color=color,
-                        label=ev.label)
+            d, derr = _bits_ci(steps, "mean_delta")
+            dx.errorbar(xs, d, yerr=derr, marker="o", capsize=3, ls="none", color=color, label=ev.label)
     ticks = sorted({r["L"] for ev in evals for r in ev.summary["context_ablation"]["by_length"]})
     for a in (ax, dx):
         _context_axis(a)
@@ -139,11 +143,9 @@ def plot_strands(evals: list[EvalResult]) -> Figure | None:
     width = 0.8 / len(evals)
     for i, ev in enumerate(evals):
         st = ev.summary["strands"]
-        y = np.array([st[k]["overall"]["mean_nll"] / LN2 for k in names])
-        lo = np.array([st[k]["overall"]["ci_low"] / LN2 for k in names])
-        hi = np.array([st[k]["overall"]["ci_high"] / LN2 for k in names])
+        y, yerr = _bits_ci([st[k]["overall"] for k in names])
         x = np.arange(len(names)) + (i - (len(evals) - 1) / 2) * width
-        ax.bar(x, y, width, yerr=[y - lo, hi - y], capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
+        ax.bar(x, y, width, yerr=yerr, capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
     ax.set_xticks(np.arange(len(names)), ["forward strand", "reverse complement", "both"])
     ax.set_ylabel("bits per base")
     ymin = min(st["overall"]["ci_low"] for ev in evals for st in (ev.summary["strands"][k] for k in names)) / LN2
@@ -214,12 +216,9 @@ def plot_leakage(evals: list[EvalResult]) -> Figure | None:
     names = ("unmasked", "masked")
     width = 0.8 / len(evals)
     for i, ev in enumerate(evals):
-        tabs = [ev.summary["leakage"][k]["overall"] for k in names]
-        y = np.array([np.nan if t["mean_nll"] is None else t["mean_nll"] / LN2 for t in tabs])
-        lo = np.array([np.nan if t["ci_low"] is None else t["ci_low"] / LN2 for t in tabs])
-        hi = np.array([np.nan if t["ci_high"] is None else t["ci_high"] / LN2 for t in tabs])
+        y, yerr = _bits_ci([ev.summary["leakage"][k]["overall"] for k in names])
         x = np.arange(2) + (i - (len(evals) - 1) / 2) * width
-        ax.bar(x, y, width, yerr=[y - lo, hi - y], capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
+        ax.bar(x, y, width, yerr=yerr, capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
     ax.set_xticks(np.arange(2), ["not in a training K-mer", "in a training K-mer (prepare --leakage-k)"])
     ax.set_ylabel("bits per base")
     ax.set_title("Is the held-out chromosome held out? Loss with and without shared K-mers")
