@@ -225,27 +225,59 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
     """compare.json's `context_ablation`: both evals' tables at the lengths both scored, over the
     targets both scored at every such L, and per L the paired difference B - A (nats, and %), plus
     `gain_difference`: per step from L_i to L_i+1, B's mean_delta minus A's (negative: B gains more
-    from the added context). `{"absent": why}` when the evals cannot be paired."""
+    from the added context); the same per class of each stratum (`strata.py`: repeat, leakage,
+    annotations, the targets' masks as in compare's tables). `{"absent": why}` when the evals cannot
+    be paired."""
+    from genome_lm.eval.compare import _merged
+    from genome_lm.eval.outputs import iter_windows
+    from genome_lm.eval.strata import masks, place, strata_of
+
     if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
         return {"absent": "both evals need --context (context_ablation.parquet)"}
     common = sorted(set(lengths_a) & set(lengths_b))
     if not common:
         return {"absent": f"no --context length in both evals ({lengths_a} vs {lengths_b})"}
     ja, jb = [lengths_a.index(L) for L in common], [lengths_b.index(L) for L in common]
-    sa, sb, n = [], [], []
+    windows = zip(iter_windows(a, "forward"), iter_windows(b, "forward"))  # the ablated rows, and more
+    sa, sb, n, strata = [], [], [], None
     for ra, rb in zip_longest(iter_ablation(a), iter_ablation(b)):
         if ra is None or rb is None or (ra["window"], ra["target_start"]) != (rb["window"], rb["target_start"]):
             what = lambda r: "none" if r is None else f"window {r['window']} from token {r['target_start']}"  # noqa: E731
             raise GenomeLMError(f"{a} and {b} ablated different targets ({what(ra)} vs {what(rb)}); evaluate both "
                                 "with the same --ablation-targets, windows and largest --context")
+        wa, wb = next((w for w in windows if w[0]["window"] == ra["window"]), (None, None))
+        if wa is None:
+            raise GenomeLMError(f"{a}: window {ra['window']} of {ABLATION_FILE} is not in tokens.parquet; "
+                                "evaluate again into an empty --out")
+        rec = _merged(wa, wb)
+        strata = strata_of(rec) if strata is None else strata
         xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]
+        t0 = ra["target_start"]
+        classes = [m[t0:t0 + xa.shape[1]] == c for m in masks(rec, strata) for c in (False, True)]
         keep = ~(np.isnan(xa).any(axis=0) | np.isnan(xb).any(axis=0))
-        sa.append(xa[:, keep].astype(np.float64).sum(axis=1))
-        sb.append(xb[:, keep].astype(np.float64).sum(axis=1))
-        n.append(int(keep.sum()))
+        sel = [keep] + [keep & m for m in classes]  # all targets, then each stratum's classes
+        sa.append(np.stack([xa[:, m].astype(np.float64).sum(axis=1) for m in sel]))
+        sb.append(np.stack([xb[:, m].astype(np.float64).sum(axis=1) for m in sel]))
+        n.append([int(m.sum()) for m in sel])
     if not n:
         return {"absent": "no window in both evals' context_ablation.parquet"}
-    sa, sb, counts = np.stack(sa), np.stack(sb), np.asarray(n)
+    sa, sb, counts = np.stack(sa), np.stack(sb), np.asarray(n)  # [W, 1 + 2 S, n_C], ..., [W, 1 + 2 S]
+
+    def part(i: int) -> dict:
+        return _paired_ablation(sa[:, i], sb[:, i], counts[:, i], common, resamples, seed)
+
+    out = {"lengths": common, "n_windows": len(counts), "target_tokens": int(counts[:, 0].sum()), **part(0),
+           "definition": "a, b: each eval's ablation over the targets both scored at every L; diff = mean_nll_B - "
+                         "mean_nll_A at each L; gain_difference = B's mean_delta - A's from L_i to L_i+1 "
+                         "(negative: B gains more from the added context); CIs: paired bootstrap over windows"}
+    per = [{label: part(1 + 2 * i + c) for c, label in enumerate(st.labels)} for i, st in enumerate(strata)]
+    return place(out, strata, per)
+
+
+def _paired_ablation(sa: np.ndarray, sb: np.ndarray, counts: np.ndarray, common: list[int], resamples: int,
+                     seed: int) -> dict:
+    """{"a", "b", "difference", "gain_difference"} of per-window NLL sums sa, sb [W, n_C] over the same
+    targets (counts [W]) at the lengths `common`."""
     nn = np.broadcast_to(counts[:, None], sa.shape).astype(np.float64)
     k = len(common)
 
@@ -267,8 +299,4 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
              "diff_bits": jfloat(est[2 * k + j] / LN2),
              "ci_low": jfloat(low[2 * k + j]), "ci_high": jfloat(high[2 * k + j]), "tokens": tokens}
             for j in range(k - 1)]
-    return {"lengths": common, "n_windows": len(counts), "target_tokens": tokens, "a": ta, "b": tb,
-            "difference": difference, "gain_difference": gain,
-            "definition": "a, b: each eval's ablation over the targets both scored at every L; diff = mean_nll_B - "
-                          "mean_nll_A at each L; gain_difference = B's mean_delta - A's from L_i to L_i+1 "
-                          "(negative: B gains more from the added context); CIs: paired bootstrap over windows"}
+    return {"a": ta, "b": tb, "difference": difference, "gain_difference": gain}

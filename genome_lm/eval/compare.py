@@ -135,8 +135,11 @@ def _compare_strands(a, b, sum_a, sum_b, fwd, fwd_tables, seq_len, edges, resamp
     avg = (fwd[0], merged(fwd[1], rev[1]), merged(fwd[2], rev[2]))
     return {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
             "average": paired_tables(*avg, edges, resamples, seed),
+            "agreement": {"a": sum_a["strands"]["agreement"]["overall"], "b": sum_b["strands"]["agreement"]["overall"]},
             "definition": "forward: the rows as stored (the top level); reverse: their reverse complements; "
-                          "average: both pooled, each base once per strand, windows drawn with both strands"}
+                          "average: both pooled, each base once per strand, windows drawn with both strands; "
+                          "agreement: each eval's per-base agreement between the strands (summary.json "
+                          "strands.agreement.overall)"}
 
 
 def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:

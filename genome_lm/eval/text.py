@@ -135,6 +135,11 @@ def format_table(result: dict) -> str:
     elif st:
         lines += [_compare_row(label.replace("reverse complement", "rev. complement"), st[key]["overall"])
                   for key, label in STRAND_LABELS.items()]
+        if "agreement" in st:  # compare.json written before it carried the agreement has none
+            ga, gb = st["agreement"]["a"], st["agreement"]["b"]
+            lines.append(f"strand agreement (per-base Pearson r): A {_num(ga['pearson_r'], '.3f')} "
+                         f"{_ci(ga['pearson_ci_low'], ga['pearson_ci_high'], '.3f')}, B {_num(gb['pearson_r'], '.3f')} "
+                         f"{_ci(gb['pearson_ci_low'], gb['pearson_ci_high'], '.3f')}")
     c = result["concentration"]["largest_relative_gain"]
     if c:
         lines.append(f"largest relative change: context [{c['lo']:,}, {c['hi']:,}) {c['rel_change_pct']:+.2f}% "

@@ -109,6 +109,16 @@ def test_ablation_in_summary_file_and_compare(strata_evaluated):
         assert d["diff_ci_low"] <= d["diff"] <= d["diff_ci_high"] or abl["n_windows"] < 3
     g = c["gain_difference"][0]
     assert g["diff"] == pytest.approx(g["delta_b"] - g["delta_a"], abs=1e-12)
+    # per stratum class: the same targets as each eval's own table of that class, and the classes add up
+    for section in ("repeat", "leakage"):
+        for label, part in c[section].items():
+            mine, theirs = abl[section][label], b[section][label]
+            assert part["a"]["by_length"] == mine["by_length"] and part["b"]["by_length"] == theirs["by_length"]
+            assert part["difference"][0]["tokens"] == mine["by_length"][0]["tokens"]
+        assert sum(p["difference"][0]["tokens"] for p in c[section].values()) == c["target_tokens"]
+    assert set(c["annotations"]) == set(abl["annotations"])
+    for name, part in c["annotations"].items():
+        assert part["in"]["a"]["by_length"] == abl["annotations"][name]["in"]["by_length"]
     assert "B-A step" in format_table(load_compare(strata_evaluated.cmp01))
 
 

@@ -80,7 +80,9 @@ def test_compare_per_strand_and_pooled(strata_evaluated, tmp_path):
         assert o["mean_nll_b"] == pytest.approx(b["strands"][key]["overall"]["mean_nll"], rel=1e-9)
         assert o["diff_ci_low"] <= o["diff"] <= o["diff_ci_high"]
         assert "masked" in c["strands"][key]["leakage"]
-    assert "both strands" in format_table(c)
+    for side, summary in (("a", a), ("b", b)):
+        assert c["strands"]["agreement"][side] == summary["strands"]["agreement"]["overall"]
+    assert "both strands" in format_table(c) and "strand agreement (per-base Pearson r): A " in format_table(c)
     # against an eval of the forward strand only: the top level still pairs, the strands say why not
     one = tmp_path / "one"
     shutil.copytree(strata_evaluated.eval1, one)
