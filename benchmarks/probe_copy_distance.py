@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from genome_lm.eval.outputs import iter_windows  # noqa: E402
 
 EDGES = [0, 256, 1024, 8192, np.iinfo(np.int64).max]
 NAMES = ["copy <256", "copy 256-1k", "copy 1k-8k", "copy >=8k", "other"]
@@ -39,9 +42,8 @@ def copies(tsv: Path) -> dict[str, np.ndarray]:
 
 def probe(eval_dir: Path, reps: dict[str, np.ndarray], skip: int) -> dict:
     sums, counts = np.zeros(len(NAMES)), np.zeros(len(NAMES), dtype=np.int64)
-    table = pq.read_table(eval_dir / "tokens.parquet")
-    for row in table.to_pylist():
-        if row.get("reverse_complement") or row["strand"] != "+":
+    for row in iter_windows(eval_dir, "forward"):  # the rows as stored, not their reverse complements
+        if row["strand"] != "+":
             continue
         nll = np.asarray(row["nll"], dtype=np.float64)
         s0, n = row["start"], len(nll)
