@@ -39,7 +39,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.eval.outputs import iter_windows
 from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, ratio
+from genome_lm.eval.strata import masks, merged_strata, place, strata_of
 
 ABLATION_FILE = "context_ablation.parquet"
 TARGET_FRACTION = 8  # default targets: the last length // 8 tokens of each window
@@ -198,8 +200,6 @@ class AblationStats:
         self.targets.append(nll.shape[1])
 
     def result(self, targets: int | None, n_windows: int, engine: str, resamples: int, seed: int) -> dict:
-        from genome_lm.eval.strata import place
-
         sums, counts = np.stack(self.sums), np.stack(self.counts)  # [W, 1 + 2 S, n_L], [W, 1 + 2 S]
 
         def part(i: int) -> dict:
@@ -228,10 +228,6 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
     from the added context); the same per class of each stratum (`strata.py`: repeat, leakage,
     annotations, the targets' masks as in compare's tables). `{"absent": why}` when the evals cannot
     be paired."""
-    from genome_lm.eval.compare import _merged
-    from genome_lm.eval.outputs import iter_windows
-    from genome_lm.eval.strata import masks, place, strata_of
-
     if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
         return {"absent": "both evals need --context (context_ablation.parquet)"}
     common = sorted(set(lengths_a) & set(lengths_b))
@@ -249,7 +245,7 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
         if wa is None:
             raise GenomeLMError(f"{a}: window {ra['window']} of {ABLATION_FILE} is not in tokens.parquet; "
                                 "evaluate again into an empty --out")
-        rec = _merged(wa, wb)
+        rec = merged_strata(wa, wb)
         strata = strata_of(rec) if strata is None else strata
         xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]
         t0 = ra["target_start"]

@@ -30,7 +30,7 @@ from genome_lm.eval.stats import (
     jfloat,
     ratio,
 )
-from genome_lm.eval.strata import place, strata_of
+from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
 from genome_lm.utils import atomic_directory, write_json_atomic
 
@@ -51,21 +51,12 @@ def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
     return ma
 
 
-def _merged(wa: dict, wb: dict) -> dict:
-    """A's window record with the strata B has and A lacks (the same windows, so the same tokens)."""
-    rec = dict(wa)
-    if rec.get("leakage") is None:
-        rec["leakage"] = wb.get("leakage")
-    rec["annotations"] = {**(wb.get("annotations") or {}), **(wa.get("annotations") or {})}
-    return rec
-
-
 def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarray, orientation: str = "forward"):
     """One pass over the `orientation` rows of both evals -> (strata, acc_a, acc_b): `StrataAccumulator`s
     of A's and B's NLL over the tokens both scored (the counts and contexts are in both)."""
     acc_a = acc_b = strata = None
     for i, (wa, wb) in enumerate(zip(iter_windows(a, orientation), iter_windows(b, orientation))):
-        rec = _merged(wa, wb)
+        rec = merged_strata(wa, wb)
         if strata is None:
             strata = strata_of(rec)
             acc_a, acc_b = (StrataAccumulator(n_windows, strata, edges) for _ in range(2))

@@ -45,6 +45,16 @@ def strata_of(rec: dict) -> list[Stratum]:
         [annotation(n) for n in rec.get("annotations") or {}]
 
 
+def merged_strata(wa: dict, wb: dict) -> dict:
+    """Window record `wa` with the strata `wb` has and `wa` lacks (two evals of the same window, so the
+    same tokens): B's leakage mask when A has none, B's annotations under A's."""
+    rec = dict(wa)
+    if rec.get("leakage") is None:
+        rec["leakage"] = wb.get("leakage")
+    rec["annotations"] = {**(wb.get("annotations") or {}), **(wa.get("annotations") or {})}
+    return rec
+
+
 def mask_of(rec: dict, stratum: Stratum) -> np.ndarray:
     """Mask bool [L] of `stratum` in a window record ({"repeat", "leakage", "annotations": {NAME: mask}})."""
     return rec[stratum.section] if stratum.name is None else rec["annotations"][stratum.name]
