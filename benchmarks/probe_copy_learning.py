@@ -16,6 +16,9 @@ convolution and after ~500-700 with an 8-wide one (also with hc_mult 4 and MoE);
 did not within 1500. That is the `glm53-demo` preset:
 
     python benchmarks/probe_copy_learning.py --preset glm53-demo --seq-len 128 --steps 1500 --set
+
+`--save DIR` writes the trained model, which `model.init` takes (docs/model.md: a demo base started
+from a model taught to copy here).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 
 from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
+from genome_lm.model.weights import save_pretrained
 
 
 def main() -> None:
@@ -42,6 +46,9 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=["index_topk=256"], metavar="FIELD=VALUE",
                     help="config overrides (default: dense DSA)")
     ap.add_argument("--out", default="benchmarks/results/probe_copy_learning.json")
+    ap.add_argument("--save", default=None, metavar="DIR",
+                    help="also write the trained model there (a Hugging Face directory that `model.init` and "
+                         "`genome-lm eval` take); pass `--set` with no values to keep the preset's dense DSA to 8k")
     args = ap.parse_args()
     overrides: dict = {}
     for assignment in args.set:  # values parsed as YAML, as `--set` of an experiment (lists too)
@@ -67,6 +74,9 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     print(f"wrote {args.out}")
+    if args.save:
+        save_pretrained(model, args.save, overwrite=True)
+        print(f"saved the model to {args.save}")
 
 
 if __name__ == "__main__":
