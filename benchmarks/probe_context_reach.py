@@ -12,7 +12,7 @@ shortest L to the longest with its window-bootstrap 95% CI, as summary.json's `s
   over C times as many tokens (the KDA analogue of interpolating RoPE positions before a
   long-context fine-tune). With `--finetune-steps N` the scaled model is first fine-tuned as
   `experiments/demo_longctx.yaml` (from the checkpoint, at the shards' window length) for N steps,
-  under the same scale, and that model is evaluated.
+  under the same scale, and that model is evaluated as a further variant.
 
     python benchmarks/probe_context_reach.py CHECKPOINT SHARDS [--attention-window 256 1024]
         [--kda-time-scale 8] [--finetune-steps 100] [--out FILE.json]
@@ -105,6 +105,8 @@ def main() -> None:
 
     topk = model_config(args.checkpoint).get("index_topk", 0)
     window = json.loads((args.shards / "manifest.json").read_text())["parameters"]["seq_len"]
+    if args.finetune_steps and not args.kda_time_scale:
+        raise SystemExit("probe_context_reach: --finetune-steps fine-tunes the --kda-time-scale variants; give one")
     if args.attention_window and topk < window:
         raise SystemExit(f"probe_context_reach: --attention-window needs dense DSA; {args.checkpoint} has "
                          f"index_topk {topk}, below the shards' {window}-token windows")
@@ -129,7 +131,7 @@ def main() -> None:
                     run = work / f"finetune_{i}"
                     exp = load_experiment(EXPERIMENTS / "demo_longctx.yaml", [
                         f"train.steps={fields['finetune_steps']}", f"data.shards={args.shards}",
-                        f"model.init={args.checkpoint}"])
+                        f"model.init={args.checkpoint}", f"data.seq_len={window}"])
                     train(exp, out=run, resume=False)
                     checkpoint = run / "checkpoints" / "last"
                 summary = evaluate(EvalConfig(checkpoint=str(checkpoint), shards=str(args.shards),
