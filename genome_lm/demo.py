@@ -11,16 +11,17 @@ fine-tune minus the base also holds what more training alone does (short minus b
 Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
 smaller version of every step (a few minutes; the test suite runs it).
 
-    python -m genome_lm.demo [--quick] [--root .]
+    python -m genome_lm.demo [--quick] [--root .] [--set NAME=VALUE ...]   (NAME: a Recipe field)
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
@@ -37,10 +38,35 @@ class Recipe:
     finetune_steps: int  # each fine-tune's; the short-context one takes window / 256 sequences per step
     eval_windows: int
     context: str  # eval --context: the ablation's lengths L (targets: the last 1/8 of each window)
+    model: str = "glm53-demo"  # the preset all three models are (experiments/demo_*.yaml's model.name)
 
 
 FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, eval_windows=12, context="1k,2k,4k,7k")
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2, context="256,1k")
+
+
+
+def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
+    """QUICK or FULL with `overrides` ("NAME=VALUE", a Recipe field each) applied, and the tag that
+    names its outputs: "demo" / "demo_quick", plus the overrides (`base_steps=6000` ->
+    "demo_base_steps-6000"), so that a changed recipe never reuses another recipe's outputs."""
+    r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
+    kinds = {f.name: {"int": int, "float": float, "str": str}[f.type] for f in fields(Recipe)}
+    changed = {}
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep or name not in kinds:
+            raise GenomeLMError(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
+        try:
+            changed[name] = kinds[name](value)
+        except ValueError:
+            what = "a whole number" if kinds[name] is int else "a number"
+            raise GenomeLMError(f"--set {item!r}: {name} takes {what}") from None
+    if not changed:
+        return r, tag
+    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(v))}" for k, v in changed.items())
+    return replace(r, **changed), f"{tag}_{suffix}"
+
 
 # The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~70% of the bases)
 # is an order-6 Markov chain with a table of its own per isochore (20-300 kbp), additive in the six
@@ -86,7 +112,7 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     from genome_lm.utils import parse_size
 
     window = parse_size(r.window)
-    common = [*data, f"model.init={init}"]
+    common = [*data, f"model.init={init}", f"model.name={r.model}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
     short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
     per_step = _tokens_per_step(long)
@@ -116,14 +142,13 @@ def _strand_line(name: str, summary: dict) -> str:
             f"per-base Pearson r {g['pearson_r']:.3f}")
 
 
-def run(root: Path, quick: bool = False) -> dict:
+def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     from genome_lm.eval import format_table, write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth import make_params, write_synthetic_fasta
     from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
 
-    r = QUICK if quick else FULL
-    tag = "demo_quick" if quick else "demo"
+    r, tag = recipe(quick, overrides)
     fasta = root / "data" / "generated" / f"{tag}.fa.gz"
     shards = root / "shards" / tag
     runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}
@@ -148,7 +173,7 @@ def run(root: Path, quick: bool = False) -> dict:
     data = [f"data.shards={shards}"]
     summaries = {}
     log.info(f"[3/10] train the base model at short context -> {runs['base']}")
-    _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"])
+    _train(_experiment("demo_base.yaml", r.base_steps, [*data, f"model.name={r.model}"]), runs["base"])
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
     summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
@@ -197,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m genome_lm.demo", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smaller version of every step, for tests")
     ap.add_argument("--root", default=".", help="where data/, shards/, runs/, evals/, reports/ are written")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="change the recipe (repeatable): base_steps, finetune_steps, model (a preset), window, "
+                         "scale, eval_windows, context; outputs are then named demo_NAME-VALUE...")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
-        run(Path(args.root), quick=args.quick)
+        run(Path(args.root), quick=args.quick, overrides=args.set)
     except GenomeLMError as e:
         print(f"genome-lm demo: error: {e}", file=sys.stderr)
         return 2

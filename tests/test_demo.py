@@ -71,3 +71,21 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     # a rerun reuses every step
     assert main(["--quick", "--root", str(tmp_path)]) == 0
     assert "already complete" in capsys.readouterr().out
+
+
+def test_recipe_overrides_change_the_recipe_and_the_output_names():
+    from genome_lm.demo import FULL, QUICK, recipe
+
+    assert recipe() == (FULL, "demo") and recipe(quick=True) == (QUICK, "demo_quick")
+    r, tag = recipe(overrides=["finetune_steps=1000", "model=glm53-mini", "window=8k"])
+    assert (r.finetune_steps, r.model, r.window, r.base_steps) == (1000, "glm53-mini", "8k", FULL.base_steps)
+    assert tag == "demo_finetune_steps-1000_model-glm53-mini_window-8k"
+
+
+@pytest.mark.parametrize("item, message", [("steps=3", "NAME one of"), ("base_steps", "NAME=VALUE"),
+                                           ("base_steps=many", "base_steps takes a whole number")])
+def test_recipe_override_errors_name_the_field(item, message, capsys, tmp_path):
+    assert main(["--root", str(tmp_path), "--set", item]) == 2
+    err = capsys.readouterr().err
+    assert message in err and item in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing written
