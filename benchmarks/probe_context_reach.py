@@ -72,13 +72,6 @@ def kda_time_scale(c: float):
     return mock.patch.object(kda_layer, "chunk_kda", scaled)
 
 
-def model_config(checkpoint: Path) -> dict:
-    for p in (checkpoint / "model" / "config.json", checkpoint / "config.json"):
-        if p.exists():
-            return json.loads(p.read_text())
-    raise SystemExit(f"probe_context_reach: no config.json in {checkpoint} or {checkpoint}/model")
-
-
 def ablation(summary: dict) -> dict:
     ab = summary["context_ablation"]
     return {"overall_nll": summary["overall"]["mean_nll"],
@@ -101,10 +94,12 @@ def main() -> None:
 
     from genome_lm.config import load_experiment
     from genome_lm.eval import EvalConfig, evaluate
+    from genome_lm.genome.shards import load_manifest
     from genome_lm.train import train
+    from genome_lm.train.checkpoint import resolve_model_dir
 
-    topk = model_config(args.checkpoint).get("index_topk", 0)
-    window = json.loads((args.shards / "manifest.json").read_text())["parameters"]["seq_len"]
+    topk = json.loads((resolve_model_dir(args.checkpoint) / "config.json").read_text()).get("index_topk", 0)
+    window = load_manifest(args.shards)["parameters"]["seq_len"]
     if args.finetune_steps and not args.kda_time_scale:
         raise SystemExit("probe_context_reach: --finetune-steps fine-tunes the --kda-time-scale variants; give one")
     if args.attention_window and topk < window:

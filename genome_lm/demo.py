@@ -45,7 +45,6 @@ FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, eval_w
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2, context="256,1k")
 
 
-
 def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
     """QUICK or FULL with `overrides` ("NAME=VALUE", a Recipe field each) applied, and the tag that
     names its outputs: "demo" / "demo_quick", plus the overrides (`base_steps=6000` ->
@@ -112,7 +111,7 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     from genome_lm.utils import parse_size
 
     window = parse_size(r.window)
-    common = [*data, f"model.init={init}", f"model.name={r.model}"]
+    common = [*data, f"model.init={init}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
     short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
     per_step = _tokens_per_step(long)
@@ -170,10 +169,10 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
                                     min_len=r.window, reverse_complement=True, leakage_k=32)
     manifest = prepare(params, shards)
 
-    data = [f"data.shards={shards}"]
+    data = [f"data.shards={shards}", f"model.name={r.model}"]  # every experiment's
     summaries = {}
     log.info(f"[3/10] train the base model at short context -> {runs['base']}")
-    _train(_experiment("demo_base.yaml", r.base_steps, [*data, f"model.name={r.model}"]), runs["base"])
+    _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"])
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
     summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
