@@ -21,22 +21,27 @@ import logging
 import re
 import sys
 import time
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import apply_override, validate
 
 log = logging.getLogger("genome_lm.demo")
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
-@dataclass(frozen=True)
-class Recipe:
-    scale: float  # synthetic genome size multiplier (1.0 = 4 Mbp)
+class Recipe(BaseModel):
+    """What `make demo` runs; `--set NAME=VALUE` replaces a field (validated as a config file is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    scale: float = Field(gt=0)  # synthetic genome size multiplier (1.0 = 4 Mbp)
     window: str  # prepare --seq-len: the eval context and the long-context fine-tune's
-    base_steps: int
-    finetune_steps: int  # each fine-tune's; the short-context one takes window / 256 sequences per step
-    eval_windows: int
+    base_steps: int = Field(gt=0)
+    finetune_steps: int = Field(gt=0)  # each fine-tune's; the short-context one takes window / 256 sequences per step
+    eval_windows: int = Field(gt=0)
     context: str  # eval --context: the ablation's lengths L (targets: the last 1/8 of each window)
     model: str = "glm53-demo"  # the preset all three models are (experiments/demo_*.yaml's model.name)
 
@@ -50,21 +55,18 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
     names its outputs: "demo" / "demo_quick", plus the overrides (`base_steps=6000` ->
     "demo_base_steps-6000"), so that a changed recipe never reuses another recipe's outputs."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
-    kinds = {f.name: {"int": int, "float": float, "str": str}[f.type] for f in fields(Recipe)}
-    changed = {}
-    for item in overrides:
-        name, sep, value = item.partition("=")
-        if not sep or name not in kinds:
-            raise GenomeLMError(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
-        try:
-            changed[name] = kinds[name](value)
-        except ValueError:
-            what = "a whole number" if kinds[name] is int else "a number"
-            raise GenomeLMError(f"--set {item!r}: {name} takes {what}") from None
-    if not changed:
+    if not overrides:
         return r, tag
-    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(v))}" for k, v in changed.items())
-    return replace(r, **changed), f"{tag}_{suffix}"
+    raw, origin = r.model_dump(), {}
+    for item in overrides:
+        name, sep, _ = item.partition("=")
+        if not sep or "." in name:
+            names = ", ".join(Recipe.model_fields)
+            raise GenomeLMError(f"--set {item!r}: expected NAME=VALUE with NAME one of {names}")
+        origin[apply_override(raw, item)] = f"--set {item!r}"
+    r = validate(Recipe, raw, origin=origin, unknown="unknown recipe field")
+    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(getattr(r, k)))}" for k in origin)
+    return r, f"{tag}_{suffix}"
 
 
 # The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~70% of the bases)

@@ -82,8 +82,10 @@ def test_recipe_overrides_change_the_recipe_and_the_output_names():
     assert tag == "demo_finetune_steps-1000_model-glm53-mini_window-8k"
 
 
-@pytest.mark.parametrize("item, message", [("steps=3", "NAME one of"), ("base_steps", "NAME=VALUE"),
-                                           ("base_steps=many", "base_steps takes a whole number")])
+@pytest.mark.parametrize("item, message", [("steps=3", "unknown recipe field steps; did you mean base_steps?"),
+                                           ("base_steps", "NAME=VALUE"), ("train.steps=3", "NAME one of"),
+                                           ("base_steps=many", "expected an integer"),
+                                           ("eval_windows=0", "must be > 0")])
 def test_recipe_override_errors_name_the_field(item, message, capsys, tmp_path):
     assert main(["--root", str(tmp_path), "--set", item]) == 2
     err = capsys.readouterr().err
