@@ -18,14 +18,23 @@ did not within 1500. That is the `glm53-demo` preset:
     python benchmarks/probe_copy_learning.py --preset glm53-demo --seq-len 128 --steps 1500 --set
 
 `--save DIR` writes the trained model, which `model.init` takes (docs/model.md: a demo base started
-from a model taught to copy here).
+from a model taught to copy here). `--init DIR` starts from such a model instead of the preset, and
+`--score-seq-len T ...` then scores fresh copy batches of each length T (the copy T/2 tokens back)
+with full attention and with every DSA layer limited to its last W keys for each
+`--attention-window W` (as `probe_context_reach.py`): whether the copy is the attention's, and
+whether it holds at distances the model was not trained on.
+
+    python benchmarks/probe_copy_learning.py --init DIR --steps 0 --score-seq-len 128 512 2048 \
+        --attention-window 16 --set
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,6 +42,30 @@ import torch
 from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
 from genome_lm.model.weights import save_pretrained
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
+
+
+def score(model, lengths: list[int], windows: list[int], batch: int) -> list[dict]:
+    """Mean NLL of the copied half (after its first token) of `batch` fresh copy sequences of each
+    length T, with full attention and banded to each of `windows` keys; printed as a table."""
+    from probe_context_reach import banded_attention
+
+    torch.manual_seed(1)
+    rows = []
+    heads = ["full", *(f"last {w}" for w in windows)]
+    print(f"\n{'T':>6} {'copy distance':>14} " + " ".join(f"{a:>12}" for a in heads))
+    for T in lengths:
+        half = torch.randint(0, 4, (batch, T // 2))
+        x = torch.cat([half, half], dim=1)
+        nll = {}
+        for w in [0, *windows]:
+            with torch.no_grad(), banded_attention(w) if w else nullcontext():
+                out = model(x, labels=x, return_per_token_nll=True)
+            nll["full" if not w else f"last {w} keys"] = float(out.per_token_nll[:, T // 2 + 1:].mean())
+        rows.append({"seq_len": T, "copy_distance": T // 2, "copied_half_nll": nll})
+        print(f"{T:>6} {T // 2:>14} " + " ".join(f"{v:>12.4f}" for v in nll.values()))
+    return rows
 
 
 def main() -> None:
@@ -49,12 +82,17 @@ def main() -> None:
     ap.add_argument("--save", default=None, metavar="DIR",
                     help="also write the trained model there (a Hugging Face directory that `model.init` and "
                          "`genome-lm eval` take); pass `--set` with no values to keep the preset's dense DSA to 8k")
+    ap.add_argument("--init", default=None, metavar="DIR", help="start from this saved model, not --preset")
+    ap.add_argument("--score-seq-len", type=int, nargs="*", default=[], metavar="T",
+                    help="after training, score the copied half of 8 fresh copy sequences of each length T")
+    ap.add_argument("--attention-window", type=int, nargs="*", default=[], metavar="W",
+                    help="with --score-seq-len: also score with every DSA layer limited to its last W keys")
     args = ap.parse_args()
     overrides: dict = {}
     for assignment in args.set:  # values parsed as YAML, as `--set` of an experiment (lists too)
         apply_override(overrides, assignment)
     torch.manual_seed(0)
-    model = apply_long_context(build(args.preset, dtype="float32", **overrides))
+    model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     B, T = args.batch, args.seq_len
     rows, t0 = [], time.perf_counter()
@@ -71,8 +109,9 @@ def main() -> None:
             copied = float(out.per_token_nll.detach()[:, T // 2 + 1:].mean())
             rows.append({"step": step, "copied_half_nll": copied, "elapsed_s": time.perf_counter() - t0})
             print(f"{step:>6} {copied:>16.4f} {rows[-1]['elapsed_s']:>8.1f}", flush=True)
+    scores = score(model, args.score_seq_len, args.attention_window, B) if args.score_seq_len else []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "scores": scores}, indent=1))
     print(f"wrote {args.out}")
     if args.save:
         save_pretrained(model, args.save, overwrite=True)
