@@ -22,7 +22,9 @@ from a model taught to copy here). `--init DIR` starts from such a model instead
 `--score-seq-len T ...` then scores fresh copy batches of each length T (the copy T/2 tokens back)
 with full attention and with every DSA layer limited to its last W keys for each
 `--attention-window W` (as `probe_context_reach.py`): whether the copy is the attention's, and
-whether it holds at distances the model was not trained on.
+whether it holds at distances the model was not trained on. The first half's copy is always
+exactly T/2 back, which an attention can find by position; `--random-offset` copies T/4 bases from
+a uniformly random earlier start instead, which only a content match (an induction head) finds.
 
     python benchmarks/probe_copy_learning.py --init DIR --steps 0 --score-seq-len 128 512 2048 \
         --attention-window 16 --set
@@ -46,7 +48,26 @@ from genome_lm.model.weights import save_pretrained
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
 
 
-def score(model, lengths: list[int], windows: list[int], batch: int) -> list[dict]:
+def copy_batch(batch: int, T: int, random_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 [batch, T] random bases with a copy in each row, and bool [batch, T]: the copied bases
+    after the copy's first. Fixed: the second half copies the first (T/2 back). Random offset: a
+    stretch of T/4 bases is copied from a uniform earlier start, so only a content match finds it."""
+    if not random_offset:
+        half = torch.randint(0, 4, (batch, T // 2))
+        mask = torch.zeros(batch, T, dtype=torch.bool)
+        mask[:, T // 2 + 1:] = True
+        return torch.cat([half, half], dim=1), mask
+    x, m = torch.randint(0, 4, (batch, T)), T // 4
+    mask = torch.zeros(batch, T, dtype=torch.bool)
+    for b in range(batch):
+        dst = int(torch.randint(m, T - m + 1, ()))
+        src = int(torch.randint(0, dst - m + 1, ()))
+        x[b, dst:dst + m] = x[b, src:src + m]
+        mask[b, dst + 1:dst + m] = True
+    return x, mask
+
+
+def score(model, lengths: list[int], windows: list[int], batch: int, random_offset: bool = False) -> list[dict]:
     """Mean NLL of the copied half (after its first token) of `batch` fresh copy sequences of each
     length T, with full attention and banded to each of `windows` keys; printed as a table."""
     from probe_context_reach import banded_attention
@@ -56,15 +77,15 @@ def score(model, lengths: list[int], windows: list[int], batch: int) -> list[dic
     heads = ["full", *(f"last {w}" for w in windows)]
     print(f"\n{'T':>6} {'copy distance':>14} " + " ".join(f"{a:>12}" for a in heads))
     for T in lengths:
-        half = torch.randint(0, 4, (batch, T // 2))
-        x = torch.cat([half, half], dim=1)
+        x, mask = copy_batch(batch, T, random_offset)
         nll = {}
         for w in [0, *windows]:
             with torch.no_grad(), banded_attention(w) if w else nullcontext():
                 out = model(x, labels=x, return_per_token_nll=True)
-            nll["full" if not w else f"last {w} keys"] = float(out.per_token_nll[:, T // 2 + 1:].mean())
-        rows.append({"seq_len": T, "copy_distance": T // 2, "copied_half_nll": nll})
-        print(f"{T:>6} {T // 2:>14} " + " ".join(f"{v:>12.4f}" for v in nll.values()))
+            nll["full" if not w else f"last {w} keys"] = float(out.per_token_nll[mask].mean())
+        distance = f"{T // 4}-{T - T // 4}" if random_offset else str(T // 2)
+        rows.append({"seq_len": T, "copy_distance": distance, "copied_nll": nll})
+        print(f"{T:>6} {distance:>14} " + " ".join(f"{v:>12.4f}" for v in nll.values()))
     return rows
 
 
@@ -87,6 +108,8 @@ def main() -> None:
                     help="after training, score the copied half of 8 fresh copy sequences of each length T")
     ap.add_argument("--attention-window", type=int, nargs="*", default=[], metavar="W",
                     help="with --score-seq-len: also score with every DSA layer limited to its last W keys")
+    ap.add_argument("--random-offset", action="store_true",
+                    help="copy T/4 bases from a random earlier start instead of the first half (a content match)")
     args = ap.parse_args()
     overrides: dict = {}
     for assignment in args.set:  # values parsed as YAML, as `--set` of an experiment (lists too)
@@ -96,20 +119,20 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     B, T = args.batch, args.seq_len
     rows, t0 = [], time.perf_counter()
-    print(f"{'step':>6} {'copied-half nll':>16} {'s':>8}")
+    print(f"{'step':>6} {'copied nll':>16} {'s':>8}")
     for step in range(args.steps):
-        half = torch.randint(0, 4, (B, T // 2))
-        x = torch.cat([half, half], dim=1)
+        x, mask = copy_batch(B, T, args.random_offset)
         out = model(x, labels=x, return_per_token_nll=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % args.every == 0 or step == args.steps - 1:
-            copied = float(out.per_token_nll.detach()[:, T // 2 + 1:].mean())
+            copied = float(out.per_token_nll.detach()[mask].mean())
             rows.append({"step": step, "copied_half_nll": copied, "elapsed_s": time.perf_counter() - t0})
             print(f"{step:>6} {copied:>16.4f} {rows[-1]['elapsed_s']:>8.1f}", flush=True)
-    scores = score(model, args.score_seq_len, args.attention_window, B) if args.score_seq_len else []
+    scores = score(model, args.score_seq_len, args.attention_window, B, args.random_offset) \
+        if args.score_seq_len else []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "scores": scores}, indent=1))
     print(f"wrote {args.out}")
