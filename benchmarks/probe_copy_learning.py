@@ -68,8 +68,8 @@ def copy_batch(batch: int, T: int, random_offset: bool) -> tuple[torch.Tensor, t
 
 
 def score(model, lengths: list[int], windows: list[int], batch: int, random_offset: bool = False) -> list[dict]:
-    """Mean NLL of the copied half (after its first token) of `batch` fresh copy sequences of each
-    length T, with full attention and banded to each of `windows` keys; printed as a table."""
+    """Mean NLL of the copied bases (after the copy's first; `copy_batch`) of `batch` fresh copy
+    sequences of each length T, with full attention and banded to each of `windows` keys; printed."""
     from probe_context_reach import banded_attention
 
     torch.manual_seed(1)
@@ -79,10 +79,10 @@ def score(model, lengths: list[int], windows: list[int], batch: int, random_offs
     for T in lengths:
         x, mask = copy_batch(batch, T, random_offset)
         nll = {}
-        for w in [0, *windows]:
+        for head, w in zip(heads, [0, *windows]):
             with torch.no_grad(), banded_attention(w) if w else nullcontext():
                 out = model(x, labels=x, return_per_token_nll=True)
-            nll["full" if not w else f"last {w} keys"] = float(out.per_token_nll[mask].mean())
+            nll[head] = float(out.per_token_nll[mask].mean())
         distance = f"{T // 4}-{T - T // 4}" if random_offset else str(T // 2)
         rows.append({"seq_len": T, "copy_distance": distance, "copied_nll": nll})
         print(f"{T:>6} {distance:>14} " + " ".join(f"{v:>12.4f}" for v in nll.values()))
