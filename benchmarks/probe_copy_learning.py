@@ -28,6 +28,11 @@ a uniformly random earlier start instead, which only a content match (an inducti
 
     python benchmarks/probe_copy_learning.py --init DIR --steps 0 --score-seq-len 128 512 2048 \
         --attention-window 16 --set
+
+`--preset reference` trains a plain 2-layer NoPE transformer instead (`ReferenceCopyModel`: d 64,
+4 heads, a width-8 depthwise causal convolution added to the embeddings), the yardstick for what
+this task takes at this size: with `--random-offset --seq-len 128 --lr 1e-3` it leaves ln 4 at
+~2,100 steps (docs/model.md, "Why the attention learns no induction").
 """
 
 from __future__ import annotations
@@ -38,14 +43,48 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
 from genome_lm.model.weights import save_pretrained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
+
+
+class ReferenceCopyModel(nn.Module):
+    """A plain 2-layer NoPE transformer over 4 letters (d 64, 4 heads, GELU MLPs, pre-norm) whose
+    embeddings get a width-8 depthwise causal convolution added: the previous bases sit in the
+    residual stream from the start. Called like the genome_lm model: per_token_nll [B, T] is
+    -log p(x[t] | x[:t]) (0 at t = 0), loss its mean over t >= 1."""
+
+    def __init__(self, d: int = 64, heads: int = 4, conv: int = 8, layers: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(4, d)
+        self.conv = nn.Conv1d(d, d, conv, groups=d, padding=conv - 1)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            norm1=nn.LayerNorm(d), qkv=nn.Linear(d, 3 * d), out=nn.Linear(d, d), norm2=nn.LayerNorm(d),
+            mlp=nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)))) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor, return_per_token_nll: bool = True):
+        B, T = x.shape
+        h = self.embed(x)
+        h = h + F.silu(self.conv(h.transpose(1, 2))[..., :T].transpose(1, 2))
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["norm1"](h)).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + blk["out"](attn.transpose(1, 2).reshape(B, T, -1))
+            h = h + blk["mlp"](blk["norm2"](h))
+        logits = self.head(self.norm(h))[:, :-1]
+        nll = F.cross_entropy(logits.reshape(-1, 4), labels[:, 1:].reshape(-1), reduction="none").view(B, T - 1)
+        return SimpleNamespace(loss=nll.mean(), per_token_nll=F.pad(nll, (1, 0)))
 
 
 def copy_batch(batch: int, T: int, random_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +130,7 @@ def score(model, lengths: list[int], windows: list[int], batch: int, random_offs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="glm53-tiny")
+    ap.add_argument("--preset", default="glm53-tiny", help="a model preset, or `reference` (ReferenceCopyModel)")
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--batch", type=int, default=8)
@@ -115,7 +154,13 @@ def main() -> None:
     for assignment in args.set:  # values parsed as YAML, as `--set` of an experiment (lists too)
         apply_override(overrides, assignment)
     torch.manual_seed(0)
-    model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides))
+    reference = args.preset == "reference" and not args.init
+    if reference and (args.save or args.attention_window or args.set != ap.get_default("set")):
+        ap.error("--preset reference takes no --save, --attention-window or --set (it is no genome_lm model)")
+    if reference:
+        model = ReferenceCopyModel()
+    else:
+        model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     B, T = args.batch, args.seq_len
     rows, t0 = [], time.perf_counter()
