@@ -13,6 +13,17 @@ import time
 from pathlib import Path
 
 
+def load_benchmark(name: str):
+    """The module benchmarks/NAME.py (benchmarks are scripts, not a package), imported by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def assert_close(name: str, got, ref, tol: float, *, floor: float | None = 1.0) -> float:
     """Assert max |got - ref| <= tol * max(floor, max |ref|) and return the error relative to that scale.
 

@@ -1,21 +1,16 @@
 """`benchmarks/gpu_check.py --device cpu`: the prepared GPU check runs every check at tiny sizes on
 CPU, so it cannot rot between the sessions that have a GPU to run it on."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    return gpu_check
+    return load_benchmark("gpu_check")
 
 
 def test_gpu_check_runs_on_cpu(tmp_path):

@@ -1,23 +1,16 @@
 """`benchmarks/probe_context_reach.py`'s two patches: the banded attention is softmax over the last W
 keys, and the KDA time scale at 1 is the model as it is (so its numbers measure the variant)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import assert_close
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import assert_close, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("probe_context_reach", ROOT / "benchmarks" / "probe_context_reach.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("probe_context_reach")
 
 
 def _nll(model, x):

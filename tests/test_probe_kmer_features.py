@@ -1,21 +1,16 @@
 """`benchmarks/probe_kmer_features.py`: its linear read-out finds a base where the residual stream
 holds it and only there (so its table says what a layer carries, not what the probe invents)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("probe_kmer_features", ROOT / "benchmarks" / "probe_kmer_features.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("probe_kmer_features")
 
 
 def test_read_out_finds_a_base_exactly_where_the_features_hold_it(probe):
