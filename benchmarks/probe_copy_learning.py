@@ -155,7 +155,7 @@ def main() -> None:
         apply_override(overrides, assignment)
     torch.manual_seed(0)
     reference = args.preset == "reference" and not args.init
-    if reference and (args.save or args.attention_window or args.set != ap.get_default("set")):
+    if reference and (args.save or args.attention_window or args.set not in ([], ap.get_default("set"))):
         ap.error("--preset reference takes no --save, --attention-window or --set (it is no genome_lm model)")
     if reference:
         model = ReferenceCopyModel()
