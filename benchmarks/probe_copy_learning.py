@@ -31,8 +31,7 @@ a uniformly random earlier start instead, which only a content match (an inducti
 
 `--preset reference` trains a plain 2-layer NoPE transformer instead (`ReferenceCopyModel`: d 64,
 4 heads, a width-8 depthwise causal convolution added to the embeddings), the yardstick for what
-this task takes at this size: with `--random-offset --seq-len 128 --lr 1e-3` it leaves ln 4 at
-~2,100 steps (docs/model.md, "Why the attention learns no induction").
+this task takes at this size (its runs: docs/model.md, "Why the attention learns no induction").
 """
 
 from __future__ import annotations

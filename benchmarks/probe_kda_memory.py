@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from genome_lm.genome import load_shards  # noqa: E402
 from genome_lm.model import build  # noqa: E402
+from genome_lm.train.checkpoint import resolve_model_dir  # noqa: E402
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
 def probe(checkpoint: Path, tokens: np.ndarray) -> dict:
-    source = checkpoint / "model" if (checkpoint / "model" / "config.json").is_file() else checkpoint
-    model = build(str(source), dtype="float32").eval()
+    model = build(str(resolve_model_dir(checkpoint)), dtype="float32").eval()
     seen: dict[str, dict] = {}
     hooks = []
     for name, module in model.named_modules():

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from genome_lm.model import apply_long_context, build  # noqa: E402
+from genome_lm.model.presets import is_preset  # noqa: E402
+from genome_lm.train.checkpoint import resolve_model_dir  # noqa: E402
 
 BATCH, SEQ, SKIP = 32, 128, 16  # random sequences, their length, and the first positions left out
 
@@ -71,10 +73,9 @@ def probe_accuracy(features: torch.Tensor, x: torch.Tensor, offset: int) -> floa
 
 
 def probe(checkpoint: str, offsets: int) -> dict[str, list[float]]:
-    path = Path(checkpoint)
-    source = path / "model" if (path / "model" / "config.json").is_file() else checkpoint
+    source = checkpoint if is_preset(checkpoint) else str(resolve_model_dir(checkpoint))
     torch.manual_seed(0)
-    model = apply_long_context(build(str(source), dtype="float32")).eval()
+    model = apply_long_context(build(source, dtype="float32")).eval()
     x = torch.randint(0, 4, (BATCH, SEQ))
     return {name: [probe_accuracy(h, x, i) for i in range(offsets)] for name, h in residual_streams(model, x)}
 

@@ -1,7 +1,6 @@
 """`benchmarks/probe_context_reach.py`'s two patches: the banded attention is softmax over the last W
 keys, and the KDA time scale at 1 is the model as it is (so its numbers measure the variant)."""
 
-
 import pytest
 import torch
 

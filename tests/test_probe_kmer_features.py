@@ -1,7 +1,6 @@
 """`benchmarks/probe_kmer_features.py`: its linear read-out finds a base where the residual stream
 holds it and only there (so its table says what a layer carries, not what the probe invents)."""
 
-
 import pytest
 import torch
 
