@@ -17,6 +17,10 @@ shortest L to the longest with its window-bootstrap 95% CI, as summary.json's `s
     python benchmarks/probe_context_reach.py CHECKPOINT SHARDS [--attention-window 256 1024]
         [--kda-time-scale 8] [--finetune-steps 100] [--out FILE.json]
 
+`probe_copy_learning.py --position-test` also uses `banded_attention(W, restart=True)` (each
+query sees only its own W-block's keys) and `kda_restart(W)` (every KDA layer starts afresh at each
+W-block).
+
 Both variants patch one function for the duration of their run (`unittest.mock.patch`); nothing
 is written into the checkpoint. Evaluations and fine-tunes go under `--work` (a temporary folder
 by default).
@@ -40,23 +44,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import genome_lm.model.ops.dsa.chunk as dsa_chunk  # noqa: E402
 import genome_lm.model.ops.kda.layer as kda_layer  # noqa: E402
 from genome_lm.model.ops.kda.gate import kda_gate  # noqa: E402
+from genome_lm.model.ops.kda.layer import LongKDA  # noqa: E402
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 
 
-def banded_attention(window: int):
-    """`dense_latent_attention` with each query seeing its last `window` keys (itself included)."""
+def banded_attention(window: int, restart: bool = False):
+    """`dense_latent_attention` with each query seeing its last `window` keys (itself included), or
+    with `restart`, only the keys of its own block of `window` tokens (blocks start at 0, W, 2W ...)."""
 
     def attend(q: torch.Tensor, kv: torch.Tensor, scale: float) -> torch.Tensor:
         B, T, H, R = q.shape
         k = dsa_chunk._acc(kv)[:, None].expand(B, H, T, R)
         i = torch.arange(T, device=q.device)
         lag = i[:, None] - i[None, :]
-        mask = (lag >= 0) & (lag < window)  # [T, T]
+        same = (i[:, None] // window) == (i[None, :] // window) if restart else lag < window
+        mask = (lag >= 0) & same  # [T, T]
         o = F.scaled_dot_product_attention(dsa_chunk._acc(q).transpose(1, 2), k, k, attn_mask=mask, scale=scale)
         return o.transpose(1, 2).to(q.dtype)
 
     return mock.patch.object(dsa_chunk, "dense_latent_attention", attend)
+
+
+def kda_restart(window: int):
+    """Every KDA layer run on each block of `window` tokens on its own (blocks start at 0, W, 2W ...):
+    its short convolution and its recurrent state start from zero at every block, as at the start of
+    a sequence. The training path only (no cache); T must be a multiple of `window`."""
+    forward = LongKDA.forward
+
+    def blocked(self, hidden_states, *args, attention_mask=None, **kwargs):
+        B, T, D = hidden_states.shape
+        if T % window:
+            raise ValueError(f"kda_restart({window}): {T} tokens are not a whole number of blocks")
+        if attention_mask is not None:
+            attention_mask = attention_mask.reshape(B * T // window, window)
+        out = forward(self, hidden_states.reshape(B * T // window, window, D), *args,
+                      attention_mask=attention_mask, **kwargs)
+        return out.reshape(B, T, -1)
+
+    return mock.patch.object(LongKDA, "forward", blocked)
 
 
 def kda_time_scale(c: float):

@@ -29,6 +29,9 @@ a uniformly random earlier start instead, which only a content match (an inducti
     python benchmarks/probe_copy_learning.py --init DIR --steps 0 --score-seq-len 128 512 2048 \
         --attention-window 16 --set
 
+`--position-test SEQS` then asks where such a copy stops working: a copy late in sequences of twice
+`--seq-len`, with the KDA state and the attention restarting at `--seq-len` or not (`position_test`).
+
 `--preset reference` trains a plain 2-layer NoPE transformer instead (`ReferenceCopyModel`: d 64,
 4 heads, a width-8 depthwise causal convolution added to the embeddings), the yardstick for what
 this task takes at this size (its runs: docs/model.md, "Why the attention learns no induction").
@@ -40,7 +43,7 @@ import argparse
 import json
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,6 +130,48 @@ def score(model, lengths: list[int], windows: list[int], batch: int, random_offs
     return rows
 
 
+def position_test(model, W: int, batch: int) -> dict:
+    """Does a copy learnt in sequences of W tokens work later in a longer one, and what must restart
+    for it to? `batch` random sequences of 2W bases, each with W/4 bases copied from 3W/8 back ending
+    at 2W - 5 (inside the second W tokens); mean NLL of the copied bases after the copy's fourth, with
+    the model as it is and with parts of it restarting at token W (`probe_context_reach`'s patches).
+    "fresh" scores the second W tokens alone; "KDA and attention restart" must equal it exactly on
+    all of them but the first (whose prediction comes from token W - 1): nothing else carries the
+    first W tokens forward, which `max_abs_diff` checks. Printed."""
+    from probe_context_reach import banded_attention, kda_restart
+
+    torch.manual_seed(2)
+    T, m, d = 2 * W, W // 4, 3 * W // 8
+    x, mask = torch.randint(0, 4, (batch, T)), torch.zeros(batch, T, dtype=torch.bool)
+    dst = T - 5 - m + 1
+    x[:, dst:dst + m] = x[:, dst - d:dst - d + m]
+    mask[:, dst + 4:dst + m] = True
+    variants = {
+        f"fresh: the last {W} tokens alone": (x[:, W:], ()),
+        f"{T} tokens as they are": (x, ()),
+        f"KDA restarts at {W}": (x, (kda_restart(W),)),
+        f"attention restarts at {W}": (x, (banded_attention(W, restart=True),)),
+        f"KDA and attention restart at {W}": (x, (kda_restart(W), banded_attention(W, restart=True))),
+        f"attention to the last {W} keys": (x, (banded_attention(W),)),
+        f"KDA restarts, attention to the last {W} keys": (x, (kda_restart(W), banded_attention(W))),
+    }
+    rows, per_token = [], {}
+    print(f"\nposition test: {batch} sequences, {m} bases copied from {d} back, ending at {T - 5} of {T}")
+    for name, (inp, patches) in variants.items():
+        with torch.no_grad(), ExitStack() as stack:
+            for patch in patches:
+                stack.enter_context(patch)
+            nll = model(inp, labels=inp, return_per_token_nll=True).per_token_nll
+        per_token[name] = nll[:, -W:]
+        rows.append({"variant": name, "copied_nll": float(nll[:, -W:][mask[:, W:]].mean())})
+        print(f"  {name:<52} {rows[-1]['copied_nll']:.4f}")
+    fresh, both = list(per_token)[0], list(per_token)[4]
+    diff = float((per_token[both] - per_token[fresh])[:, 1:].abs().max())
+    print(f"  max |restart - fresh| over tokens W+1 ... 2W-1: {diff:.2e}")
+    return {"window": W, "sequences": batch, "copy_length": m, "copy_distance": d, "rows": rows,
+            "max_abs_diff": diff}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="glm53-tiny", help="a model preset, or `reference` (ReferenceCopyModel)")
@@ -146,6 +191,9 @@ def main() -> None:
                     help="after training, score the copied half of 8 fresh copy sequences of each length T")
     ap.add_argument("--attention-window", type=int, nargs="*", default=[], metavar="W",
                     help="with --score-seq-len: also score with every DSA layer limited to its last W keys")
+    ap.add_argument("--position-test", type=int, default=0, metavar="SEQS",
+                    help="after training, score a copy late in SEQS sequences of 2 x --seq-len bases, with the "
+                         "KDA state and the attention restarting at --seq-len or not (`position_test`)")
     ap.add_argument("--random-offset", action="store_true",
                     help="copy T/4 bases from a random earlier start instead of the first half (a content match)")
     args = ap.parse_args()
@@ -154,8 +202,10 @@ def main() -> None:
         apply_override(overrides, assignment)
     torch.manual_seed(0)
     reference = args.preset == "reference" and not args.init
-    if reference and (args.save or args.attention_window or args.set not in ([], ap.get_default("set"))):
-        ap.error("--preset reference takes no --save, --attention-window or --set (it is no genome_lm model)")
+    if reference and (args.save or args.attention_window or args.position_test
+                      or args.set not in ([], ap.get_default("set"))):
+        ap.error("--preset reference takes no --save, --attention-window, --position-test or --set "
+                 "(it is no genome_lm model)")
     if reference:
         model = ReferenceCopyModel()
     else:
@@ -177,8 +227,10 @@ def main() -> None:
             print(f"{step:>6} {copied:>16.4f} {rows[-1]['elapsed_s']:>8.1f}", flush=True)
     scores = score(model, args.score_seq_len, args.attention_window, B, args.random_offset) \
         if args.score_seq_len else []
+    position = position_test(model.eval(), T, args.position_test) if args.position_test else None
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "scores": scores}, indent=1))
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows, "scores": scores,
+                                          "position_test": position}, indent=1))
     print(f"wrote {args.out}")
     if args.save:
         save_pretrained(model, args.save, overwrite=True)
