@@ -77,18 +77,21 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
     """Percentile bootstrap CI over windows: `statistic(**sums)` maps the sums over the drawn windows of
     each `per_window` array [W, M] (each sum [r, M]) to the statistic [r, S]. Returns (low [S], high [S]),
-    NaN where the statistic is undefined in most replicates."""
+    NaN where the statistic is undefined in most replicates, and where fewer than two windows define it
+    on their own (one window, or a bucket that only one window reaches): resampling one window has no
+    spread to show, and a zero-width interval would claim a precision the data do not have."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
     W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
     reps, rng, p = [], np.random.default_rng(seed), np.full(W, 1.0 / W)
     with np.errstate(divide="ignore", invalid="ignore"):
+        defined_by = np.isfinite(statistic(**arrays)).sum(axis=0)  # [S]: windows whose own statistic is finite
         for start in range(0, resamples, _BLOCK):  # weights [r, W]: how often each window is drawn
             w = rng.multinomial(W, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
             reps.append(statistic(**{k: w @ v for k, v in arrays.items()}))
     reps = np.concatenate(reps)  # [R, S]
     alpha = (1.0 - level) / 2
     low, high = np.full(reps.shape[1], np.nan), np.full(reps.shape[1], np.nan)
-    ok = np.isfinite(reps).mean(axis=0) >= 0.5
+    ok = (np.isfinite(reps).mean(axis=0) >= 0.5) & (defined_by >= 2)
     if ok.any():
         low[ok], high[ok] = np.nanquantile(reps[:, ok], [alpha, 1 - alpha], axis=0)
     return low, high

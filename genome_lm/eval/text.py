@@ -35,8 +35,9 @@ def format_summary(summary: dict, out: str | None = None) -> str:
     o = summary["overall"]
     head = f"{out}: " if out else ""
     lines = [f"{head}{o['n_tokens']:,} tokens, mean NLL {_num(o['mean_nll'], '.4f')} nats/token = "
-             f"{_num(o['bits_per_base'], '.4f')} bits/base (95% CI {_num(o['ci_low'], '.4f')}-"
-             f"{_num(o['ci_high'], '.4f')} nats)"]
+             f"{_num(o['bits_per_base'], '.4f')} bits/base ("
+             + ("no 95% CI: it needs at least 2 windows" if o["ci_low"] is None or o["ci_high"] is None
+                else f"95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats") + ")"]
     rows = strata_rows(summary)
     if rows:
         lines.append(f"{'':>22} {'tokens':>12} {'windows':>7} {'nats':>8} {'bits/base':>9} {'95% CI (nats)':>17}")

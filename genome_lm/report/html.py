@@ -20,7 +20,7 @@ from pathlib import Path
 from genome_lm.errors import GenomeLMError
 from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import CompareResult, EvalResult, implied_compares, load_dirs, load_eval, load_run
-from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading
+from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text
 from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ def headline(compares: list[CompareResult], gain: ContextGain | None = None) -> 
         o = cmp.result["overall"]
         if o["rel_change_pct"] is None:
             continue
-        text = (f"{cmp.label}: {o['rel_change_pct']:+.2f}% held-out loss (95% CI {o['rel_ci_low']:+.2f} to "
-                f"{o['rel_ci_high']:+.2f}%) over {o['n_tokens']:,} tokens")
+        text = (f"{cmp.label}: {o['rel_change_pct']:+.2f}% held-out loss (95% CI {rel_ci_text(o)}) "
+                f"over {o['n_tokens']:,} tokens")
         best = cmp.result["concentration"]["largest_relative_gain"]
         if best:
             text += (f"; largest relative change at context [{best['lo']:,}, {best['hi']:,}) tokens: "

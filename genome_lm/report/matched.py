@@ -137,7 +137,7 @@ def _pct(o: dict, key: str = "rel_change_pct") -> str:
     return "n/a" if o.get(key) is None else f"{o[key]:+.2f}%"
 
 
-def _ci(o: dict) -> str:
+def rel_ci_text(o: dict) -> str:
     lo, hi = o.get("rel_ci_low"), o.get("rel_ci_high")
     return "n/a" if lo is None or hi is None else f"{lo:+.2f} to {hi:+.2f}%"
 
@@ -145,9 +145,9 @@ def _ci(o: dict) -> str:
 def reading(gain: ContextGain) -> str:
     """One sentence: the long- and short-context fine-tunes against the base, and their difference."""
     lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
-    text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {_ci(lb)}) and fine-tuning "
-            f"on as many tokens at the base's context by {_pct(sb)} ({_ci(sb)}), so the gain attributable to "
-            f"context, long vs short, is {_pct(ls)} ({_ci(ls)})")
+    text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
+            f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
+            f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})")
     lo, hi = ls.get("rel_ci_low"), ls.get("rel_ci_high")
     if hi is not None and hi < 0:
         return text + ", its CI clear of zero."

@@ -75,9 +75,16 @@ def test_summarize_by_hand():
     assert s["repeat"]["unmasked"]["overall"]["mean_nll"] == pytest.approx(1.0)  # token 0 of w2 is not scored
 
 
-def test_bootstrap_one_window_is_degenerate():
-    low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": np.array([[6.0]]), "n": np.array([[3.0]])})
-    assert low.tolist() == high.tolist() == [2.0]
+def test_bootstrap_gives_no_ci_to_what_one_window_defines():
+    """One window, or a column that only one window reaches, resamples to a single value: no CI
+    (NaN), not a zero-width one. Two windows give the spread between them."""
+    stat = lambda s, n: ratio(s, n)  # noqa: E731
+    low, high = bootstrap_ci(stat, {"s": np.array([[6.0]]), "n": np.array([[3.0]])})
+    assert np.isnan(low).all() and np.isnan(high).all()
+    s, n = np.array([[6.0, 5.0], [2.0, 0.0], [4.0, 0.0]]), np.array([[3.0, 5.0], [2.0, 0.0], [2.0, 0.0]])
+    low, high = bootstrap_ci(stat, {"s": s, "n": n}, resamples=500)
+    assert (low[0], high[0]) == (pytest.approx(1.0), pytest.approx(2.0))  # window means 2, 1, 2
+    assert np.isnan(low[1]) and np.isnan(high[1])  # only window 0 has tokens in column 1
 
 
 def test_bootstrap_ci_covers_true_mean_at_nominal_rate():

@@ -45,3 +45,24 @@ def test_report_page_has_a_section_per_question(strata_evaluated, tmp_path):
                   "Is the held-out chromosome really held out?"):
         assert title in page
     assert page.count("data:image/png;base64,") >= 5
+
+
+def test_one_window_has_no_ci_and_every_section_still_renders(eval_inputs, strata_inputs, tmp_path):
+    """One eval window gives a window bootstrap nothing to resample: the summaries carry no CI (None),
+    the text says so, and the report and its plots render without them."""
+    from genome_lm.eval import EvalConfig, evaluate, write_compare
+    from genome_lm.eval.text import format_summary
+    from genome_lm.report import write_report
+    from tests.eval.data import ABLATION
+
+    flags = {"annotate": [str(strata_inputs.segdups_bed)], "context": ABLATION, "strands": "both"}
+    for i, ckpt in enumerate((eval_inputs.ckpt0, eval_inputs.ckpt1)):
+        evaluate(EvalConfig(checkpoint=str(ckpt), shards=str(strata_inputs.shards), out=str(tmp_path / f"e{i}"),
+                            max_windows=1, resamples=100, **flags), show_progress=False)
+    write_compare(tmp_path / "e0", tmp_path / "e1", tmp_path / "cmp", resamples=100)
+    summary = load_eval(tmp_path / "e0").summary
+    assert summary["overall"]["ci_low"] is None and summary["overall"]["mean_nll"] is not None
+    assert all(r["ci_low"] is None for r in summary["context_ablation"]["by_length"])
+    assert "no 95% CI: it needs at least 2 windows" in format_summary(summary)
+    page = write_report([tmp_path / "e0", tmp_path / "e1", tmp_path / "cmp"], out=tmp_path / "r.html").read_text()
+    assert "Does it hold on the other strand?" in page and "n/a" in page
