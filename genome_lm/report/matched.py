@@ -149,9 +149,11 @@ def reading(gain: ContextGain) -> str:
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
             f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})")
     lo, hi = ls.get("rel_ci_low"), ls.get("rel_ci_high")
-    if hi is not None and hi < 0:
+    if lo is None or hi is None:
+        return text + ": no CI, which needs at least 2 eval windows."
+    if hi < 0:
         return text + ", its CI clear of zero."
-    if lo is not None and lo > 0:
+    if lo > 0:
         return text + ": the long-context model is worse, its CI clear of zero."
     return text + ": its CI includes zero, so these windows cannot tell it from no effect."
 
@@ -195,10 +197,13 @@ def _step(d: dict | None) -> str:
     return f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
 
 
-def _clear_of_zero(d: dict) -> str:
-    if d["ci_high"] < 0:
+def change_in_words(lo, hi) -> str:
+    """A paired change's CI [lo, hi] (None: none) in words: which way the loss goes, if the CI says."""
+    if lo is None or hi is None:
+        return "no CI"
+    if hi < 0:
         return "falls, CI clear of zero"
-    if d["ci_low"] > 0:
+    if lo > 0:
         return "rises, CI clear of zero"
     return "CI includes zero"
 
@@ -227,6 +232,7 @@ def format_ablation(gain: ContextGain) -> str | None:
     if all(spans.values()):
         s = spans["base"]
         text = f"From L = {s['from']:,} to {s['to']:,}: " + "; ".join(
-            f"{ROLES[r]} {_step(spans[r])} bits/base ({_clear_of_zero(spans[r])})" for r in ROLES) + "."
+            f"{ROLES[r]} {_step(d)} bits/base ({change_in_words(d['ci_low'], d['ci_high'])})"
+            for r, d in spans.items()) + "."
         lines += textwrap.wrap(text, width=110, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 
 from genome_lm.eval.stats import LN2
 from genome_lm.report.data import EvalResult
+from genome_lm.report.matched import change_in_words
 from genome_lm.report.plots import COLORS, _context_axis, _tokens
 from genome_lm.report.tables import _num, _table
 
@@ -30,13 +31,6 @@ def _bits(x):
 
 def _ci(lo, hi) -> str:
     return f"[{_num(_bits(lo), '{:+.4f}')}, {_num(_bits(hi), '{:+.4f}')}]"
-
-
-def _clear(lo, hi) -> str:
-    """Whether a CI excludes zero, in words."""
-    if lo is None or hi is None:
-        return "no CI"
-    return "CI clear of zero" if lo > 0 or hi < 0 else "CI includes zero"
 
 
 def _bits_ci(entries: list[dict], key: str = "mean_nll") -> tuple[np.ndarray, list[np.ndarray]]:
@@ -123,7 +117,7 @@ def context_ablation_reading(evals: list[EvalResult]) -> str | None:
         d = ab.get("span") or ab["paired_differences"][0]
         parts.append(f"{ev.label}: {_tokens(d['from'])} → {_tokens(d['to'])} changes the loss of the same "
                      f"{d['tokens']:,} tokens by {_num(_bits(d['mean_delta']), '{:+.4f}')} bits/base "
-                     f"{_ci(d['ci_low'], d['ci_high'])} ({_clear(d['ci_low'], d['ci_high'])})")
+                     f"{_ci(d['ci_low'], d['ci_high'])} ({change_in_words(d['ci_low'], d['ci_high'])})")
     n = evals[0].summary["context_ablation"]
     return (f"On {n['target_tokens']:,} target tokens in {n['n_windows']} windows, a model that reads distant "
             "sequence gets better as L grows; position in the window plays no part here. " + "; ".join(parts) + ".")

@@ -117,3 +117,22 @@ def test_cli_report_of_three_evals(matched, tmp_path, capsys):
     out = tmp_path / "report.html"
     assert main(["report", str(matched.base), str(matched.short), str(matched.long), "--out", str(out)]) == 0
     assert SECTION in out.read_text()
+
+
+def test_one_window_evals_print_no_ci_rather_than_fail(matched, eval_inputs, tmp_path):
+    """The three models scored on one window: every CI is None, and the three-way table, its reading
+    and the ablation table say "no CI" instead of failing on it or calling a change clear of zero."""
+    from genome_lm.eval import EvalConfig, evaluate
+
+    one = {}
+    for role in ("base", "short", "long"):
+        one[role] = tmp_path / role
+        evaluate(EvalConfig(checkpoint=str(matched.root / "runs" / role / "checkpoints" / "last"),
+                            shards=str(eval_inputs.shards), out=str(one[role]), max_windows=1, resamples=50,
+                            context=[64, 256]), show_progress=False)
+    gain = context_gain(one["base"], one["short"], one["long"], resamples=50)
+    assert gain.pair("long", "short").result["overall"]["rel_ci_low"] is None
+    assert reading(gain).endswith("no CI, which needs at least 2 eval windows.")
+    assert "(95% CI n/a)" in format_context_gain(gain)
+    flat = format_ablation(gain).replace("\n  ", " ")
+    assert flat.count("(no CI)") == 3 and "clear of zero" not in flat
