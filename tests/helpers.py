@@ -61,9 +61,8 @@ def assert_grads_close(what: str, got: dict, ref: dict, tol: float) -> float:
     """Both dicts name the same parameters, and each gradient is within `tol` of the reference's,
     relative to max(its own largest value, GRAD_FLOOR x the largest of all the reference's gradients).
     The floor is float32's: a gradient a thousand times smaller than the model's largest is a sum of
-    terms of the model's size that cancel, so its rounding error scales with them, not with it (one
-    such, a hyper-connection scale's 1.5e-5 summed in another order, differs by 2e-10). Returns the
-    worst relative error."""
+    terms of the model's size that cancel, so its rounding error scales with them, not with it
+    (docs/testing.md, "Tolerances"). Returns the worst relative error."""
     assert got.keys() == ref.keys(), f"{what}: parameters {sorted(set(got) ^ set(ref))} in one only"
     model_scale = max((float(g.abs().max()) for g in ref.values() if g.numel()), default=1.0)
     return max((assert_close(f"{what}: gradient of {name}", got[name], r, tol, floor=GRAD_FLOOR * model_scale)
