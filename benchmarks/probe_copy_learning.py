@@ -146,12 +146,13 @@ def position_test(model, W: int, batch: int) -> dict:
     dst = T - 5 - m + 1
     x[:, dst:dst + m] = x[:, dst - d:dst - d + m]
     mask[:, dst + 4:dst + m] = True
+    fresh, both = f"fresh: the last {W} tokens alone", f"KDA and attention restart at {W}"
     variants = {
-        f"fresh: the last {W} tokens alone": (x[:, W:], ()),
+        fresh: (x[:, W:], ()),
         f"{T} tokens as they are": (x, ()),
         f"KDA restarts at {W}": (x, (kda_restart(W),)),
         f"attention restarts at {W}": (x, (banded_attention(W, restart=True),)),
-        f"KDA and attention restart at {W}": (x, (kda_restart(W), banded_attention(W, restart=True))),
+        both: (x, (kda_restart(W), banded_attention(W, restart=True))),
         f"attention to the last {W} keys": (x, (banded_attention(W),)),
         f"KDA restarts, attention to the last {W} keys": (x, (kda_restart(W), banded_attention(W))),
     }
@@ -162,10 +163,10 @@ def position_test(model, W: int, batch: int) -> dict:
             for patch in patches:
                 stack.enter_context(patch)
             nll = model(inp, labels=inp, return_per_token_nll=True).per_token_nll
-        per_token[name] = nll[:, -W:]
+        if name in (fresh, both):
+            per_token[name] = nll[:, -W:]
         rows.append({"variant": name, "copied_nll": float(nll[:, -W:][mask[:, W:]].mean())})
         print(f"  {name:<52} {rows[-1]['copied_nll']:.4f}")
-    fresh, both = list(per_token)[0], list(per_token)[4]
     diff = float((per_token[both] - per_token[fresh])[:, 1:].abs().max())
     print(f"  max |restart - fresh| over tokens W+1 ... 2W-1: {diff:.2e}")
     return {"window": W, "sequences": batch, "copy_length": m, "copy_distance": d, "rows": rows,

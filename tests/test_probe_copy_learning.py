@@ -7,7 +7,7 @@ import torch
 from tests.helpers import load_benchmark
 
 
-def test_position_test_restart_equals_fresh_and_scores_the_copy():
+def test_position_test_has_seven_variants_and_restart_equals_fresh():
     from genome_lm.model import apply_long_context, build
 
     probe = load_benchmark("probe_copy_learning")
