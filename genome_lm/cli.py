@@ -53,8 +53,10 @@ class ExportParams(Params):
 
 
 class CompareParams(Params):
-    eval_a: str = Field(json_schema_extra=POSITIONAL, description="baseline eval directory")
-    eval_b: str = Field(json_schema_extra=POSITIONAL, description="eval directory compared against it")
+    eval_a: str = Field(json_schema_extra=POSITIONAL, description="baseline eval directory (replicates of one model, "
+                        "e.g. training seeds: comma-separated, A1,A2,...)")
+    eval_b: str = Field(json_schema_extra=POSITIONAL, description="eval directory compared against it (replicates: "
+                        "B1,B2,... in the same seed order as A's)")
     out: str = Field(description="output directory (compare.json)")
     overwrite: bool = False
 
@@ -208,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("export", _export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
             "directory, for checkpoints saved without model/", ExportParams)
     command("eval", _eval, "score held-out windows: per-token NLL and loss by preceding context", EvalConfig, Launch)
-    command("compare", _compare, "paired comparison of two evals of the same windows, by context bucket",
-            CompareParams)
+    command("compare", _compare, "paired comparison of two evals of the same windows, by context bucket (or of "
+            "two sets of replicate evals, with CIs over training seeds)", CompareParams)
     command("report", _report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
             ReportParams)
     command("plan", _plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs", PlanParams)

@@ -8,6 +8,10 @@
 The long- minus short-context fine-tune is the gain attributable to context; the long-context
 fine-tune minus the base also holds what more training alone does (short minus base).
 
+With `--set extra_seeds=2,3` both fine-tunes are trained again with those seeds (data.seed =
+train.seed) and the long- vs short-context comparison is also printed pooled over the seeds, with
+CIs that cover the spread between them (`eval/replicates.py`); the other outputs are reused.
+
 Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
 smaller version of every step (a few minutes; the test suite runs it).
 
@@ -23,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.utils import apply_override, validate
@@ -44,6 +48,21 @@ class Recipe(BaseModel):
     eval_windows: int = Field(gt=0)
     context: str  # eval --context: the ablation's lengths L (targets: the last 1/8 of each window)
     model: str = "glm53-demo"  # the preset all three models are (experiments/demo_*.yaml's model.name)
+    extra_seeds: str = ""  # e.g. "2,3": both fine-tunes again per seed S (data.seed = train.seed = S), compared pooled
+
+    @field_validator("extra_seeds")
+    @classmethod
+    def _seeds(cls, v: str) -> str:
+        seeds = [x.strip() for x in v.split(",") if x.strip()]
+        if not all(x.isdigit() for x in seeds) or len(set(map(int, seeds))) != len(seeds) or "1" in seeds:
+            raise ValueError("expected distinct whole numbers other than 1 (the experiments' own seed), e.g. 2,3")
+        return ",".join(seeds)
+
+    def seed_list(self) -> list[int]:
+        return [int(x) for x in self.extra_seeds.split(",") if x]
+
+
+UNTAGGED = {"extra_seeds"}  # adds outputs without changing the others: reuses the recipe's outputs
 
 
 FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, eval_windows=12, context="1k,2k,4k,7k")
@@ -53,7 +72,8 @@ QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_win
 def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
     """QUICK or FULL with `overrides` ("NAME=VALUE", a Recipe field each) applied, and the tag that
     names its outputs: "demo" / "demo_quick", plus the overrides (`base_steps=6000` ->
-    "demo_base_steps-6000"), so that a changed recipe never reuses another recipe's outputs."""
+    "demo_base_steps-6000"), so that a changed recipe never reuses another recipe's outputs. `extra_seeds`
+    only adds outputs (named by seed), so it leaves the tag as it is and reuses the recipe's."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
     if not overrides:
         return r, tag
@@ -65,8 +85,8 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
             raise GenomeLMError(f"--set {item!r}: expected NAME=VALUE with NAME one of {names}")
         origin[apply_override(raw, item)] = f"--set {item!r}"
     r = validate(Recipe, raw, origin=origin, unknown="unknown recipe field")
-    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(getattr(r, k)))}" for k in origin)
-    return r, f"{tag}_{suffix}"
+    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(getattr(r, k)))}" for k in origin if k not in UNTAGGED)
+    return r, f"{tag}_{suffix}" if suffix else tag
 
 
 # The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~70% of the bases)
@@ -143,8 +163,28 @@ def _strand_line(name: str, summary: dict) -> str:
             f"per-base Pearson r {g['pearson_r']:.3f}")
 
 
+def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> list:
+    """Recipe `extra_seeds`: both fine-tunes again from the same base per seed S (data.seed = train.seed =
+    S; outputs RUN_seedS), each evaluated as the others -> [compare dir, {"shortctx"|"longctx": [eval dirs,
+    seed 1 first]}], or [] without extra seeds."""
+    if not r.seed_list():
+        return []
+    replicate = {"shortctx": [evals["shortctx"]], "longctx": [evals["longctx"]]}
+    for S in r.seed_list():
+        long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
+                                        runs["base"] / "checkpoints" / "last")
+        for name, cfg in (("longctx", long), ("shortctx", short)):
+            run_dir, out = (d[name].with_name(f"{d[name].name}_seed{S}") for d in (runs, evals))
+            log.info(f"[+] fine-tune seed {S}: {name} -> {run_dir}, evaluated -> {out}")
+            _train(cfg, run_dir)
+            _eval(run_dir / "checkpoints" / "last", shards, out, r)
+            replicate[name].append(out)
+    return [evals["shortctx"].with_name(f"{evals['shortctx'].name}_vs_longctx_seeds"), replicate]
+
+
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     from genome_lm.eval import format_table, write_compare
+    from genome_lm.eval.text import replicate_lines
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth import make_params, write_synthetic_fasta
     from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
@@ -185,12 +225,16 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
         _train(cfg, runs[name])
         log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
         summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
-    log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in cmp_dirs.values()))
+    seeds = _extra_seeds(r, data, runs, evals, shards)
+    log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seeds[:1]]))
     results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
+    if seeds:  # the short- vs long-context fine-tunes of every seed, pooled, with CIs over seeds
+        seeds[1] = write_compare(",".join(map(str, seeds[1]["shortctx"])), ",".join(map(str, seeds[1]["longctx"])),
+                                 seeds[0], overwrite=True)
     gain = context_gain(evals["base"], evals["shortctx"], evals["longctx"],
                         compares=[load_compare_dir(d) for d in cmp_dirs.values()])
     log.info(f"[10/10] report -> {report}")
-    write_report([*evals.values(), *cmp_dirs.values()], report, runs=list(runs.values()),
+    write_report([*evals.values(), *cmp_dirs.values(), *seeds[:1]], report, runs=list(runs.values()),
                  title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
 
@@ -214,6 +258,9 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
           f"them, {bits['masked']} on them")
     print("  long- vs short-context fine-tune on held-out chr22, by preceding context:")
     print(format_table(results[("shortctx", "longctx")]))
+    if seeds:
+        print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds} (extra_seeds), pooled:")
+        print("\n".join(replicate_lines(seeds[1]["replicates"])))
     print(f"  report: {report}")
     return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
             "compare": results[("base", "longctx")], "compares": results, "gain": gain, "report": str(report)}
@@ -225,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=".", help="where data/, shards/, runs/, evals/, reports/ are written")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="change the recipe (repeatable): base_steps, finetune_steps, model (a preset), window, "
-                         "scale, eval_windows, context; outputs are then named demo_NAME-VALUE...")
+                         "scale, eval_windows, context; outputs are then named demo_NAME-VALUE...; extra_seeds=2,3 "
+                         "also trains both fine-tunes with those seeds and compares them pooled over seeds")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:

@@ -71,6 +71,18 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     # a rerun reuses every step
     assert main(["--quick", "--root", str(tmp_path)]) == 0
     assert "already complete" in capsys.readouterr().out
+    # another fine-tune seed: the same base, both fine-tunes again, compared pooled over seeds 1 and 2
+    assert main(["--quick", "--root", str(tmp_path), "--set", "extra_seeds=2"]) == 0
+    out = capsys.readouterr().out
+    assert "seeds 1,2 (extra_seeds), pooled" in out and "replicates: 2 pairs" in out
+    rep = json.loads((tmp_path / "evals" / "demo_quick_shortctx_vs_longctx_seeds" / "compare.json").read_text())
+    assert rep["b"]["dirs"] == [str(tmp_path / "evals" / f"demo_quick_longctx{s}") for s in ("", "_seed2")]
+    seed1 = json.loads((tmp_path / "evals" / "demo_quick_shortctx_vs_longctx" / "compare.json").read_text())
+    assert rep["replicates"]["pairs"][0]["diff"] == pytest.approx(seed1["overall"]["diff"])
+    seed2 = [json.loads(line)["loss"] for line in
+             (tmp_path / "runs" / "demo_quick_longctx_seed2" / "metrics.jsonl").read_text().splitlines()]
+    assert len(seed2) == 3 and seed2 != got["longctx"]  # trained again, on other batches
+    assert "replicate pairs" in (tmp_path / "reports" / "demo_quick.html").read_text()
 
 
 def test_recipe_overrides_change_the_recipe_and_the_output_names():
@@ -80,12 +92,15 @@ def test_recipe_overrides_change_the_recipe_and_the_output_names():
     r, tag = recipe(overrides=["finetune_steps=1000", "model=glm53-mini", "window=8k"])
     assert (r.finetune_steps, r.model, r.window, r.base_steps) == (1000, "glm53-mini", "8k", FULL.base_steps)
     assert tag == "demo_finetune_steps-1000_model-glm53-mini_window-8k"
+    r, tag = recipe(overrides=["extra_seeds=3,2"])  # more seeds add outputs and reuse the rest
+    assert (r.seed_list(), tag) == ([3, 2], "demo")
 
 
 @pytest.mark.parametrize("item, message", [("steps=3", "unknown recipe field steps; did you mean base_steps?"),
                                            ("base_steps", "NAME=VALUE"), ("train.steps=3", "NAME one of"),
                                            ("base_steps=many", "expected an integer"),
-                                           ("eval_windows=0", "must be > 0")])
+                                           ("eval_windows=0", "must be > 0"),
+                                           ("extra_seeds=1,2", "other than 1")])
 def test_recipe_override_errors_name_the_field(item, message, capsys, tmp_path):
     assert main(["--root", str(tmp_path), "--set", item]) == 2
     err = capsys.readouterr().err

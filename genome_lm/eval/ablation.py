@@ -228,11 +228,20 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
     from the added context); the same per class of each stratum (`strata.py`: repeat, leakage,
     annotations, the targets' masks as in compare's tables). `{"absent": why}` when the evals cannot
     be paired."""
+    sums = ablation_sums(a, b, lengths_a, lengths_b)
+    return {"absent": sums} if isinstance(sums, str) else ablation_tables(sums, resamples, seed)
+
+
+def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
+    """Per-window sums of `compare_ablation`: (common lengths, strata, sa, sb float64 [W, 1 + 2 S, n_C],
+    counts int [W, 1 + 2 S]) over the targets both scored at every common L (all targets, then each
+    stratum's classes), or a string saying why the evals cannot be paired."""
+    a, b = Path(a), Path(b)
     if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
-        return {"absent": "both evals need --context (context_ablation.parquet)"}
+        return "both evals need --context (context_ablation.parquet)"
     common = sorted(set(lengths_a) & set(lengths_b))
     if not common:
-        return {"absent": f"no --context length in both evals ({lengths_a} vs {lengths_b})"}
+        return f"no --context length in both evals ({lengths_a} vs {lengths_b})"
     ja, jb = [lengths_a.index(L) for L in common], [lengths_b.index(L) for L in common]
     windows = zip(iter_windows(a, "forward"), iter_windows(b, "forward"))  # the ablated rows, and more
     sa, sb, n, strata = [], [], [], None
@@ -256,8 +265,13 @@ def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int
         sb.append(np.stack([xb[:, m].astype(np.float64).sum(axis=1) for m in sel]))
         n.append([int(m.sum()) for m in sel])
     if not n:
-        return {"absent": "no window in both evals' context_ablation.parquet"}
-    sa, sb, counts = np.stack(sa), np.stack(sb), np.asarray(n)  # [W, 1 + 2 S, n_C], ..., [W, 1 + 2 S]
+        return "no window in both evals' context_ablation.parquet"
+    return common, strata, np.stack(sa), np.stack(sb), np.asarray(n)
+
+
+def ablation_tables(sums, resamples: int, seed: int) -> dict:
+    """`compare_ablation`'s dict from `ablation_sums`' tuple (or the pooled sums of replicate pairs)."""
+    common, strata, sa, sb, counts = sums
 
     def part(i: int) -> dict:
         return _paired_ablation(sa[:, i], sb[:, i], counts[:, i], common, resamples, seed)

@@ -114,59 +114,145 @@ def _concentration(table: dict) -> dict:
             "largest_share_of_gain": {k: top[k] for k in keep} if top else None}
 
 
-def _compare_strands(a, b, sum_a, sum_b, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
+def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
     """compare.json's `strands`: the paired tables of the forward rows (the top level), of the
-    reverse-complement rows and of both pooled; `{"absent": why}` unless both evals have both strands."""
+    reverse-complement rows and of both pooled; `{"absent": why}` unless every eval has both strands.
+    `pairs` [(A dir, B dir)] and `summaries` [(A summary, B summary)]: one pair, or one per replicate."""
     from genome_lm.eval.strands import merged
 
-    if "strands" not in sum_a or "strands" not in sum_b:
-        return {"absent": f"only {a if 'strands' in sum_a else b} scored both strands (eval --strands both)"}
-    W = len(_same_windows(a, b, "reverse")["window"])
-    rev = paired_stats(a, b, W, seq_len, edges, "reverse")
+    lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
+    if lacking:
+        return {"absent": f"{lacking[0]} scored one strand only (eval --strands both)"}
+    W = len(_same_windows(*pairs[0], "reverse")["window"])
+    rev = _pooled([paired_stats(a, b, W, seq_len, edges, "reverse") for a, b in pairs])
     avg = (fwd[0], merged(fwd[1], rev[1]), merged(fwd[2], rev[2]))
-    return {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
-            "average": paired_tables(*avg, edges, resamples, seed),
-            "agreement": {"a": sum_a["strands"]["agreement"]["overall"], "b": sum_b["strands"]["agreement"]["overall"]},
-            "definition": "forward: the rows as stored (the top level); reverse: their reverse complements; "
-                          "average: both pooled, each base once per strand, windows drawn with both strands; "
-                          "agreement: each eval's per-base agreement between the strands (summary.json "
-                          "strands.agreement.overall)"}
+    out = {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
+           "average": paired_tables(*avg, edges, resamples, seed),
+           "definition": "forward: the rows as stored (the top level); reverse: their reverse complements; "
+                         "average: both pooled, each base once per strand, windows drawn with both strands; "
+                         "agreement: each eval's per-base agreement between the strands (summary.json "
+                         "strands.agreement.overall)"}
+    if len(pairs) == 1:
+        out["agreement"] = {k: s["strands"]["agreement"]["overall"] for k, s in zip("ab", summaries[0])}
+    return out
 
 
-def compare_evals(a: str | Path, b: str | Path, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
-    """The paired comparison of eval directories `a` and `b` (see module docstring) as a dict."""
-    a, b = Path(a), Path(b)
-    for d in (a, b):
+def _pooled(stats: list[tuple]) -> tuple:
+    """`paired_stats` results of replicate pairs -> one (strata, acc_a, acc_b) whose window sums are the
+    mean over the pairs: each token's NLL averaged over a group's replicates. Every pair must have
+    scored the same tokens (same counts), so the counts are those of one pair."""
+    strata, acc_a, acc_b = stats[0]
+    if len(stats) == 1:
+        return stats[0]
+    for other in stats[1:]:
+        if [s.key for s in other[0]] != [s.key for s in strata]:
+            raise GenomeLMError("the replicates' evals split by different strata (leakage mask, --annotate); "
+                                "evaluate every replicate with the same shards and --annotate files")
+        if not np.array_equal(other[1].counts, acc_a.counts):
+            raise GenomeLMError("the replicates' evals scored different tokens; evaluate every replicate with the "
+                                "same shards, --split, --max-windows and --seq-len")
+    pooled = []
+    for j in (1, 2):
+        acc = StrataAccumulator(len(acc_a.sums), strata, acc_a.edges)
+        acc.sums = np.mean([st[j].sums for st in stats], axis=0)
+        acc.counts, acc.ctx = acc_a.counts.copy(), acc_a.ctx.copy()
+        pooled.append(acc)
+    return strata, *pooled
+
+
+def eval_dirs(spec: str | Path | list | tuple, which: str) -> list[Path]:
+    """The eval directories of one side of a comparison: a directory, a list of them, or a comma-separated
+    string of them (replicates: models trained alike but for their seeds). Errors name `which` (A or B)."""
+    items = [x for x in str(spec).split(",") if x] if isinstance(spec, (str, Path)) else list(spec)
+    dirs = [Path(x) for x in items]
+    if not dirs:
+        raise GenomeLMError(f"eval {which}: no directory given")
+    for d in dirs:
         if not d.is_dir():
-            raise GenomeLMError(f"{d} does not exist; give two --out directories of `genome-lm eval`")
-    sum_a, sum_b = load_summary(a), load_summary(b)
-    meta = _same_windows(a, b)
-    W, seq_len = len(meta["window"]), max(sum_a["config"]["seq_len"], sum_b["config"]["seq_len"])
+            raise GenomeLMError(f"{d} does not exist; give --out directories of `genome-lm eval` (replicates of "
+                                "one model: comma-separated, e.g. evals/long_s1,evals/long_s2)")
+    return dirs
+
+
+def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = DEFAULT_SEED) -> dict:
+    """The paired comparison of eval directories `a` and `b` (see module docstring) as a dict. With
+    replicates (`a`, `b` lists of as many evals, or comma-separated strings; `replicates.py`), replicate i
+    of A is paired with replicate i of B, the tables pool the pairs, and `replicates` holds each pair's
+    numbers and CIs that also cover the spread between training seeds."""
+    A, B = eval_dirs(a, "A"), eval_dirs(b, "B")
+    if len(A) != len(B):
+        raise GenomeLMError(f"{len(A)} replicate eval(s) for A and {len(B)} for B: give as many of each, in the same "
+                            "seed order (replicate i of A is compared with replicate i of B)")
+    pairs = list(zip(A, B))
+    summaries = [(load_summary(x), load_summary(y)) for x, y in pairs]
+    meta = _same_windows(A[0], B[0])
+    for d in A[1:] + B[1:]:
+        _same_windows(A[0], d)
+    W = len(meta["window"])
+    seq_len = max(s["config"]["seq_len"] for pair in summaries for s in pair)
+    sum_a, sum_b = summaries[0]
     edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
-    fwd = paired_stats(a, b, W, seq_len, edges)
+    per_pair = [paired_stats(x, y, W, seq_len, edges) for x, y in pairs]
+    fwd = _pooled(per_pair)
     tables = paired_tables(*fwd, edges, resamples, seed)
+
+    def side(dirs, sums):
+        if len(dirs) == 1:
+            return {"dir": str(dirs[0]), "checkpoint": sums[0].get("checkpoint", {}).get("path"),
+                    "seq_len": sums[0]["config"]["seq_len"]}
+        return {"dir": ",".join(map(str, dirs)), "dirs": [str(d) for d in dirs],
+                "checkpoints": [s.get("checkpoint", {}).get("path") for s in sums],
+                "seq_len": sums[0]["config"]["seq_len"]}
+
     result = {
-        **{k: {"dir": str(d), "checkpoint": s.get("checkpoint", {}).get("path"), "seq_len": s["config"]["seq_len"]}
-           for k, d, s in (("a", a, sum_a), ("b", b, sum_b))},
+        "a": side(A, [s[0] for s in summaries]), "b": side(B, [s[1] for s in summaries]),
         "definition": "diff = mean_nll_B - mean_nll_A (nats/token); rel_change_pct = 100 * (mean_B / mean_A - 1); "
-                      "negative = B has lower loss; gain_share = the bucket's share of the total NLL reduction",
+                      "negative = B has lower loss; gain_share = the bucket's share of the total NLL reduction"
+                      + ("; with replicates, mean_nll is over every replicate's NLL of each token" if len(pairs) > 1
+                         else ""),
         "context": f"tokens of preceding context (position modulo seq_len {seq_len}); lo inclusive, hi exclusive",
         "n_windows": W,
         **tables,
         "bootstrap": {"unit": "window", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95},
     }
-    if "strands" in sum_a or "strands" in sum_b:
-        result["strands"] = _compare_strands(a, b, sum_a, sum_b, fwd, tables, seq_len, edges, resamples, seed)
-    if sum_a.get("context_ablation") or sum_b.get("context_ablation"):
-        from genome_lm.eval.ablation import compare_ablation
+    if any("strands" in s for pair in summaries for s in pair):
+        result["strands"] = _compare_strands(pairs, summaries, fwd, tables, seq_len, edges, resamples, seed)
+    ablation = None
+    if any(s.get("context_ablation") for pair in summaries for s in pair):
+        from genome_lm.eval.ablation import ablation_sums, ablation_tables
 
-        result["context_ablation"] = compare_ablation(
-            a, b, (sum_a.get("context_ablation") or {}).get("lengths", []),
-            (sum_b.get("context_ablation") or {}).get("lengths", []), resamples, seed)
+        per_abl = [ablation_sums(x, y, (sx.get("context_ablation") or {}).get("lengths", []),
+                                 (sy.get("context_ablation") or {}).get("lengths", []))
+                   for (x, y), (sx, sy) in zip(pairs, summaries)]
+        absent = next((p for p in per_abl if isinstance(p, str)), None)
+        if absent is None:
+            ablation = per_abl
+            result["context_ablation"] = ablation_tables(_pooled_ablation(per_abl), resamples, seed)
+        else:
+            result["context_ablation"] = {"absent": absent}
     if "leakage" not in tables:
         result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)
+    if len(pairs) > 1:
+        from genome_lm.eval.replicates import replicates_section
+
+        result["replicates"] = replicates_section(per_pair, ablation, [(str(x), str(y)) for x, y in pairs],
+                                                  resamples, seed)
     return result
+
+
+def _pooled_ablation(per_pair: list):
+    """`ablation_sums` of replicate pairs -> one, whose window sums are the mean over the pairs (the
+    pairs must have scored the same targets: equal counts)."""
+    common, strata, sa, sb, n = per_pair[0]
+    for c, s, xa, _, xn in per_pair[1:]:
+        if c != common or xa.shape != sa.shape or [t.key for t in s] != [t.key for t in strata] \
+                or not np.array_equal(xn, n):
+            raise GenomeLMError("the replicates' context ablations differ (lengths, targets or strata); evaluate "
+                                "every replicate with the same --context, --ablation-targets, windows and --annotate")
+    mean = lambda j: np.mean([p[j] for p in per_pair], axis=0)  # noqa: E731
+    return common, strata, mean(2), mean(3), n
 
 
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:

@@ -97,6 +97,36 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
     return low, high
 
 
+def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.ndarray],
+                 resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
+    """Percentile CI of a two-level bootstrap, over training runs and then windows: each resample draws
+    R replicates (models trained alike but for their seeds) with replacement, then W windows with
+    replacement, the same windows for every drawn replicate. `statistic(**sums)` maps the sums over the
+    drawn (replicate, window) cells of each `per_cell` array [R, W, M] (each sum [r, M]) to [r, S].
+    With one replicate only the windows are drawn, with the same draws as `bootstrap_ci`, so the CI is
+    the window bootstrap's. Returns (low [S], high [S]); NaN everywhere with fewer than 2 windows, and
+    where the statistic is undefined in most resamples."""
+    arrays = {k: np.asarray(v, dtype=np.float64).reshape(v.shape[0], v.shape[1], -1) for k, v in per_cell.items()}
+    R, W = next(iter(arrays.values())).shape[:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        S = statistic(**{k: v.sum(axis=(0, 1))[None] for k, v in arrays.items()}).shape[1]
+        if W < 2:
+            return np.full(S, np.nan), np.full(S, np.nan)
+        reps, rng = [], np.random.default_rng(seed)
+        for start in range(0, resamples, _BLOCK):
+            b = min(_BLOCK, resamples - start)
+            w = rng.multinomial(W, np.full(W, 1.0 / W), size=b).astype(np.float64)  # [b, W]
+            u = rng.multinomial(R, np.full(R, 1.0 / R), size=b).astype(np.float64) if R > 1 else np.ones((b, 1))
+            reps.append(statistic(**{k: np.einsum("br,rwm,bw->bm", u, v, w) for k, v in arrays.items()}))
+    reps = np.concatenate(reps)
+    alpha = (1.0 - level) / 2
+    low, high = np.full(S, np.nan), np.full(S, np.nan)
+    ok = np.isfinite(reps).mean(axis=0) >= 0.5
+    if ok.any():
+        low[ok], high[ok] = np.nanquantile(reps[:, ok], [alpha, 1 - alpha], axis=0)
+    return low, high
+
+
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num / den where den > 0, else NaN."""
     return np.divide(num, den, out=np.full(np.broadcast(num, den).shape, np.nan), where=den > 0)

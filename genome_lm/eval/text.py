@@ -147,4 +147,40 @@ def format_table(result: dict) -> str:
                      f"(95% CI {_num(c['rel_ci_low'], '+.2f')} to {_num(c['rel_ci_high'], '+.2f')})")
     lines += absent_lines(result)
     lines += compare_ablation_lines(result.get("context_ablation"))
+    lines += replicate_lines(result.get("replicates"))
     return "\n".join(lines)
+
+
+def replicate_lines(rep: dict | None) -> list[str]:
+    """compare with replicates: each pair's overall change, their spread, and the pooled change with
+    CIs over seeds and windows (also for the ablation spans)."""
+    if not rep:
+        return []
+    abl = rep.get("context_ablation")
+    span = f" {'A span':>8} {'B span':>8}" if abl else ""
+    lines = [f"replicates: {rep['n']} pairs (replicate i of A vs replicate i of B); the tables above pool them "
+             "(each token's NLL averaged over a side's replicates), with CIs over windows only",
+             f"{'pair':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17}"
+             + span]
+    for i, p in enumerate(rep["pairs"], 1):
+        row = (f"{i:>17} {p['n_tokens']:>10,} {_num(p['mean_nll_a'], '.4f', 8)} {_num(p['mean_nll_b'], '.4f', 8)} "
+               f"{_num(p['diff'], '+.4f', 8)} {_num(p['rel_change_pct'], '+.2f', 7)} "
+               f"{_ci(p['rel_ci_low'], p['rel_ci_high'], '+.2f'):>17}")
+        if abl and "ablation_span" in p:
+            row += f" {_num(p['ablation_span']['a']['mean_delta'], '+.4f', 8)} " \
+                   f"{_num(p['ablation_span']['b']['mean_delta'], '+.4f', 8)}"
+        lines.append(row)
+    s, o = rep["spread"]["rel_change_pct"], rep["overall"]
+    lines.append(f"spread of rel % over the pairs: mean {_num(s['mean'], '+.2f')}, sd {_num(s['sd'], '.2f')}, "
+                 f"min {_num(s['min'], '+.2f')}, max {_num(s['max'], '+.2f')}; {s['negative']} of {rep['n']} negative")
+    lines.append(f"pooled, with 95% CIs over pairs and then windows: B-A {_num(o['diff'], '+.4f')} nats "
+                 f"{_ci(o['diff_ci_low'], o['diff_ci_high'], '+.4f')}, {_num(o['rel_change_pct'], '+.2f')}% "
+                 f"{_ci(o['rel_ci_low'], o['rel_ci_high'], '+.2f')}")
+    if abl:
+        a, b, g = abl["a"], abl["b"], abl["gain_difference"]
+        lines.append(f"ablation span L {abl['from']:,} -> {abl['to']:,} ({abl['target_tokens']:,} targets), pooled, "
+                     f"95% CIs over pairs and windows: A {_num(a['mean_delta'], '+.4f')} "
+                     f"{_ci(a['ci_low'], a['ci_high'], '+.4f')}, B {_num(b['mean_delta'], '+.4f')} "
+                     f"{_ci(b['ci_low'], b['ci_high'], '+.4f')}, B-A {_num(g['diff'], '+.4f')} "
+                     f"{_ci(g['ci_low'], g['ci_high'], '+.4f')} nats")
+    return lines

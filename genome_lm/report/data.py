@@ -51,7 +51,13 @@ def load_eval(eval_dir: str | Path, label: str | None = None) -> EvalResult:
 def load_compare_dir(compare_dir: str | Path, label: str | None = None) -> CompareResult:
     d = Path(compare_dir)
     result = load_compare(d)
-    return CompareResult(label or f"{Path(result['b']['dir']).name} vs {Path(result['a']['dir']).name}", d, result)
+    return CompareResult(label or f"{_side(result['b'])} vs {_side(result['a'])}", d, result)
+
+
+def _side(side: dict) -> str:
+    """A compare side's name: its eval directory's, or with replicates the first one's and how many."""
+    dirs = side.get("dirs") or [side["dir"]]
+    return Path(dirs[0]).name + (f" (+{len(dirs) - 1} replicates)" if len(dirs) > 1 else "")
 
 
 def load_dirs(dirs: list[str | Path]) -> tuple[list[EvalResult], list[CompareResult]]:

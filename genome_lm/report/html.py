@@ -188,7 +188,7 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                   _figure(plots.plot_training_curves(run_metrics), "training curves", "From each run's metrics.jsonl."),
                   tables.run_table(run_metrics)]
     parts.append("<h2>Tables</h2>")
-    parts += [tables.compare_table(c) for c in compares]
+    parts += [t for c in compares for t in (tables.compare_table(c), tables.replicates_table(c))]
     parts += [tables.bucket_table(e) for e in evals]
     parts += [tables.parity_table(e) for e in evals]
     body = "\n".join(p for p in parts if p)

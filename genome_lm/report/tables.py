@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -74,6 +75,37 @@ def compare_table(cmp: CompareResult) -> str:
     caption = f"{cmp.label}: A = {r['a']['dir']}, B = {r['b']['dir']} (negative change: B has lower loss)"
     return _table(["context (tokens)", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)",
                    "share of gain"], rows, caption)
+
+
+def replicates_table(cmp: CompareResult) -> str:
+    """A compare of replicate evals (`eval/replicates.py`): each pair's overall change with its window CI
+    (and ablation spans), then the pooled change with CIs over pairs and windows; empty without replicates."""
+    rep = cmp.result.get("replicates")
+    if not rep:
+        return ""
+    abl = rep.get("context_ablation")
+    ci = lambda e, lo, hi, f: f"{_num(e[lo], f)} &ndash; {_num(e[hi], f)}"  # noqa: E731
+    rows = []
+    for i, p in enumerate(rep["pairs"], 1):
+        span = p.get("ablation_span")
+        rows.append([f"pair {i}: {html.escape(Path(p['b']).name)} vs {html.escape(Path(p['a']).name)}",
+                     f"{p['n_tokens']:,}", _num(p["mean_nll_a"]), _num(p["mean_nll_b"]), _num(p["diff"], "{:+.4f}"),
+                     _num(p["rel_change_pct"], "{:+.2f}%"), ci(p, "rel_ci_low", "rel_ci_high", "{:+.2f}")]
+                    + ([_num(span["a"]["mean_delta"], "{:+.4f}"), _num(span["b"]["mean_delta"], "{:+.4f}")]
+                       if abl else []))
+    o, s = rep["overall"], rep["spread"]["rel_change_pct"]
+    rows.append([f"<b>pooled</b> (CI over pairs, then windows; sd over pairs {_num(s['sd'], '{:.2f}')}%)", "", "", "",
+                 _num(o["diff"], "{:+.4f}"), _num(o["rel_change_pct"], "{:+.2f}%"),
+                 ci(o, "rel_ci_low", "rel_ci_high", "{:+.2f}")]
+                + ([f"{_num(abl['a']['mean_delta'], '{:+.4f}')} ({ci(abl['a'], 'ci_low', 'ci_high', '{:+.4f}')})",
+                    f"{_num(abl['b']['mean_delta'], '{:+.4f}')} ({ci(abl['b'], 'ci_low', 'ci_high', '{:+.4f}')})"]
+                   if abl else []))
+    span_head = [f"A: L {abl['from']:,} \u2192 {abl['to']:,} (nats)", f"B: L {abl['from']:,} \u2192 {abl['to']:,}"] \
+        if abl else []
+    return _table(["replicate pair", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)"]
+                  + span_head, rows,
+                  f"{cmp.label}: {rep['n']} replicate pairs (training seeds); {s['negative']} of {rep['n']} changes "
+                  "negative; the pooled CI covers the spread between seeds, each pair's only its windows")
 
 
 def context_gain_table(gain: ContextGain) -> str:
