@@ -42,6 +42,7 @@ from genome_lm.report.tables import (
     context_gain_table,
     parity_table,
     repeat_table,
+    replicates_table,
     run_table,
 )
 
@@ -49,7 +50,8 @@ __all__ = [
     "EvalResult", "CompareResult", "RunMetrics", "load_eval", "load_compare_dir", "load_dirs", "load_run",
     "implied_compares", "build_report", "write_report", "figure_png", "plot_loss_by_context",
     "plot_relative_change", "plot_repeat_split", "plot_training_curves", "bucket_table", "compare_table",
-    "parity_table", "repeat_table", "run_table", "ContextGain", "context_gain", "find_roles", "format_ablation",
+    "parity_table", "repeat_table", "replicates_table", "run_table", "ContextGain", "context_gain", "find_roles",
+    "format_ablation",
     "format_context_gain",
     "reading", "plot_context_gain", "context_gain_table",
 ]

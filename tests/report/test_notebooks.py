@@ -30,3 +30,21 @@ def test_notebook_executes(path, evaluated, monkeypatch, tmp_path):
     assert images >= 1
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors
+
+
+def test_loss_by_context_shows_a_replicate_compare(evaluated, monkeypatch, tmp_path):
+    """Given a compare of replicate evals, the notebook shows each pair and the CI over seeds."""
+    from genome_lm.eval import write_compare
+
+    path = next(p for p in NOTEBOOKS if p.name == "loss_by_context.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    rep = write_compare(f"{evaluated.eval0},{evaluated.eval1}", f"{evaluated.eval1},{evaluated.eval0}",
+                        tmp_path / "rep", resamples=100)
+    monkeypatch.setenv("GENOME_LM_EVALS", f"{evaluated.eval0},{evaluated.eval1}")
+    monkeypatch.setenv("GENOME_LM_COMPARES", str(tmp_path / "rep"))
+    monkeypatch.setenv("GENOME_LM_RUNS", str(evaluated.run))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    shown = "".join(o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.outputs)
+    assert "2 replicate pairs" in shown and f"{rep['replicates']['pairs'][0]['diff']:+.4f}" in shown
