@@ -260,7 +260,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     print(format_table(results[("shortctx", "longctx")]))
     if seeds:
         print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds} (extra_seeds), pooled:")
-        print("\n".join(replicate_lines(seeds[1]["replicates"])))
+        print("\n".join(replicate_lines(seeds[1]["replicates"], pooled_above=False)))
     print(f"  report: {report}")
     return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
             "compare": results[("base", "longctx")], "compares": results, "gain": gain, "report": str(report)}

@@ -151,15 +151,18 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def replicate_lines(rep: dict | None) -> list[str]:
+def replicate_lines(rep: dict | None, pooled_above: bool = True) -> list[str]:
     """compare with replicates: each pair's overall change, their spread, and the pooled change with
-    CIs over seeds and windows (also for the ablation spans)."""
+    CIs over seeds and windows (also for the ablation spans). `pooled_above`: the lines follow the
+    pooled tables (as `format_table` prints them) and say so."""
     if not rep:
         return []
     abl = rep.get("context_ablation")
     span = f" {'A span':>8} {'B span':>8}" if abl else ""
-    lines = [f"replicates: {rep['n']} pairs (replicate i of A vs replicate i of B); the tables above pool them "
-             "(each token's NLL averaged over a side's replicates), with CIs over windows only",
+    above = ("; the tables above pool them (each token's NLL averaged over a side's replicates), with CIs over "
+             "windows only") if pooled_above else ""
+    spans = (f"; span: the ablation's change from L {abl['from']:,} to {abl['to']:,} (nats)") if abl else ""
+    lines = [f"replicates: {rep['n']} pairs (replicate i of A vs replicate i of B){above}{spans}",
              f"{'pair':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17}"
              + span]
     for i, p in enumerate(rep["pairs"], 1):
