@@ -9,6 +9,10 @@ each `--annotate` NAME of either eval; the masks of A where both have one):
 with 95% CIs from a paired bootstrap over windows (the same drawn windows for A and B).
 `concentration` says where the gain is: each bucket's share of the total NLL reduction and
 the bucket with the largest relative gain.
+
+`genome-lm compare A1,A2,... B1,B2,...` compares replicates (models trained alike but for their
+seeds), A_i with B_i: every table above is over each token's NLL averaged over a side's replicates,
+and `replicates` (`replicates.py`) adds each pair's numbers and CIs over seeds as well as windows.
 """
 
 from __future__ import annotations
