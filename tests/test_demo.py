@@ -82,7 +82,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     seed2 = [json.loads(line)["loss"] for line in
              (tmp_path / "runs" / "demo_quick_longctx_seed2" / "metrics.jsonl").read_text().splitlines()]
     assert len(seed2) == 3 and seed2 != got["longctx"]  # trained again, on other batches
-    assert "replicate pairs" in (tmp_path / "reports" / "demo_quick.html").read_text()
+    html = (tmp_path / "reports" / "demo_quick.html").read_text()
+    assert html.count("replicate pairs") == 1 and "Over 2 training seeds of both fine-tunes" in html
 
 
 def test_recipe_overrides_change_the_recipe_and_the_output_names():

@@ -85,7 +85,27 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
         return None
 
 
-def _context_gain_section(gain: ContextGain) -> list[str]:
+def _seeds_of(gain: ContextGain, compares: list[CompareResult]) -> CompareResult | None:
+    """A replicate compare (`compare SHORT,... LONG,...`) whose first pair is this short and long fine-tune."""
+    for cmp in compares:
+        r = cmp.result
+        if r.get("replicates") and Path(r["a"]["dirs"][0]).resolve() == Path(gain.evals["short"].dir).resolve() \
+                and Path(r["b"]["dirs"][0]).resolve() == Path(gain.evals["long"].dir).resolve():
+            return cmp
+    return None
+
+
+def _seeds_paragraph(cmp: CompareResult) -> str:
+    rep = cmp.result["replicates"]
+    o = rep["overall"]
+    per = ", ".join(f"{p['rel_change_pct']:+.2f}%" for p in rep["pairs"] if p["rel_change_pct"] is not None)
+    text = (f"Over {rep['n']} training seeds of both fine-tunes (compare of replicates, seed by seed), long vs short "
+            f"is {per}; pooled {o['rel_change_pct']:+.2f}% (95% CI over seeds and then windows "
+            f"{rel_ci_text(o)}).")
+    return f"<p>{html.escape(text)}</p>"
+
+
+def _context_gain_section(gain: ContextGain, compares: list[CompareResult] = ()) -> list[str]:
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
     windows = gain.pair("long", "short").result["n_windows"]
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in {windows} windows (95% CI: "
@@ -107,7 +127,9 @@ def _context_gain_section(gain: ContextGain) -> list[str]:
                     "Left: change in held-out loss over all tokens, 100 x (mean loss of the first model / mean loss "
                     "of the second - 1), with paired 95% bootstrap CIs over windows. Right: the same per context "
                     "bucket."),
-            tables.context_gain_table(gain)]
+            tables.context_gain_table(gain)] + (
+               [_seeds_paragraph(seeds), tables.replicates_table(seeds)]
+               if (seeds := _seeds_of(gain, list(compares))) else [])
 
 
 def _section(title: str, fig, alt: str, caption: str, reading_text: str | None, table: str | None) -> list[str]:
@@ -175,8 +197,9 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                   _figure(plots.plot_relative_change(compares), "relative change vs context",
                           "100 x (mean loss B / mean loss A - 1) per context bucket on the same tokens; bands: paired "
                           "bootstrap 95% CI over windows. Below zero: B is better.")]
+    seeds = _seeds_of(gain, compares) if gain else None  # shown in the context-gain section
     if gain:
-        parts += _context_gain_section(gain)
+        parts += _context_gain_section(gain, compares)
     if evals:
         parts += _questions_sections(evals)
         parts += ["<h2>Repeat-masked vs unmasked bases</h2>",
@@ -188,7 +211,7 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                   _figure(plots.plot_training_curves(run_metrics), "training curves", "From each run's metrics.jsonl."),
                   tables.run_table(run_metrics)]
     parts.append("<h2>Tables</h2>")
-    parts += [t for c in compares for t in (tables.compare_table(c), tables.replicates_table(c))]
+    parts += [t for c in compares for t in (tables.compare_table(c), "" if c is seeds else tables.replicates_table(c))]
     parts += [tables.bucket_table(e) for e in evals]
     parts += [tables.parity_table(e) for e in evals]
     body = "\n".join(p for p in parts if p)
