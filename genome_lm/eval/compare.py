@@ -167,7 +167,7 @@ def _pooled(stats: list[tuple]) -> tuple:
 def eval_dirs(spec: str | Path | list | tuple, which: str) -> list[Path]:
     """The eval directories of one side of a comparison: a directory, a list of them, or a comma-separated
     string of them (replicates: models trained alike but for their seeds). Errors name `which` (A or B)."""
-    items = [x for x in str(spec).split(",") if x] if isinstance(spec, (str, Path)) else list(spec)
+    items = [x.strip() for x in str(spec).split(",") if x.strip()] if isinstance(spec, (str, Path)) else list(spec)
     dirs = [Path(x) for x in items]
     if not dirs:
         raise GenomeLMError(f"eval {which}: no directory given")
