@@ -21,7 +21,9 @@ eval windows pin down the seed-averaged difference *of these seeds*; they do not
     context_ablation   the same two-level CIs for each side's ablation span and for B's span minus A's
 
 With R replicates the seed level has only C(2R - 1, R) distinct draws (10 for R = 3), so read the
-per-pair rows beside the interval.
+per-pair rows beside the interval. Pairs are drawn whole: where A_i and B_i share randomness (the
+same base and data order), that keeps it; where they share only the seed number, drawing pairs is
+in expectation the same as drawing each side's replicates on its own.
 """
 
 from __future__ import annotations
