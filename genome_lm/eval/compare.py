@@ -182,12 +182,16 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
                   seed: int = DEFAULT_SEED) -> dict:
     """The paired comparison of eval directories `a` and `b` (see module docstring) as a dict. With
     replicates (`a`, `b` lists of as many evals, or comma-separated strings; `replicates.py`), replicate i
-    of A is paired with replicate i of B, the tables pool the pairs, and `replicates` holds each pair's
-    numbers and CIs that also cover the spread between training seeds."""
+    of A is paired with replicate i of B (one eval on a side is paired with each of the other's), the
+    tables pool the pairs, and `replicates` holds each pair's numbers and CIs that also cover the spread
+    between training seeds."""
     A, B = eval_dirs(a, "A"), eval_dirs(b, "B")
+    n = max(len(A), len(B))
+    A, B = (A * n if len(A) == 1 else A), (B * n if len(B) == 1 else B)  # one model against the other's replicates
     if len(A) != len(B):
-        raise GenomeLMError(f"{len(A)} replicate eval(s) for A and {len(B)} for B: give as many of each, in the same "
-                            "seed order (replicate i of A is compared with replicate i of B)")
+        raise GenomeLMError(f"{len(A)} replicate evals for A and {len(B)} for B: give as many of each, in the same "
+                            "seed order (replicate i of A is compared with replicate i of B), or one eval on a side "
+                            "(compared with every replicate of the other)")
     pairs = list(zip(A, B))
     summaries = [(load_summary(x), load_summary(y)) for x, y in pairs]
     meta = _same_windows(A[0], B[0])

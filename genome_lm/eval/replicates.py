@@ -6,7 +6,8 @@ what their training seeds alone move?
 
 Each side is a comma-separated list of evals of the same windows, one per replicate: a model trained
 alike but for its seeds (`--set data.seed=S --set train.seed=S`). Replicate i of A is paired with
-replicate i of B, so give both in the same seed order. compare.json's tables (buckets, strata,
+replicate i of B, so give both in the same seed order; one eval on a side (a base model, say) is
+paired with every replicate of the other. compare.json's tables (buckets, strata,
 strands, context ablation) are then those of the replicates pooled: each token's NLL averaged over a
 side's replicates, with the paired window bootstrap of a two-eval compare. Those CIs say how well the
 eval windows pin down the seed-averaged difference *of these seeds*; they do not cover the seeds.

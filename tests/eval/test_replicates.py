@@ -47,6 +47,15 @@ def test_swapped_replicates_pool_to_zero_with_a_ci_that_sees_the_seeds(evaluated
     assert "replicates: 2 pairs" in text and "1 of 2 negative" in text and "over pairs and then windows" in text
 
 
+def test_one_eval_against_replicates_is_paired_with_each(evaluated):
+    """A base against fine-tune seeds: `compare BASE FT1,FT2` is `compare BASE,BASE FT1,FT2`."""
+    one = compare_evals(evaluated.eval0, [evaluated.eval1, evaluated.eval0], resamples=200)
+    both = compare_evals([evaluated.eval0, evaluated.eval0], [evaluated.eval1, evaluated.eval0], resamples=200)
+    assert one["a"]["dirs"] == [str(evaluated.eval0)] * 2
+    assert one["replicates"] == both["replicates"] and _pick(one["overall"]) == _pick(both["overall"])
+    assert one["replicates"]["pairs"][1]["diff"] == 0  # eval0 against itself
+
+
 def test_replicate_ablation_spans(strata_evaluated):
     """With --context: each pair's ablation span is its evals' own, and swapped replicates pool to no difference."""
     e0, e1 = strata_evaluated.eval0, strata_evaluated.eval1
@@ -73,7 +82,8 @@ def test_cli_replicates_and_their_errors(evaluated, tmp_path, capsys):
         assert err and "Traceback" not in "\n".join(err) and not (tmp_path / "bad").exists()
         return err[-1]
 
-    assert "2 replicate eval(s) for A and 1 for B" in error(pair, str(evaluated.eval1))
+    three = f"{evaluated.eval0},{evaluated.eval1},{evaluated.eval0}"
+    assert "3 replicate evals for A and 2 for B" in error(three, pair)
     assert "nowhere does not exist" in error(f"{evaluated.eval0},{tmp_path / 'nowhere'}", pair)
     short = tmp_path / "short"
     shutil.copytree(evaluated.eval1, short)
