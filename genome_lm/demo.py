@@ -9,8 +9,9 @@ The long- minus short-context fine-tune is the gain attributable to context; the
 fine-tune minus the base also holds what more training alone does (short minus base).
 
 With `--set extra_seeds=2,3` both fine-tunes are trained again with those seeds (data.seed =
-train.seed) and the long- vs short-context comparison is also printed pooled over the seeds, with
-CIs that cover the spread between them (`eval/replicates.py`); the other outputs are reused.
+train.seed) from the same base, and the three comparisons are also made pooled over the seeds
+(evals/TAG_A_vs_B_seeds), with CIs that cover the spread between them (`eval/replicates.py`); the
+other outputs are reused.
 
 Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
 smaller version of every step (a few minutes; the test suite runs it).
@@ -163,13 +164,13 @@ def _strand_line(name: str, summary: dict) -> str:
             f"per-base Pearson r {g['pearson_r']:.3f}")
 
 
-def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> list:
+def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> dict[str, list[Path]]:
     """Recipe `extra_seeds`: both fine-tunes again from the same base per seed S (data.seed = train.seed =
-    S; outputs RUN_seedS), each evaluated as the others -> [compare dir, {"shortctx"|"longctx": [eval dirs,
-    seed 1 first]}], or [] without extra seeds."""
+    S; outputs RUN_seedS), each evaluated as the others -> {"base": [eval], "shortctx"|"longctx": [eval
+    dirs, seed 1 first]}, or {} without extra seeds."""
     if not r.seed_list():
-        return []
-    replicate = {"shortctx": [evals["shortctx"]], "longctx": [evals["longctx"]]}
+        return {}
+    replicate = {"base": [evals["base"]], "shortctx": [evals["shortctx"]], "longctx": [evals["longctx"]]}
     for S in r.seed_list():
         long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
                                         runs["base"] / "checkpoints" / "last")
@@ -179,7 +180,26 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
             _train(cfg, run_dir)
             _eval(run_dir / "checkpoints" / "last", shards, out, r)
             replicate[name].append(out)
-    return [evals["shortctx"].with_name(f"{evals['shortctx'].name}_vs_longctx_seeds"), replicate]
+    return replicate
+
+
+def _seeds_lines(results: dict, seeds: str) -> list[str]:
+    """The three paired differences pooled over the fine-tune seeds (`compare` with replicates)."""
+    lines = [f"  Over fine-tune seeds 1,{seeds} (extra_seeds): each paired difference per seed, and pooled with a "
+             "95% CI over seeds, then windows",
+             f"  {'paired difference, B - A':<33} {'rel % per seed':>24} {'pooled rel %':>13} {'95% CI (%)':>16}"]
+    for (a, b), what in zip(PAIRS, ("more training", "training + context", "context")):
+        rep = results[(a, b)]["replicates"]
+        per = ", ".join("-" if p["rel_change_pct"] is None else f"{p['rel_change_pct']:+.2f}" for p in rep["pairs"])
+        o = rep["overall"]
+        ci = "-" if o["rel_ci_low"] is None else f"[{o['rel_ci_low']:+.2f}, {o['rel_ci_high']:+.2f}]"
+        name = f"{ROLE_NAMES[b]} - {ROLE_NAMES[a]} ({what})"
+        lines.append(f"  {name:<33} {per:>24} {o['rel_change_pct']:>+13.2f} {ci:>16}")
+    return lines
+
+
+PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # the compares, (A, B): B - A
+ROLE_NAMES = {"base": "base", "shortctx": "short", "longctx": "long"}
 
 
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
@@ -194,7 +214,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     shards = root / "shards" / tag
     runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}
     evals = {name: root / "evals" / f"{tag}_{name}" for name in runs}
-    pairs = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # (A, B): B - A
+    pairs = PAIRS
     cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in pairs}
     report = root / "reports" / f"{tag}.html"
     t0 = time.perf_counter()
@@ -225,16 +245,16 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
         _train(cfg, runs[name])
         log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
         summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
-    seeds = _extra_seeds(r, data, runs, evals, shards)
-    log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seeds[:1]]))
+    replicates = _extra_seeds(r, data, runs, evals, shards)
+    seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if replicates else {}
+    log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seed_dirs.values()]))
     results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
-    if seeds:  # the short- vs long-context fine-tunes of every seed, pooled, with CIs over seeds
-        seeds[1] = write_compare(",".join(map(str, seeds[1]["shortctx"])), ",".join(map(str, seeds[1]["longctx"])),
-                                 seeds[0], overwrite=True)
+    seeds = {p: write_compare(",".join(map(str, replicates[p[0]])), ",".join(map(str, replicates[p[1]])), d,
+                              overwrite=True) for p, d in seed_dirs.items()}  # pooled over the fine-tune seeds
     gain = context_gain(evals["base"], evals["shortctx"], evals["longctx"],
                         compares=[load_compare_dir(d) for d in cmp_dirs.values()])
     log.info(f"[10/10] report -> {report}")
-    write_report([*evals.values(), *cmp_dirs.values(), *seeds[:1]], report, runs=list(runs.values()),
+    write_report([*evals.values(), *cmp_dirs.values(), *seed_dirs.values()], report, runs=list(runs.values()),
                  title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
 
@@ -259,11 +279,13 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     print("  long- vs short-context fine-tune on held-out chr22, by preceding context:")
     print(format_table(results[("shortctx", "longctx")]))
     if seeds:
-        print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds} (extra_seeds), pooled:")
-        print("\n".join(replicate_lines(seeds[1]["replicates"], pooled_above=False)))
+        print("\n".join(_seeds_lines(seeds, r.extra_seeds)))
+        print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds}, pooled:")
+        print("\n".join(replicate_lines(seeds[("shortctx", "longctx")]["replicates"], pooled_above=False)))
     print(f"  report: {report}")
     return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
-            "compare": results[("base", "longctx")], "compares": results, "gain": gain, "report": str(report)}
+            "compare": results[("base", "longctx")], "compares": results, "seeds": seeds, "gain": gain,
+            "report": str(report)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,7 +74,10 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     # another fine-tune seed: the same base, both fine-tunes again, compared pooled over seeds 1 and 2
     assert main(["--quick", "--root", str(tmp_path), "--set", "extra_seeds=2"]) == 0
     out = capsys.readouterr().out
-    assert "seeds 1,2 (extra_seeds), pooled" in out and "replicates: 2 pairs" in out
+    assert "Over fine-tune seeds 1,2 (extra_seeds)" in out and "replicates: 2 pairs" in out
+    assert "long - short (context)" in out.split("Over fine-tune seeds")[1]
+    base_vs_long = json.loads((tmp_path / "evals" / "demo_quick_base_vs_longctx_seeds" / "compare.json").read_text())
+    assert base_vs_long["a"]["dirs"] == [str(tmp_path / "evals" / "demo_quick_base")] * 2  # the one base, each seed
     rep = json.loads((tmp_path / "evals" / "demo_quick_shortctx_vs_longctx_seeds" / "compare.json").read_text())
     assert rep["b"]["dirs"] == [str(tmp_path / "evals" / f"demo_quick_longctx{s}") for s in ("", "_seed2")]
     seed1 = json.loads((tmp_path / "evals" / "demo_quick_shortctx_vs_longctx" / "compare.json").read_text())
@@ -83,7 +86,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
              (tmp_path / "runs" / "demo_quick_longctx_seed2" / "metrics.jsonl").read_text().splitlines()]
     assert len(seed2) == 3 and seed2 != got["longctx"]  # trained again, on other batches
     html = (tmp_path / "reports" / "demo_quick.html").read_text()
-    assert html.count("replicate pairs") == 1 and "Over 2 training seeds of both fine-tunes" in html
+    # long vs short in the section on context vs more training, the two against the base under Tables; none twice
+    assert html.count("replicate pairs") == 3 and "Over 2 training seeds of both fine-tunes" in html
 
 
 def test_recipe_overrides_change_the_recipe_and_the_output_names():
