@@ -184,22 +184,24 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
 
 
 def _seeds_lines(results: dict, seeds: str) -> list[str]:
-    """The three paired differences pooled over the fine-tune seeds (`compare` with replicates)."""
+    """The three paired differences of `report.matched.PAIRS` pooled over the fine-tune seeds (`compare`
+    with replicates; `results` keyed by this module's (A, B) names)."""
+    from genome_lm.report.matched import PAIRS as ROLE_PAIRS
+
     lines = [f"  Over fine-tune seeds 1,{seeds} (extra_seeds): each paired difference per seed, and pooled with a "
              "95% CI over seeds, then windows",
              f"  {'paired difference, B - A':<33} {'rel % per seed':>24} {'pooled rel %':>13} {'95% CI (%)':>16}"]
-    for (a, b), what in zip(PAIRS, ("more training", "training + context", "context")):
-        rep = results[(a, b)]["replicates"]
+    for b, a, what in ROLE_PAIRS:
+        rep = results[(NAMES[a], NAMES[b])]["replicates"]
         per = ", ".join("-" if p["rel_change_pct"] is None else f"{p['rel_change_pct']:+.2f}" for p in rep["pairs"])
         o = rep["overall"]
         ci = "-" if o["rel_ci_low"] is None else f"[{o['rel_ci_low']:+.2f}, {o['rel_ci_high']:+.2f}]"
-        name = f"{ROLE_NAMES[b]} - {ROLE_NAMES[a]} ({what})"
-        lines.append(f"  {name:<33} {per:>24} {o['rel_change_pct']:>+13.2f} {ci:>16}")
+        lines.append(f"  {f'{b} - {a} ({what})':<33} {per:>24} {o['rel_change_pct']:>+13.2f} {ci:>16}")
     return lines
 
 
 PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # the compares, (A, B): B - A
-ROLE_NAMES = {"base": "base", "shortctx": "short", "longctx": "long"}
+NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.matched's roles -> this module's names
 
 
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
@@ -214,8 +216,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     shards = root / "shards" / tag
     runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}
     evals = {name: root / "evals" / f"{tag}_{name}" for name in runs}
-    pairs = PAIRS
-    cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in pairs}
+    cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in PAIRS}
     report = root / "reports" / f"{tag}.html"
     t0 = time.perf_counter()
 

@@ -193,10 +193,13 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
                             "seed order (replicate i of A is compared with replicate i of B), or one eval on a side "
                             "(compared with every replicate of the other)")
     pairs = list(zip(A, B))
-    summaries = [(load_summary(x), load_summary(y)) for x, y in pairs]
+    distinct = list(dict.fromkeys(A + B))  # a side given once is paired with each replicate: read it once
+    summary = {d: load_summary(d) for d in distinct}
+    summaries = [(summary[x], summary[y]) for x, y in pairs]
     meta = _same_windows(A[0], B[0])
-    for d in A[1:] + B[1:]:
-        _same_windows(A[0], d)
+    for d in distinct:
+        if d not in (A[0], B[0]):
+            _same_windows(A[0], d)
     W = len(meta["window"])
     seq_len = max(s["config"]["seq_len"] for pair in summaries for s in pair)
     sum_a, sum_b = summaries[0]

@@ -105,7 +105,9 @@ def _seeds_paragraph(cmp: CompareResult) -> str:
     return f"<p>{html.escape(text)}</p>"
 
 
-def _context_gain_section(gain: ContextGain, compares: list[CompareResult] = ()) -> list[str]:
+def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None) -> list[str]:
+    """The section on context vs more training; `seeds`: a replicate compare of its short and long fine-tunes
+    (`_seeds_of`), read and tabled there too."""
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
     windows = gain.pair("long", "short").result["n_windows"]
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in {windows} windows (95% CI: "
@@ -128,8 +130,7 @@ def _context_gain_section(gain: ContextGain, compares: list[CompareResult] = ())
                     "of the second - 1), with paired 95% bootstrap CIs over windows. Right: the same per context "
                     "bucket."),
             tables.context_gain_table(gain)] + (
-               [_seeds_paragraph(seeds), tables.replicates_table(seeds)]
-               if (seeds := _seeds_of(gain, list(compares))) else [])
+               [_seeds_paragraph(seeds), tables.replicates_table(seeds)] if seeds else [])
 
 
 def _section(title: str, fig, alt: str, caption: str, reading_text: str | None, table: str | None) -> list[str]:
@@ -199,7 +200,7 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                           "bootstrap 95% CI over windows. Below zero: B is better.")]
     seeds = _seeds_of(gain, compares) if gain else None  # shown in the context-gain section
     if gain:
-        parts += _context_gain_section(gain, compares)
+        parts += _context_gain_section(gain, seeds)
     if evals:
         parts += _questions_sections(evals)
         parts += ["<h2>Repeat-masked vs unmasked bases</h2>",
