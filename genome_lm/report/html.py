@@ -45,8 +45,10 @@ def _figure(fig, alt: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def headline(compares: list[CompareResult], gain: ContextGain | None = None) -> str:
-    lines = [f"<p><b>{html.escape(reading(gain))}</b></p>"] if gain else []
+def headline(compares: list[CompareResult], gain: ContextGain | None = None, seeds: CompareResult | None = None) -> str:
+    """The page's opening lines: the context-vs-training reading (pooled over `seeds` too when given), then
+    each compare's overall change and where it is largest."""
+    lines = [f"<p><b>{html.escape(reading(gain, seeds))}</b></p>"] if gain else []
     for cmp in compares:
         o = cmp.result["overall"]
         if o["rel_change_pct"] is None:
@@ -95,19 +97,9 @@ def _seeds_of(gain: ContextGain, compares: list[CompareResult]) -> CompareResult
     return None
 
 
-def _seeds_paragraph(cmp: CompareResult) -> str:
-    rep = cmp.result["replicates"]
-    o = rep["overall"]
-    per = ", ".join(f"{p['rel_change_pct']:+.2f}%" for p in rep["pairs"] if p["rel_change_pct"] is not None)
-    text = (f"Over {rep['n']} training seeds of both fine-tunes (compare of replicates, seed by seed), long vs short "
-            f"is {per}; pooled {o['rel_change_pct']:+.2f}% (95% CI over seeds and then windows "
-            f"{rel_ci_text(o)}).")
-    return f"<p>{html.escape(text)}</p>"
-
-
 def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None) -> list[str]:
     """The section on context vs more training; `seeds`: a replicate compare of its short and long fine-tunes
-    (`_seeds_of`), read and tabled there too."""
+    (`_seeds_of`), read (pooled over the seeds) and tabled there too."""
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
     windows = gain.pair("long", "short").result["n_windows"]
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in {windows} windows (95% CI: "
@@ -120,7 +112,7 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
                    f"at context {t['short'].seq_len:,}), the long-context one on {t['long'].tokens:,} "
                    f"({t['long'].steps:,} steps at context {t['long'].seq_len:,}).")
     return ["<h2>Is the gain from context, or from more training?</h2>",
-            f'<p class="headline">{html.escape(reading(gain))}</p>',
+            f'<p class="headline">{html.escape(reading(gain, seeds))}</p>',
             "<p>The long-context fine-tune also trained on more tokens than the base. The control is the same base "
             "fine-tuned on the same number of tokens at the base's context: short vs base is what more training "
             "alone does, long vs short what the context adds.</p>",
@@ -130,7 +122,7 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
                     "of the second - 1), with paired 95% bootstrap CIs over windows. Right: the same per context "
                     "bucket."),
             tables.context_gain_table(gain)] + (
-               [_seeds_paragraph(seeds), tables.replicates_table(seeds)] if seeds else [])
+               [tables.replicates_table(seeds)] if seeds else [])
 
 
 def _section(title: str, fig, alt: str, caption: str, reading_text: str | None, table: str | None) -> list[str]:
@@ -177,10 +169,11 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
     gain = _context_gain(evals, compares, matched)
     if not compares and len(evals) >= 2:
         compares = list(gain.pairs.values()) if gain else implied_compares(evals)
+    seeds = _seeds_of(gain, compares) if gain else None  # long vs short over training seeds, read with the three
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S")}; losses in bits per base '
              "(= nats per token / ln 2); context = tokens of sequence preceding the scored token</p>",
-             headline(compares, gain)]
+             headline(compares, gain, seeds)]
     if evals:
         items = "".join(
             f"<li><b>{html.escape(e.label)}</b>: {html.escape(str(e.dir))} &mdash; checkpoint "
@@ -198,7 +191,6 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
                   _figure(plots.plot_relative_change(compares), "relative change vs context",
                           "100 x (mean loss B / mean loss A - 1) per context bucket on the same tokens; bands: paired "
                           "bootstrap 95% CI over windows. Below zero: B is better.")]
-    seeds = _seeds_of(gain, compares) if gain else None  # shown in the context-gain section
     if gain:
         parts += _context_gain_section(gain, seeds)
     if evals:

@@ -5,7 +5,7 @@ both fine-tunes on the same number of training tokens.
     gain = context_gain("evals/demo_base", "evals/demo_shortctx", "evals/demo_longctx")
     print(format_context_gain(gain))          # the demo's three-way table
     gain.pair("long", "short").result          # compare_evals(short, long): B = long, A = short
-    reading(gain)                              # the report's one-sentence reading
+    reading(gain, seeds)                       # the report's reading (seeds: a replicate compare, optional)
 
     short - base   more training alone
     long  - base   more training + context
@@ -142,20 +142,37 @@ def rel_ci_text(o: dict) -> str:
     return "n/a" if lo is None or hi is None else f"{lo:+.2f} to {hi:+.2f}%"
 
 
-def reading(gain: ContextGain) -> str:
-    """One sentence: the long- and short-context fine-tunes against the base, and their difference."""
+def _verdict(o: dict) -> str:
+    """How a change with relative CI `o` reads: clear of zero, worse, or not told from no effect."""
+    lo, hi = o.get("rel_ci_low"), o.get("rel_ci_high")
+    if lo is None or hi is None:
+        return ": no CI, which needs at least 2 eval windows."
+    if hi < 0:
+        return ", its CI clear of zero."
+    if lo > 0:
+        return ": the long-context model is worse, its CI clear of zero."
+    return ": its CI includes zero, so these windows cannot tell it from no effect."
+
+
+def seeds_reading(seeds: CompareResult) -> str:
+    """One sentence on a replicate compare of short (A) and long (B) fine-tunes over training seeds."""
+    rep = seeds.result["replicates"]
+    o = rep["overall"]
+    per = ", ".join(_pct(p) for p in rep["pairs"])
+    text = (f"Over {rep['n']} training seeds of both fine-tunes, long vs short is {per} seed by seed and "
+            f"{_pct(o)} pooled (95% CI over seeds and then windows {rel_ci_text(o)})")
+    return text + _verdict(o).replace("these windows", "these seeds and windows")
+
+
+def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
+    """One sentence: the long- and short-context fine-tunes against the base, and their difference;
+    with `seeds` (a replicate compare of the short and long fine-tunes, `compare SHORT,... LONG,...`)
+    a second one on long vs short pooled over the seeds."""
     lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
     text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
-            f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})")
-    lo, hi = ls.get("rel_ci_low"), ls.get("rel_ci_high")
-    if lo is None or hi is None:
-        return text + ": no CI, which needs at least 2 eval windows."
-    if hi < 0:
-        return text + ", its CI clear of zero."
-    if lo > 0:
-        return text + ": the long-context model is worse, its CI clear of zero."
-    return text + ": its CI includes zero, so these windows cannot tell it from no effect."
+            f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})") + _verdict(ls)
+    return text if seeds is None else f"{text} {seeds_reading(seeds)}"
 
 
 def _trained(t: Training | None) -> str:

@@ -3,6 +3,7 @@ own numbers, the roles are found from the runs, and the report gets its section 
 
 from __future__ import annotations
 
+import html
 import math
 import re
 
@@ -16,6 +17,7 @@ from genome_lm.report import (
     find_roles,
     format_ablation,
     format_context_gain,
+    load_compare_dir,
     load_eval,
     reading,
 )
@@ -106,6 +108,25 @@ def test_report_reuses_given_compares_and_takes_explicit_roles(matched, tmp_path
     page = build_report([cmp], matched=(matched.base, matched.short, matched.long))
     assert SECTION in page
     assert sorted(calls) == sorted([(matched.base, matched.short), (matched.base, matched.long)])  # not short/long
+
+
+def test_reading_pools_long_vs_short_over_seeds(matched, tmp_path):
+    """A replicate compare of the fine-tunes (here seeds (short, long) vs (long, short): pooled, the sides are
+    the same models) adds a sentence on long vs short per seed and pooled, in the headline and the section."""
+    out = tmp_path / "seeds"
+    write_compare([matched.short, matched.long], [matched.long, matched.short], out, resamples=300)
+    seeds = load_compare_dir(out)
+    gain = context_gain(matched.base, matched.short, matched.long, resamples=300)
+    text = reading(gain, seeds)
+    rep = seeds.result["replicates"]
+    pair = [f"{p['rel_change_pct']:+.2f}%" for p in rep["pairs"]]
+    assert pair[0] == f"{gain.pair('long', 'short').result['overall']['rel_change_pct']:+.2f}%"  # seed 1: the pair
+    assert text.startswith(reading(gain) + " Over 2 training seeds of both fine-tunes")
+    assert f"long vs short is {pair[0]}, {pair[1]} seed by seed and {rep['overall']['rel_change_pct']:+.2f}% pooled" \
+        in text
+    assert text.endswith("its CI includes zero, so these seeds and windows cannot tell it from no effect.")
+    page = build_report([matched.base, matched.short, matched.long, out])
+    assert page.count(html.escape(text)) == 2  # the page's headline and the section's
 
 
 def test_two_models_get_no_section(evaluated):
