@@ -154,10 +154,11 @@ def run_local(job: Job, nproc: int):
                             "use --ray for several nodes")
     job.layout(nproc)
     error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
+    log_dir = tempfile.mkdtemp(prefix="genome_lm_elastic_")  # the launcher's (empty: nothing is redirected)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=0.5, start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="genome_lm_elastic_")),
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     log.info("launching %d processes (%s)", nproc, job.describe)
     # the launcher logs each failed worker's traceback; workers print their own (none for user errors)
@@ -175,6 +176,7 @@ def run_local(job: Job, nproc: int):
     finally:
         elastic_log.setLevel(level)
         shutil.rmtree(error_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
     return results.get(0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,13 +98,17 @@ def test_init_from_checkpoint_dp2_matches_one_process(dp2_run, tmp_path, ep):
     assert records(tmp_path / "two")[1]["loss"] < records(run)[1]["loss"]  # it did start from the trained weights
 
 
-def test_ep2_matches_one_process_and_resumes_on_ep1(dp2_run, tmp_path):
+def test_ep2_matches_one_process_and_resumes_on_ep1(dp2_run, tmp_path, monkeypatch):
     """parallel.ep=2 on 2 processes: the routed experts split over the ranks, tokens sent to
     them by all-to-all; the curve equals dp 2 (which equals one process). Its checkpoint holds
-    the experts at their global shape, so it resumes on one process (ep 1)."""
+    the experts at their global shape, so it resumes on one process (ep 1). The launch leaves
+    nothing in the temporary directory."""
     exp, run = dp2_run
     ep = tmp_path / "ep"
+    (tmp := tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     assert main(["train", exp, "--out", str(ep), "--nproc", "2", "--set", "parallel.ep=2"]) == 0
+    assert list(tmp.iterdir()) == []
     assert_same_curve(records(ep), records(run), range(1, 5))
     assert all(records(ep)[s]["ep_rank_imbalance"] >= 1 for s in range(1, 5))
     assert json.loads((ep / "checkpoints" / "last" / "genome_lm.json").read_text())["ep"] == 2
