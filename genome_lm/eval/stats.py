@@ -89,9 +89,15 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
             w = rng.multinomial(W, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
             reps.append(statistic(**{k: w @ v for k, v in arrays.items()}))
     reps = np.concatenate(reps)  # [R, S]
+    return _percentile_ci(reps, defined_by >= 2, level)
+
+
+def _percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):
+    """(low [S], high [S]) percentiles of bootstrap replicates `reps` [R, S]; NaN where not `usable` or
+    where the statistic is undefined in most replicates."""
     alpha = (1.0 - level) / 2
     low, high = np.full(reps.shape[1], np.nan), np.full(reps.shape[1], np.nan)
-    ok = (np.isfinite(reps).mean(axis=0) >= 0.5) & (defined_by >= 2)
+    ok = (np.isfinite(reps).mean(axis=0) >= 0.5) & usable
     if ok.any():
         low[ok], high[ok] = np.nanquantile(reps[:, ok], [alpha, 1 - alpha], axis=0)
     return low, high
@@ -118,13 +124,7 @@ def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.nd
             w = rng.multinomial(W, np.full(W, 1.0 / W), size=b).astype(np.float64)  # [b, W]
             u = rng.multinomial(R, np.full(R, 1.0 / R), size=b).astype(np.float64) if R > 1 else np.ones((b, 1))
             reps.append(statistic(**{k: np.einsum("br,rwm,bw->bm", u, v, w) for k, v in arrays.items()}))
-    reps = np.concatenate(reps)
-    alpha = (1.0 - level) / 2
-    low, high = np.full(S, np.nan), np.full(S, np.nan)
-    ok = np.isfinite(reps).mean(axis=0) >= 0.5
-    if ok.any():
-        low[ok], high[ok] = np.nanquantile(reps[:, ok], [alpha, 1 - alpha], axis=0)
-    return low, high
+    return _percentile_ci(np.concatenate(reps), True, level)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -142,8 +142,9 @@ def rel_ci_text(o: dict) -> str:
     return "n/a" if lo is None or hi is None else f"{lo:+.2f} to {hi:+.2f}%"
 
 
-def _verdict(o: dict) -> str:
-    """How a change with relative CI `o` reads: clear of zero, worse, or not told from no effect."""
+def _verdict(o: dict, evidence: str = "these windows") -> str:
+    """How a change with relative CI `o` reads: clear of zero, worse, or not told from no effect by
+    `evidence` (what the CI resamples)."""
     lo, hi = o.get("rel_ci_low"), o.get("rel_ci_high")
     if lo is None or hi is None:
         return ": no CI, which needs at least 2 eval windows."
@@ -151,7 +152,7 @@ def _verdict(o: dict) -> str:
         return ", its CI clear of zero."
     if lo > 0:
         return ": the long-context model is worse, its CI clear of zero."
-    return ": its CI includes zero, so these windows cannot tell it from no effect."
+    return f": its CI includes zero, so {evidence} cannot tell it from no effect."
 
 
 def seeds_reading(seeds: CompareResult) -> str:
@@ -161,7 +162,7 @@ def seeds_reading(seeds: CompareResult) -> str:
     per = ", ".join(_pct(p) for p in rep["pairs"])
     text = (f"Over {rep['n']} training seeds of both fine-tunes, long vs short is {per} seed by seed and "
             f"{_pct(o)} pooled (95% CI over seeds and then windows {rel_ci_text(o)})")
-    return text + _verdict(o).replace("these windows", "these seeds and windows")
+    return text + _verdict(o, "these seeds and windows")
 
 
 def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
