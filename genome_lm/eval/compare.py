@@ -50,7 +50,7 @@ def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
     if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
         raise GenomeLMError(
             f"{a} and {b} scored different windows ({len(ma['window'])} vs {len(mb['window'])}); "
-            "evaluate both with the same --shards, --split and --max-windows"
+            "evaluate both with the same --shards, --split, --max-windows and --window-pick"
         )
     return ma
 
@@ -154,7 +154,7 @@ def _pooled(stats: list[tuple]) -> tuple:
                                 "evaluate every replicate with the same shards and --annotate files")
         if not np.array_equal(other[1].counts, acc_a.counts):
             raise GenomeLMError("the replicates' evals scored different tokens; evaluate every replicate with the "
-                                "same shards, --split, --max-windows and --seq-len")
+                                "same shards, --split, --max-windows, --window-pick and --seq-len")
     pooled = []
     for j in (1, 2):
         acc = StrataAccumulator(len(acc_a.sums), strata, acc_a.edges)

@@ -28,7 +28,12 @@ class EvalConfig(BlockSizes):
     split: str = "eval"
     seq_len: Size | None = Field(default=None, description="tokens per scored piece (default: the whole window); "
                                  "longer windows are scored in consecutive pieces whose context restarts")
-    max_windows: int | None = Field(default=None, gt=0, description="score only the first N windows of the split")
+    max_windows: int | None = Field(default=None, gt=0, description="score only N windows of the split (which: "
+                                    "--window-pick)")
+    window_pick: Literal["first", "spread"] = Field(
+        default="first", description="with --max-windows N: 'first' scores the split's first N windows (shard order: "
+        "along each chromosome); 'spread' scores N spaced evenly over the split, a sample of the whole of each "
+        "chromosome rather than of its start")
     buckets: str = Field(default="log2", description="'log2' ([0,1), [1,2), [2,4), ...) or edges of context "
                          "buckets, e.g. 0,16,256,4k")
     engine: Literal["parallel", "streaming"] = "parallel"

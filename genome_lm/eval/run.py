@@ -71,7 +71,7 @@ def check_inputs(cfg: EvalConfig) -> list:
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")
-    lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows)
+    lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows, cfg.window_pick)
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
@@ -88,10 +88,21 @@ def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
     return manifest, ds
 
 
-def window_lengths(ds, max_windows: int | None) -> np.ndarray:
-    """Tokens [W] of the first `max_windows` windows (all by default) of a shard split."""
-    n = len(ds) if max_windows is None else min(max_windows, len(ds))
-    rows = ds.select_columns(["start", "end"]).select(range(n))
+def window_indices(n_split: int, max_windows: int | None, pick: str = "first") -> np.ndarray:
+    """Rows [W] of a split of `n_split` windows that an eval scores, increasing: all of them without
+    `max_windows`; else the first `max_windows` ("first"), or `max_windows` rows spaced evenly over the
+    split, each at the middle of its stretch ("spread": row floor((i + 1/2) * n_split / W))."""
+    n = n_split if max_windows is None else min(max_windows, n_split)
+    if pick == "first" or n == n_split:
+        return np.arange(n, dtype=np.int64)
+    if pick != "spread":
+        raise ValueError(f"window pick {pick!r}: use 'first' or 'spread'")
+    return ((np.arange(n) + 0.5) * n_split / n).astype(np.int64)  # stretches of >= 1 row: strictly increasing
+
+
+def window_lengths(ds, max_windows: int | None, pick: str = "first") -> np.ndarray:
+    """Tokens [W] of the windows of a shard split that an eval scores (`window_indices`)."""
+    rows = ds.select_columns(["start", "end"]).select(window_indices(len(ds), max_windows, pick))
     return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
 
@@ -120,11 +131,12 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     out = Path(cfg.out)
-    manifest, ds = _inputs(cfg)
+    manifest, split = _inputs(cfg)
     ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
-    n = len(ds) if cfg.max_windows is None else min(cfg.max_windows, len(ds))
-    head = ds.select(range(n))
-    meta = {c: np.asarray(head[c]) for c in ("chrom", "start", "end", "strand")}
+    rows = window_indices(len(split), cfg.max_windows, cfg.window_pick)  # [W] the split's rows scored
+    ds, n = split.select(rows), len(rows)  # window i of this eval = row rows[i] of the split
+    meta = {c: np.asarray(ds[c]) for c in ("chrom", "start", "end", "strand")}
+    meta["window"] = rows
     lengths = (meta["end"] - meta["start"]).astype(np.int64)
     seq_len = int(cfg.seq_len or lengths.max())
     edges = bucket_edges(cfg.buckets, max_context=int(min(seq_len, lengths.max())) - 1)
@@ -139,6 +151,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
         key["context"], key["ablation_targets"] = cfg.context, targets.tolist()
     if cfg.strands != "forward":
         key["strands"] = cfg.strands
+    if cfg.window_pick != "first":  # the first N are the same rows whatever N; a spread sample is not
+        key["rows"] = rows.tolist()
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
@@ -184,7 +198,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     extra = {
         "checkpoint": ckpt,
         "shards": {"path": str(cfg.shards), "split": cfg.split, "manifest_sha256": key["manifest_sha256"],
-                   "n_windows": n, "n_windows_in_split": len(ds)},
+                   "n_windows": n, "n_windows_in_split": len(split), "window_pick": cfg.window_pick},
         "config": {**cfg.model_dump(), "seq_len": seq_len, "seq_len_requested": cfg.seq_len,
                    "bucket_edges": edges.tolist(), "engines": engines,
                    "parallel": {"world": par.world, "dp": par.dp, "cp": par.cp}},
@@ -240,22 +254,23 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 nll = arrays["nll"]
                 contexts = contexts_of(len(nll), seq_len)
                 where = (str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]))
+                row_id = int(meta["window"][i])  # the window's row in the shard split
                 rec = {"nll": nll, "repeat": unpack_mask(row["repeat_mask"], len(nll)),
                        "leakage": unpack_mask(row[LEAKAGE_COLUMN], len(nll)) if leakage else None,
                        "annotations": {a.name: a.mask(*where) for a in annotations}}
                 acc.add(i, rec, contexts)
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
-                _write_row(writer, i, where, rec, False)
+                _write_row(writer, row_id, where, rec, False)
                 if both:
                     rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
                     agree.add(i, nll, rc["nll"], contexts, contexts)
-                    _write_row(writer, i, (*where[:3], rc["strand"]), rc, True)
+                    _write_row(writer, row_id, (*where[:3], rc["strand"]), rc, True)
                 if targets[i]:
                     t0 = len(nll) - int(targets[i])
                     abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
-                    abl_writer.add(i, *where, t0, arrays["ablation"])
+                    abl_writer.add(row_id, *where, t0, arrays["ablation"])
         files.close()  # context_ablation.parquet complete before the directory is renamed
         summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",

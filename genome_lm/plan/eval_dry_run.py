@@ -70,7 +70,7 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
 
     manifest, ds = _inputs(cfg)
     token_map(manifest["vocab"], source)
-    return window_lengths(ds, cfg.max_windows), f"{cfg.shards}/{cfg.split}"
+    return window_lengths(ds, cfg.max_windows, cfg.window_pick), f"{cfg.shards}/{cfg.split}"
 
 
 def forward_tokens(cfg, lengths: np.ndarray) -> dict:

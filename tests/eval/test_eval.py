@@ -157,3 +157,46 @@ def test_parity_streaming_engine_fp32(eval_inputs, tmp_path):
                             max_windows=1, parity=True, chunk_tokens=128, resamples=100), show_progress=False)
     assert s["parity"]["overall"]["n_tokens"] > 0
     assert s["parity"]["overall"]["max_abs_diff"] <= 1e-4
+
+
+def test_window_indices_first_and_spread():
+    from genome_lm.eval.run import window_indices
+
+    assert window_indices(10, None, "spread").tolist() == list(range(10))  # no --max-windows: all
+    assert window_indices(10, 3, "first").tolist() == [0, 1, 2]
+    assert window_indices(10, 3, "spread").tolist() == [1, 5, 8]  # the middle of each third
+    assert window_indices(10, 1, "spread").tolist() == [5]
+    assert window_indices(4, 9, "spread").tolist() == [0, 1, 2, 3]  # more asked than there are
+    for n_split in range(1, 40):
+        for w in range(1, n_split + 1):
+            rows = window_indices(n_split, w, "spread")
+            assert len(rows) == w and rows[0] >= 0 and rows[-1] < n_split and (np.diff(rows) > 0).all()
+            gaps = np.diff(rows)  # evenly spaced: n_split / w rows apart, rounded either way
+            assert (gaps.size == 0 or gaps.max() - gaps.min() <= 1) and rows[0] == int(n_split / w / 2)
+
+
+def test_spread_windows_are_the_splits_rows(eval_inputs, evaluated, tmp_path):
+    """--window-pick spread scores the split's rows `window_indices` names, records their row ids, and
+    scores each as an eval of the first windows does; compare refuses to pair it with a first-N eval."""
+    from genome_lm.eval import write_compare
+    from genome_lm.eval.run import window_indices
+
+    ds = load_shards(eval_inputs.shards, "eval")
+    rows = window_indices(len(ds), 2, "spread")
+    assert rows[-1] >= N_WINDOWS  # the sample reaches past the first windows
+    common = dict(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), resamples=100)
+    s = evaluate(EvalConfig(**common, out=str(tmp_path / "spread"), max_windows=2, window_pick="spread"),
+                 show_progress=False)
+    assert s["shards"]["n_windows"] == 2 and s["shards"]["window_pick"] == "spread"
+    ref = evaluate(EvalConfig(**common, out=str(tmp_path / "first"), max_windows=int(rows[-1]) + 1),
+                   show_progress=False)
+    assert ref["shards"]["window_pick"] == "first"
+    full = {w["window"]: w for w in iter_windows(tmp_path / "first")}
+    got = list(iter_windows(tmp_path / "spread"))
+    assert [w["window"] for w in got] == rows.tolist()
+    for w in got:
+        row = ds[w["window"]]
+        assert (w["chrom"], w["start"], w["end"]) == (row["chrom"], row["start"], row["end"])
+        np.testing.assert_array_equal(w["nll"], full[w["window"]]["nll"])
+    with pytest.raises(GenomeLMError, match="--window-pick"):
+        write_compare(evaluated.eval0, tmp_path / "spread", tmp_path / "cmp", resamples=10)
