@@ -156,8 +156,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
-    log.info("eval %s on %s/%s: %d windows (%s tokens), seq_len %d, engine %s%s, %s on %d process%s (dp %d x cp %d); "
-             "%d already cached", ckpt["model_dir"], cfg.shards, cfg.split, n, f"{int(lengths.sum()):,}", seq_len,
+    log.info("eval %s on %s/%s: %d windows%s (%s tokens), seq_len %d, engine %s%s, %s on %d process%s (dp %d x cp %d); "
+             "%d already cached", ckpt["model_dir"], cfg.shards, cfg.split, n,
+             "" if n == len(split) else f" of {len(split)} ({cfg.window_pick})", f"{int(lengths.sum()):,}", seq_len,
              cfg.engine, " + parity" if cfg.parity else "", cfg.dtype, par.world, "es" if par.world > 1 else "",
              par.dp, par.cp, n - len(todo))
     scored_tokens, t_score = 0, time.perf_counter()

@@ -45,6 +45,17 @@ def _figure(fig, alt: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def windows_text(summary: dict) -> str:
+    """How many windows an eval scored, and which of its split: "12 windows" (all of them), "12 of the
+    split's 66 windows (its first 12)" or "... (spread evenly over it)" (`eval --window-pick`)."""
+    shards = summary.get("shards", {})
+    n, m = shards.get("n_windows", "?"), shards.get("n_windows_in_split")
+    if m is None or n == m:
+        return f"{n} windows"
+    which = "spread evenly over it" if shards.get("window_pick", "first") == "spread" else f"its first {n}"
+    return f"{n} of the split's {m} windows ({which})"
+
+
 def headline(compares: list[CompareResult], gain: ContextGain | None = None, seeds: CompareResult | None = None) -> str:
     """The page's opening lines: the context-vs-training reading (pooled over `seeds` too when given), then
     each compare's overall change and where it is largest."""
@@ -178,8 +189,7 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
         items = "".join(
             f"<li><b>{html.escape(e.label)}</b>: {html.escape(str(e.dir))} &mdash; checkpoint "
             f"{html.escape(str(e.summary.get('checkpoint', {}).get('path', '?')))}, "
-            f"{e.summary['overall']['n_tokens']:,} tokens in "
-            f"{e.summary.get('shards', {}).get('n_windows', '?')} windows, "
+            f"{e.summary['overall']['n_tokens']:,} tokens in {windows_text(e.summary)}, "
             f"{e.summary['overall']['bits_per_base']:.4f} bits/base</li>" for e in evals)
         parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>",
                   "<h2>Loss vs preceding context</h2>",

@@ -25,6 +25,8 @@ def test_report_contains_every_plot_and_table(evaluated, tmp_path):
     assert all(png.startswith(b"\x89PNG") and len(png) > 10_000 for png in images.values())
     assert page.count('<table class="glm">') == 5  # repeat, runs, compare, 2 x buckets
     assert "bits per base" in page and "largest relative change" in page
+    n_split = load_eval(evaluated.eval0).summary["shards"]["n_windows_in_split"]
+    assert n_split > 3 and f"in 3 of the split's {n_split} windows (its first 3)" in page  # which windows
     assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
 
 
@@ -61,3 +63,13 @@ def test_cli_report_errors_are_one_line(evaluated, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("genome-lm report: error: ") and expect in err[-1]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_windows_text_names_the_sample():
+    from genome_lm.report.html import windows_text
+
+    shards = {"n_windows": 12, "n_windows_in_split": 66}
+    assert windows_text({"shards": shards}) == "12 of the split's 66 windows (its first 12)"  # older evals: first
+    assert windows_text({"shards": dict(shards, window_pick="spread")}) == \
+        "12 of the split's 66 windows (spread evenly over it)"
+    assert windows_text({"shards": dict(shards, n_windows=66)}) == "66 windows"
