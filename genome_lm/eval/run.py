@@ -20,6 +20,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -88,19 +89,17 @@ def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
     return manifest, ds
 
 
-def window_indices(n_split: int, max_windows: int | None, pick: str = "first") -> np.ndarray:
+def window_indices(n_split: int, max_windows: int | None, pick: Literal["first", "spread"] = "first") -> np.ndarray:
     """Rows [W] of a split of `n_split` windows that an eval scores, increasing: all of them without
     `max_windows`; else the first `max_windows` ("first"), or `max_windows` rows spaced evenly over the
     split, each at the middle of its stretch ("spread": row floor((i + 1/2) * n_split / W))."""
     n = n_split if max_windows is None else min(max_windows, n_split)
-    if pick == "first" or n == n_split:
-        return np.arange(n, dtype=np.int64)
-    if pick != "spread":
-        raise ValueError(f"window pick {pick!r}: use 'first' or 'spread'")
-    return ((np.arange(n) + 0.5) * n_split / n).astype(np.int64)  # stretches of >= 1 row: strictly increasing
+    if pick == "spread" and n < n_split:
+        return ((np.arange(n) + 0.5) * n_split / n).astype(np.int64)  # stretches of >= 1 row: strictly increasing
+    return np.arange(n, dtype=np.int64)
 
 
-def window_lengths(ds, max_windows: int | None, pick: str = "first") -> np.ndarray:
+def window_lengths(ds, max_windows: int | None, pick: Literal["first", "spread"] = "first") -> np.ndarray:
     """Tokens [W] of the windows of a shard split that an eval scores (`window_indices`)."""
     rows = ds.select_columns(["start", "end"]).select(window_indices(len(ds), max_windows, pick))
     return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
