@@ -41,6 +41,17 @@ class RunMetrics:
     columns: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [S] (NaN where missing)
 
 
+def windows_text(summary: dict) -> str:
+    """How many windows an eval scored, and which of its split: "12 windows" (all of them), "12 of the
+    split's 66 windows (its first 12)" or "... (spread evenly over it)" (`eval --window-pick`)."""
+    shards = summary.get("shards", {})
+    n, m = shards.get("n_windows", "?"), shards.get("n_windows_in_split")
+    if m is None or n == m:
+        return f"{n} windows"
+    which = "spread evenly over it" if shards.get("window_pick", "first") == "spread" else f"its first {n}"
+    return f"{n} of the split's {m} windows ({which})"
+
+
 def load_eval(eval_dir: str | Path, label: str | None = None) -> EvalResult:
     d = Path(eval_dir)
     if not d.is_dir():

@@ -19,7 +19,15 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.report import plots, questions, tables
-from genome_lm.report.data import CompareResult, EvalResult, implied_compares, load_dirs, load_eval, load_run
+from genome_lm.report.data import (
+    CompareResult,
+    EvalResult,
+    implied_compares,
+    load_dirs,
+    load_eval,
+    load_run,
+    windows_text,
+)
 from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text
 from genome_lm.utils import atomic_file
 
@@ -43,17 +51,6 @@ def _figure(fig, alt: str, caption: str) -> str:
     data = base64.b64encode(plots.figure_png(fig)).decode("ascii")
     return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-
-def windows_text(summary: dict) -> str:
-    """How many windows an eval scored, and which of its split: "12 windows" (all of them), "12 of the
-    split's 66 windows (its first 12)" or "... (spread evenly over it)" (`eval --window-pick`)."""
-    shards = summary.get("shards", {})
-    n, m = shards.get("n_windows", "?"), shards.get("n_windows_in_split")
-    if m is None or n == m:
-        return f"{n} windows"
-    which = "spread evenly over it" if shards.get("window_pick", "first") == "spread" else f"its first {n}"
-    return f"{n} of the split's {m} windows ({which})"
 
 
 def headline(compares: list[CompareResult], gain: ContextGain | None = None, seeds: CompareResult | None = None) -> str:
@@ -112,8 +109,8 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
     """The section on context vs more training; `seeds`: a replicate compare of its short and long fine-tunes
     (`_seeds_of`), read (pooled over the seeds) and tabled there too."""
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
-    windows = gain.pair("long", "short").result["n_windows"]
-    tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in {windows} windows (95% CI: "
+    tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in "
+              f"{windows_text(gain.evals['base'].summary)} (95% CI: "
               f"bootstrap over windows); each difference on the tokens both models scored "
               f"({gain.pair('long', 'short').result['overall']['n_tokens']:,}), with a paired bootstrap over the same "
               "windows.")

@@ -29,7 +29,7 @@ import numpy as np
 
 from genome_lm.eval.compare import compare_evals
 from genome_lm.eval.stats import LN2
-from genome_lm.report.data import CompareResult, EvalResult, load_eval
+from genome_lm.report.data import CompareResult, EvalResult, load_eval, windows_text
 
 ROLES = {"base": "base", "short": "short-context fine-tune", "long": "long-context fine-tune"}
 PAIRS = (("short", "base", "more training"), ("long", "base", "training + context"), ("long", "short", "context"))
@@ -189,7 +189,7 @@ def format_context_gain(gain: ContextGain) -> str:
     """The three-way table as fixed-width text (printed by `make demo`)."""
     o = gain.evals["base"].summary["overall"]
     lines = [f"  Is the gain from context, or from more training? held-out loss, {o['n_tokens']:,} tokens in "
-             f"{gain.pair('long', 'base').result['n_windows']} windows (95% CI: bootstrap over windows)",
+             f"{windows_text(gain.evals['base'].summary)} (95% CI: bootstrap over windows)",
              f"  {'model':<33} {'trained (tokens @ context)':>27} {'bits/base':>10} {'95% CI':>18}"]
     for role, name in ROLES.items():
         o = gain.evals[role].summary["overall"]

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from genome_lm.eval.stats import LN2
-from genome_lm.report.data import EvalResult
+from genome_lm.report.data import EvalResult, windows_text
 from genome_lm.report.matched import change_in_words
 from genome_lm.report.plots import COLORS, _context_axis, _tokens
 from genome_lm.report.tables import _num, _table
@@ -119,7 +119,7 @@ def context_ablation_reading(evals: list[EvalResult]) -> str | None:
                      f"{d['tokens']:,} tokens by {_num(_bits(d['mean_delta']), '{:+.4f}')} bits/base "
                      f"{_ci(d['ci_low'], d['ci_high'])} ({change_in_words(d['ci_low'], d['ci_high'])})")
     n = evals[0].summary["context_ablation"]
-    return (f"On {n['target_tokens']:,} target tokens in {n['n_windows']} windows, a model that reads distant "
+    return (f"On {n['target_tokens']:,} target tokens in {windows_text(evals[0].summary)}, a model that reads distant "
             "sequence gets better as L grows; position in the window plays no part here. " + "; ".join(parts) + ".")
 
 

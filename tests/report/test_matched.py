@@ -93,7 +93,7 @@ def test_report_has_the_section_with_three_models(matched, tmp_path):
     assert "context vs more training" in images and images["context vs more training"].startswith(b"\x89PNG")
     assert SECTION in page and "gain attributable to context" in page
     assert "training tokens" in page and f"{STEPS * TOKENS_PER_STEP:,} ({STEPS} steps at context 1,024)" in page
-    assert re.search(r"rests on its [\d,]+ held-out tokens in 3 windows", page)
+    assert re.search(r"rests on its [\d,]+ held-out tokens in 3 of the split&#x27;s \d+ windows \(its first 3\)", page)
     for label in ("short vs base", "long vs base", "long vs short"):  # all three pairs in the tables
         assert f"{label}: A = " in page
 

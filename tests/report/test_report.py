@@ -66,7 +66,7 @@ def test_cli_report_errors_are_one_line(evaluated, tmp_path, capsys):
 
 
 def test_windows_text_names_the_sample():
-    from genome_lm.report.html import windows_text
+    from genome_lm.report.data import windows_text
 
     shards = {"n_windows": 12, "n_windows_in_split": 66}
     assert windows_text({"shards": shards}) == "12 of the split's 66 windows (its first 12)"  # older evals: first
