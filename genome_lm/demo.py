@@ -46,7 +46,7 @@ class Recipe(BaseModel):
     window: str  # prepare --seq-len: the eval context and the long-context fine-tune's
     base_steps: int = Field(gt=0)
     finetune_steps: int = Field(gt=0)  # each fine-tune's; the short-context one takes window / 256 sequences per step
-    eval_windows: int = Field(gt=0)
+    eval_windows: int | None = Field(default=None, gt=0)  # eval --max-windows; None: every window of the split
     context: str  # eval --context: the ablation's lengths L (targets: the last 1/8 of each window)
     model: str = "glm53-demo"  # the preset all three models are (experiments/demo_*.yaml's model.name)
     extra_seeds: str = ""  # e.g. "2,3": both fine-tunes again per seed S (data.seed = train.seed = S), compared pooled
@@ -66,7 +66,7 @@ class Recipe(BaseModel):
 UNTAGGED = {"extra_seeds"}  # adds outputs without changing the others: reuses the recipe's outputs
 
 
-FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, eval_windows=12, context="1k,2k,4k,7k")
+FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, context="1k,2k,4k,7k")
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2, context="256,1k")
 
 
@@ -90,18 +90,20 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
     return r, f"{tag}_{suffix}" if suffix else tag
 
 
-# The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~70% of the bases)
+# The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~90% of the bases)
 # is an order-6 Markov chain with a table of its own per isochore (20-300 kbp), additive in the six
 # preceding bases (genome/markov.py): only the sequence before a token reveals its isochore's table,
 # and a small model learns to estimate it in context within ~100 steps, without the phase change
-# that in-context copying needs (docs/model.md, "What the demo's long-context fine-tune learns").
-# Tandem arrays (~20%) put copies within 256 tokens; interspersed copies (~10%) 500-8000 bases from
-# their source; segmental duplications of chr1/chr2 in chr22 give the leakage mask something to mark.
+# that in-context copying needs; an estimate over 7k bases beats one over 1k. Interspersed copies
+# (~10%) lie 500-8000 bases from their source; segmental duplications of chr1/chr2 in chr22 give the
+# leakage mask something to mark. No tandem arrays: they reward a state that adapts within a few
+# hundred bases, and with them (20% of the bases until session 19) the long-context fine-tune learnt
+# to forget fast and read nothing past 1k (docs/model.md, "What the demo's long-context fine-tune
+# learns").
 DEMO_GENOME = dict(
     markov_order=6, markov_rows="additive", markov_scale=0.4,
     n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.1,
     min_distance=500, max_distance=8000, substitution_rate=0.01, indel_rate=0.0, reverse_fraction=0.0,
-    tandem_fraction=0.2, tandem_unit_min=10, tandem_unit_max=80, tandem_copies_min=4, tandem_copies_max=30,
     segdup_count=5, segdup_max_len=5000, segdup_region=(0.17, 0.30),  # chr22 shares sequence with chr1/chr2
 )
 

@@ -11,8 +11,8 @@ expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
   `KDA KDA KDA DSA(full) DSA(shared) KDA`, so a DSA layer reuses the previous layer's top-k;
   8 experts top-2; k-pool 4 < top-k 32, so attention is really sparse from a few hundred tokens.
 - `glm53-demo`: ~0.2M parameters, the model `make demo` trains from scratch on a CPU. Tiny's
-  widths, three layers `KDA DSA(full) DSA(shared)` with hc_mult 4, four MLA heads, a KDA short
-  convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a from-scratch
+  widths, three layers `KDA DSA(full) DSA(shared)` with hc_mult 4, four MLA heads, four KDA heads
+  of 32, a KDA short convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a from-scratch
   model's indexer is untrained) and dense MLPs: what learns in-context copying of DNA within a
   CPU budget (the copy-probe measurements behind this choice: docs/model.md, "Why glm53-demo").
 
@@ -94,6 +94,7 @@ PRESETS["glm53-demo"] = dict(
     num_hidden_layers=3,
     num_attention_heads=4,
     num_key_value_heads=4,
+    linear_num_heads=4,
     linear_conv_kernel_dim=8,
     index_topk=8192,
     layer_types=[_KDA, _DSA, _DSA],

@@ -4,7 +4,7 @@ Rank r runs its slab's KDA core on fla's own context parallelism (`fla_cp_kda_co
 `chunk_kda` per slab with a `cp_context`, the states exchanged inside fla's kernels, forward and
 backward); loss, per-token NLL and every parameter gradient must equal the single-process run on
 genome_lm's torch op, which the two-pass method (tests/parallel/test_cp.py) also equals.
-glm53-demo (one KDA layer with 2 heads of 32, two DSA layers), T = 50: slabs of 25 tokens (fla's
+glm53-demo (one KDA layer with 4 heads of 32, two DSA layers), T = 50: slabs of 25 tokens (fla's
 forward interprets one program per token and head: short slabs).
 """
 
