@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import assert_grads_close, spawn
+from genome_lm.model.presets import preset_config
 
 B, T = 1, 50
 # the bounds of tests/parallel/test_cp.py; gradients: max |Δ| / max |ref| per parameter
@@ -71,10 +72,12 @@ def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch, head_block):
     ref = _step(cp=False)
     monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")  # inherited by the spawned ranks
     spawn(_cp_worker, 2, str(tmp_path), head_block, timeout=280)
+    config = preset_config("glm53-demo")
+    H, K = config.linear_num_heads, config.linear_head_dim
     for rank, slab in enumerate([25, 25]):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         # one pass per slab (per head block), on fla's context parallelism (no state-map pass)
-        want = [((B, slab, 2, 32), True)] if not head_block else [((B, slab, 1, 32), True)] * 2
+        want = [((B, slab, H, K), True)] if not head_block else [((B, slab, 1, K), True)] * H
         assert got["fla_calls"] == want, rank
         torch.testing.assert_close(got["loss"], ref["loss"], rtol=RTOL["loss"], atol=1e-6, msg="loss")
         torch.testing.assert_close(got["nll"], ref["nll"], rtol=RTOL["nll"], atol=1e-5, msg="per-token NLL")
