@@ -12,9 +12,10 @@ expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
   8 experts top-2; k-pool 4 < top-k 32, so attention is really sparse from a few hundred tokens.
 - `glm53-demo`: ~0.2M parameters, the model `make demo` trains from scratch on a CPU. Tiny's
   widths, three layers `KDA DSA(full) DSA(shared)` with hc_mult 4, four MLA heads, four KDA heads
-  of 32, a KDA short convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a from-scratch
-  model's indexer is untrained) and dense MLPs: what learns in-context copying of DNA within a
-  CPU budget (the copy-probe measurements behind this choice: docs/model.md, "Why glm53-demo").
+  of 32, a KDA short convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a
+  from-scratch model's indexer is untrained) and dense MLPs: what learns the demo genome in
+  context within a CPU budget, and with four KDA heads reads 1k-7k back after the long fine-tune
+  (docs/model.md, "Why glm53-demo" and "Session 20").
 
 Small presets default to a 16-id vocabulary (a nucleotide alphabet needs only a handful of ids)
 and no padding id. Any `Glm5NextTextConfig` field can be overridden.
