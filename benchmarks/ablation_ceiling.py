@@ -104,12 +104,14 @@ def additive_reader(seq, order, scale, t0, lengths) -> list[float]:
     return out
 
 
-def gain(span: np.ndarray) -> dict:
-    """Per-window loss at 1k (or the shortest L) minus at the longest L -> its mean, sd over windows and 95%
-    percentile-bootstrap CI over windows (4,000 resamples)."""
+def length_summary(per: np.ndarray, lengths: list[int]) -> dict:
+    """per [windows, n_L] loss -> the mean loss per L, and the per-window loss at 1k (or the shortest L) minus
+    at the longest L: its mean, sd over windows and 95% percentile-bootstrap CI over windows (4,000 resamples)."""
+    span = per[:, lengths.index(1024) if 1024 in lengths else 0] - per[:, -1]
     idx = np.random.default_rng(0).integers(0, len(span), (4000, len(span)))
     low, high = np.quantile(span[idx].mean(1), [0.025, 0.975])
-    return {"gain_1k_to_longest": float(span.mean()),
+    return {"by_length": {str(L): float(per[:, j].mean()) for j, L in enumerate(lengths)},
+            "gain_1k_to_longest": float(span.mean()),
             "gain_sd_over_windows": float(span.std(ddof=1)) if len(span) > 1 else None,
             "gain_ci95": [float(low), float(high)]}
 
@@ -185,9 +187,8 @@ def delta_rows(fit: np.ndarray, test: np.ndarray, kind: str, order: int, heads: 
         w, b = fit_readout(o_fit[idx], y_fit)
         with torch.no_grad():
             per = readout_nll(o_test[idx], y_test, w, b).mean(-1).T.numpy()  # [windows, n_L]
-        span = per[:, lengths.index(1024) if 1024 in lengths else 0] - per[:, -1]
         rows.append({**labels, "kind": kind, "order": order, "reader": "delta", "betas": list(h),
-                     "by_length": {str(L): float(per[:, j].mean()) for j, L in enumerate(lengths)}, **gain(span)})
+                     **length_summary(per, lengths)})
     return rows
 
 
@@ -241,10 +242,8 @@ def main() -> int:
         reader = dirichlet_reader if kind == "dirichlet" else additive_reader
         per = np.asarray([reader(seq, order, param, t0, lengths) for seq in test])  # [windows, n_L]
         true = [float(-np.log(p[contexts(seq, order)[t0:], seq[t0:]]).mean()) for seq, p in zip(test, tables)]
-        span = per[:, lengths.index(1024) if 1024 in lengths else 0] - per[:, -1]  # from 1k (or the shortest)
         rows.append({"background": name, "kind": kind, "order": order, "param": param, "reader": "bayes",
-                     "true": float(np.mean(true)),
-                     "by_length": {str(L): float(per[:, j].mean()) for j, L in enumerate(lengths)}, **gain(span)})
+                     "true": float(np.mean(true)), **length_summary(per, lengths)})
         if heads:
             fit, _ = chains(kind, order, param, args.windows, args.window, seed=1)
             rows += delta_rows(fit, test, kind, order, heads, t0, lengths, background=name, param=param)
