@@ -7,13 +7,17 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
-# The package's extras; on a GPU node add gpu (pinned fla kernels): make setup EXTRAS=test,megatron,gpu
-EXTRAS ?= test,megatron
+# The exact environment (every dependency and extra, with hashes) that the suite passed on; torch
+# and the accelerator packages that come with its build (nvidia-*, cuda-*, triton) stay outside it.
+LOCK := requirements.lock
+LOCK_PYTHON := 3.11
 
-.PHONY: setup demo test test-interpret test-gpu test-all lint bench clean
+.PHONY: setup lock demo test test-interpret test-gpu test-all lint bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if v == "$(LOCK_PYTHON)" else \
+		"$(PYTHON) is Python " + v + "; $(LOCK) is for Python $(LOCK_PYTHON): make setup PYTHON=python$(LOCK_PYTHON)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
@@ -22,8 +26,12 @@ $(VENV)/.torch: | $(BIN)/python
 	$(PIP) install -q "$(TORCH_SPEC)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+# The lock as it is (--no-deps: nothing resolves at install time), then genome_lm itself, then a
+# check that the whole venv, torch included, is consistent.
+$(VENV)/.installed: pyproject.toml $(LOCK) $(VENV)/.torch
+	$(PIP) install -q --no-deps --require-hashes -r $(LOCK)
+	$(PIP) install -q --no-deps -e .
+	$(PIP) check
 	touch $@
 
 setup: $(VENV)/.installed
@@ -64,6 +72,20 @@ $(VENV)/.ruff: | $(BIN)/python
 
 lint: $(VENV)/.ruff
 	$(BIN)/ruff check genome_lm tests benchmarks
+
+# Regenerate $(LOCK) from pyproject.toml with the newest releases inside its ranges (run
+# `make test-upstream` first to see what would move). uv resolves; pip installs.
+UV_SPEC ?= uv==0.13.9
+UV_COMPILE = $(BIN)/uv pip compile pyproject.toml --all-extras --python-version $(LOCK_PYTHON) \
+	--python-platform x86_64-manylinux_2_28 --no-emit-package torch
+$(VENV)/.uv: | $(BIN)/python
+	$(PIP) install -q "$(UV_SPEC)"
+	touch $@
+
+lock: $(VENV)/.uv
+	accel=$$($(UV_COMPILE) --no-header --no-annotate -q | grep -oE '^(nvidia-|cuda-|triton)[^=]*' \
+		| sed 's/^/--no-emit-package /'); \
+	$(UV_COMPILE) $$accel --generate-hashes --custom-compile-command "make lock" -q -o $(LOCK)
 
 # Every benchmark in turn (tens of minutes on 2 cores); each writes benchmarks/results/NAME.json.
 bench: setup
