@@ -175,6 +175,12 @@ def _plan(args) -> None:
     run(from_args(PlanParams, args))
 
 
+def _check_upstream(args) -> None:
+    from genome_lm.model.contract import check_all
+
+    print(check_all())
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
     from genome_lm.eval.config import EvalConfig
@@ -214,12 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
             "two sets of replicate evals, with CIs over training seeds)", CompareParams)
     command("report", _report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
             ReportParams)
+    command("check-upstream", _check_upstream, "check the installed transformers against every upstream symbol, "
+            "attribute and signature genome_lm relies on")
     command("plan", _plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs", PlanParams)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports the model's upstream, which checks the installed transformers
+    except GenomeLMError as e:
+        print(f"genome-lm: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -8,7 +8,8 @@
   vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
   model. Missing weights are an error; unused ones are logged and kept in `model.load_report`.
 
-The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`).
+The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`). Building checks the
+installed transformers against `contract.py` first: a mismatch is one `UpstreamMismatch` line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
+from genome_lm.model.contract import check_model
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
 from genome_lm.model.weights import cast_tensor, load_weights_, read_text_config
@@ -70,6 +72,7 @@ def build(
             load_weights_(model, source_str, device or "cpu", dtype)
         elif dtype is not None:
             _cast_(model, dtype)
+    check_model(model)  # upstream's attributes that genome_lm reads (the symbols: on importing upstream)
     model.source = source_str
     if dtype is not None:  # the dtype the weights are built in (load_weights_ rounds to it)
         model.config.dtype = dtype

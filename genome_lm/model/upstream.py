@@ -3,14 +3,17 @@
 Upstream decorates four functions with `use_kernel_func_from_hub_with_fallback`
 (`chunk_kimi_delta_attention`, `recurrent_kimi_delta_attention`, `causal_conv1d_fn`,
 `causal_conv1d_update`). At import time that decorator picks the optional package's kernel
-(`fla.ops.kda.chunk_kda`, `causal_conv1d`) when it can be imported, and from then on calls it for
-*every* tensor, including CPU tensors, where fla's Triton kernels fail ("0 active drivers").
+(`fla.ops.kda.chunk_kda`, `causal_conv1d`) when it can be imported, and calls it for tensors on
+the devices that package lists (CUDA for fla). A fifth, `causal_conv1d_forward` (the KDA layer's
+conv with its cache), is a hub-kernel entry point (`use_kernel_forward_from_hub`) that `kernelize`
+may replace. genome_lm does not rely on upstream's per-device choice: on CPU it always wants
+upstream's own torch code, which fla's Triton kernels cannot run ("0 active drivers").
 The decorated function keeps upstream's own torch implementation as `__wrapped__`
 (`functools.wraps`), and the model's forward looks these names up in the module's globals at call
 time, so replacing the module globals is enough:
 
 - `route_cpu_to_torch()` (called by `build` and `apply_long_context`, idempotent): each of the
-  four names becomes a small dispatcher that sends CPU tensors to upstream's torch fallback and
+  five names becomes a small dispatcher that sends CPU tensors to upstream's torch fallback and
   anything else (CUDA) to whatever upstream picked (fla when installed). genome_lm never routes a
   CPU tensor to fla.
 - `use_torch_fallbacks()`: a context manager forcing upstream's torch fallbacks on every device
@@ -24,9 +27,17 @@ import functools
 from typing import Callable, Iterator
 
 import torch
-from transformers.models.glm5_next import modeling_glm5_next as glm
-from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig, Glm5NextTextConfig
-from transformers.models.glm5_next.modeling_glm5_next import (
+
+from genome_lm.model.contract import check_symbols
+
+# Every upstream symbol genome_lm uses is checked before any is touched: a transformers that does
+# not match is one line naming the symbol and the fix (`genome_lm.model.contract`), not an
+# ImportError or an AttributeError inside a forward.
+check_symbols()
+
+from transformers.models.glm5_next import modeling_glm5_next as glm  # noqa: E402
+from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig, Glm5NextTextConfig  # noqa: E402
+from transformers.models.glm5_next.modeling_glm5_next import (  # noqa: E402
     Glm5NextTextAttention,
     Glm5NextTextDecoderLayer,
     Glm5NextTextExperts,
@@ -54,10 +65,12 @@ __all__ = [
     "KEEP_IN_FP32",
 ]
 
-# Upstream module globals that may be bound to an optional package's kernel.
+# Upstream module globals that may be bound to an optional package's kernel (or, for
+# `causal_conv1d_forward`, replaced by a hub kernel through `kernelize`).
 KERNEL_FALLBACK_FUNCTIONS = (
     "chunk_kimi_delta_attention",
     "recurrent_kimi_delta_attention",
+    "causal_conv1d_forward",
     "causal_conv1d_fn",
     "causal_conv1d_update",
 )

@@ -306,3 +306,44 @@ def cached_outputs(seed: int, T: int, bounds) -> dict[str, torch.Tensor]:
 def test_patched_layer_with_upstream_cache_matches_upstream():
     outs = cached_outputs(5, 30, [(0, 2), (2, 3), (3, 20), (20, 21), (21, 30)])  # prefill, decode, prefill, ...
     assert_close("out", outs["patched"], outs["upstream"], LAYER_TOL["out"])
+
+
+def test_patched_layer_counts_tokens_in_the_cache_as_upstream():
+    """The cache's token count (what `generate` reads as the position) after prefill and decodes."""
+    from transformers import DynamicCache
+
+    config, upstream = tiny_layer(6)
+    patched = LongKDA.install(copy.deepcopy(upstream))
+    x = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(6))
+    counts = {}
+    for name, layer in [("upstream", upstream), ("patched", patched)]:
+        cache, seen = DynamicCache(config=config), []
+        with torch.no_grad(), upstream_torch_fallbacks():
+            for a, b in [(0, 9), (9, 10), (10, 11), (11, 12)]:
+                layer(x[:, a:b], cache=cache)
+                seen.append(int(cache.get_seq_length(0)))
+        counts[name] = seen
+    assert counts["patched"] == counts["upstream"] == [9, 10, 11, 12]
+
+
+def test_patched_layer_keeps_recurrent_states_and_crops_as_upstream():
+    """Assisted decoding: the cache records the past, keeps the states after the last N tokens, and
+    `crop` rolls back to one of them; the next tokens then see the same state as upstream's."""
+    from transformers import DynamicCache
+
+    config, upstream = tiny_layer(7)
+    patched = LongKDA.install(copy.deepcopy(upstream))
+    x = torch.randn(1, 20, 64, generator=torch.Generator().manual_seed(7))
+    outs, states = {}, {}
+    for name, layer in [("upstream", upstream), ("patched", patched)]:
+        cache, pieces = DynamicCache(config=config), []
+        with torch.no_grad(), upstream_torch_fallbacks():
+            pieces.append(layer(x[:, :10], cache=cache))
+            cache.activate_past_recording(recurrent_states_to_keep=4)
+            pieces.append(layer(x[:, 10:15], cache=cache))  # 5 drafted tokens, the last 4 states kept
+            cache.crop(-2)  # 2 drafts rejected
+            pieces.append(layer(x[:, 13:20], cache=cache))
+        outs[name] = torch.cat(pieces, dim=1)
+        states[name] = cache.get_recurrent_state(0).clone()
+    assert_close("out", outs["patched"], outs["upstream"], LAYER_TOL["out"])
+    assert_close("state", states["patched"], states["upstream"], LAYER_TOL["out"])

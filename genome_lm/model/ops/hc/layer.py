@@ -105,7 +105,7 @@ def hc_collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 def lean_hc_forward(self, hidden_streams: torch.Tensor):
     """`upstream_hc_forward` with its [T, S·D] steps as `hc_logits` and `hc_collapse`: same values."""
     hc = self.hc_mult
-    logits = hc_logits(hidden_streams, self.fn, self.input_norm.eps)  # [B, T, (2 + S)·S]
+    logits = hc_logits(hidden_streams, self.fn, self.input_norm.variance_epsilon)  # [B, T, (2 + S)·S]
     pre_w, post_w, comb_w = logits.split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
     pre_scale, post_scale, comb_scale = self.scale.unbind(0)

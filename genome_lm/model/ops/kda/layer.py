@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from genome_lm.model.ops.install import LongContextModule
@@ -56,6 +57,7 @@ def kda_layer_step(
     attention_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     kda_core: Callable | None = None,
+    mixed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, KDAState]:
     """Run one KDA layer over the next piece of a sequence.
 
@@ -68,6 +70,8 @@ def kda_layer_step(
         kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
             parallelism (`genome_lm.parallel`) passes one that composes the incoming state
             across ranks.
+        mixed: `kda_projections(module, hidden_states)`, `[B, T, 3·H·K]`, when the caller has
+            them already (the cache path); None computes them.
 
     Returns:
         `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
@@ -83,14 +87,12 @@ def kda_layer_step(
         raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
     if chunk_size is None:
         chunk_size = module.chunk_size
-    if attention_mask is not None:  # upstream apply_mask_to_padding_states
-        hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+    hidden_states = mask_padding(hidden_states, attention_mask)
     B, T, _ = hidden_states.shape
     head_shape = (B, T, -1, module.head_dim)
 
-    mixed = torch.cat(
-        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
-    )  # [B, T, 3·H·K]
+    if mixed is None:
+        mixed = kda_projections(module, hidden_states)  # [B, T, 3·H·K]
     prev = None if state is None else state.conv_state  # [B, 3·H·K, W-1]
     # called as a module, so that a sharded conv1d (float32) is gathered
     qkv = module.conv1d(mixed, prev)  # silu(causal depthwise conv), [B, T, 3·H·K]
@@ -121,6 +123,32 @@ def kda_layer_step(
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
     out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
     return out, KDAState(new_conv_state, None if recurrent is None else recurrent.float())
+
+
+def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Upstream's `apply_mask_to_padding_states`: zero the `[B, T, D]` input where the `[B, T]` mask is 0."""
+    if attention_mask is None:
+        return hidden_states
+    return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+
+
+def kda_projections(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
+    return torch.cat(
+        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
+    )
+
+
+def conv_state_before(full: torch.Tensor, T: int, width: int) -> torch.Tensor:
+    """The W-1 raw projections before the last T columns of a cache's conv input, `[B, C, W-1]`.
+
+    `full` is what `Cache.update_conv_state` returns, `[B, C, L]` with L >= T: the cached columns
+    (zero-padded at sequence start) followed by the T new ones. Fewer than W-1 cached columns are
+    zero-padded on the left, as the sequence start is.
+    """
+    before = full[..., : full.shape[-1] - T][..., -(width - 1):]
+    missing = width - 1 - before.shape[-1]
+    return F.pad(before, (missing, 0)) if missing else before
 
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
@@ -174,23 +202,36 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         if cache is None:
             return kda_layer_step(self, hidden_states, None, attention_mask)[0]
 
+        return self._cached_forward(hidden_states, cache, attention_mask)
+
+    def _cached_forward(self, hidden_states: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Upstream's cache path (`causal_conv1d_forward`, then the recurrent core) on `kda_layer_step`.
+
+        The cache gets the T raw projections through `update_conv_state`, so it counts the tokens
+        and, while recording the past for a later `crop`, keeps all of them. When it asks for the
+        recurrent states after each of its last N tokens (`get_recurrent_states_to_keep`), those
+        N tokens run one at a time after the rest, and the cache gets the N states.
+        """
         idx = self.layer_idx
-        conv_state = cache.get_conv_state(idx)  # [B, 3·H·K, >= W-1] raw projections, or None
-        recurrent = cache.get_recurrent_state(idx)
-        state = None
-        if conv_state is not None:
-            width = self.conv_kernel_size
-            if recurrent is None:
-                recurrent = conv_state.new_zeros(
-                    conv_state.shape[0], self.num_heads, self.head_dim, self.head_dim, dtype=torch.float32
-                )
-            state = KDAState(conv_state[..., conv_state.shape[-1] - (width - 1) :], recurrent)
-        out, new_state = kda_layer_step(self, hidden_states, state, attention_mask)
-        # The cache keeps the last W raw projections; only the last W-1 reach future outputs, and
-        # those are exactly new_state.conv_state (zero-padded at sequence start, as upstream pads).
-        cache.update_conv_state(new_state.conv_state.detach(), idx, conv_kernel_size=self.conv_kernel_size)
-        cache.update_recurrent_state(new_state.recurrent_state.detach(), idx)
-        return out
+        hidden_states = mask_padding(hidden_states, attention_mask)
+        B, T, _ = hidden_states.shape
+        recurrent = cache.get_recurrent_state(idx)  # read first: updating the conv state marks the layer started
+        mixed = kda_projections(self, hidden_states)  # [B, T, 3·H·K]
+        full = cache.update_conv_state(mixed.transpose(1, 2).detach(), idx, conv_kernel_size=self.conv_kernel_size)
+        if recurrent is None:
+            recurrent = mixed.new_zeros(B, self.num_heads, self.head_dim, self.head_dim, dtype=torch.float32)
+        state = KDAState(conv_state_before(full, T, self.conv_kernel_size), recurrent)
+
+        keep = min(cache.get_recurrent_states_to_keep(idx), T)
+        bounds = ([0] if keep < T else []) + list(range(T - keep, T + 1))  # [0, T-N, T-N+1, ..., T]
+        outs, kept = [], []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            out, state = kda_layer_step(self, hidden_states[:, start:end], state, mixed=mixed[:, start:end])
+            outs.append(out)
+            if start >= T - keep:
+                kept.append(state.recurrent_state.detach())
+        cache.update_recurrent_state(kept if keep else state.recurrent_state.detach(), idx)
+        return torch.cat(outs, dim=1)
 
 
 # Unpatched-upstream reference runs: upstream's own torch KDA/conv on every device. Upstream's

@@ -1,0 +1,227 @@
+"""What genome_lm relies on in upstream `transformers`, in one place, checked when a model is built.
+
+genome_lm subclasses the internals of `transformers.models.glm5_next` (`model/upstream.py` says
+how): its long-context classes read upstream modules' attributes, replace their `forward` with one
+of the same call, and swap module globals. A transformers release that renames any of these
+breaks the model inside a forward. This module lists every symbol, attribute and signature that
+genome_lm uses and checks them, so that a mismatch is one line naming the symbol, the installed
+version, the supported range and the fix:
+
+- `check_symbols()`: the module's classes and functions, the signatures genome_lm calls or
+  replaces, the cache methods of `DynamicCache`, and the config fields the presets, planner and
+  checkpoint reader set or read. Run by `model/upstream.py` when it is first imported.
+- `check_model(model)`: the attributes that upstream's `__init__` sets and genome_lm reads, on
+  the modules of a built model (`build` calls it). Attributes need instances: they are set in
+  `__init__`, and upstream renames them (`Glm5NextTextUnweightedRMSNorm.eps` became
+  `variance_epsilon` in 5.25).
+
+    genome-lm check-upstream   # the whole check on the installed transformers: exit 0, or 2 and one line
+
+`SUPPORTED` is pyproject.toml's range for transformers and `TESTED` the version in
+`requirements.lock` (`tests/model/test_contract.py` keeps the three equal). `make test-upstream`
+runs this check on the newest release before the lock moves.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from functools import cache
+
+from torch import nn
+
+from genome_lm.errors import GenomeLMError
+
+__all__ = ["SUPPORTED", "TESTED", "UpstreamMismatch", "check_all", "check_model", "check_symbols"]
+
+SUPPORTED = ">=5.25.0,<5.26"
+TESTED = "5.25.0"
+FIX = f"`make setup` (installs requirements.lock) or `pip install 'transformers{SUPPORTED}'`"
+
+MODULE = "transformers.models.glm5_next.modeling_glm5_next"
+CONFIG_MODULE = "transformers.models.glm5_next.configuration_glm5_next"
+
+# Classes and functions of MODULE: subclassed, swapped, called or routed (model/upstream.py).
+SYMBOLS = (
+    "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextPreTrainedModel", "Glm5NextTextModel",
+    "Glm5NextTextDecoderLayer", "Glm5NextTextAttention", "Glm5NextTextIndexer", "Glm5NextTextLinearAttention",
+    "Glm5NextTextForgetGate", "Glm5NextTextRMSNorm", "Glm5NextTextRMSNormGated", "Glm5NextTextUnweightedRMSNorm",
+    "Glm5NextTextHyperConnection", "Glm5NextTextMLP", "Glm5NextTextMoE", "Glm5NextTextExperts",
+    "Glm5NextTextTopkRouter", "Glm5NextForConditionalGeneration",
+    "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
+    "causal_conv1d_forward", "causal_conv1d_fn", "causal_conv1d_update",
+)
+
+# Parameters, in order, of what genome_lm replaces (a subclass's forward takes upstream's call)
+# or calls by keyword. "Class.method" or a function of MODULE.
+SIGNATURES = {
+    "Glm5NextTextLinearAttention.forward": ("self", "hidden_states", "cache", "attention_mask", "kwargs"),
+    "Glm5NextTextAttention.forward": ("self", "hidden_states", "attention_mask", "cache", "prev_topk_indices",
+                                      "kwargs"),
+    "Glm5NextTextIndexer.forward": ("self", "hidden_states", "q_resid", "attention_mask", "cache"),
+    "Glm5NextTextMoE.forward": ("self", "hidden_states"),
+    "Glm5NextTextExperts.forward": ("self", "hidden_states", "top_k_index", "top_k_weights"),
+    "Glm5NextTextHyperConnection.forward": ("self", "hidden_streams"),
+    "Glm5NextTextMLP.forward": ("self", "x"),
+    "Glm5NextTextRMSNorm.forward": ("self", "hidden_states"),
+    "Glm5NextTextRMSNormGated.forward": ("self", "hidden_states", "gate"),
+    "Glm5NextTextForgetGate.forward": ("self", "hidden_states"),
+    "Glm5NextTextModel.forward": ("self", "input_ids", "attention_mask", "position_ids", "cache", "inputs_embeds",
+                                  "use_cache", "kwargs"),
+}
+
+# `transformers.DynamicCache` methods the KDA layer's cache path and streaming eval call.
+CACHE_METHODS = {
+    "get_conv_state": ("self", "layer_idx", "state_idx"),
+    "update_conv_state": ("self", "conv_states", "layer_idx", "state_idx", "kwargs"),
+    "get_recurrent_state": ("self", "layer_idx", "state_idx"),
+    "update_recurrent_state": ("self", "recurrent_states", "layer_idx", "state_idx", "kwargs"),
+    "get_recurrent_states_to_keep": ("self", "layer_idx"),
+    "get_seq_length": ("self", "layer_idx"),
+}
+
+# Class attributes read at import or build time.
+CLASS_ATTRIBUTES = {
+    "Glm5NextPreTrainedModel": ("_keep_in_fp32_modules_strict",),
+}
+
+# `Glm5NextTextConfig` fields the presets, planner, checkpoint reader and layers read.
+CONFIG_FIELDS = (
+    "vocab_size", "pad_token_id", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_n_heads",
+    "index_head_dim", "index_topk", "index_kpool", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+    "n_group", "topk_group", "mlp_layer_types", "layer_types", "indexer_types", "hc_mult", "hidden_act",
+    "rms_norm_eps", "attention_dropout", "initializer_range", "tie_word_embeddings", "dtype",
+)
+
+# Attributes upstream's `__init__` sets on each module and genome_lm reads (checked on instances).
+ATTRIBUTES = {
+    "Glm5NextTextLinearAttention": (
+        "layer_idx", "num_heads", "head_dim", "qkv_dim", "conv_kernel_size", "activation", "q_proj", "k_proj",
+        "v_proj", "conv1d", "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_norm", "o_proj",
+    ),
+    "Glm5NextTextForgetGate": ("f_a_proj", "f_b_proj", "A_log", "dt_bias"),
+    "Glm5NextTextRMSNormGated": ("weight", "variance_epsilon"),
+    "Glm5NextTextRMSNorm": ("weight", "variance_epsilon"),
+    "Glm5NextTextUnweightedRMSNorm": ("variance_epsilon",),
+    "Glm5NextTextHyperConnection": ("hc_mult", "hc_sinkhorn_iters", "hc_eps", "fn", "base", "scale",
+                                    "input_norm"),
+    "Glm5NextTextMLP": ("gate_proj", "up_proj", "down_proj"),
+    "Glm5NextTextAttention": (
+        "config", "layer_idx", "num_heads", "qk_head_dim", "kv_lora_rank", "scaling", "q_a_proj", "q_a_layernorm",
+        "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj", "indexer",
+    ),
+    "Glm5NextTextIndexer": ("n_heads", "head_dim", "wq_b", "wk", "k_norm", "weights_proj",
+                            "index_kpool_compress_gate"),
+    "Glm5NextTextMoE": ("config", "experts", "gate", "shared_experts"),
+    "Glm5NextTextExperts": ("config", "gate_up_proj", "down_proj"),
+    "Glm5NextTextDecoderLayer": ("mlp",),
+    "Glm5NextTextModel": ("config", "embed_tokens", "layers"),
+}
+
+
+class UpstreamMismatch(GenomeLMError):
+    """The installed transformers lacks, or changed, something genome_lm relies on."""
+
+
+def installed_version() -> str:
+    try:
+        return importlib.import_module("transformers").__version__
+    except ImportError:
+        return "not installed"
+
+
+def _mismatch(problems: list[str]) -> UpstreamMismatch:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return UpstreamMismatch(
+        f"transformers {installed_version()} does not match genome_lm: {problems[0]}{more}; genome_lm needs "
+        f"transformers{SUPPORTED} (tested on {TESTED}). Fix: {FIX}"
+    )
+
+
+def _params(fn) -> tuple[str, ...] | None:
+    """Parameter names of `fn`, unwrapping upstream's kernel decorators (None if it has no signature)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
+    got = _params(fn)
+    if got is None or got == expected:
+        return None
+    return f"{where} takes ({', '.join(got)}), genome_lm calls it as ({', '.join(expected)})"
+
+
+def symbol_problems() -> list[str]:
+    """Every mismatch of SYMBOLS, SIGNATURES, CACHE_METHODS, CLASS_ATTRIBUTES and CONFIG_FIELDS."""
+    try:
+        glm = importlib.import_module(MODULE)
+        config_module = importlib.import_module(CONFIG_MODULE)
+        from transformers import DynamicCache
+    except ImportError as e:
+        return [f"{MODULE} cannot be imported ({e})"]
+    problems = [f"{MODULE} has no {name}" for name in SYMBOLS if not hasattr(glm, name)]
+    for where, expected in SIGNATURES.items():
+        cls_name, method_name = where.split(".")
+        if not hasattr(glm, cls_name):
+            continue  # reported with SYMBOLS
+        method = getattr(getattr(glm, cls_name), method_name, None)
+        problems.append(f"{MODULE} has no {where}" if method is None else _signature_problem(where, method, expected))
+    for name, expected in CACHE_METHODS.items():
+        method = getattr(DynamicCache, name, None)
+        problems.append(f"DynamicCache has no method {name}" if method is None
+                        else _signature_problem(f"DynamicCache.{name}", method, expected))
+    for cls_name, attrs in CLASS_ATTRIBUTES.items():
+        cls = getattr(glm, cls_name, None)
+        problems += [f"{cls_name} has no attribute {a!r}" for a in attrs if cls is not None and not hasattr(cls, a)]
+    config_cls = getattr(config_module, "Glm5NextTextConfig", None)
+    if config_cls is not None:
+        config = config_cls()
+        problems += [f"Glm5NextTextConfig has no field {f!r}" for f in CONFIG_FIELDS if not hasattr(config, f)]
+    return [p for p in problems if p]
+
+
+@cache
+def check_symbols() -> None:
+    """Raise `UpstreamMismatch` (one line, the first problem and how many more) unless all symbols match."""
+    problems = symbol_problems()
+    if problems:
+        raise _mismatch(problems)
+
+
+def attribute_problems(model: nn.Module) -> list[str]:
+    """Every ATTRIBUTES entry missing on the first module of its class in `model` (classes absent are skipped)."""
+    glm = importlib.import_module(MODULE)
+    seen: set[str] = set()
+    problems = []
+    for module in model.modules():
+        for cls_name, attrs in ATTRIBUTES.items():
+            cls = getattr(glm, cls_name)
+            if cls_name in seen or not isinstance(module, cls):
+                continue
+            seen.add(cls_name)
+            problems += [f"{cls_name} has no attribute {a!r}" for a in attrs if not hasattr(module, a)]
+    return problems
+
+
+def check_model(model: nn.Module) -> None:
+    """Raise `UpstreamMismatch` unless every module of `model` has the attributes genome_lm reads."""
+    problems = attribute_problems(model)
+    if problems:
+        raise _mismatch(problems)
+
+
+def check_all() -> str:
+    """Check symbols, then attributes on a tiny model with every layer kind; returns a one-line summary."""
+    check_symbols()
+    from genome_lm.model.build import build
+
+    build("glm53-tiny", meta=True)  # runs check_model
+    return (f"transformers {installed_version()} matches genome_lm ({len(SYMBOLS)} symbols, "
+            f"{len(SIGNATURES) + len(CACHE_METHODS)} signatures, {sum(map(len, ATTRIBUTES.values()))} attributes, "
+            f"{len(CONFIG_FIELDS)} config fields)")
