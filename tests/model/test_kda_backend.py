@@ -57,6 +57,18 @@ def test_missing_fla_is_an_error_naming_the_fix(monkeypatch):
     assert "GENOME_LM_KDA_BACKEND=torch" in message
 
 
+@pytest.mark.parametrize("version,ok", [("0.5.2", False), ("0.6.0", True), ("0.6.1", True)])
+def test_fla_older_than_the_int64_and_b200_fixes_is_an_error(monkeypatch, version, ok):
+    monkeypatch.setattr(_fla, "_import_fla", lambda module, name: (len, ""))
+    monkeypatch.setattr(_fla.importlib.metadata, "version", lambda dist: version)
+    if ok:
+        assert _fla.fla_chunk_kda() is len
+        return
+    with pytest.raises(GenomeLMError, match=rf"fla-core {version} is installed; .* needs fla-core >= 0.6.0 .*"
+                                            r"pip install -e '.\[gpu\]'"):
+        _fla.fla_chunk_kda()
+
+
 def test_fla_import_failure_is_reported_not_raised(monkeypatch):
     import sys
 

@@ -10,8 +10,11 @@ at every call from the environment (so it reaches spawned worker processes):
                                  `make test-interpret` runs fla's kernels this way
     GENOME_LM_KDA_BACKEND=torch  every tensor -> genome_lm's torch op (also on CUDA)
 
-On CUDA fla is not optional: when it does not import (missing, or Triton broken) the call raises
-`GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a silent fallback to torch.
+On CUDA fla is not optional: when it does not import (missing, or Triton broken), or is older than
+`MIN_FLA_CORE`, the call raises `GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a
+silent fallback to torch. fla-core 0.6.0 is the first release whose KDA kernels compute pointer
+offsets in int64 (older ones wrap past 262,144 tokens at 64 heads x 128) and skip the autotune
+configurations that fault in `chunk_kda`'s backward on B200 (docs/parallel.md).
 
 `import fla` imports every Triton op and fails where Triton is missing, so fla's kernels are
 imported lazily (`fla_chunk_kda`, `fla_causal_conv1d`, `fla_rms_norm_gated`), and the pure-torch
@@ -20,16 +23,20 @@ torch and einops.
 """
 
 import functools
+import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+from packaging.version import Version
 
 from genome_lm.errors import GenomeLMError
 
 BACKEND_ENV = "GENOME_LM_KDA_BACKEND"
 BACKENDS = ("auto", "fla", "torch")
 GPU_EXTRA_FIX = "pip install -e '.[gpu]'"
+MIN_FLA_CORE = "0.6.0"
 
 
 def kda_backend() -> str:
@@ -79,7 +86,21 @@ def fla_function(module: str, name: str) -> Callable:
             f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
             f"`{GPU_EXTRA_FIX}`, or set {BACKEND_ENV}=torch for genome_lm's slower torch ops"
         )
+    _check_fla_version()
     return fn
+
+
+def _check_fla_version() -> None:
+    """`GenomeLMError` when the installed fla-core is older than `MIN_FLA_CORE`."""
+    try:
+        version = importlib.metadata.version("fla-core")
+    except importlib.metadata.PackageNotFoundError:
+        return  # fla from a source tree: nothing to compare
+    if Version(version) < Version(MIN_FLA_CORE):
+        raise GenomeLMError(
+            f"fla-core {version} is installed; genome_lm's KDA on CUDA needs fla-core >= {MIN_FLA_CORE} "
+            f"(int64 offsets past 262,144 tokens, the B200 backward fix; docs/parallel.md): `{GPU_EXTRA_FIX}`"
+        )
 
 
 def fla_chunk_kda() -> Callable:
