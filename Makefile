@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup lock demo test test-interpret test-gpu test-all lint bench clean
+.PHONY: setup lock demo test test-interpret test-gpu test-all test-upstream gpu-kit lint bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -71,7 +71,7 @@ $(VENV)/.ruff: | $(BIN)/python
 	touch $@
 
 lint: $(VENV)/.ruff
-	$(BIN)/ruff check genome_lm tests benchmarks
+	$(BIN)/ruff check genome_lm tests benchmarks tools
 
 # Regenerate $(LOCK) from pyproject.toml with the newest releases inside its ranges (run
 # `make test-upstream` first to see what would move). uv resolves; pip installs.
@@ -86,6 +86,12 @@ lock: $(VENV)/.uv
 	accel=$$($(UV_COMPILE) --no-header --no-annotate -q | grep -oE '^(nvidia-|cuda-|triton)[^=]*' \
 		| sed 's/^/--no-emit-package /'); \
 	$(UV_COMPILE) $$accel --generate-hashes --custom-compile-command "make lock" -q -o $(LOCK)
+
+# The wheels the GPU machine image (Python 3.12, torch 2.11, no registry) lacks for
+# benchmarks/gpu_check.py, at the locked versions, into .whl/ (docs/testing.md has the command
+# that installs them there).
+gpu-kit: | $(BIN)/python
+	$(BIN)/python tools/gpu_kit.py
 
 # Every benchmark in turn (tens of minutes on 2 cores); each writes benchmarks/results/NAME.json.
 bench: setup
