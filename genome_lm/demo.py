@@ -34,7 +34,18 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.utils import apply_override, validate
 
 log = logging.getLogger("genome_lm.demo")
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+SOURCE_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+INSTALLED_EXPERIMENTS = Path(sys.prefix) / "share" / "genome_lm" / "experiments"  # pyproject's data-files
+
+
+def experiments_dir() -> Path:
+    """The experiment YAMLs: the source tree's `experiments/` (a checkout, an editable install), else
+    the copy that `pip install .` puts under `<prefix>/share/genome_lm/experiments`."""
+    for path in (SOURCE_EXPERIMENTS, INSTALLED_EXPERIMENTS):
+        if (path / "demo_base.yaml").is_file():
+            return path
+    raise GenomeLMError(f"the demo's experiment files are in neither {SOURCE_EXPERIMENTS} nor "
+                        f"{INSTALLED_EXPERIMENTS}; run the demo from a genome_lm checkout (`make demo`)")
 
 
 class Recipe(BaseModel):
@@ -111,7 +122,7 @@ DEMO_GENOME = dict(
 def _experiment(exp: str, steps: int, extra: list[str]):
     from genome_lm.config import load_experiment
 
-    return load_experiment(EXPERIMENTS / exp, [f"train.steps={steps}", *extra])
+    return load_experiment(experiments_dir() / exp, [f"train.steps={steps}", *extra])
 
 
 def _train(cfg, out: Path) -> None:

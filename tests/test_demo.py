@@ -111,3 +111,19 @@ def test_recipe_override_errors_name_the_field(item, message, capsys, tmp_path):
     err = capsys.readouterr().err
     assert message in err and item in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_experiments_come_from_the_checkout_else_the_installed_copy(tmp_path, monkeypatch):
+    """`pip install .` (not editable) has no experiments/ beside the package: the data-files copy serves."""
+    from genome_lm import demo
+    from genome_lm.errors import GenomeLMError
+
+    assert demo.experiments_dir() == demo.SOURCE_EXPERIMENTS
+    installed = tmp_path / "share" / "genome_lm" / "experiments"
+    monkeypatch.setattr(demo, "SOURCE_EXPERIMENTS", tmp_path / "no-checkout")
+    monkeypatch.setattr(demo, "INSTALLED_EXPERIMENTS", installed)
+    with pytest.raises(GenomeLMError, match="make demo"):
+        demo.experiments_dir()
+    installed.mkdir(parents=True)
+    (installed / "demo_base.yaml").write_text("model: {}\n")
+    assert demo.experiments_dir() == installed
