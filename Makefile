@@ -87,6 +87,12 @@ lock: $(VENV)/.uv
 		| sed 's/^/--no-emit-package /'); \
 	$(UV_COMPILE) $$accel --generate-hashes --custom-compile-command "make lock" -q -o $(LOCK)
 
+# The drift canary (docs/testing.md): the newest release of every direct dependency in a
+# throwaway venv, against the upstream contract, the parity tests and a tiny pipeline. It follows
+# the registry, so it stays out of .ci/run; run it before `make lock`.
+test-upstream: | $(BIN)/python
+	$(BIN)/python tools/test_upstream.py --torch "$(TORCH_SPEC)"
+
 # The wheels the GPU machine image (Python 3.12, torch 2.11, no registry) lacks for
 # benchmarks/gpu_check.py, at the locked versions, into .whl/ (docs/testing.md has the command
 # that installs them there).
