@@ -67,6 +67,7 @@ class ReportParams(Params):
                             description="training run (metrics.jsonl); repeatable")
     title: str = "genome_lm: loss by preceding context"
     out: str = Field(description="HTML file to write")
+    overwrite: bool = Field(default=False, description="replace --out if it is an existing report or HTML page")
 
 
 def _synth(args) -> None:
@@ -166,7 +167,7 @@ def _report(args) -> None:
     from genome_lm.report import write_report
 
     p = from_args(ReportParams, args)
-    print(f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title)}")
+    print(f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}")
 
 
 def _plan(args) -> None:

@@ -269,7 +269,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
                         compares=[load_compare_dir(d) for d in cmp_dirs.values()])
     log.info(f"[10/10] report -> {report}")
     write_report([*evals.values(), *cmp_dirs.values(), *seed_dirs.values()], report, runs=list(runs.values()),
-                 title="genome_lm demo: base vs short- vs long-context fine-tune",
+                 overwrite=True, title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
 
     elapsed = time.perf_counter() - t0

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from fractions import Fraction
 from pathlib import Path
-from typing import IO, Annotated, Any, Iterator, Literal, get_args, get_origin
+from typing import IO, Annotated, Any, Iterable, Iterator, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
@@ -260,14 +260,22 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Build a directory under a temporary name beside `final`; rename it into place on success.
+def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
+                     overwrite: bool = False) -> Iterator[Path]:
+    """Build output folder `final` of `kind` (`outputs.KINDS`) under a temporary name beside it;
+    mark it as that kind's output and rename it into place on success.
 
-    On any exception (or KeyboardInterrupt) the temporary directory is removed, so nothing that
-    looks complete is ever left at `final`. With `overwrite`, an existing `final` is replaced only
-    after the new one is complete.
+    `outputs.claim_output` checks `final` first (an existing one needs `overwrite` and must be an
+    output of the same kind that holds none of `inputs`) and again before the rename. On any
+    exception (or KeyboardInterrupt) the temporary directory is removed, so nothing that looks
+    complete is ever left at `final`; an existing `final` is replaced only after the new one is
+    complete.
     """
+    from genome_lm.outputs import claim_output, write_marker
+
+    inputs = [Path(i) for i in inputs]
     final = Path(final)
+    claim_output(final, kind, inputs, overwrite)
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -277,9 +285,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = False) -> Itera
                             "choose a writable location with --out") from None
     try:
         yield tmp
+        write_marker(tmp, kind, inputs)
+        claim_output(final, kind, inputs, overwrite)
         if final.exists():
-            if not overwrite:
-                raise GenomeLMError(f"{final} already exists; pass --overwrite to replace it")
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
             os.replace(final, old / "x")
             os.replace(tmp, final)

@@ -36,6 +36,7 @@ from genome_lm.eval.stats import (
 )
 from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
+from genome_lm.outputs import claim_output
 from genome_lm.utils import atomic_directory, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -269,10 +270,10 @@ def _pooled_ablation(per_pair: list):
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:
     """compare_evals(a, b) -> OUT/compare.json (atomically); returns the result."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
+    inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
+    claim_output(out, "compare", inputs, overwrite)
     result = compare_evals(a, b, **kwargs)
-    with atomic_directory(out, overwrite=overwrite) as tmp:
+    with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
         write_json_atomic(tmp / COMPARE_FILE, result)
     log.info("compare: %s vs %s -> %s", a, b, out / COMPARE_FILE)
     return result

@@ -39,6 +39,7 @@ from genome_lm.eval.stats import StrataAccumulator, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
+from genome_lm.outputs import claim_output
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,7 @@ def check_inputs(cfg: EvalConfig) -> list:
         raise GenomeLMError("--shards: give the directory written by `genome-lm prepare`")
     if not cfg.out:
         raise GenomeLMError("--out: give the output directory (tokens.parquet, summary.json)")
-    out = Path(cfg.out)
-    if out.exists() and not cfg.overwrite:
-        raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
+    claim_output(cfg.out, "eval", eval_inputs(cfg), cfg.overwrite)
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")
@@ -77,6 +76,12 @@ def check_inputs(cfg: EvalConfig) -> list:
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
     return load_annotations(cfg.annotate)
+
+
+def eval_inputs(cfg: EvalConfig) -> list[Path]:
+    """What an eval reads (the checkpoint, the shards, the BED files): none may lie inside its --out."""
+    beds = [Path(spec.rsplit(":", 1)[0] if ":" in Path(spec).name else spec) for spec in cfg.annotate]
+    return [Path(cfg.checkpoint), *([Path(cfg.shards)] if cfg.shards else []), *beds]
 
 
 def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
@@ -246,7 +251,8 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     par = parity_mod.ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
-    with atomic_directory(out, overwrite=cfg.overwrite) as tmp, contextlib.ExitStack() as files:
+    with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \
+            contextlib.ExitStack() as files:
         abl_writer = files.enter_context(ablation.AblationWriter(tmp / ablation.ABLATION_FILE)) if abl else None
         with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations], both) as writer:
             for i in range(n):

@@ -136,6 +136,11 @@ class ChromStats:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+def _input_files(params: PrepareParams) -> list[Path]:
+    """The files prepare reads: none may lie inside its --out."""
+    return [Path(f) for f in params.fasta]
+
+
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
     """Return the existing manifest if `out` already holds this exact result (a no-op rerun)."""
     if not out.exists():
@@ -259,7 +264,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     train_left = {chrom_match_key(c) for c in params.train_chroms}
     held: list[Record] = []  # eval records read before the index was complete
     t0 = time.perf_counter()
-    with atomic_directory(out, overwrite=overwrite) as tmp:
+    with atomic_directory(out, "shards", _input_files(params), overwrite=overwrite) as tmp:
         writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
         mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
 

@@ -541,10 +541,11 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = 
 
 def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpec],
                     tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = ()) -> Path:
     """The directory of `save_pretrained` from full tensors that arrive one at a time, in the order
     of `specs` (upstream name, shape, dtype: what the files are planned from). `model` gives the
-    config (it may be on the meta device) and the source of tokenizer files."""
+    config (it may be on the meta device) and the source of tokenizer files; `inputs` (what the
+    weights were read from) may not lie inside `out_dir` (`outputs.claim_output`)."""
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
@@ -552,7 +553,7 @@ def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpe
     head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
     config["dtype"] = str(head).removeprefix("torch.")
     plan = shard_plan(specs, max_shard_bytes)
-    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+    with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         writer = ShardWriter(tmp, plan)
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):

@@ -215,14 +215,37 @@ def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
     parts += [tables.bucket_table(e) for e in evals]
     parts += [tables.parity_table(e) for e in evals]
     body = "\n".join(p for p in parts if p)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{GENERATOR}'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
-def write_report(dirs: list[str | Path], out: str | Path, runs: list[str | Path] = (), **kwargs) -> Path:
-    """build_report(...) -> `out`, written to a temporary name and renamed."""
-    page = build_report(dirs, runs, **kwargs)
+GENERATOR = '<meta name="generator" content="genome_lm report">'
+REPORT_SUFFIXES = (".html", ".htm")
+
+
+def claim_report(out: Path, overwrite: bool) -> None:
+    """Refuse, in one line, an `out` that a report may not replace: a folder; an existing file without
+    `overwrite`; with it, a file that is neither a genome_lm report nor an HTML page (a summary.json)."""
+    if out.is_dir():
+        raise GenomeLMError(f"--out {out} is a folder; give the HTML file to write (e.g. {out / 'report.html'})")
+    if not out.exists():
+        return
+    if not overwrite:
+        raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
+    with open(out, "rb") as f:
+        head = f.read(4096)
+    if GENERATOR.encode() not in head and out.suffix.lower() not in REPORT_SUFFIXES:
+        raise GenomeLMError(f"--out {out} is not a report (a {out.suffix or 'suffix-less'} file); --overwrite "
+                            "replaces only a report or an HTML page: choose an .html path for --out")
+
+
+def write_report(dirs: list[str | Path], out: str | Path, runs: list[str | Path] = (), overwrite: bool = False,
+                 **kwargs) -> Path:
+    """build_report(...) -> `out`, written to a temporary name and renamed. An existing `out` needs
+    `overwrite` and must be a report or an HTML page (`claim_report`), checked before the build."""
     out = Path(out)
+    claim_report(out, overwrite)
+    page = build_report(dirs, runs, **kwargs)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(out, encoding="utf-8") as f:

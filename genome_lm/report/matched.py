@@ -37,7 +37,9 @@ PAIRS = (("short", "base", "more training"), ("long", "base", "training + contex
 
 @dataclass
 class Training:
-    """What a run trained: `steps` optimizer steps of `tokens_per_step` tokens at context `seq_len`."""
+    """What a run trained: `steps` optimizer steps of `tokens_per_step` tokens at context `seq_len`,
+    the longest sequence it trained on (metrics.jsonl's `seq_tokens`; config.yaml's data.seq_len for
+    runs that did not record it)."""
     run: Path
     steps: int
     tokens_per_step: int
@@ -75,8 +77,10 @@ def training_of(ev: EvalResult) -> Training | None:
     per_step = [r["tokens"] for r in rows if r.get("tokens")]
     if not rows or not per_step:
         return None
+    trained = [r["seq_tokens"] for r in rows if r.get("seq_tokens")]
+    seq_len = max(trained) if trained else int(cfg.get("data", {}).get("seq_len", 0))
     return Training(run=run, steps=int(rows[-1]["step"]), tokens_per_step=int(np.median(per_step)),
-                    seq_len=int(cfg.get("data", {}).get("seq_len", 0)), init=cfg.get("model", {}).get("init"))
+                    seq_len=int(seq_len), init=cfg.get("model", {}).get("init"))
 
 
 def _same(a: str | Path, b: str | Path) -> bool:

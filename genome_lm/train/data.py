@@ -46,7 +46,14 @@ class SequenceStream:
         rows = np.arange(len(self.ds))
         if not reverse_complement:
             rows = rows[np.asarray(self.ds["strand"]) == "+"]
-        pieces = cut_pieces((ends - starts)[rows], seq_len, min_piece)
+        lengths = (ends - starts)[rows]
+        if len(lengths) and seq_len > lengths.max():
+            raise GenomeLMError(
+                f"data.seq_len={seq_len:,} is longer than every window of {shards}/{split} (the longest holds "
+                f"{int(lengths.max()):,} tokens), so no sequence could have that context; prepare shards with "
+                f"--seq-len {seq_len} or longer, or lower data.seq_len"
+            )
+        pieces = cut_pieces(lengths, seq_len, min_piece)
         pieces[:, 0] = rows[pieces[:, 0]]  # back to dataset row ids
         if len(pieces) == 0:
             raise GenomeLMError(
@@ -62,6 +69,13 @@ class SequenceStream:
         self._order = self._permutation(0)
         log.info("%s/%s: %d windows -> %d pieces of <= %d tokens (%s tokens per epoch)", shards, split, len(rows),
                  len(pieces), seq_len, f"{int(pieces[:, 2].sum()):,}")
+        short = int((pieces[:, 2] < seq_len).sum())
+        if short:
+            log.log(logging.WARNING if short > len(pieces) // 4 else logging.INFO,
+                    "%d of %d pieces (%.0f%%) are shorter than data.seq_len=%d (window tails of %d-%d tokens): those "
+                    "sequences train with less context than asked", short, len(pieces), 100 * short / len(pieces),
+                    seq_len, int(pieces[pieces[:, 2] < seq_len, 2].min()), int(pieces[pieces[:, 2] < seq_len, 2].max()))
+        self.short_pieces = short
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.pieces))

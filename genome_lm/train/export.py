@@ -71,6 +71,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
     read = [(name, shape, stored[f"model.{name}"].properties.dtype) for name, shape, _ in specs]
     loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
-    write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes, inputs=[ckpt])
     log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
     return Path(out)

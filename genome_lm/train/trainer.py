@@ -33,6 +33,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.model.weights import load_weights_
+from genome_lm.outputs import read_marker, what_it_is, write_marker
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
@@ -47,6 +48,7 @@ from genome_lm.train.data import SequenceStream
 from genome_lm.train.memory import host_bytes
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
+from genome_lm.train.resume import accept_resume
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 from genome_lm.utils import set_tf32
 
@@ -54,10 +56,17 @@ log = logging.getLogger(__name__)
 
 
 def check_data(cfg: ExperimentConfig) -> dict:
+    """The shards' manifest, once data.split exists in it and its windows are at least data.seq_len
+    long (a longer data.seq_len would train shorter sequences than asked)."""
     manifest = load_manifest(cfg.data.shards)
     if cfg.data.split not in manifest["splits"]:
         raise GenomeLMError(f"data.split: {cfg.data.shards} has no {cfg.data.split!r} split "
                             f"(it has {', '.join(manifest['splits'])})")
+    window = manifest.get("parameters", {}).get("seq_len")
+    if window and cfg.data.seq_len > window:
+        raise GenomeLMError(f"data.seq_len={cfg.data.seq_len:,} is longer than the windows of {cfg.data.shards} "
+                            f"({window:,} tokens), so no sequence could have that context; prepare shards with "
+                            f"--seq-len {cfg.data.seq_len} or longer, or lower data.seq_len")
     return manifest
 
 
@@ -139,8 +148,15 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
 
 
 def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig) -> Path | None:
-    """Rank 0: clear half-written checkpoints, refuse a used directory without --resume, write
-    config.yaml; the checkpoint to resume from."""
+    """Rank 0: refuse a folder that is not a run directory, clear half-written checkpoints, refuse a
+    used run directory without --resume and a resume with changed settings (`resume.accept_resume`),
+    mark the folder as a run and write config.yaml; the checkpoint to resume from."""
+    marker = read_marker(run_dir) if run_dir.is_dir() else None
+    earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())) and (
+            (marker is None and not earlier_run) or (marker is not None and marker["kind"] != "run")):
+        raise GenomeLMError(f"--out {run_dir} is {what_it_is(run_dir)}, not a run directory; train writes into a new "
+                            "folder or its own run directory: choose another --out")
     ckpt_dir = run_dir / "checkpoints"
     clean_partials(ckpt_dir)
     latest = latest_checkpoint(ckpt_dir)
@@ -149,8 +165,13 @@ def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig) -> Path
                             "it, or --out a new run directory")
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
+    if resume and latest is not None:
+        accept_resume(run_dir, cfg)  # refuses a changed data/model/optimizer key before anything is written
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_experiment(cfg))
+    if marker is None:
+        write_marker(run_dir, "run", [cfg.data.shards])
+    if not (resume and latest is not None):
+        (run_dir / "config.yaml").write_text(dump_experiment(cfg))
     return latest if resume else None
 
 
@@ -215,6 +236,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                 balancer.accumulate()
                 loss_sum += float(out.loss.detach()) * n
             tokens = sum(int(b["input_ids"].numel()) for b in batches)
+            seq_tokens = int(par.max_all(max(int(b["input_ids"].shape[1]) for b in batches)))  # longest sequence
             loss_sum, tokens = par.sum_dp(loss_sum, tokens)
             loss, tokens = loss_sum / total_targets, int(tokens)
             grad_norm = clip_grad_norm(params, clip)
@@ -231,7 +253,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             load = expert_load(model)
             record = {
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
-                "tokens_per_s": tokens / elapsed, "step_time_s": elapsed,
+                "seq_tokens": seq_tokens, "tokens_per_s": tokens / elapsed, "step_time_s": elapsed,
                 "peak_mem_bytes": int(par.max_all(memory.peak())),
                 "epoch": stream.epoch,
             }

@@ -14,6 +14,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_lut, token_map
 from genome_lm.model import weights as weights_mod
 from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
+from genome_lm.outputs import MARKER
 from tests.helpers import tiny_model
 
 torch.set_num_threads(1)
@@ -36,7 +37,7 @@ def _keys(directory: Path) -> set[str]:
 def test_round_trip_through_upstream_loading(tmp_path):
     model = tiny_model(router_bias=0.05)
     out = save_pretrained(model, tmp_path / "ckpt")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.json", "model.safetensors"]
     keys = _keys(out)
     assert "lm_head.weight" in keys and "model.layers.1.mlp.experts.7.down_proj.weight" in keys  # on-disk layout
     assert "model.layers.0.hc_attn_fn" in keys and "model.layers.0.self_attn.q_conv1d.weight" in keys

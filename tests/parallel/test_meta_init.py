@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from genome_lm.model import build, save_pretrained
+from genome_lm.outputs import MARKER
 from tests.helpers import spawn, tiny_model
 
 WORLD = 3
@@ -97,7 +98,7 @@ def test_streamed_export_is_identical_to_one_process(launched, tmp_path):
     default = save_pretrained(reference, tmp_path / "default")
     files = sorted(p.name for p in (out / "small").iterdir())
     assert len(files) > 4 and "model.safetensors.index.json" in files
-    assert sorted(p.name for p in (out / "default").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (out / "default").iterdir()) == [MARKER, "config.json", "model.safetensors"]
     for ours, theirs in ((out / "small", small), (out / "default", default)):
         assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
         for f in ours.iterdir():

@@ -157,3 +157,22 @@ def test_one_window_evals_print_no_ci_rather_than_fail(matched, eval_inputs, tmp
     assert "(95% CI n/a)" in format_context_gain(gain)
     flat = format_ablation(gain).replace("\n  ", " ")
     assert flat.count("(no CI)") == 3 and "clear of zero" not in flat
+
+
+def test_trained_context_is_what_the_run_trained_not_what_it_asked(tmp_path):
+    """A run that asked for 4096 but trained 512-token sequences is labelled 512; a run without
+    `seq_tokens` in its metrics keeps config.yaml's data.seq_len."""
+    import json
+    from types import SimpleNamespace
+
+    from genome_lm.report.matched import training_of
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "last").mkdir(parents=True)
+    (run / "config.yaml").write_text("data: {seq_len: 4096}\nmodel: {name: glm53-tiny}\n")
+    rows = [{"step": s, "tokens": 1024, "seq_tokens": 512} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = SimpleNamespace(summary={"checkpoint": {"path": str(run / "checkpoints" / "last")}})
+    assert training_of(ev).seq_len == 512
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": r["step"], "tokens": 1024}) + "\n" for r in rows))
+    assert training_of(ev).seq_len == 4096

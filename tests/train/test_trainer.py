@@ -101,6 +101,30 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_shards):
     assert losses(killed) == losses(straight)  # bitwise: same floats after the resume
 
 
+def test_seq_len_longer_than_the_windows_is_refused_before_anything_is_written(tmp_path, tiny_shards, capsys):
+    """4k-token windows cannot give 8k sequences: asking for them is one line, not a short run labelled long."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run), "--set", "data.seq_len=8192"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "data.seq_len=8,192 is longer than the windows" in err and "(4,096 tokens)" in err
+    assert "--seq-len 8192" in err
+    assert not run.exists()
+
+
+def test_short_pieces_are_counted_and_the_trained_length_recorded(tmp_path, tiny_shards, caplog):
+    """seq_len 3000 on 4k windows: each window's second piece is a 1,096-token tail (a warning, as most
+    pieces are short), and metrics.jsonl records the longest sequence each step trained on."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, data={"seq_len": 3000}, train={"steps": 2})
+    run = tmp_path / "run"
+    with caplog.at_level("INFO", logger="genome_lm.train.data"):
+        train(load_experiment(exp), out=run)
+    warning = [r for r in caplog.records if "shorter than data.seq_len=3000" in r.getMessage()]
+    assert warning and warning[0].levelname == "WARNING"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["seq_tokens"] <= 3000 for r in records)
+
+
 def test_rerun_without_resume_is_refused(tmp_path, tiny_shards):
     exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
     run = tmp_path / "run"
@@ -126,6 +150,34 @@ def test_resume_says_what_it_does(tmp_path, tiny_shards, caplog):
     record = train(load_experiment(exp), out=tmp_path / "fresh", resume=True)
     assert "no checkpoint in" in caplog.text and "starting a fresh run from step 0" in caplog.text
     assert record["step"] == 2
+
+
+def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny_shards, capsys):
+    """A new learning rate or model on --resume is one line naming each key, old -> new; config.yaml,
+    metrics and checkpoints stay as they were."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run)]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for change, named in [(["--set", "train.lr=5e-3", "--set", "train.steps=4"], "train.lr 0.003 -> 0.005"),
+                          (["--set", "model.name=glm53-demo"], "model.name 'glm53-tiny' -> 'glm53-demo'")]:
+        assert main(["train", exp, "--out", str(run), "--resume", *change]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "Traceback" not in err and named in err and "train into a new --out" in err
+        assert "train.steps" not in err  # steps may change
+        assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_resume_takes_steps_and_keeps_the_earlier_config(tmp_path, tiny_shards):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    first = (run / "config.yaml").read_text()
+    record = train(load_experiment(exp, ["train.steps=3", "log.every=2"]), out=run, resume=True)
+    assert record["step"] == 3
+    assert (run / "config.resume-1.yaml").read_text() == first
+    assert load_experiment(run / "config.yaml").train.steps == 3
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])

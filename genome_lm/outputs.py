@@ -1,0 +1,116 @@
+"""Output folders a command owns: it writes only into an output it made, and `--overwrite`
+replaces only such an output, made by the same kind of command.
+
+Every output folder genome_lm writes holds `.genome_lm.json`, its marker:
+
+    {"kind": "eval", "entries": ["summary.json", "tokens.parquet"], "inputs": ["/abs/ckpt", "/abs/shards"]}
+
+`kind` is what made it (`KINDS`), `entries` the top-level names it wrote, `inputs` what it read.
+`claim_output` runs before any work starts and refuses, in one line, to replace:
+
+- the working directory, one of its parents, the home directory or a filesystem root;
+- a folder that is, or holds, one of the command's inputs (the shards being scored, the FASTA
+  being prepared, the eval being compared);
+- a folder without a marker (made by hand, or by another program), a file, or a marked folder
+  of another kind (a run directory, shards, an eval, a model);
+- a marked folder of the right kind that now also holds files the command did not write.
+
+`atomic_directory` (utils) writes the marker into the new folder before renaming it into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from genome_lm.errors import GenomeLMError
+
+MARKER = ".genome_lm.json"
+KINDS = {
+    "shards": "shards (genome-lm prepare)",
+    "eval": "an eval (genome-lm eval)",
+    "compare": "a comparison (genome-lm compare)",
+    "model": "a model directory (genome-lm export, or a run's checkpoint)",
+    "run": "a run directory (genome-lm train)",
+}
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The marker of `folder`, or None when it has none (or an unreadable one)."""
+    try:
+        marker = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("kind") in KINDS else None
+
+
+def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Mark `folder` as an output of `kind` holding what is in it now."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown output kind {kind!r}; one of {sorted(KINDS)}")
+    folder = Path(folder)
+    entries = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
+    marker = {"kind": kind, "entries": entries, "inputs": [str(Path(i).resolve()) for i in inputs]}
+    (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+
+def _contains(folder: Path, path: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _never_replaced(resolved: Path) -> str | None:
+    """What `resolved` is when it is a place no --overwrite may replace, else None."""
+    if resolved == Path.home().resolve():
+        return "your home directory"
+    if resolved.parent == resolved:
+        return "a filesystem root"
+    if _contains(resolved, Path.cwd().resolve()):
+        return "the working directory or one of its parents"
+    return None
+
+
+def what_it_is(path: Path) -> str:
+    """A few words for what `path` holds, for refusals: its kind, or what kind of thing it is."""
+    if not path.is_dir():
+        return "a file"
+    marker = read_marker(path)
+    if marker is not None:
+        return KINDS[marker["kind"]]
+    if (path / "manifest.json").is_file():
+        return "shards (genome-lm prepare)"
+    if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file():
+        return "a run directory (genome-lm train)"
+    if (path / "summary.json").is_file():
+        return "an eval or comparison"
+    return "a folder genome_lm did not make"
+
+
+def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
+                 overwrite: bool = False, option: str = "--out") -> None:
+    """Refuse, with one `GenomeLMError` line, an `out` that the command may not write (module docstring).
+
+    A missing `out` is always fine; an existing one needs `overwrite`.
+    """
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise GenomeLMError(f"{option} {out} already exists; pass --overwrite to replace it or choose another {option}")
+    resolved = out.resolve()
+    if (place := _never_replaced(resolved)) is not None:
+        raise GenomeLMError(f"{option} {out} is {place}; --overwrite would delete it: choose a new folder for {option}")
+    for path in inputs:
+        if _contains(resolved, Path(path).resolve()):
+            raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "
+                                f"choose another {option}")
+    marker = read_marker(out)
+    if marker is None or marker["kind"] != kind:
+        raise GenomeLMError(f"{option} {out} is {what_it_is(out)}, not {KINDS[kind]}; --overwrite replaces only an "
+                            f"output of the same command: choose another {option}")
+    foreign = sorted(p.name for p in out.iterdir() if p.name != MARKER and p.name not in marker["entries"])
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise GenomeLMError(f"{option} {out} also holds files genome_lm did not write there ({shown}); move them "
+                            f"out first, or choose another {option}")

@@ -1,0 +1,150 @@
+"""Output folders a command owns: `--overwrite` never deletes an input, a run, shards or foreign files.
+
+Each refusal is one line from the CLI with exit 2, and every input file keeps its exact bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from genome_lm.cli import main
+from genome_lm.errors import GenomeLMError
+from genome_lm.outputs import MARKER, claim_output, read_marker, write_marker
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """sha256 of every file under `roots` (or of each root that is a file)."""
+    files = [p for r in roots for p in ([r] if r.is_file() else sorted(r.rglob("*"))) if p.is_file()]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def refused(capsys, argv: list[str], *expected: str) -> str:
+    """Run the CLI, assert exit 2 with one stderr line containing each of `expected`; return that line."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def eval_args(ckpt: Path, shards: Path, out: Path, *more: str) -> list[str]:
+    return ["eval", "--checkpoint", str(ckpt), "--shards", str(shards), "--out", str(out), "--max-windows", "1",
+            "--resamples", "50", *more]
+
+
+def test_eval_into_the_run_that_holds_its_checkpoint_is_refused(eval_inputs, tmp_path, capsys):
+    run = tmp_path / "runs" / "X"
+    shutil.copytree(eval_inputs.ckpt0, run / "checkpoints" / "last")
+    (run / "config.yaml").write_text("model: {name: glm53-tiny}\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    before = snapshot(run)
+    refused(capsys, eval_args(run / "checkpoints" / "last", eval_inputs.shards, run, "--overwrite"),
+            f"--out {run} holds this command's input", "choose another --out")
+    assert snapshot(run) == before
+
+
+def test_eval_into_its_own_shards_is_refused(eval_inputs, tmp_path, capsys):
+    shards = tmp_path / "S"
+    shutil.copytree(eval_inputs.shards, shards)
+    before = snapshot(shards)
+    refused(capsys, eval_args(eval_inputs.ckpt0, shards, shards, "--overwrite"), "holds this command's input")
+    assert snapshot(shards) == before
+
+
+def test_compare_into_one_of_its_evals_is_refused(evaluated, tmp_path, capsys):
+    a, b = tmp_path / "A", tmp_path / "B"
+    shutil.copytree(evaluated.eval0, a)
+    shutil.copytree(evaluated.eval1, b)
+    before = snapshot(a, b)
+    refused(capsys, ["compare", str(a), str(b), "--out", str(a), "--overwrite"], "holds this command's input")
+    assert snapshot(a, b) == before
+
+
+def prepare_args(fasta: Path, out: Path | str, *more: str) -> list[str]:
+    return ["prepare", "--fasta", str(fasta), "--out", str(out), "--seq-len", "1k", "--min-len", "256",
+            "--train-chroms", "chr1", *more]
+
+
+def test_prepare_into_the_folder_of_its_fasta_is_refused(eval_inputs, tmp_path, capsys):
+    folder = tmp_path / "in2"
+    folder.mkdir()
+    fasta = folder / "good.fa.gz"
+    shutil.copy(eval_inputs.root / "genome.fa.gz", fasta)
+    before = snapshot(folder)
+    refused(capsys, prepare_args(fasta, folder, "--overwrite"), f"holds this command's input {fasta}")
+    assert snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == ["good.fa.gz"]
+
+
+def test_prepare_over_the_working_directory_is_refused_and_leaves_nothing(eval_inputs, tmp_path, capsys,
+                                                                          monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(eval_inputs.root / "genome.fa.gz", work / "g.fa.gz")
+    monkeypatch.chdir(work)
+    before = snapshot(tmp_path)
+    refused(capsys, prepare_args(Path("g.fa.gz"), ".", "--overwrite"), "the working directory")
+    assert snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # no .partial- or .old- folder beside it
+
+
+def test_report_never_replaces_a_summary(evaluated, tmp_path, capsys):
+    ev = tmp_path / "E"
+    shutil.copytree(evaluated.eval0, ev)
+    before = snapshot(ev)
+    refused(capsys, ["report", str(ev), "--out", str(ev / "summary.json")], "already exists", "--overwrite")
+    refused(capsys, ["report", str(ev), "--out", str(ev / "summary.json"), "--overwrite"], "is not a report")
+    refused(capsys, ["report", str(ev), "--out", str(ev)], "is a folder")
+    assert snapshot(ev) == before
+
+
+def test_report_replaces_a_report_with_overwrite(evaluated, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(evaluated.eval0), "--out", str(out)]) == 0
+    refused(capsys, ["report", str(evaluated.eval0), "--out", str(out)], "already exists")
+    assert main(["report", str(evaluated.eval0), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_eval_overwrites_its_own_output_and_nothing_else(eval_inputs, tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert main(eval_args(eval_inputs.ckpt0, eval_inputs.shards, out)) == 0
+    assert read_marker(out)["kind"] == "eval" and {"summary.json", "tokens.parquet"} <= set(read_marker(out)["entries"])
+    refused(capsys, eval_args(eval_inputs.ckpt0, eval_inputs.shards, out), "already exists; pass --overwrite")
+    assert main(eval_args(eval_inputs.ckpt1, eval_inputs.shards, out, "--overwrite")) == 0  # its own kind: replaced
+    capsys.readouterr()
+    (out / "notes.txt").write_text("mine")
+    refused(capsys, eval_args(eval_inputs.ckpt0, eval_inputs.shards, out, "--overwrite"),
+            "also holds files genome_lm did not write there (notes.txt)")
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_refuses_other_kinds_and_unmarked_folders(evaluated, tmp_path, monkeypatch):
+    with pytest.raises(GenomeLMError, match="is an eval .*not a comparison"):
+        claim_output(evaluated.eval0, "compare", overwrite=True)
+    with pytest.raises(GenomeLMError, match="is shards .*not an eval"):
+        claim_output(evaluated.shards, "eval", overwrite=True)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x")
+    with pytest.raises(GenomeLMError, match="is a folder genome_lm did not make"):
+        claim_output(mine, "eval", overwrite=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_marker(tmp_path, "eval")
+    with pytest.raises(GenomeLMError, match="your home directory"):
+        claim_output(tmp_path, "eval", overwrite=True)
+    (tmp_path / MARKER).unlink()
+
+
+def test_train_into_shards_is_refused(tiny_shards, tmp_path, capsys):
+    from tests.helpers import write_experiment
+
+    shards = tmp_path / "S"
+    shutil.copytree(tiny_shards, shards)
+    before = snapshot(shards)
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
+    refused(capsys, ["train", exp, "--out", str(shards)], f"--out {shards} is shards", "not a run directory")
+    assert snapshot(shards) == before
