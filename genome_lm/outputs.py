@@ -12,7 +12,9 @@ Every output folder genome_lm writes holds `.genome_lm.json`, its marker:
 - a folder that is, or holds, one of the command's inputs (the shards being scored, the FASTA
   being prepared, the eval being compared);
 - a folder without a marker (made by hand, or by another program), a file, or a marked folder
-  of another kind (a run directory, shards, an eval, a model);
+  of another kind (a run directory, shards, an eval, a model). An unmarked folder that holds
+  exactly what an output of the kind holds (`SIGNATURES`: an eval's `summary.json` and
+  `tokens.parquet`, ...) counts as one, as outputs of genome_lm versions before the marker do;
 - a marked folder of the right kind that now also holds files the command did not write.
 
 `atomic_directory` (utils) writes the marker into the new folder before renaming it into place.
@@ -35,6 +37,24 @@ KINDS = {
     "model": "a model directory (genome-lm export, or a run's checkpoint)",
     "run": "a run directory (genome-lm train)",
 }
+
+
+# The files that identify an unmarked output of each kind, and the names such an output may hold.
+SIGNATURES = {
+    "shards": ({"manifest.json"}, {"manifest.json", "train", "eval", "megatron"}),
+    "eval": ({"summary.json", "tokens.parquet"}, {"summary.json", "tokens.parquet", "context_ablation.parquet",
+                                                  "parity.json"}),
+    "compare": ({"compare.json"}, {"compare.json"}),
+}
+
+
+def _unmarked_kind(folder: Path) -> str | None:
+    """The kind an unmarked folder is an output of, judged by its files (`SIGNATURES`), or None."""
+    names = {p.name for p in folder.iterdir()}
+    for kind, (needed, allowed) in SIGNATURES.items():
+        if needed <= names and names <= allowed:
+            return kind
+    return None
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -106,6 +126,11 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
             raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "
                                 f"choose another {option}")
     marker = read_marker(out)
+    if marker is None and out.is_dir() and _unmarked_kind(out) == kind:
+        return
+    if marker is None and out.is_dir():
+        raise GenomeLMError(f"{option} {out} is not {KINDS[kind]}: it has no {MARKER} and holds other files than one "
+                            f"would; --overwrite replaces only an output of the same command: choose another {option}")
     if marker is None or marker["kind"] != kind:
         raise GenomeLMError(f"{option} {out} is {what_it_is(out)}, not {KINDS[kind]}; --overwrite replaces only an "
                             f"output of the same command: choose another {option}")

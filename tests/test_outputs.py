@@ -130,7 +130,7 @@ def test_overwrite_refuses_other_kinds_and_unmarked_folders(evaluated, tmp_path,
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("x")
-    with pytest.raises(GenomeLMError, match="is a folder genome_lm did not make"):
+    with pytest.raises(GenomeLMError, match="is not an eval .*it has no .genome_lm.json and holds other files"):
         claim_output(mine, "eval", overwrite=True)
     monkeypatch.setenv("HOME", str(tmp_path))
     write_marker(tmp_path, "eval")
@@ -148,3 +148,17 @@ def test_train_into_shards_is_refused(tiny_shards, tmp_path, capsys):
     exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
     refused(capsys, ["train", exp, "--out", str(shards)], f"--out {shards} is shards", "not a run directory")
     assert snapshot(shards) == before
+
+
+def test_unmarked_outputs_of_the_same_kind_are_replaced_others_refused(evaluated, tmp_path):
+    """An eval or comparison written before outputs carried markers holds exactly its own files: it
+    counts as one; with one more file it does not."""
+    old = tmp_path / "old_eval"
+    shutil.copytree(evaluated.eval0, old)
+    (old / MARKER).unlink()
+    claim_output(old, "eval", overwrite=True)
+    with pytest.raises(GenomeLMError, match="is not a comparison .*no .genome_lm.json"):
+        claim_output(old, "compare", overwrite=True)
+    (old / "notes.txt").write_text("x")
+    with pytest.raises(GenomeLMError, match="is not an eval"):
+        claim_output(old, "eval", overwrite=True)
