@@ -97,8 +97,7 @@ def _train(args) -> None:
     p, run = from_args(TrainParams, args), from_args(Launch, args)
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
-        dry_run(cfg, world=run.nproc)
-        _planned_peak(p, run.nproc)
+        _planned_peak(p, dry_run(cfg, world=run.nproc))
     elif run.ray is not None or (run.nproc or 1) > 1:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.launch import train_job

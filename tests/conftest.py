@@ -23,6 +23,16 @@ def tiny_shards(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def full_shards(tmp_path_factory):
+    """The synthetic genome at scale 2, chr1 in 1M-token windows (two full ones, tails of 256k and more):
+    shards whose windows a full-size experiment's data.seq_len fits, for its dry run."""
+    from tests.helpers import make_shards
+
+    return make_shards(tmp_path_factory.mktemp("full_genome"), scale=2.0, seq_len="1M", min_len="256k",
+                       train_chroms="chr1")
+
+
+@pytest.fixture(scope="session")
 def eval_inputs(tmp_path_factory):
     from tests.eval import data
 

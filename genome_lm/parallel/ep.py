@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.ops.moe.ep import EPContext, ExpertParallelExperts
+from genome_lm.parallel.mesh import check_expert_split
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
@@ -43,8 +43,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> EPContext | None:
     for moe in layers:
         experts = moe.experts
         n = experts.gate_up_proj.shape[0]
-        if n % size:
-            raise GenomeLMError(f"parallel.ep={size} does not divide the {n} routed experts; use a divisor of {n}")
+        check_expert_split(size, n)
         rows = slice(ep.rank * n // size, (ep.rank + 1) * n // size)
         for name in EXPERT_WEIGHTS:
             param = getattr(experts, name)

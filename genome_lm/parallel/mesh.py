@@ -49,6 +49,28 @@ def resolve_layout(cp: int, dp: int | str, world: int) -> tuple[int, int]:
     return int(dp), cp
 
 
+def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) -> tuple[int, int]:
+    """(dp, cp) of `parallel: {cp, dp, ep}` on `world` processes, once the layout fits: cp and dp
+    (`resolve_layout`), and ep dividing the processes and, given the model's `n_routed_experts`,
+    the routed experts. The run (`init_parallel`, `apply_expert_parallel`) and `--dry-run` both
+    check through here; GenomeLMError naming the key otherwise."""
+    dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
+    ep = parallel_cfg.ep
+    if world % ep:
+        raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
+                            f"use a number of processes that is a multiple of {ep}")
+    if n_routed_experts:
+        check_expert_split(ep, n_routed_experts)
+    return dp, cp
+
+
+def check_expert_split(ep: int, n_routed_experts: int) -> None:
+    """GenomeLMError unless `parallel.ep` divides the routed experts."""
+    if n_routed_experts % ep:
+        raise GenomeLMError(f"parallel.ep={ep} does not divide the {n_routed_experts} routed experts; "
+                            f"use a divisor of {n_routed_experts}")
+
+
 def default_device(local_rank: int = 0) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -189,11 +211,8 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         world, rank, owns = dist.get_world_size(), dist.get_rank(), True
     else:
         world, rank = 1, 0
-    dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
+    dp, cp = check_layout(parallel_cfg, world)
     ep = parallel_cfg.ep
-    if world % ep:
-        raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
-                            f"use a number of processes that is a multiple of {ep}")
     if world == 1 and not sharded:
         return ParallelContext(device=device)
     if device.type == "cuda":

@@ -17,7 +17,7 @@ from torch import nn
 from genome_lm.config import ExperimentConfig
 from genome_lm.parallel.cp import slab_bounds
 from genome_lm.parallel.fsdp import sharded_numel
-from genome_lm.parallel.mesh import default_device, resolve_layout
+from genome_lm.parallel.mesh import check_layout, default_device, resolve_layout
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
 
 
@@ -67,10 +67,12 @@ def _parameters(model: nn.Module, world: int) -> tuple[int, int, int]:
     return total, per_rank, next(model.parameters()).element_size()
 
 
-def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> None:
+def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> int:
     """Check the experiment end to end without training: data, model on the meta device, token
-    map, shapes, memory strategy and the per-rank shapes of the parallel layout on `world`
-    processes (default cp x dp). Prints a summary."""
+    map, shapes, memory strategy, and the parallel layout on `world` processes through the run's
+    own check (`mesh.check_layout`) with the per-rank shapes. Without `world`: cp x dp, or with
+    `dp: auto` one replica of cp processes, which the summary says. Prints a summary; returns the
+    number of processes checked."""
     from genome_lm.model import count_parameters, format_counts
 
     manifest = check_data(cfg)
@@ -78,8 +80,10 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
     model = build_model(cfg, device or default_device(), init, meta=True)
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     stream = make_stream(cfg, lut)
-    if world is None:
+    assumed = world is None
+    if assumed:
         world = cfg.parallel.cp * (1 if cfg.parallel.dp == "auto" else int(cfg.parallel.dp))
+    check_layout(cfg.parallel, world, model.config.n_routed_experts)
     B, T, c, m = cfg.train.micro_batch, cfg.data.seq_len, model.config, cfg.memory
     token_map = {sym: int(lut[i]) for sym, i in manifest["vocab"].items()}
     layers = {t: c.layer_types.count(t) for t in sorted(set(c.layer_types))}
@@ -98,12 +102,16 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
         f"moe_block_tokens={m.moe_block_tokens}, dsa_block_queries={m.dsa_block_queries}, "
         f"loss_chunk_tokens={m.loss_chunk_tokens}, kda_head_block={m.kda_head_block or 'all'}",
         _precision_line(cfg, model),
-        f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}, ep={cfg.parallel.ep}",
+        f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}, ep={cfg.parallel.ep}, checked on {world} "
+        f"process{'es' if world > 1 else ''}"
+        + (" (no --nproc: dp auto taken as 1; pass --nproc N to check the layout of N)"
+           if assumed and cfg.parallel.dp == "auto" else ""),
         *layout_lines(model, cfg, world),
         _init_line(cfg, model, world),
         _checkpoint_line(cfg),
         "dry run OK: nothing was trained",
     ]))
+    return world
 
 
 def _precision_line(cfg: ExperimentConfig, model) -> str:

@@ -47,9 +47,9 @@ def test_user_errors_are_one_line(tmp_path, tiny_shards, argv, message):
     assert "\n" not in str(err.value)
 
 
-def test_dry_run_prints_per_rank_shapes(tiny_shards, capsys):
+def test_dry_run_prints_per_rank_shapes(full_shards, capsys):
     exp = str(ROOT / "experiments" / "glm53flash_1m_64xb200.yaml")
-    assert main(["train", exp, "--dry-run", "--set", f"data.shards={tiny_shards}"]) == 0
+    assert main(["train", exp, "--dry-run", "--set", f"data.shards={full_shards}"]) == 0
     out = capsys.readouterr().out
     assert "layout: 64 ranks = dp 8 x cp 8; global batch 8 sequences per step" in out
     assert "CP slabs per sequence: 131,072 tokens x 8" in out
@@ -58,10 +58,10 @@ def test_dry_run_prints_per_rank_shapes(tiny_shards, capsys):
     assert "built on the meta device, sharded, then each of the 64 ranks reads only its rows" in out
     assert "model/ (Hugging Face weights, streamed one tensor at a time) at the last checkpoint only" in out
     # the same experiment on one 8-GPU node: dp 1, and a wrong count is refused
-    assert main(["train", exp, "--dry-run", "--set", f"data.shards={tiny_shards}", "--set", "parallel.dp=auto",
+    assert main(["train", exp, "--dry-run", "--set", f"data.shards={full_shards}", "--set", "parallel.dp=auto",
                  "--nproc", "8"]) == 0
     assert "layout: 8 ranks = dp 1 x cp 8" in capsys.readouterr().out
-    assert main(["train", exp, "--dry-run", "--set", f"data.shards={tiny_shards}", "--nproc", "12"]) == 2
+    assert main(["train", exp, "--dry-run", "--set", f"data.shards={full_shards}", "--nproc", "12"]) == 2
 
 
 @pytest.mark.slow
@@ -76,3 +76,15 @@ def test_crashed_worker_is_one_line_error_and_run_resumes(tmp_path, tiny_shards,
     monkeypatch.delenv("GENOME_LM_FAULT")
     assert main(["train", exp, "--out", str(run), "--nproc", "2", "--resume"]) == 0
     assert (run / "checkpoints" / "last").resolve().name == "step_00000003"
+
+
+def test_dry_run_checks_the_layout_the_run_checks(tiny_shards, tmp_path, capsys):
+    """ep=3 does not divide glm53-tiny's 8 routed experts: the dry run refuses it as the run does; with
+    dp auto and no --nproc it says which layout it checked, and the planner line follows."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards)
+    assert main(["train", exp, "--dry-run", "--nproc", "3", "--set", "parallel.ep=3"]) == 2
+    assert "parallel.ep=3 does not divide the 8 routed experts" in capsys.readouterr().err
+    assert main(["train", exp, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "checked on 1 process (no --nproc: dp auto taken as 1; pass --nproc N" in out
+    assert "dry run OK" in out and out.strip().splitlines()[-1].startswith("planner (1 x ")

@@ -221,9 +221,9 @@ def test_wandb_offline_files(tmp_path, tiny_shards):
 
 
 @pytest.mark.parametrize("name", ["glm53flash_512k_64xb200", "glm53flash_1m_64xb200"])
-def test_dry_run_full_size(tiny_shards, capsys, name):
+def test_dry_run_full_size(full_shards, capsys, name):
     code = main(["train", str(ROOT / "experiments" / f"{name}.yaml"), "--dry-run",
-                 "--set", f"data.shards={tiny_shards}"])
+                 "--set", f"data.shards={full_shards}"])
     out = capsys.readouterr().out
     assert code == 0
     assert "313,326,816,766" in out and "dry run OK" in out
