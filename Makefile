@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip
 PYTEST_ARGS ?=
 # The exact environment (every dependency and extra, with hashes) that the suite passed on; torch
-# and the accelerator packages that come with its build (nvidia-*, cuda-*, triton) stay outside it.
+# and what comes with its build (nvidia-*, cuda-*, triton, and setuptools, whose range each torch
+# release sets) stay outside it.
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
@@ -83,7 +84,7 @@ $(VENV)/.uv: | $(BIN)/python
 	touch $@
 
 lock: $(VENV)/.uv
-	accel=$$($(UV_COMPILE) --no-header --no-annotate -q | grep -oE '^(nvidia-|cuda-|triton)[^=]*' \
+	accel=$$($(UV_COMPILE) --no-header --no-annotate -q | grep -oE '^(nvidia-|cuda-|triton|setuptools)[^=]*' \
 		| sed 's/^/--no-emit-package /'); \
 	$(UV_COMPILE) $$accel --generate-hashes --custom-compile-command "make lock" -q -o $(LOCK)
 

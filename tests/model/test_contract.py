@@ -84,7 +84,9 @@ def test_cli_on_a_mismatched_transformers_is_one_line_exit_2(tmp_path):
          "--out", str(out)], capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
+    # one line of genome_lm's; where triton is importable without a GPU driver, fla's import may add
+    # its own UserWarning about rolling back to CPU above it
+    lines = [ln for ln in result.stderr.strip().splitlines() if "Warning" not in ln and not ln.startswith("  ")]
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert lines[0].startswith("genome-lm: error: transformers ")
     assert "has no causal_conv1d_forward" in lines[0] and "make setup" in lines[0]

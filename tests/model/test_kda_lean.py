@@ -11,6 +11,7 @@ Tolerances (float32) are max |Δ| / max(1, max |reference|); observed <= 3e-7 fo
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -275,7 +276,8 @@ def test_kda_layer_keeps_no_float32_tensor_per_token():
     x = torch.randn(1, T, 64, dtype=torch.bfloat16, requires_grad=True)
     saved = saved_storages(layer, [x])
     H, K = layer.num_heads, layer.head_dim
-    fp32 = [s for s in saved if s[1] == torch.float32]
+    # empty tensors hold no bytes (torch 2.11's non-reentrant checkpoint saves a [0] placeholder)
+    fp32 = [s for s in saved if s[1] == torch.float32 and math.prod(s[0]) > 0]
     # per 16-chunk segment one [B, H, K, V] state; the gate's A_log and dt_bias copies; the conv weight
     allowed = {(1, H, K, K), (H,), (H * K,), tuple(layer.conv1d.weight.shape)}
     assert {shape for shape, _ in fp32} <= allowed, fp32
