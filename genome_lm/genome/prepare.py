@@ -26,7 +26,14 @@ from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import MAX_K, KmerIndex
-from genome_lm.genome.shards import MegatronWriter, SplitWriter, fingerprint_of, load_manifest
+from genome_lm.genome.shards import (
+    MegatronWriter,
+    SplitWriter,
+    check_shards,
+    fingerprint_of,
+    load_manifest,
+    manifest_checksum,
+)
 from genome_lm.genome.tokenizer import (
     N_ID,
     SOFTMASK_BIT,
@@ -155,6 +162,7 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
     existing = load_manifest(out)
     inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
     if existing.get("parameters") == params.recorded() and inputs == [(r.size, sha256_file(r.path)) for r in readers]:
+        check_shards(out, existing)  # complete only if every split's files are there, whole
         return existing
     raise GenomeLMError(
         f"--out {out} already holds shards made from other inputs or parameters; pass --overwrite to replace them"
@@ -319,6 +327,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 "windows": n_windows,
                 "tokens": sum(st.tokens for st in chrom_stats.values()),
                 "files": files,
+                "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
                 "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
             }
         manifest = {
@@ -339,6 +348,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
         if mwriters:
             manifest["megatron"] = {s: f"megatron/{s}" for s in mwriters}
+        manifest["checksum"] = manifest_checksum(manifest)
         write_json_atomic(tmp / "manifest.json", manifest)
     elapsed = time.perf_counter() - t0
     total = sum(i["size"] for i in inputs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -209,11 +210,55 @@ def fingerprint_of(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+REBUILD = "rebuild them with the same `genome-lm prepare` command and --overwrite"
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON without its own `checksum` field."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def load_manifest(directory: str | os.PathLike) -> dict:
+    """manifest.json of a prepared shard directory; `GenomeLMError` when it is missing, not JSON, or
+    no longer matches its own checksum."""
     path = Path(directory) / "manifest.json"
     if not path.exists():
         raise GenomeLMError(f"{directory} has no manifest.json; is it the --out of `genome-lm prepare`?")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise GenomeLMError(f"{path} is damaged (not JSON: {e}); {REBUILD}") from None
+    if not isinstance(manifest, dict) or "splits" not in manifest:
+        raise GenomeLMError(f"{path} is not a genome_lm manifest (no splits); {REBUILD}")
+    if "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
+        raise GenomeLMError(f"{path} was changed after prepare wrote it (its checksum does not match); {REBUILD}")
+    return manifest
+
+
+def shard_problems(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> list[str]:
+    """What is missing or damaged in the split folders of `directory` against `manifest`: each
+    recorded file must exist with its recorded size (`file_bytes`; existence alone for manifests
+    without sizes)."""
+    problems = []
+    for split in manifest["splits"] if splits is None else splits:
+        entry = manifest["splits"].get(split, {})
+        sizes = entry.get("file_bytes") or dict.fromkeys(entry.get("files", []))
+        for name, size in sizes.items():
+            path = Path(directory) / split / name
+            if not path.is_file():
+                problems.append(f"{split}/{name} is missing")
+            elif size is not None and path.stat().st_size != size:
+                problems.append(f"{split}/{name} has {path.stat().st_size:,} bytes, the manifest records {size:,}")
+    return problems
+
+
+def check_shards(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> None:
+    """`GenomeLMError` naming the first problem of `shard_problems` and how to rebuild."""
+    problems = shard_problems(directory, manifest, splits)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise GenomeLMError(f"the shards in {directory} are damaged: {problems[0]}{more}; {REBUILD}")
 
 
 def load_shards(directory: str | os.PathLike, split: str = "train"):
@@ -226,5 +271,6 @@ def load_shards(directory: str | os.PathLike, split: str = "train"):
     manifest = load_manifest(directory)
     if split not in manifest["splits"]:
         raise GenomeLMError(f"{directory} has no {split!r} split (it has: {', '.join(manifest['splits'])})")
+    check_shards(directory, manifest, [split])
     ds = datasets.load_from_disk(str(Path(directory) / split))
     return ds.with_format("numpy", dtype=None)  # dtype=None keeps uint8 tokens (the default casts to int64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +173,8 @@ def test_same_input_same_bytes(tmp_path, genome):
         assert files == sorted(p.name for p in (tmp_path / "b" / split).iterdir())
         for name in files:
             assert (tmp_path / "a" / split / name).read_bytes() == (tmp_path / "b" / split / name).read_bytes()
-    m1.pop("created_at"), m2.pop("created_at")
+    for m in (m1, m2):
+        m.pop("created_at"), m.pop("checksum")  # the checksum covers the time of writing
     assert m1 == m2
 
 
@@ -189,6 +191,37 @@ def test_rerun_is_a_no_op_and_overwrite_rebuilds(tmp_path, genome, capsys):
     run_prepare([fa], out, seq_len=256, overwrite=True)
     assert load_manifest(out)["parameters"]["seq_len"] == 256
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove_split", "edit_manifest", "garble_manifest"])
+def test_damaged_shards_are_not_complete_and_reading_them_is_one_line(tmp_path, genome, capsys, damage):
+    """A rerun over a truncated .arrow, a deleted split or an edited manifest is not "already
+    complete"; loading such shards is one line naming the file and the rebuild."""
+    fa = write_fasta(tmp_path / "g.fa", genome)
+    out = tmp_path / "out"
+    run_prepare([fa], out)
+    arrow = sorted((out / "eval").glob("*.arrow"))[0]
+    manifest = out / "manifest.json"
+    if damage == "truncate":
+        arrow.write_bytes(arrow.read_bytes()[:-100])
+        expected = f"eval/{arrow.name} has {arrow.stat().st_size:,} bytes, the manifest records"
+    elif damage == "remove_split":
+        shutil.rmtree(out / "eval")
+        expected = f"eval/{arrow.name} is missing"
+    elif damage == "edit_manifest":
+        manifest.write_text(manifest.read_text().replace('"windows": ', '"windows": 1', 1))
+        expected = "was changed after prepare wrote it"
+    else:
+        manifest.write_text(manifest.read_text()[:50])
+        expected = "is damaged (not JSON"
+    with pytest.raises(GenomeLMError, match=re.escape(expected)) as err:
+        run_prepare([fa], out)
+    assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
+    assert "already complete" not in capsys.readouterr().out
+    with pytest.raises(GenomeLMError, match=re.escape(expected)):
+        load_shards(out, "eval")
+    run_prepare([fa], out, overwrite=True)
+    assert len(load_shards(out, "eval")) > 0
 
 
 def test_interrupted_run_leaves_nothing(tmp_path, genome, monkeypatch):
