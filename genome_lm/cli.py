@@ -5,6 +5,7 @@ from its pydantic parameter model (`utils.add_options`), calls the library, and 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 
@@ -14,6 +15,10 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.utils import Size, add_options, from_args
 
 EXIT_USER_ERROR = 2
+# What a full disk, a quota, a read-only mount or missing permissions raise: the user's to fix.
+STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                  errno.EPERM: "operation not permitted"}
 EXIT_INTERRUPTED = 130
 POSITIONAL = {"positional": True}
 SET = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
@@ -181,6 +186,15 @@ def _check_upstream(args) -> None:
     print(check_all())
 
 
+def storage_message(e: OSError) -> str:
+    """One line for a storage failure: what happened, where, and what to do. Outputs are written
+    under temporary names and renamed when complete, so a failed write leaves no output that looks whole."""
+    where = f" writing {e.filename}" if e.filename else ""
+    fix = ("free space there or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "choose a writable --out")
+    return f"{STORAGE_ERRORS[e.errno]}{where}; {fix} (outputs are renamed into place only when complete)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
     from genome_lm.eval.config import EvalConfig
@@ -242,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except GenomeLMError as e:
         print(f"genome-lm {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as e:
+        if e.errno not in STORAGE_ERRORS:
+            raise
+        print(f"genome-lm {args.command}: error: {storage_message(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"genome-lm {args.command}: interrupted", file=sys.stderr)

@@ -19,6 +19,7 @@ readers stream window by window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Iterator
@@ -88,12 +89,27 @@ def _file(directory: str | Path, name: str, command: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def readable(path: Path, command: str) -> Iterator[None]:
+    """Turn a parse failure of `path` (not JSON, not Parquet, truncated) into one `GenomeLMError`
+    naming the file and the command that rebuilds it."""
+    try:
+        yield
+    except (ValueError, pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and not isinstance(e, pa.ArrowException) and e.errno is not None:
+            raise  # a file-system error (permissions, a full disk), not a damaged file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise GenomeLMError(f"{path} is damaged ({first}); rebuild it with `genome-lm {command}` and --overwrite") \
+            from None
+
+
 def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str, np.ndarray]:
     """The window columns (window, chrom, start, end, strand) as numpy arrays [W], plus `length` and
     `rc` (bool: the row scored a reverse complement); `orientation` as in `iter_windows`."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
-    has_rc = "reverse_complement" in pq.read_schema(path).names
-    table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []))
+    with readable(path, "eval"):
+        has_rc = "reverse_complement" in pq.read_schema(path).names
+        table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []))
     meta = {c: table.column(c).to_numpy(zero_copy_only=False) for c in META_COLUMNS}
     meta["rc"] = (table.column("reverse_complement").to_numpy(zero_copy_only=False).astype(bool) if has_rc
                   else np.zeros(table.num_rows, dtype=bool))
@@ -106,7 +122,9 @@ def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str,
 
 def annotation_names(eval_dir: str | Path) -> list[str]:
     """NAMEs of the `--annotate` masks in tokens.parquet (in column order); [] without any."""
-    meta = pq.read_schema(_file(eval_dir, TOKENS_FILE, "eval")).metadata or {}
+    path = _file(eval_dir, TOKENS_FILE, "eval")
+    with readable(path, "eval"):
+        meta = pq.read_schema(path).metadata or {}
     return json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []
 
 
@@ -119,10 +137,13 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
     bool [L] or None (no leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True:
     the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
     only the rows with rc False / True."""
-    pf = pq.ParquetFile(_file(eval_dir, TOKENS_FILE, "eval"))
+    path = _file(eval_dir, TOKENS_FILE, "eval")
+    with readable(path, "eval"):
+        pf = pq.ParquetFile(path)
     names = annotation_names(eval_dir)
     for g in range(pf.num_row_groups):
-        table = pf.read_row_group(g)
+        with readable(path, "eval"):
+            table = pf.read_row_group(g)
         cols = set(table.column_names)
         for row in range(table.num_rows):
             rc = bool(table.column("reverse_complement")[row].as_py()) if "reverse_complement" in cols else False
@@ -142,7 +163,10 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
 
 
 def read_json(directory: str | Path, name: str, command: str) -> dict:
-    return json.loads(_file(directory, name, command).read_text())
+    """DIR/name as JSON; one `GenomeLMError` when it is missing or damaged."""
+    path = _file(directory, name, command)
+    with readable(path, command):
+        return json.loads(path.read_text())
 
 
 def load_summary(eval_dir: str | Path) -> dict:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 from collections import OrderedDict
@@ -484,7 +485,14 @@ class ShardWriter:
 
     def _flush(self, i: int) -> None:
         shard = {name: self.buffer.pop(name) for name, _ in self.plan[i]}
-        save_file(shard, str(self.directory / self.names[i]), metadata={"format": "pt"})
+        path = self.directory / self.names[i]
+        try:
+            save_file(shard, str(path), metadata={"format": "pt"})
+        except SafetensorError as e:  # an I/O failure comes back as "... (os error N)": raise it as the OSError
+            code = re.search(r"\(os error (\d+)\)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
         self.buffered_bytes -= sum(t.nbytes for t in shard.values())
 
     def finish(self) -> None:

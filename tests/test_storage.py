@@ -1,0 +1,82 @@
+"""A full disk and a read-only folder are one line from every command that writes, and leave no
+output that looks whole. The folders are small tmpfs mounts (root only; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from genome_lm.cli import main
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(size, read_only) -> a fresh tmpfs folder under tmp_path; unmounted afterwards."""
+    mounted = []
+
+    def make(size: str = "64k", read_only: bool = False) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode:
+            pytest.skip("mounting a tmpfs needs root")
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def one_line(capsys, code: int) -> str:
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_prepare_on_a_full_disk(eval_inputs, mount, capsys):
+    disk = mount("64k")
+    line = one_line(capsys, main(["prepare", "--fasta", str(eval_inputs.root / "genome.fa.gz"), "--out",
+                                  str(disk / "shards"), "--seq-len", "1k", "--min-len", "256",
+                                  "--train-chroms", "chr1"]))
+    assert "no space left on the device" in line and "free space there or choose another --out" in line
+    assert list(disk.iterdir()) == []  # the partial folder is gone
+
+
+def test_eval_on_a_full_disk_and_a_read_only_folder(eval_inputs, mount, capsys):
+    args = ["eval", "--checkpoint", str(eval_inputs.ckpt0), "--shards", str(eval_inputs.shards), "--max-windows", "3",
+            "--resamples", "50"]
+    disk = mount("16k")
+    line = one_line(capsys, main([*args, "--out", str(disk / "ev")]))
+    assert "no space left on the device" in line
+    assert not (disk / "ev").exists()
+    read_only = mount(read_only=True)
+    line = one_line(capsys, main([*args, "--out", str(read_only / "ev")]))
+    assert "read-only" in line and f"writing {read_only}/" in line
+
+
+def test_train_on_a_full_disk(tiny_shards, tmp_path, mount, capsys):
+    from tests.helpers import write_experiment
+
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2, "checkpoint_every": 1})
+    disk = mount("256k")
+    line = one_line(capsys, main(["train", exp, "--out", str(disk / "run")]))
+    assert "no space left on the device" in line
+    assert not (disk / "run" / "checkpoints" / "last").exists()
+
+
+@pytest.mark.parametrize("damaged,expected", [("tokens.parquet", "tokens.parquet is damaged"),
+                                              ("summary.json", "summary.json is damaged")])
+def test_compare_of_a_damaged_eval_is_one_line(evaluated, tmp_path, capsys, damaged, expected):
+    import shutil
+
+    a = tmp_path / "A"
+    shutil.copytree(evaluated.eval0, a)
+    path = a / damaged
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    line = one_line(capsys, main(["compare", str(a), str(evaluated.eval1), "--out", str(tmp_path / "cmp")]))
+    assert expected in line and "rebuild it with `genome-lm eval` and --overwrite" in line
+    assert not (tmp_path / "cmp").exists()
