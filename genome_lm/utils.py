@@ -210,7 +210,8 @@ def from_args(model: type[BaseModel], args: argparse.Namespace):
     return validate(model, raw, "", origin)
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's file-mode creation mask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -236,7 +237,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iter
     try:
         with os.fdopen(fd, mode, **open_kwargs) as f:
             yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -255,7 +256,7 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
     """A new hidden work directory in `parent`, with the permissions a plain mkdir would give
     (mkdtemp makes 0700), so that renaming it into place yields a normal directory."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    os.chmod(tmp, 0o777 & ~umask())
     return tmp
 
 

@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.upstream import KEEP_IN_FP32, Glm5NextConfig, Glm5NextTextConfig
-from genome_lm.utils import atomic_directory
+from genome_lm.utils import atomic_directory, umask
 
 log = logging.getLogger(__name__)
 
@@ -493,6 +493,7 @@ class ShardWriter:
             if code is None:
                 raise
             raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+        os.chmod(path, 0o666 & ~umask())  # safetensors writes 0600; a shared group reads what the umask allows
         self.buffered_bytes -= sum(t.nbytes for t in shard.values())
 
     def finish(self) -> None:

@@ -206,3 +206,17 @@ def test_flat_text_config_with_pattern_fields(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     text = read_text_config(tmp_path)
     assert text.indexer_types == ["full"] * 4 + ["shared"] * 2 and text.hidden_size == 64
+
+
+def test_weight_files_follow_the_umask(tmp_path):
+    """safetensors writes its files 0600; a model directory's files get the mode the umask allows, as
+    every other file genome_lm writes, so a shared group can read a checkpoint."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        out = save_pretrained(tiny_model(), tmp_path / "ckpt")
+    finally:
+        os.umask(old)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        MARKER: 0o644, "config.json": 0o644, "model.safetensors": 0o644}
