@@ -90,7 +90,9 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
               unknown: str) -> GenomeLMError:
     e = err.errors()[0]
     key = ".".join(str(p) for p in e["loc"])
-    src = origin.get(key.split(".")[0], source)  # a file, --set, or the flag that gave the value
+    # a file, --set, or the flag that gave the value (origin names a whole key or its section)
+    src = next((origin[k] for k in (key, *(".".join(e["loc"][:i]) for i in range(len(e["loc"]) - 1, 0, -1)))
+                if k in origin), source)
     if e["type"] == "extra_forbidden":
         near = difflib.get_close_matches(key, _known_keys(model), n=1)
         hint = f"; did you mean {near[0]}?" if near else "; remove it"
@@ -102,7 +104,7 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
         e["msg"].removeprefix("Value error, ")
     got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
     got = "" if e["type"] not in _MESSAGES and got[6:-1] in msg else got  # the message already shows the value
-    if src.startswith("--") and origin.get(key.split(".")[0]) == src != "--set":  # the field's own flag
+    if src.startswith("--") and src != "--set" and origin.get(key.split(".")[0]) == src:  # the field's own flag
         at = src
     else:  # --set key, --assume key, file: key
         at = f"{src} {key}" if src.startswith("--") else ": ".join(filter(None, [src, key]))
@@ -144,7 +146,10 @@ def read_yaml(path: str | Path, hint: str) -> dict:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise GenomeLMError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise GenomeLMError(f"{path} is not valid YAML{at}: {what}") from None
     if not isinstance(raw, dict):
         raise GenomeLMError(f"{path} must hold a mapping with keys {hint}")
     return raw

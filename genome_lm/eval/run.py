@@ -68,6 +68,9 @@ def check_inputs(cfg: EvalConfig) -> list:
     if not cfg.out:
         raise GenomeLMError("--out: give the output directory (tokens.parquet, summary.json)")
     claim_output(cfg.out, "eval", eval_inputs(cfg), cfg.overwrite)
+    if cfg.split == "train":
+        log.warning("--split train: scoring the chromosomes the model trained on; the loss measures fit, not "
+                    "generalisation (the held-out split is eval)")
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")

@@ -316,7 +316,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 raise GenomeLMError(
                     f"the {split} split has no windows: --seq-len {format_size(params.seq_len)} with --min-len "
                     f"{params.min_len} and --tail {params.tail} leaves nothing (longest contig: {longest:,} bases, "
-                    f"--max-n-frac {params.max_n_frac}); lower --seq-len or --min-len, or use --tail keep"
+                    f"--max-n-frac {params.max_n_frac}); lower --seq-len or --min-len"
+                    + (", or use --tail keep" if params.tail == "drop" else "")
                 )
             fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})
             files = writers[split].finalize(fp, split)

@@ -62,6 +62,9 @@ def check_data(cfg: ExperimentConfig) -> dict:
     if cfg.data.split not in manifest["splits"]:
         raise GenomeLMError(f"data.split: {cfg.data.shards} has no {cfg.data.split!r} split "
                             f"(it has {', '.join(manifest['splits'])})")
+    if cfg.data.split == "eval":
+        log.warning("data.split=eval: training on the held-out chromosomes (%s); evals of this run on them measure "
+                    "what it memorised, not what it generalises", ", ".join(manifest["splits"]["eval"]["chroms"]))
     window = manifest.get("parameters", {}).get("seq_len")
     if window and cfg.data.seq_len > window:
         raise GenomeLMError(f"data.seq_len={cfg.data.seq_len:,} is longer than the windows of {cfg.data.shards} "

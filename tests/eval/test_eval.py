@@ -132,6 +132,16 @@ def test_existing_out_is_refused(evaluated):
         evaluate(cfg)
 
 
+def test_scoring_the_train_split_warns(evaluated, tmp_path, caplog):
+    from genome_lm.eval.run import check_inputs
+
+    cfg = EvalConfig(checkpoint=str(evaluated.ckpt0), shards=str(evaluated.shards), out=str(tmp_path / "e"),
+                     split="train", max_windows=1)
+    with caplog.at_level("WARNING", logger="genome_lm.eval.run"):
+        check_inputs(cfg)
+    assert "--split train: scoring the chromosomes the model trained on" in caplog.text
+
+
 def test_parity_report_with_a_stand_in_engine(eval_inputs, tmp_path, monkeypatch):
     """The --parity plumbing, with a stand-in streaming engine (the parallel forward + a known offset)."""
     def score_streaming(model, input_ids, chunk_tokens):

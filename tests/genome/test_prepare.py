@@ -320,7 +320,8 @@ def test_bad_inputs(tmp_path, genome, capsys):
         (["--fasta", str(bad)], r"invalid character '-' at base offset 82"),
         (["--fasta", str(good), "--train-chroms", "chr1,chr3"], r"chromosome chr3 not found.*chr1, chr2, chr22"),
         (["--fasta", str(good), "--train-chroms", "chr1,22"], "in both --train-chroms and --eval-chroms"),
-        (["--fasta", str(good), "--seq-len", "1M", "--min-len", "1M"], "has no windows"),
+        (["--fasta", str(good), "--seq-len", "1M", "--min-len", "1M"], r"has no windows.*or --min-len$"),  # tail keep
+        (["--fasta", str(good), "--seq-len", "1M", "--min-len", "1M", "--tail", "drop"], r"or use --tail keep$"),
         (["--fasta", str(good), "--seq-len", "12q"], "--seq-len"),
         (["--fasta", str(tmp_path / "missing.fa")], "does not exist"),
         (["--fasta", str(good), "--max-n-frac", "2"], "--max-n-frac"),

@@ -30,15 +30,17 @@ def test_sizes_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("text,overrides,match", [
     (GOOD + "  lrr: 1\n", [], r"unknown key train.lrr; did you mean train.lr\?"),
-    (GOOD, ["train.lr=fast"], r"train.lr: .*number.*'fast'"),
+    (GOOD, ["train.lr=fast"], r"^--set train.lr: .*number.*'fast'"),  # blamed on the --set, not the file
+    (GOOD, ["train.lr=-1"], r"^--set train.lr: must be > 0.0 \(got -1\)"),
     (GOOD, ["data.seq_len=64q"], r"data.seq_len: cannot read '64q'"),
     ("model: {name: glm53-tiny}\ntrain: {steps: 10}\n", [], r"missing required key data"),
     (GOOD, ["memory.recompute=selective"], r"recompute_layers"),
     (GOOD, ["memory.offload_layer_inputs=true"], r"offload_layer_inputs needs recompute"),
-    (GOOD, ["train.steps=0"], r"train.steps: must be > 0 \(got 0\)"),
+    (GOOD, ["train.steps=0"], r"^--set train.steps: must be > 0 \(got 0\)"),
+    (GOOD.replace("steps: 10", "steps: 0"), [], r"e.yaml: train.steps: must be > 0 \(got 0\)"),
     (GOOD, ["memory.recompute=sometimes"], r"memory.recompute: .*'none', 'per-layer' or 'selective'"),
     (GOOD, ["trainsteps"], r"expected KEY=VALUE"),
-    ("data: [1, 2\n", [], r"not valid YAML"),
+    ("data: [1, 2\n", [], r"not valid YAML \(line 2, column 1\): expected ',' or ']'"),
 ])
 def test_errors_name_the_key(tmp_path, text, overrides, match):
     p = tmp_path / "e.yaml"

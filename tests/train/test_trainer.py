@@ -245,3 +245,11 @@ def test_init_from_checkpoint(tmp_path, tiny_shards):
     b = build(tmp_path / "long" / "checkpoints" / "last" / "model").state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr ~ 0: weights came from init
     assert record["step"] == 1
+
+
+def test_training_on_the_held_out_split_warns(tmp_path, tiny_shards, caplog):
+    from genome_lm.train.trainer import check_data
+
+    with caplog.at_level("WARNING", logger="genome_lm.train.trainer"):
+        check_data(load_experiment(write_experiment(tmp_path / "e.yaml", tiny_shards, data={"split": "eval"})))
+    assert "training on the held-out chromosomes (chr22)" in caplog.text
