@@ -66,13 +66,14 @@ def read_marker(folder: Path) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get("kind") in KINDS else None
 
 
-def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = ()) -> None:
-    """Mark `folder` as an output of `kind` holding what is in it now."""
+def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = (), **extra) -> None:
+    """Mark `folder` as an output of `kind` holding what is in it now; `extra` fields are kept in the
+    marker too (a run records `sequences_per_step`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r}; one of {sorted(KINDS)}")
     folder = Path(folder)
     entries = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
-    marker = {"kind": kind, "entries": entries, "inputs": [str(Path(i).resolve()) for i in inputs]}
+    marker = {"kind": kind, "entries": entries, "inputs": [str(Path(i).resolve()) for i in inputs], **extra}
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
 

@@ -6,9 +6,12 @@ compares it with the new one key by key:
 - keys that do not change what is computed (`TAKEN`: how long to train, how often to checkpoint,
   logging, memory strategies and block sizes, the process layout) are taken, logged, and the
   earlier `config.yaml` is kept as `config.resume-N.yaml`;
-- every other key (data, model, optimizer, schedule, batch, seeds, precision) is refused in one
-  line naming each key, old -> new: the checkpoint's optimizer state and schedule position were
-  made with the old values, so a silent change would train neither run.
+- `train.micro_batch` and `train.grad_accum` are taken when the sequences per optimizer step
+  (micro_batch x grad_accum x dp, recorded in the run's marker) stay the same: a run started on
+  2 processes of micro_batch 1 resumes on one of micro_batch 2;
+- every other key (data, model, optimizer, schedule, seeds, precision) is refused in one line
+  naming each key, old -> new: the checkpoint's optimizer state and schedule position were made
+  with the old values, so a silent change would train neither run.
 """
 
 from __future__ import annotations
@@ -65,14 +68,22 @@ def _stored_config(path: Path) -> dict:
         return raw
 
 
-def accept_resume(run_dir: Path, cfg: ExperimentConfig) -> None:
+BATCH_KEYS = ("train.micro_batch", "train.grad_accum")
+
+
+def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_per_step: int | None) -> None:
     """Compare `cfg` with `run_dir/config.yaml`; raise `GenomeLMError` on a refused change, else keep the
-    earlier config as `config.resume-N.yaml` when anything changed. Writes nothing on a refusal."""
+    earlier config as `config.resume-N.yaml` when anything changed. Writes nothing on a refusal.
+    `per_step` / `stored_per_step`: sequences per optimizer step now and when the run started (None:
+    not recorded, so a batch key may not change)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         return
     found = changes(_stored_config(path), cfg.model_dump(mode="json"))
-    refused = [c for c in found if not taken(c[0])]
+    same_batch = stored_per_step is not None and stored_per_step == per_step
+    refused = [c for c in found if not (taken(c[0]) or (c[0] in BATCH_KEYS and same_batch))]
+    if any(c[0] in BATCH_KEYS for c in refused) and stored_per_step is not None:
+        refused.append(("sequences per step", stored_per_step, per_step))
     if refused:
         listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in refused)
         raise GenomeLMError(

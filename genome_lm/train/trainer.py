@@ -150,7 +150,7 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig) -> Path | None:
+def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> Path | None:
     """Rank 0: refuse a folder that is not a run directory, clear half-written checkpoints, refuse a
     used run directory without --resume and a resume with changed settings (`resume.accept_resume`),
     mark the folder as a run and write config.yaml; the checkpoint to resume from."""
@@ -168,11 +168,12 @@ def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig) -> Path
                             "it, or --out a new run directory")
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
-    if resume and latest is not None:
-        accept_resume(run_dir, cfg)  # refuses a changed data/model/optimizer key before anything is written
+    per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
+    if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
+        accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
     run_dir.mkdir(parents=True, exist_ok=True)
     if marker is None:
-        write_marker(run_dir, "run", [cfg.data.shards])
+        write_marker(run_dir, "run", [cfg.data.shards], sequences_per_step=per_step)
     if not (resume and latest is not None):
         (run_dir / "config.yaml").write_text(dump_experiment(cfg))
     return latest if resume else None
@@ -197,7 +198,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
 
-    latest = par.on_main(lambda: _prepare_run_dir(run_dir, resume, cfg))
+    latest = par.on_main(lambda: _prepare_run_dir(run_dir, resume, cfg, par.dp))
 
     init = resolve_init(cfg)
     model = build_parallel_model(cfg, par, init)

@@ -169,6 +169,16 @@ def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny
         assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def test_resume_takes_a_new_split_of_the_same_batch_and_refuses_another_batch(tmp_path, tiny_shards, capsys):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})  # micro_batch 2
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run)]) == 0
+    assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.micro_batch=4"]) == 2
+    assert "train.micro_batch 2 -> 4, sequences per step 2 -> 4" in capsys.readouterr().err
+    assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.steps=3", "--set", "train.micro_batch=1",
+                 "--set", "train.grad_accum=2"]) == 0  # 1 x 2 = 2 sequences per step, as before
+
+
 def test_resume_takes_steps_and_keeps_the_earlier_config(tmp_path, tiny_shards):
     exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
     run = tmp_path / "run"
