@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -189,6 +190,27 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     data.load_state_dict(state["data"])
     _restore_rng(state["rng"])
     return int(state["step"])
+
+
+def load_newest_whole(ckpt_dir: Path, model, optimizer, scheduler, data) -> tuple[int, Path]:
+    """`load_checkpoint` from the newest checkpoint of `ckpt_dir` that loads: one that fails (a
+    truncated or missing file) is named in a warning and the previous one is tried. Returns (step,
+    path). A `GenomeLMError` (the checkpoint does not fit this config) is raised as it is; when no
+    checkpoint loads, one `GenomeLMError` names the newest and why."""
+    found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
+    for i, path in enumerate(found):
+        try:
+            return load_checkpoint(path, model, optimizer, scheduler, data), path
+        except GenomeLMError:
+            raise
+        except (Exception, CheckpointException) as e:  # DCP's (a BaseException), a zip or pickle error
+            why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+            if i + 1 == len(found):
+                raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir} loads; the newest, {found[0].name}, fails "
+                                    f"with: {why}; start a new --out") from None
+            log.warning("--resume: %s does not load (%s); resuming from the previous checkpoint, %s",
+                        path, why, found[i + 1].name)
+    raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir}")
 
 
 def clean_partials(ckpt_dir: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, byte_batches, model_tensors, write_model_dir
@@ -71,6 +72,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
     read = [(name, shape, stored[f"model.{name}"].properties.dtype) for name, shape, _ in specs]
     loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
-    write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes, inputs=[ckpt])
+    try:
+        write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
+                        inputs=[ckpt])
+    except (RuntimeError, ValueError, CheckpointException) as e:  # a truncated or garbled train_state file
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        raise GenomeLMError(f"{state_dir} is damaged ({why}); export an earlier checkpoint of the run "
+                            f"({ckpt.resolve().parent}/step_N)") from None
     log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
     return Path(out)

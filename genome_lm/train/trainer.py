@@ -40,7 +40,7 @@ from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.train.checkpoint import (
     clean_partials,
     latest_checkpoint,
-    load_checkpoint,
+    load_newest_whole,
     resolve_model_dir,
     save_checkpoint,
 )
@@ -209,7 +209,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     scheduler = make_scheduler(optimizer, cfg.train)
     start = 0
     if latest is not None:
-        start = load_checkpoint(latest, model, optimizer, scheduler, stream)
+        start, latest = load_newest_whole(run_dir / "checkpoints", model, optimizer, scheduler, stream)
         log.info("resumed from %s (step %d)", latest, start)
         if start >= cfg.train.steps:
             log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "

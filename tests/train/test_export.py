@@ -76,3 +76,16 @@ def test_export_model_false(tmp_path, tiny_shards):
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*/model"))
     with pytest.raises(GenomeLMError, match="export_model"):
         load_experiment(exp, ["train.export_model=sometimes"])
+
+
+def test_export_of_a_damaged_checkpoint_is_one_line(last_only, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(last_only.parent, run, symlinks=True)
+    distcp = next((run / "checkpoints" / "step_00000004" / "train_state").glob("*.distcp"))
+    distcp.write_bytes(distcp.read_bytes()[:100])
+    assert main(["export", str(run / "checkpoints" / "step_00000004"), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "train_state is damaged" in err and "export an earlier checkpoint" in err
+    assert not (tmp_path / "m").exists()

@@ -263,3 +263,18 @@ def test_training_on_the_held_out_split_warns(tmp_path, tiny_shards, caplog):
     with caplog.at_level("WARNING", logger="genome_lm.train.trainer"):
         check_data(load_experiment(write_experiment(tmp_path / "e.yaml", tiny_shards, data={"split": "eval"})))
     assert "training on the held-out chromosomes (chr22)" in caplog.text
+
+
+def test_resume_falls_back_from_a_damaged_checkpoint(tmp_path, tiny_shards, caplog):
+    """The newest checkpoint's DCP file is truncated: resume names it in a warning, continues from the
+    previous one, and trains steps 3-4 again to the losses they had."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 4, "checkpoint_every": 2})
+    intact, damaged = tmp_path / "intact", tmp_path / "damaged"
+    for run in (intact, damaged):
+        train(load_experiment(exp), out=run)
+    distcp = next((damaged / "checkpoints" / "step_00000004" / "train_state").glob("*.distcp"))
+    distcp.write_bytes(distcp.read_bytes()[:100])
+    with caplog.at_level("WARNING", logger="genome_lm.train.checkpoint"):
+        record = train(load_experiment(exp), out=damaged, resume=True)
+    assert "step_00000004 does not load" in caplog.text and "from the previous checkpoint, step_00000002" in caplog.text
+    assert record["step"] == 4 and losses(damaged) == losses(intact)  # bitwise: steps 3-4 again from step 2
