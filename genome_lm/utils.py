@@ -121,10 +121,11 @@ def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: 
         raise _describe(err, model, source, origin or {}, unknown) from None
 
 
-def apply_override(raw: dict, assignment: str, flag: str = "--set") -> str:
-    """Apply one `a.b.c=value` override to the raw YAML dict (the value is parsed as YAML); return a."""
+def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
+    """Apply one `a.b.c=value` override to the raw YAML dict (the value is parsed as YAML); return a.
+    `example` is the KEY=VALUE a malformed one is shown (a key of what `flag` sets)."""
     if "=" not in assignment:
-        raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} train.lr=1e-5")
+        raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} {example}")
     key, value = assignment.split("=", 1)
     parts = [p for p in key.strip().split(".") if p]
     if not parts:

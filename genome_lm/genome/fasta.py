@@ -219,8 +219,10 @@ class FastaReader:
 def _check_fasta_start(path: Path, block: bytes) -> None:
     head = block.lstrip()
     if head and head[:1] != b">":
-        snippet = head[:20].decode("ascii", errors="replace")
-        raise GenomeLMError(f"{path} is not a FASTA file: it starts with {snippet!r} instead of a '>' header line")
+        text = head[:20]
+        printable = all(32 <= b < 127 or b in b"\t\r\n" for b in text)
+        what = f"with {text.decode('ascii')!r}" if printable else "with binary data"
+        raise GenomeLMError(f"{path} is not a FASTA file: it starts {what} instead of a '>' header line")
 
 
 class _RecordParser:

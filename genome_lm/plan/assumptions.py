@@ -83,7 +83,8 @@ class Assumptions(BaseModel):
             if "=" not in item and item.endswith(".json"):
                 raw.update(_assume_file(item))
             else:
-                apply_override(raw, item, "--assume")
+                example = f"{item}=VALUE" if item in raw else "matmul_efficiency=0.35"
+                apply_override(raw, item, "--assume", example=example)
         return validate(Assumptions, raw, "--assume")
 
     def describe(self) -> dict[str, dict]:

@@ -304,6 +304,8 @@ def test_bad_inputs(tmp_path, genome, capsys):
     empty.write_bytes(b"")
     notfa = tmp_path / "notes.txt"
     notfa.write_text("hello world\nthis is not a genome\n")
+    binary = tmp_path / "image.fa"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff binary")
     trunc = tmp_path / "trunc.fa.gz"
     full = write_fasta(tmp_path / "full.fa.gz", genome, compression="gzip").read_bytes()
     trunc.write_bytes(full[: len(full) // 2])
@@ -314,7 +316,8 @@ def test_bad_inputs(tmp_path, genome, capsys):
     afile.write_text("x")
     cases = [
         (["--fasta", str(empty)], "is empty"),
-        (["--fasta", str(notfa)], "not a FASTA file"),
+        (["--fasta", str(notfa)], "not a FASTA file: it starts with 'hello world"),
+        (["--fasta", str(binary)], "not a FASTA file: it starts with binary data instead"),  # no raw bytes echoed
         (["--fasta", str(trunc)], "truncated"),
         (["--fasta", str(dup), "--train-chroms", "chr1", "--eval-chroms", ""], "duplicate record name 'chr1'"),
         (["--fasta", str(bad)], r"invalid character '-' at base offset 82"),

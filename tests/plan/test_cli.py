@@ -80,6 +80,8 @@ def test_fit_says_when_nothing_fits(capsys):
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "speed=11"], "--assume"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "matmul_efficiency=2"],
      "matmul_efficiency"),
+    (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--assume", "matmul_efficiency"],
+     "expected KEY=VALUE, e.g. --assume matmul_efficiency=VALUE"),  # an assumption's key, not a train key
     (["--model", "nope-model", "--seq-len", "1M", "--gpus", "8"], "nope-model"),
     ([EXP_1M, "--gpus", "64", "--set", "memory.recompute=sometimes"], "memory.recompute"),
 ])
