@@ -27,7 +27,7 @@ def mount(tmp_path):
 
     yield make
     for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
+        subprocess.run(["umount", "--lazy", str(where)], check=False)  # detached even while a file there is open
 
 
 def one_line(capsys, code: int) -> str:

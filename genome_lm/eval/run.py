@@ -38,6 +38,7 @@ from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import StrataAccumulator, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
+from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import claim_output
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
@@ -74,11 +75,29 @@ def check_inputs(cfg: EvalConfig) -> list:
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")
-    lengths = window_lengths(_inputs(cfg)[1], cfg.max_windows, cfg.window_pick)
+    manifest, ds = _inputs(cfg)
+    lengths = window_lengths(ds, cfg.max_windows, cfg.window_pick)
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
-    return load_annotations(cfg.annotate)
+    annotations = load_annotations(cfg.annotate)
+    check_annotations(annotations, manifest["splits"][cfg.split].get("chroms", []), cfg.split)
+    return annotations
+
+
+def check_annotations(annotations: list, chroms: list[str], split: str) -> None:
+    """A BED file with no interval, or none on a chromosome of the scored split, would make an "in"
+    stratum of 0 tokens: refused in one line naming the file and the chromosomes on each side."""
+    keys = {chrom_match_key(c) for c in chroms}
+    for a in annotations:
+        if not any(len(s) for s, _ in a.intervals.values()):
+            raise GenomeLMError(f"--annotate {a.path}: holds no interval of one base or more (lines that are empty, "
+                                "comments, headers or start == end); give a BED file with chrom, start, end lines")
+        if not keys & {k for k, (s, _) in a.intervals.items() if len(s)}:
+            bed = ", ".join(sorted(a.intervals)[:5]) + (" ..." if len(a.intervals) > 5 else "")
+            raise GenomeLMError(f"--annotate {a.path}: no interval lies on a chromosome of the {split} split "
+                                f"({', '.join(chroms)}); the file names {bed}. Give a BED file for the scored "
+                                "chromosomes")
 
 
 def eval_inputs(cfg: EvalConfig) -> list[Path]:
@@ -289,6 +308,9 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
         summary["strata"] = describe(strata)
         for a in annotations:
             summary["strata"][annotation(a.name).key].update(a.record())
+            if not summary.get("annotations", {}).get(a.name, {}).get("in", {}).get("overall", {}).get("n_tokens"):
+                log.warning("--annotate %s: no scored token lies in its intervals; its 'in' stratum is empty "
+                            "(the intervals miss the scored windows)", a.path)
         if not leakage:
             summary["strata_absent"] = {"leakage": f"{cfg.shards}/{cfg.split} has no leakage_mask column "
                                                    "(prepare without --leakage-k, or older shards)"}

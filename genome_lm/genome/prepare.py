@@ -235,6 +235,19 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
     return stats
 
 
+def _why_no_windows(st: ChromStats, params: PrepareParams) -> str:
+    """Why a chromosome record gave no window, in words."""
+    if st.length == 0:
+        return "its FASTA record is empty (0 bp)"
+    if st.contigs == 0:
+        return f"all of its {st.length:,} bases are N (no contig between runs of >= --min-gap {params.min_gap} N)"
+    if st.dropped_windows_n_frac:
+        return (f"each of its {st.dropped_windows_n_frac} windows has more than --max-n-frac {params.max_n_frac} "
+                "N bases")
+    return (f"its longest contig, {st.longest_contig:,} bases, is shorter than --min-len {params.min_len}"
+            + (" (or its tail was dropped: --tail drop)" if params.tail == "drop" else ""))
+
+
 def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, ChromStats]) -> dict:
     """The manifest's `leakage_mask` section: what the column means and how much of eval it marks."""
     def counts(tokens: int, masked: int) -> dict:
@@ -267,6 +280,10 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
 
     spec = WindowSpec(params.seq_len, params.stride, params.tail, params.min_len)
     splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
+    for split in ("train", "eval"):
+        if split not in splits:
+            log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
+                        split, split, split)
     stats: dict[str, ChromStats] = {}
     index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
     train_left = {chrom_match_key(c) for c in params.train_chroms}
@@ -319,6 +336,9 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                     f"--max-n-frac {params.max_n_frac}); lower --seq-len or --min-len"
                     + (", or use --tail keep" if params.tail == "drop" else "")
                 )
+            for name, st in chrom_stats.items():
+                if st.windows == 0:
+                    log.warning("%s (%s) gives no window: %s", name, split, _why_no_windows(st, params))
             fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})
             files = writers[split].finalize(fp, split)
             if split in mwriters:

@@ -95,15 +95,37 @@ def test_annotation_strata_in_summary_tokens_and_compare(strata_evaluated):
     assert "stripes in" in format_table(r)
 
 
-@pytest.mark.parametrize("case", ["missing", "malformed"])
+BAD_BEDS = {
+    "missing": (None, "no such file"),
+    "malformed": ("chr22\t10\t20\nchr22\tten\t20\n", "line 2"),
+    "empty": ("", "holds no interval"),
+    "comments only": ("# header\ntrack name=x\n\n", "holds no interval"),
+    "zero-length only": ("chr22\t10\t10\n", "holds no interval"),
+    "other chromosomes": ("chr1\t0\t100\nchrX\t5\t9\n", "no interval lies on a chromosome of the eval split (chr22)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BEDS))
 def test_cli_bad_bed_is_one_line_error_before_scoring(evaluated, tmp_path, capsys, case):
     bed = tmp_path / "x.bed"
-    if case == "malformed":
-        bed.write_text("chr22\t10\t20\nchr22\tten\t20\n")
+    text, expect = BAD_BEDS[case]
+    if text is not None:
+        bed.write_text(text)
     argv = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards),
             "--out", str(tmp_path / "e"), "--max-windows", "1", "--annotate", f"{bed}:x"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("genome-lm eval: error: --annotate") and str(bed) in err and "Traceback" not in err
-    assert ("no such file" if case == "missing" else "line 2") in err
+    assert expect in err
     assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e*"))
+
+
+def test_bed_missing_the_scored_windows_warns_of_an_empty_stratum(evaluated, tmp_path, caplog):
+    bed = tmp_path / "far.bed"
+    bed.write_text("chr22\t900000000\t900000100\n")  # on chr22, beyond every window
+    argv = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards),
+            "--out", str(tmp_path / "e"), "--max-windows", "1", "--annotate", f"{bed}:far"]
+    assert main(argv) == 0
+    assert load_summary(tmp_path / "e")["annotations"]["far"]["in"]["overall"]["n_tokens"] == 0
+    assert any("no scored token lies in its intervals" in r.getMessage() and str(bed) in r.getMessage()
+               for r in caplog.records)

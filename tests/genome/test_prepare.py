@@ -359,3 +359,19 @@ def test_cli_config_file_flags_and_set(tmp_path, genome, capsys):
     assert params["seq_len"] == 512 and params["min_len"] == 64 and params["eval_chroms"] == ["chr2", "chr22"]
     cfg.write_text(f"fasta: [{fa}]\nseq_lenn: 1k\n")
     _cli_fails(capsys, tmp_path, ["--config", str(cfg)], r"prepare.yaml: unknown key seq_lenn; did you mean seq_len\?")
+
+
+@pytest.mark.parametrize("case, chroms, expect", [
+    ("empty record", {"chr2": ""}, "chr2 (train) gives no window: its FASTA record is empty (0 bp)"),
+    ("all N", {"chr2": "N" * 900}, "chr2 (train) gives no window: all of its 900 bases are N"),
+    ("too short", {"chr2": "ACGT" * 10}, "chr2 (train) gives no window: its longest contig, 40 bases, is shorter "
+                                          "than --min-len 64"),
+    ("no train chromosomes", {}, "--train-chroms is empty: the shards will hold no train split"),
+])
+def test_a_requested_chromosome_or_split_that_gives_nothing_warns(tmp_path, genome, caplog, case, chroms, expect):
+    fa = write_fasta(tmp_path / "g.fa", {**genome, **chroms})
+    kw = {"train_chroms": ""} if case == "no train chromosomes" else {}
+    manifest = run_prepare([fa], tmp_path / "out", **kw)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(expect in w for w in warnings), warnings
+    assert ("train" in manifest["splits"]) == (case != "no train chromosomes")
