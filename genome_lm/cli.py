@@ -8,6 +8,7 @@ import argparse
 import errno
 import logging
 import sys
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -195,6 +196,18 @@ def storage_message(e: OSError) -> str:
     return f"{STORAGE_ERRORS[e.errno]}{where}; {fix} (outputs are renamed into place only when complete)"
 
 
+def _kept(args) -> str:
+    """What an eval that stopped early keeps: its resumable per-window cache (`eval/cache.py`)."""
+    if args.command != "eval" or not getattr(args, "out", None):
+        return ""
+    from genome_lm.eval.cache import cache_dir_for
+
+    cache = cache_dir_for(Path(args.out))
+    n = len(list(cache.glob("w*.npz"))) if cache.is_dir() else 0
+    return (f"; the {n} window(s) scored so far are kept in {cache}, and the same eval command resumes from them "
+            "(delete it to start over)") if n else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from genome_lm import __version__
     from genome_lm.eval.config import EvalConfig
@@ -260,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno not in STORAGE_ERRORS:
             raise
-        print(f"genome-lm {args.command}: error: {storage_message(e)}", file=sys.stderr)
+        print(f"genome-lm {args.command}: error: {storage_message(e)}{_kept(args)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print(f"genome-lm {args.command}: interrupted", file=sys.stderr)
+        print(f"genome-lm {args.command}: interrupted{_kept(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
 

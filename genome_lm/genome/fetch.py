@@ -124,47 +124,67 @@ def _download_once(url: str, part: Path) -> bool:
             offset, mode = 0, "wb"
         expected = int(resp.headers["Content-Length"]) if "Content-Length" in resp.headers else None
         total = None if expected is None else offset + expected
-        received = 0
+        received, cut = 0, None
         with open(part, mode) as f, tqdm(
             total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=part.name.removesuffix(".part"), leave=False
+            desc=part.name.removesuffix(".part"), leave=False, disable=None,  # no bar when stderr is not a terminal
         ) as bar:
             while True:
                 try:
                     chunk = resp.read(CHUNK)
                 except (OSError, http.client.HTTPException) as e:
-                    log.warning("%s: %s after %d bytes", url, e or type(e).__name__, offset + received)
-                    return False
+                    cut = e or type(e).__name__
+                    break
                 if not chunk:
                     break
                 f.write(chunk)
                 received += len(chunk)
                 bar.update(len(chunk))
+    if cut is not None:  # logged once the bar is gone, on a line of its own
+        log.warning("%s: %s after %d bytes", url, cut, offset + received)
+        return False
     if expected is not None and received < expected:
         log.warning("%s: connection closed after %d of %d bytes", url, offset + received, total)
         return False
     return True
 
 
+def _download(url: str, part: Path) -> None:
+    """Download `url` into `part`, resuming it across up to ATTEMPTS responses cut short."""
+    for attempt in range(1, ATTEMPTS + 1):
+        if _download_once(url, part):
+            return
+        if attempt < ATTEMPTS:
+            log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
+    raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; "
+                        f"rerun `genome-lm fetch` to resume from {part}")
+
+
 def _fetch_one(url: str, final: Path, md5: str) -> None:
+    """Download `url` to `final` through `final.part`, verified against `md5`. A mismatch downloads the
+    file once more from the start: the same wrong md5 twice means the server's file and its md5sum.txt
+    disagree (a rerun cannot help); two different ones, a transfer that corrupts data."""
     part = final.with_name(final.name + ".part")
     if part.exists():
         log.info("resuming %s from %d bytes already in %s", url, part.stat().st_size, part)
-    for attempt in range(1, ATTEMPTS + 1):
-        if _download_once(url, part):
-            break
-        if attempt < ATTEMPTS:
-            log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
-    else:
-        raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; "
-                            f"rerun `genome-lm fetch` to resume from {part}")
+    _download(url, part)
     got = md5_file(part)
     if got != md5:
         part.unlink()
-        raise GenomeLMError(
-            f"checksum mismatch for {url}: expected md5 {md5}, got {got}; "
-            "the download was deleted, rerun `genome-lm fetch`"
-        )
+        log.warning("%s: md5 %s, but md5sum.txt lists %s; downloading it once more from the start", url, got, md5)
+        _download(url, part)
+        again = md5_file(part)
+        if again != md5:
+            part.unlink()
+            base = url.rsplit("/", 1)[0]
+            if again == got:
+                raise GenomeLMError(
+                    f"checksum mismatch for {url}: expected md5 {md5} (from {base}/md5sum.txt), got {got} from two "
+                    "whole downloads; the server's file and its md5sum.txt disagree, so a rerun will not help: "
+                    "check --base-url, or report it to the server's maintainers. Nothing was kept")
+            raise GenomeLMError(
+                f"checksum mismatch for {url}: expected md5 {md5}, got {got}, then {again}: the transfer corrupts "
+                "data; the downloads were deleted, rerun `genome-lm fetch` (or use another --base-url mirror)")
     os.replace(part, final)
     log.info("%s: %d bytes, md5 %s verified", final, final.stat().st_size, md5)
 

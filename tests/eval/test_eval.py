@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
 from genome_lm.eval.cache import cache_dir_for
@@ -97,7 +98,7 @@ def test_seq_len_scores_pieces_with_fresh_context(eval_inputs, evaluated, tmp_pa
     assert not np.allclose(nll[257:512], full[257:512], rtol=1e-3)  # less context than the whole window
 
 
-def test_interrupted_eval_resumes(eval_inputs, evaluated, tmp_path, monkeypatch):
+def test_interrupted_eval_resumes(eval_inputs, evaluated, tmp_path, monkeypatch, capsys):
     import genome_lm.eval.run as run
 
     real, calls, interrupt = run.score_window, [], [True]
@@ -111,8 +112,12 @@ def test_interrupted_eval_resumes(eval_inputs, evaluated, tmp_path, monkeypatch)
     monkeypatch.setattr(run, "score_window", flaky)
     cfg = EvalConfig(checkpoint=str(eval_inputs.ckpt0), shards=str(eval_inputs.shards), out=str(tmp_path / "e"),
                      max_windows=N_WINDOWS, resamples=500)
-    with pytest.raises(KeyboardInterrupt):
-        evaluate(cfg, show_progress=False)
+    argv = ["eval", "--checkpoint", cfg.checkpoint, "--shards", cfg.shards, "--out", cfg.out,
+            "--max-windows", str(N_WINDOWS), "--resamples", "500"]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"genome-lm eval: interrupted; the 1 window(s) scored so far are kept in {cache_dir_for(tmp_path / 'e')}, "
+        "and the same eval command resumes from them (delete it to start over)")
     assert not (tmp_path / "e").exists()  # nothing half-written at --out
     assert len(list(cache_dir_for(tmp_path / "e").glob("w*.npz"))) == 1
     calls.clear()

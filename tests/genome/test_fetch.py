@@ -154,14 +154,33 @@ def test_complete_part_file_is_verified_after_416(server, tmp_path):
     assert_only_final_files(tmp_path, ["chr22.fa.gz"])
 
 
-def test_checksum_mismatch_leaves_no_file_and_raises(server, tmp_path):
+def test_a_file_that_disagrees_with_md5sum_txt_is_named_as_such_not_rerun(server, tmp_path):
     good = FILES["chr22.fa.gz"]
-    server.files["chr22.fa.gz"] = good[:1000] + bytes([good[1000] ^ 0xFF]) + good[1001:]  # corrupted
+    server.files["chr22.fa.gz"] = good[:1000] + bytes([good[1000] ^ 0xFF]) + good[1001:]  # md5sum.txt is for `good`
     expected = hashlib.md5(FILES["chr22.fa.gz"]).hexdigest()
     got = hashlib.md5(server.files["chr22.fa.gz"]).hexdigest()
-    with pytest.raises(GenomeLMError, match=f"checksum mismatch.*expected md5 {expected}, got {got}.*rerun"):
+    with pytest.raises(GenomeLMError, match=f"checksum mismatch.*expected md5 {expected}.*got {got} from two whole "
+                       "downloads; the server's file and its md5sum.txt disagree, so a rerun will not help") as e:
         fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
+    assert "rerun `genome-lm fetch`" not in str(e.value)
+    assert [r for r in server.file_requests() if r[1] is None] == [("chr22.fa.gz", None)] * 2  # twice, from 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transfer_corrupted_once_is_downloaded_again_and_verified(server, tmp_path, caplog):
+    good = FILES["chr22.fa.gz"]
+    bad = good[:1000] + bytes([good[1000] ^ 0xFF]) + good[1001:]
+    served = iter([bad, good])
+
+    class Flaky(dict):  # the first GET of chr22 sends corrupted bytes, the next the real file
+        def get(self, name, default=None):
+            return next(served) if name == "chr22.fa.gz" else super().get(name, default)
+
+    server.files = Flaky(server.files)
+    with caplog.at_level(logging.WARNING, logger="genome_lm.genome.fetch"):
+        fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
+    assert_only_final_files(tmp_path, ["chr22.fa.gz"])
+    assert "downloading it once more from the start" in caplog.text
 
 
 def test_missing_chromosome_is_an_error_before_any_download(server, tmp_path):
@@ -210,3 +229,17 @@ def test_cli_exit_codes_and_no_traceback(server, tmp_path, capsys):
     assert main(["fetch", "--chroms", "chr7", "--out", str(out), "--base-url", server.base_url]) == 2
     err = capsys.readouterr().err
     assert "genome-lm fetch: error: chr7 not found" in err and "Traceback" not in err
+
+
+def test_two_different_corrupted_transfers_ask_for_a_rerun(server, tmp_path):
+    good = FILES["chr22.fa.gz"]
+    served = iter([good[:500] + b"x" + good[501:], good[:900] + b"y" + good[901:]])
+
+    class Flaky(dict):
+        def get(self, name, default=None):
+            return next(served) if name == "chr22.fa.gz" else super().get(name, default)
+
+    server.files = Flaky(server.files)
+    with pytest.raises(GenomeLMError, match="the transfer corrupts data; the downloads were deleted, rerun"):
+        fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
+    assert list(tmp_path.iterdir()) == []
