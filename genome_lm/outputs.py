@@ -112,16 +112,19 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
                  overwrite: bool = False, option: str = "--out") -> None:
     """Refuse, with one `GenomeLMError` line, an `out` that the command may not write (module docstring).
 
-    A missing `out` is always fine; an existing one needs `overwrite`.
+    A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
     """
     out = Path(out)
     if not out.exists() and not out.is_symlink():
         return
-    if not overwrite:
+    empty = out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    if not overwrite and not empty:
         raise GenomeLMError(f"{option} {out} already exists; pass --overwrite to replace it or choose another {option}")
     resolved = out.resolve()
     if (place := _never_replaced(resolved)) is not None:
         raise GenomeLMError(f"{option} {out} is {place}; --overwrite would delete it: choose a new folder for {option}")
+    if empty:
+        return
     for path in inputs:
         if _contains(resolved, Path(path).resolve()):
             raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "

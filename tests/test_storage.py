@@ -80,3 +80,19 @@ def test_compare_of_a_damaged_eval_is_one_line(evaluated, tmp_path, capsys, dama
     line = one_line(capsys, main(["compare", str(a), str(evaluated.eval1), "--out", str(tmp_path / "cmp")]))
     assert expected in line and "rebuild it with `genome-lm eval` and --overwrite" in line
     assert not (tmp_path / "cmp").exists()
+
+
+def test_an_empty_folder_is_taken_and_a_mount_point_is_refused(eval_inputs, tmp_path, mount, capsys):
+    args = ["prepare", "--fasta", str(eval_inputs.root / "genome.fa.gz"), "--seq-len", "1k", "--min-len", "256",
+            "--train-chroms", "chr1"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*args, "--out", str(empty)]) == 0  # an empty folder needs no --overwrite
+    assert (empty / "manifest.json").is_file()
+    point = mount("1m")
+    for extra in ([], ["--overwrite"]):
+        line = one_line(capsys, main([*args, "--out", str(point), *extra]))
+        assert line.endswith(f"--out {point} is a mount point; an output is built beside it and renamed into place, "
+                             f"which a mount point cannot take: give a folder inside it, e.g. --out {point}/out")
+        assert list(point.iterdir()) == [] and not list(tmp_path.glob(f".{point.name}*"))
+    assert main([*args, "--out", str(point / "out")]) == 0
