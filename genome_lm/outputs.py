@@ -123,6 +123,9 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     resolved = out.resolve()
     if (place := _never_replaced(resolved)) is not None:
         raise GenomeLMError(f"{option} {out} is {place}; --overwrite would delete it: choose a new folder for {option}")
+    if os.path.ismount(resolved):
+        raise GenomeLMError(f"{option} {out} is a mount point; an output is built beside it and renamed into place, "
+                            f"which a mount point cannot take: give a folder inside it, e.g. {option} {out / 'out'}")
     if empty:
         return
     for path in inputs:

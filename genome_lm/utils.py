@@ -283,9 +283,6 @@ def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str |
     inputs = [Path(i) for i in inputs]
     final = Path(final)
     claim_output(final, kind, inputs, overwrite)
-    if os.path.ismount(final):
-        raise GenomeLMError(f"--out {final} is a mount point; an output is built beside it and renamed into place, "
-                            f"which a mount point cannot take: give a folder inside it, e.g. --out {final / 'out'}")
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
