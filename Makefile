@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK) $(VENV)/.torch
 setup: $(VENV)/.installed
 
 demo: setup
-	$(BIN)/python -m genome_lm.demo
+	$(BIN)/genome-lm demo
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -76,6 +76,23 @@ class ReportParams(Params):
     overwrite: bool = Field(default=False, description="replace --out if it is an existing report or HTML page")
 
 
+class DemoParams(Params):
+    quick: bool = Field(default=False, description="a smaller version of every step (a few minutes; the test suite "
+                        "runs it)")
+    root: str = Field(default=".", description="where data/, shards/, runs/, evals/ and reports/ are written")
+    overrides: list[str] = Field(default=[], json_schema_extra=SET, description="change the recipe (repeatable): "
+                                 "base_steps, finetune_steps, model (a preset), window, scale, eval_windows, context; "
+                                 "outputs are then named demo_NAME-VALUE...; extra_seeds=2,3 also trains both "
+                                 "fine-tunes with those seeds and compares them pooled over seeds (docs/demo.md)")
+
+
+def _demo(args) -> None:
+    from genome_lm.demo import run
+
+    p = from_args(DemoParams, args)
+    run(Path(p.root), quick=p.quick, overrides=p.overrides)
+
+
 def _synth(args) -> None:
     from genome_lm.genome.synth import SynthParams, write_synthetic_fasta
 
@@ -228,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    command("demo", _demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
+            "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", DemoParams)
     p = command("synth", _synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
     p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
     p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")

@@ -16,12 +16,11 @@ other outputs are reused.
 Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
 smaller version of every step (a few minutes; the test suite runs it).
 
-    python -m genome_lm.demo [--quick] [--root .] [--set NAME=VALUE ...]   (NAME: a Recipe field)
+    genome-lm demo [--quick] [--root .] [--set NAME=VALUE ...]   (NAME: a Recipe field)
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import sys
@@ -302,23 +301,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
             "report": str(report)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m genome_lm.demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a smaller version of every step, for tests")
-    ap.add_argument("--root", default=".", help="where data/, shards/, runs/, evals/, reports/ are written")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="change the recipe (repeatable): base_steps, finetune_steps, model (a preset), window, "
-                         "scale, eval_windows, context; outputs are then named demo_NAME-VALUE...; extra_seeds=2,3 "
-                         "also trains both fine-tunes with those seeds and compares them pooled over seeds")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    try:
-        run(Path(args.root), quick=args.quick, overrides=args.set)
-    except GenomeLMError as e:
-        print(f"genome-lm demo: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+if __name__ == "__main__":  # the same as `genome-lm demo`
+    from genome_lm.cli import main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["demo", *sys.argv[1:]]))

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from genome_lm.demo import main
+from genome_lm.cli import main as cli_main
 from genome_lm.eval import load_summary
 from genome_lm.genome import load_shards
 
 GOLDEN = Path(__file__).parent / "assets" / "losses" / "demo_quick.json"
+
+
+def main(argv: list[str]) -> int:
+    """`genome-lm demo ARGV`."""
+    return cli_main(["demo", *argv])
 GOLDEN_TOL = dict(rel=1e-4)  # same arithmetic; room for another CPU's float summation order
 
 

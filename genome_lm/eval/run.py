@@ -24,7 +24,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import ablation, sharded, strands
@@ -41,6 +40,7 @@ from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import claim_output
+from genome_lm.progress import progress
 from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -195,9 +195,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
         lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
         passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
         pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
-        with tqdm(total=int(lengths.sum()), initial=int(lengths.sum() - lengths[todo].sum()), unit="tok",
-                  unit_scale=True, desc=f"eval {out.name}",
-                  disable=not par.is_main or (None if show_progress is None else not show_progress)) as bar:
+        with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"eval {out.name}", "tokens",
+                      disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
             for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
                 i = rnd.windows[par.dp_rank]
                 scored = None

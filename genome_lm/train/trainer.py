@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
@@ -37,6 +36,7 @@ from genome_lm.outputs import read_marker, what_it_is, write_marker
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.launch import maybe_inject_fault
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
+from genome_lm.progress import progress
 from genome_lm.train.checkpoint import (
     clean_partials,
     latest_checkpoint,
@@ -223,8 +223,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     params = [p for p in model.parameters() if p.requires_grad]
     balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep)
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
-    bar = tqdm(total=cfg.train.steps, initial=start, desc=f"train {cfg.name}", unit="step",
-               disable=not par.is_main or (None if show_progress is None else not show_progress))
+    bar = progress(cfg.train.steps, start, f"train {cfg.name}", "step",
+                   disable=not par.is_main or show_progress is False)
     record: dict = {}
     try:
         for step in range(start + 1, cfg.train.steps + 1):

@@ -1,0 +1,91 @@
+"""Progress of long work, with an estimate of what remains, wherever the output goes.
+
+    with progress(total=600, initial=0, desc="train demo_base", unit="step") as bar:
+        bar.update(1); bar.set_postfix(loss="1.2748")
+
+On a terminal this is a tqdm bar (rate and time left). Elsewhere (a log file, CI, SLURM's output)
+it logs one line every `every_s` seconds and at the end:
+
+    train demo_base: 120/600 step (20%), 1.5 min so far, about 6.0 min left; loss 1.2748
+
+`disable=True` shows nothing either way (ranks other than 0, `show_progress=False`). The estimate
+is the rate so far over the work done in this process (an `initial` resumed from a cache or a
+checkpoint does not count as time spent).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+log = logging.getLogger("genome_lm.progress")
+
+
+def minutes(seconds: float) -> str:
+    """'42 s', '3.2 min' or '1.4 h'."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+class ProgressLog:
+    """tqdm's `update` / `set_postfix` / `close` as log lines, at most one per `every_s` seconds."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", every_s: float = 60.0,
+                 clock=time.monotonic):
+        self.total, self.n, self.start_n, self.desc, self.unit = total, initial, initial, desc, unit
+        self.every_s, self.clock = every_s, clock
+        self.t0 = self.last = clock()
+        self.postfix = ""
+        self.closed = False
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.t0
+        done = self.n - self.start_n
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        left = ""
+        if done > 0 and self.total and self.n < self.total:
+            left = f", about {minutes(elapsed / done * (self.total - self.n))} left"
+        post = f"; {self.postfix}" if self.postfix else ""
+        return f"{self.desc}: {self.n:,}/{self.total:,} {self.unit}{pct}, {minutes(elapsed)} so far{left}{post}"
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last >= self.every_s:
+            self.last = self.clock()
+            log.info(self.line())
+
+    def set_postfix(self, **values) -> None:
+        self.postfix = ", ".join(f"{k} {v}" for k, v in values.items())
+
+    def close(self) -> None:
+        if not self.closed and self.n > self.start_n:
+            log.info(self.line())
+        self.closed = True
+
+    def __enter__(self) -> "ProgressLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **values) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self): return self
+    def __exit__(self, *exc) -> None: ...
+
+
+def progress(total: int, initial: int = 0, desc: str = "", unit: str = "it", disable: bool = False,
+             every_s: float = 60.0, **tqdm_kwargs):
+    """A tqdm bar when stderr is a terminal, else a `ProgressLog`; nothing when `disable`."""
+    if disable:
+        return _Silent()
+    if sys.stderr.isatty():
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, **tqdm_kwargs)
+    return ProgressLog(total, initial, desc, unit, every_s)
