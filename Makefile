@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup lock demo test test-interpret test-gpu test-all test-upstream gpu-kit lint bench clean
+.PHONY: setup lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -61,6 +61,27 @@ test-interpret: setup $(INTERPRET_DIR)/.installed
 # them benchmarks/gpu_check.py on the GPU (benchmarks/results/gpu_check.json). Skipped without CUDA.
 test-gpu: setup
 	GENOME_LM_TEST_GPU=1 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+
+# The quick demo's report in headless Chromium (tests/report/test_browser.py; docs/testing.md): Debian's
+# chromium, installed here when CHROMIUM is missing, driven by Playwright from the lock (extra `browser`).
+# Screenshot: build/browser/demo_quick.png.
+CHROMIUM := /usr/bin/chromium
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	apt-get install -y -q --no-install-recommends chromium
+chromium:
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then sudo=none; \
+	elif [ "$$(id -u)" = 0 ]; then sudo=; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else sudo=none; fi; \
+	if [ "$$sudo" = none ]; then echo "make chromium: $(CHROMIUM) is missing and cannot be installed here \
+	(needs apt-get as root or passwordless sudo): install Debian's chromium package" >&2; exit 1; fi; \
+	echo "$${sudo:+$$sudo }apt-get install -y --no-install-recommends chromium"; \
+	$$sudo sh -c '$(APT_CHROMIUM)' || { echo "make chromium: apt-get could not install chromium" >&2; exit 1; }; \
+	[ -x $(CHROMIUM) ] || { echo "make chromium: apt-get installed chromium but $(CHROMIUM) is missing" >&2; exit 1; }
+
+test-browser: setup chromium
+	GENOME_LM_TEST_BROWSER=1 GENOME_LM_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m browser $(PYTEST_ARGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)

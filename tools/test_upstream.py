@@ -59,7 +59,7 @@ FALLBACK_TORCH_SPEC = "torch==2.13.0"
 ACCELERATORS = re.compile(r"^(nvidia-|cuda-|triton)")  # as `make lock` leaves them out of the lock
 STAGE_TIMEOUT = 20 * 60
 INSTALL_TIMEOUT = 30 * 60
-MARK = "not slow and not gpu"  # pyproject's default selection
+MARK = "not slow and not gpu and not browser"  # pyproject's default selection
 # The tests/model files that run genome_lm against unpatched upstream transformers or build on its
 # classes (transformers' loss, loader, Cache and generate; fla's naive references).
 PARITY_FILES = (
