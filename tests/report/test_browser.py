@@ -2,7 +2,7 @@
 suite; docs/testing.md). Debian's Chromium (/usr/bin/chromium, or GENOME_LM_CHROMIUM), headless, driven by
 Playwright (the `browser` extra, in requirements.lock; its own browser download is not used).
 
-`python -m genome_lm.demo --quick` is run once and its page opened from file://. Checked: every section's
+`genome-lm demo --quick` is run once and its page opened from file://. Checked: every section's
 heading is visible with content of non-zero size below it, every image decoded (naturalWidth > 0) and shown,
 every table shown, and the page logs no console error, throws no error and fails no request. A second test
 breaks a copy of the page (a corrupt PNG, a script that throws, a section removed) and checks that the same
@@ -15,6 +15,7 @@ where they fail."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -97,11 +98,11 @@ def browser():
 
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory) -> Path:
-    """reports/demo_quick.html of a fresh `python -m genome_lm.demo --quick` (about a minute on 2 cores)."""
-    from genome_lm.demo import main
+    """reports/demo_quick.html of a fresh `genome-lm demo --quick` (about a minute on 2 cores)."""
+    from genome_lm.cli import main
 
     root = tmp_path_factory.mktemp("demo")
-    assert main(["--quick", "--root", str(root)]) == 0
+    assert main(["demo", "--quick", "--root", str(root)]) == 0
     return root / "reports" / "demo_quick.html"
 
 
@@ -116,6 +117,7 @@ def check_page(context, page_path: Path, screenshot: Path | None = None) -> list
     try:
         page.goto(page_path.as_uri(), wait_until="load")
         sections, images, tables = page.evaluate(SECTIONS_JS), page.evaluate(IMAGES_JS), page.evaluate(TABLES_JS)
+        shown_text = page.inner_text("body")
         visible = [page.locator("h1, h2").nth(i).is_visible() for i in range(len(sections))]
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -143,6 +145,8 @@ def check_page(context, page_path: Path, screenshot: Path | None = None) -> list
             problems.append(f"image {i['alt']!r} not shown ({i['width']:.0f} x {i['height']:.0f} px)")
     if not tables:
         problems.append("no tables")
+    for entity in sorted(set(re.findall(r"&[a-zA-Z]+;|&#\d+;", shown_text))):  # escaped twice: shown as text
+        problems.append(f"the page shows {entity!r} as text")
     for t in tables:
         if not (t["rows"] > 1 and t["width"] > 0 and t["height"] > 0):
             problems.append(f"table {t['caption']!r} not shown ({t['rows']} rows, {t['width']:.0f} x "
@@ -170,6 +174,7 @@ def test_the_checks_name_each_break(browser, demo_report, tmp_path):
     start = page.index(marker) + len(marker)
     broken = page[:start] + "A" * 64 + page[start + 64:]  # the first figure: its PNG signature and header zeroed
     broken = broken.replace("<h2>Training curves</h2>", "", 1)
+    broken = broken.replace("</h1>", "</h1><p>a CI of &amp;ndash; here</p>", 1)  # an entity escaped twice
     broken = broken.replace("</body>", "<script>console.error('injected'); undefinedFunction();</script></body>")
     copy = tmp_path / "broken.html"
     copy.write_text(broken, encoding="utf-8")
@@ -179,4 +184,5 @@ def test_the_checks_name_each_break(browser, demo_report, tmp_path):
     assert "console error: injected" in text, text
     assert "page error: " in text and "undefinedFunction" in text, text
     assert "missing [('h2', 'Training curves')]" in text, text
-    assert len(problems) == 4, text  # nothing else: the rest of the page still passes
+    assert "the page shows '&ndash;' as text" in text, text
+    assert len(problems) == 5, text  # nothing else: the rest of the page still passes
