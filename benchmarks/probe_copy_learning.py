@@ -17,7 +17,7 @@ did not within 1500. That is the `glm53-demo` preset:
 
     python benchmarks/probe_copy_learning.py --preset glm53-demo --seq-len 128 --steps 1500 --set
 
-`--save DIR` writes the trained model, which `model.init` takes (docs/model.md: a demo base started
+`--save DIR` writes the trained model, which `model.init` takes (docs/findings.md: a demo base started
 from a model taught to copy here). `--init DIR` starts from such a model instead of the preset, and
 `--score-seq-len T ...` then scores fresh copy batches of each length T (the copy T/2 tokens back)
 with full attention and with every DSA layer limited to its last W keys for each
@@ -34,7 +34,7 @@ a uniformly random earlier start instead, which only a content match (an inducti
 
 `--preset reference` trains a plain 2-layer NoPE transformer instead (`ReferenceCopyModel`: d 64,
 4 heads, a width-8 depthwise causal convolution added to the embeddings), the yardstick for what
-this task takes at this size (its runs: docs/model.md, "Why the attention learns no induction").
+this task takes at this size (its runs: docs/findings.md, "The attention learns no induction copy").
 """
 
 from __future__ import annotations
