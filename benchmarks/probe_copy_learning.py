@@ -6,14 +6,14 @@ the loss on the copied half every `--every` steps and writes JSON.
 
     python benchmarks/probe_copy_learning.py --steps 800 --lr 2e-3 [--set index_topk=256 ...]
 
-Measured (session 3, 2 CPU cores): glm53-tiny with dense DSA (index_topk=256) stays at 1.386 for
-3000 steps (lr 2e-3); lr 5e-3 and 4 heads / rank-64 MLA also flat for 800 steps. A 2-layer d64
-NoPE torch transformer with a depthwise causal conv learns it at ~700 steps (lr 1e-3).
+Measured on 2 CPU cores: glm53-tiny with dense DSA (index_topk=256) stays at 1.386 for 3000 steps
+(lr 2e-3); lr 5e-3 and 4 heads / rank-64 MLA also flat for 800 steps. A 2-layer d64 NoPE torch
+transformer with a depthwise causal conv learns it at ~700 steps (lr 1e-3).
 
-Session 4 (B 8 x T 128, 4 letters, lr 2e-3, one thread each): the bottleneck is the k-mer key.
-Three layers KDA, DSA, DSA (4 heads) start copying after ~1700 steps with KDA's 4-wide short
-convolution and after ~500-700 with an 8-wide one (also with hc_mult 4 and MoE); a 16-wide one
-did not within 1500. That is the `glm53-demo` preset:
+With B 8 x T 128, 4 letters, lr 2e-3, one thread each, the bottleneck is the k-mer key. Three
+layers KDA, DSA, DSA (4 heads) start copying after ~1700 steps with KDA's 4-wide short convolution
+and after ~500-700 with an 8-wide one (also with hc_mult 4 and MoE); a 16-wide one does not within
+1500. That is the `glm53-demo` preset (docs/findings.md, "Copying in context needs k-mer keys"):
 
     python benchmarks/probe_copy_learning.py --preset glm53-demo --seq-len 128 --steps 1500 --set
 
