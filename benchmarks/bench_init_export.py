@@ -1,5 +1,5 @@
-"""Host memory of getting weights into a distributed run and writing `model/` out of it, before and
-after meta-device init + streamed export.
+"""Host memory of getting weights into a distributed run and writing `model/` out of it: a whole-model
+baseline against the trainer's meta-device init + streamed export.
 
 Two processes (gloo, CPU, FSDP2 over 2 ranks) and glm53-tiny widened to ~130 MB of fp32 weights
 (hidden 256, 32 experts of width 256: the expert stacks dominate, as in GLM-5.3-Flash). Each
@@ -7,14 +7,14 @@ variant runs in fresh processes (with a fixed malloc mmap threshold, so freed te
 resident set) and records per rank the peak resident set of each phase above the resident set
 when the phase began (`reset_rss_peak` / VmHWM, `genome_lm.train.metrics`):
 
-  init    before: the trainer of commit 8095dd9: build the whole model, `load_weights` builds a
-                  second whole model from the directory and copies it in, then parallelize (FSDP2)
-          after:  build on the meta device, parallelize, `to_empty`, each rank reads its rows
-                  (`model.weights.load_weights_`)
-  export  before: `get_model_state_dict(full_state_dict=True, cpu_offload=True)` to rank 0, then
-                  the whole on-disk state dict and one `save_file`
-          after:  `save_pretrained(write=rank == 0)`: one tensor gathered at a time, files of at
-                  most `--shard-mb` MiB written as they complete
+  init    whole:    build the whole model, `build(weights)` builds a second whole model from the
+                    directory and copies it in, then parallelize (FSDP2)
+          streamed: what the trainer does: build on the meta device, parallelize, `to_empty`, each
+                    rank reads its rows (`model.weights.load_weights_`)
+  export  whole:    `get_model_state_dict(full_state_dict=True, cpu_offload=True)` to rank 0, then
+                    the whole on-disk state dict and one `save_file`
+          streamed: `save_pretrained(write=rank == 0)`: one tensor gathered at a time, files of at
+                    most `--shard-mb` MiB written as they complete
 
 Writes benchmarks/results/bench_init_export.json and prints a table.
 
@@ -49,7 +49,7 @@ def _phase(fn):
     return result, rss_peak() - start
 
 
-def _old_init(weights: str, par):
+def _whole_init(weights: str, par):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from genome_lm.config import MemoryConfig
@@ -64,7 +64,7 @@ def _old_init(weights: str, par):
     return parallelize(model, MemoryConfig(), par)
 
 
-def _new_init(weights: str, par):
+def _streamed_init(weights: str, par):
     from genome_lm.config import MemoryConfig
     from genome_lm.model import build
     from genome_lm.model.weights import load_weights_
@@ -75,7 +75,7 @@ def _new_init(weights: str, par):
     return load_weights_(model, weights, par.device)
 
 
-def _old_export(model, out: Path, par) -> None:
+def _whole_export(model, out: Path, par) -> None:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -88,7 +88,7 @@ def _old_export(model, out: Path, par) -> None:
         save_file(disk, str(out / "model.safetensors"))
 
 
-def _new_export(model, out: Path, par, shard_bytes: int) -> None:
+def _streamed_export(model, out: Path, par, shard_bytes: int) -> None:
     from genome_lm.model import save_pretrained
 
     save_pretrained(model, out, write=par.is_main, max_shard_bytes=shard_bytes)
@@ -102,14 +102,14 @@ def _worker(rank: int, world: int, port: int, variant: str, weights: str, shard_
     from genome_lm.parallel.mesh import init_parallel
 
     par = init_parallel(ParallelConfig())
-    init = _old_init if variant == "before" else _new_init
+    init = _whole_init if variant == "whole" else _streamed_init
     model, init_peak = _phase(lambda: init(weights, par))
     par.barrier()
     target = Path(out) / f"export_{variant}"
-    if variant == "before":
-        _, export_peak = _phase(lambda: _old_export(model, target, par))
+    if variant == "whole":
+        _, export_peak = _phase(lambda: _whole_export(model, target, par))
     else:
-        _, export_peak = _phase(lambda: _new_export(model, target, par, shard_bytes))
+        _, export_peak = _phase(lambda: _streamed_export(model, target, par, shard_bytes))
     par.barrier()
     Path(out, f"{variant}.rank{rank}.json").write_text(json.dumps({"init": init_peak, "export": export_peak}))
     par.shutdown()
@@ -138,22 +138,22 @@ def main() -> None:
         largest = max(p.numel() * p.element_size() for p in model.parameters())
         del model
         rows = {}
-        for variant in ("before", "after"):
+        for variant in ("whole", "streamed"):
             mp.start_processes(_worker, args=(world, _free_port(), variant, weights, shard_bytes, tmp), nprocs=world,
                                start_method="spawn")
             rows[variant] = [json.loads(Path(tmp, f"{variant}.rank{r}.json").read_text()) for r in range(world)]
-        files = sorted(p.name for p in (Path(tmp) / "export_after").glob("*.safetensors"))
+        files = sorted(p.name for p in (Path(tmp) / "export_streamed").glob("*.safetensors"))
     result = {"model_bytes": model_bytes, "largest_tensor_bytes": largest, "shard_bytes": shard_bytes,
-              "world": world, "files_after": len(files), "peak_above_start_bytes": rows}
+              "world": world, "files_streamed": len(files), "peak_above_start_bytes": rows}
     (HERE / "results" / "bench_init_export.json").write_text(json.dumps(result, indent=2) + "\n")
     mib = 2**20
     print(f"glm53-tiny {OVERRIDES}: {model_bytes / mib:.1f} MiB fp32 weights, largest tensor {largest / mib:.1f} MiB; "
           f"{world} ranks; export files of <= {shard_bytes / mib:.0f} MiB ({len(files)} files)")
-    print("| phase | rank | before MiB | after MiB |")
+    print("| phase | rank | whole MiB | streamed MiB |")
     print("|---|---:|---:|---:|")
     for phase in ("init", "export"):
         for r in range(world):
-            print(f"| {phase} | {r} | {rows['before'][r][phase] / mib:.1f} | {rows['after'][r][phase] / mib:.1f} |")
+            print(f"| {phase} | {r} | {rows['whole'][r][phase] / mib:.1f} | {rows['streamed'][r][phase] / mib:.1f} |")
 
 
 if __name__ == "__main__":

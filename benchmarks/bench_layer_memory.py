@@ -18,16 +18,17 @@ run forward + backward on T tokens (`--T`, default 4096), each kind in its own s
   just before; every allocator counts), for the forward alone and for forward + backward.
 
     python benchmarks/bench_layer_memory.py                       # T = 4096, all three kinds
-    python benchmarks/bench_layer_memory.py --T 1024 --kinds kda+moe --label after
+    python benchmarks/bench_layer_memory.py --T 1024 --kinds kda+moe --label lean_ops
 
 Results are kept per `--label` (default "current"): a run replaces the rows of its kinds under
-its label in benchmarks/results/bench_layer_memory.json and leaves the rest, so "before" and
-"after" sit side by side. Prints a table. Not a test.
+its label in benchmarks/results/bench_layer_memory.json and leaves the rest, so runs with different
+ops sit side by side. Prints a table. Not a test.
 
-The committed JSON: `before` ran on the tree of 471cc66 (KDA+MoE 644,129 bytes per token measured,
-644,056 predicted: issue 15's figures), `after` with the lean KDA internals, RMSNorms and
-hyper-connection recompute (`ops/kda/{conv,gate,norm}.py`, `ops/norm`, `ops/hc`), KDA+dense
-re-run with the lean dense MLP (`ops/mlp`: 430,809 -> 332,505); DSA+MoE with
+The committed JSON holds two labels. `without_lean_ops`: the layers without the lean KDA
+internals, RMSNorms, hyper-connection recompute and dense MLP (KDA+MoE 644,129 bytes per token
+measured, 644,056 predicted). `lean_ops`: with the lean KDA internals, RMSNorms and
+hyper-connection recompute (`ops/kda/{conv,gate,norm}.py`, `ops/norm`, `ops/hc`) and, for
+KDA+dense, the lean dense MLP (`ops/mlp`: 430,809 -> 332,505 of it); DSA+MoE with
 `--dsa-block-queries 256` (a 1024-query block needs ~18 GB of this 23 GB machine; the saved
 bytes are the same).
 """
@@ -236,7 +237,7 @@ def main() -> None:
                         "peak does (a 1024-query block at flash widths needs ~18 GB on CPU)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--label", default="current", help="name of this run in the JSON (e.g. before, after)")
+    p.add_argument("--label", default="current", help="name of this run in the JSON (e.g. lean_ops)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--worker", metavar="KIND", help=argparse.SUPPRESS)
     args = p.parse_args()

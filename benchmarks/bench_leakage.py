@@ -2,7 +2,7 @@
 
 Synthetic input, made one chromosome at a time as prepare holds it (uint8 codes: random bases,
 ~50% soft-masked in 5 kbp blocks, N runs at the ends and in the middle): training chromosomes of
-hg38's chr1 size, or chr1 + chr2 (~491 Mbp, the issue's bound: <= 6 GB), and a chr22-sized eval
+hg38's chr1 size, or chr1 + chr2 (~491 Mbp, the memory bound: <= 6 GB), and a chr22-sized eval
 chromosome (50.8 Mbp) into which ~5% of segments of the training chromosomes are planted (1-10
 kbp, every other one reverse-complemented, every third with a substitution every 100 bases), so
 the mask has a known answer: the planted bases that exact K-mers cover must be marked, and
@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 CHR1, CHR2, CHR22 = 248_956_422, 242_193_529, 50_818_468
-LIMIT_BYTES = 6 * 10**9  # issue 16: chr1 + chr2 against chr22 in <= 6 GB
+LIMIT_BYTES = 6 * 10**9  # the bound: chr1 + chr2 against chr22 in <= 6 GB
 PLANTED = 0.05  # share of the eval chromosome copied from the training ones
 
 

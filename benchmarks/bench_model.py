@@ -19,7 +19,7 @@ processes competing for the cores; the targets use it, the table shows both).
     python benchmarks/bench_model.py                     # upstream 1k-4k, patched 1k-128k
     python benchmarks/bench_model.py --T 8192 65536 --impl patched recompute
 
-Targets (issue 3): patched >= 5x faster than upstream at 4k; patched time per token at 64k within
+Targets: patched >= 5x faster than upstream at 4k; patched time per token at 64k within
 2x of 8k; patched peak memory per token flat within +-30% from 8k to 128k. The KDA op alone
 (chunk_kda vs fla's naive_recurrent_kda) is read from `results/bench_kda.json`
 (`benchmarks/bench_kda.py`). Writes benchmarks/results/bench_model.json and prints a table.

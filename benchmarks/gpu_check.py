@@ -1,4 +1,4 @@
-"""The prepared GPU check: one command that a session lent a GPU runs (under 8 minutes on one H200).
+"""The prepared GPU check: one command to run on a CUDA machine (under 8 minutes on one H200).
 
     python benchmarks/gpu_check.py                     # CUDA: every check, full sizes
     python benchmarks/gpu_check.py --device cpu        # the same checks at tiny sizes (the test suite runs it)

@@ -6,18 +6,18 @@ the loss on the copied half every `--every` steps and writes JSON.
 
     python benchmarks/probe_copy_learning.py --steps 800 --lr 2e-3 [--set index_topk=256 ...]
 
-Measured (session 3, 2 CPU cores): glm53-tiny with dense DSA (index_topk=256) stays at 1.386 for
-3000 steps (lr 2e-3); lr 5e-3 and 4 heads / rank-64 MLA also flat for 800 steps. A 2-layer d64
-NoPE torch transformer with a depthwise causal conv learns it at ~700 steps (lr 1e-3).
+Measured on 2 CPU cores: glm53-tiny with dense DSA (index_topk=256) stays at 1.386 for 3000 steps
+(lr 2e-3); lr 5e-3 and 4 heads / rank-64 MLA also flat for 800 steps. A 2-layer d64 NoPE torch
+transformer with a depthwise causal conv learns it at ~700 steps (lr 1e-3).
 
-Session 4 (B 8 x T 128, 4 letters, lr 2e-3, one thread each): the bottleneck is the k-mer key.
-Three layers KDA, DSA, DSA (4 heads) start copying after ~1700 steps with KDA's 4-wide short
-convolution and after ~500-700 with an 8-wide one (also with hc_mult 4 and MoE); a 16-wide one
-did not within 1500. That is the `glm53-demo` preset:
+With B 8 x T 128, 4 letters, lr 2e-3, one thread each, the bottleneck is the k-mer key. Three
+layers KDA, DSA, DSA (4 heads) start copying after ~1700 steps with KDA's 4-wide short convolution
+and after ~500-700 with an 8-wide one (also with hc_mult 4 and MoE); a 16-wide one does not within
+1500. That is the `glm53-demo` preset (docs/findings.md, "Copying in context needs k-mer keys"):
 
     python benchmarks/probe_copy_learning.py --preset glm53-demo --seq-len 128 --steps 1500 --set
 
-`--save DIR` writes the trained model, which `model.init` takes (docs/model.md: a demo base started
+`--save DIR` writes the trained model, which `model.init` takes (docs/findings.md: a demo base started
 from a model taught to copy here). `--init DIR` starts from such a model instead of the preset, and
 `--score-seq-len T ...` then scores fresh copy batches of each length T (the copy T/2 tokens back)
 with full attention and with every DSA layer limited to its last W keys for each
@@ -34,7 +34,7 @@ a uniformly random earlier start instead, which only a content match (an inducti
 
 `--preset reference` trains a plain 2-layer NoPE transformer instead (`ReferenceCopyModel`: d 64,
 4 heads, a width-8 depthwise causal convolution added to the embeddings), the yardstick for what
-this task takes at this size (its runs: docs/model.md, "Why the attention learns no induction").
+this task takes at this size (its runs: docs/findings.md, "The attention learns no induction copy").
 """
 
 from __future__ import annotations

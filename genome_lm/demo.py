@@ -107,9 +107,9 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
 # that in-context copying needs; an estimate over 7k bases beats one over 1k. Interspersed copies
 # (~10%) lie 500-8000 bases from their source; segmental duplications of chr1/chr2 in chr22 give the
 # leakage mask something to mark. No tandem arrays: they reward a state that adapts within a few
-# hundred bases, and with them (20% of the bases until session 19) the long-context fine-tune learnt
-# to forget fast and read nothing past 1k (docs/model.md, "What the demo's long-context fine-tune
-# learns").
+# hundred bases: with them on 20% of the bases the long-context fine-tune learns to forget fast and
+# reads nothing past 1k (docs/findings.md, "On the tandem-array demo the long fine-tune reads about
+# 1k back").
 DEMO_GENOME = dict(
     markov_order=6, markov_rows="additive", markov_scale=0.4,
     n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.1,

@@ -2,9 +2,9 @@
 pick the CPU and gloo on a GPU machine as they do here. The `gpu` tier (`make test-gpu`:
 GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU.
 
-Session fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and the
-eval inputs and outputs of tests/eval and tests/report, with and without the issue-16 strata,
-ablation and strands (see tests/eval/data.py)."""
+Session-scoped fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and
+the eval inputs and outputs of tests/eval and tests/report, with and without the leakage and
+annotation strata, the context ablation and both strands (see tests/eval/data.py)."""
 
 import os
 
@@ -56,7 +56,7 @@ def strata_inputs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory):
-    """Both checkpoints evaluated with every issue-16 flag, and their comparison."""
+    """Both checkpoints evaluated with every optional analysis (strata, ablation, strands), and their comparison."""
     from tests.eval import data
 
     return data.strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory.mktemp("strata_evals"))

@@ -1,5 +1,5 @@
 """`benchmarks/gpu_check.py --device cpu`: the prepared GPU check runs every check at tiny sizes on
-CPU, so it cannot rot between the sessions that have a GPU to run it on."""
+CPU, so it keeps working between the runs on a GPU."""
 
 import json
 

@@ -5,9 +5,9 @@
 
 An eval directory holds `tokens.parquet` (per-token NLL, see `outputs.py`) and `summary.json`
 (`{"overall": {"mean_nll", "n_tokens", ...}, "buckets": [{"lo", "hi", "n_tokens", "mean_nll",
-"ci_low", "ci_high", ...}], "repeat": {...}, ...}`; with the issue-16 options also "leakage",
-"annotations", "strands", "context_ablation", see docs/architecture.md, On-disk formats); a
-compare directory holds `compare.json`.
+"ci_low", "ci_high", ...}], "repeat": {...}, ...}`; with `--leakage-k` shards, `--annotate`,
+`--strands both` and `--context` also "leakage", "annotations", "strands", "context_ablation", see
+docs/architecture.md, On-disk formats); a compare directory holds `compare.json`.
 Reading results (compare, report) does not import torch; `evaluate` does, on first use.
 """
 

@@ -11,7 +11,7 @@ predicts, and the more of that sequence it reads the better its estimate. Two ki
 - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2)
   per isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases,
   the regression that a linear-attention (delta rule) layer estimates in context. This is the
-  demo genome's background (docs/model.md, "What the demo's long-context fine-tune learns").
+  demo genome's background (docs/findings.md, "What an ideal reader gains").
 """
 
 from __future__ import annotations

@@ -20,14 +20,14 @@ tokens that have long preceding context. What it plants, in the order it is buil
    A model that sees the source copy in its context can predict ~97% of the copy; a model
    that does not, cannot. About 40% of the non-N bases are repeat copies.
    Optionally (`tandem_fraction` > 0), tandem arrays (`tandem_*` fields; family 'tandem' in
-   the sidecar TSV) put copies within a short context: `make demo` uses them to teach a small
-   model in-context copying before the long-context fine-tune.
+   the sidecar TSV) put copies within a short context. The demo genome (`genome_lm/demo.py`
+   `DEMO_GENOME`) has none: they reward a model state that adapts within a few hundred bases
+   (docs/findings.md).
 4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
 5. Optionally (`segdup_count` > 0), segmental duplications (`segdups.py`): stretches of the
    earlier records copied, nearly exactly, into `segdup_into` (chr22) before its repeats are
    planted, so that the held-out record shares exact K-mers with the training ones (what
-   `prepare --leakage-k` marks); sidecar `F.segdups.tsv`. Off by default: the default genome is
-   unchanged.
+   `prepare --leakage-k` marks); sidecar `F.segdups.tsv`. Off by default.
 
 Same parameters and seed -> the same bytes: numpy's PCG64 seeded per record, and gzip with
 mtime 0 and no file name. Coordinates are 0-based, half-open, on the forward strand.
@@ -212,7 +212,7 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
                                 max(1, round(p.segdup_count * scale)), p.segdup_min_len, p.segdup_max_len,
                                 p.segdup_region, p.segdup_substitution_rate)
     copies = plant_repeats(rng, spec.name, seq, occ, families, p)
-    if p.tandem_fraction:  # in the space the interspersed copies left; own stream: the default genome is unchanged
+    if p.tandem_fraction:  # in the space the interspersed copies left; own random stream: nothing else depends on it
         copies += plant_tandems(np.random.default_rng([seed, 2, index]), spec.name, seq, occ, p)
 
     # IUPAC codes: uppercase, in the background (neither N nor a copy).

@@ -1,8 +1,9 @@
 """`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset or a local checkpoint.
 
-- Preset (`glm53-tiny`, `glm53-mini`, `glm53-flash`): upstream initialisation (seed with
-  `torch.manual_seed` before calling). `glm53-flash` is built on the meta device unless a
-  non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B parameters).
+- Preset (`glm53-demo`, `glm53-tiny`, `glm53-mini`, `glm53-flash`; `model/presets.py`): upstream
+  initialisation (seed with `torch.manual_seed` before calling). `glm53-flash` is built on the meta
+  device unless a non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B
+  parameters).
 - Checkpoint directory: config from `config.json`; the model is built on the meta device, then
   allocated and filled tensor by tensor from the safetensors shards (`weights.load_weights_`;
   vision and MTP skipped), so nothing is initialised twice and peak host memory is about one

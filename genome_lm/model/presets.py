@@ -1,12 +1,13 @@
-"""Named text configs: the full-size GLM-5.3-Flash and two small models of the same architecture.
+"""Named text configs: the full-size GLM-5.3-Flash and three small models of the same architecture.
 
-All three share the layer types of the real model: KDA (`linear_attention`) and DSA
+All four share the layer types of the real model: KDA (`linear_attention`) and DSA
 (`indexed_attention`, with k-pool indexer) attention, dense first layer(s) then MoE with a shared
-expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
+expert and sigmoid top-k routing (`glm53-demo`: dense MLPs only), `hc_mult` = 4 hyper-connection
+streams, NoPE.
 
 - `glm53-flash`: upstream `Glm5NextTextConfig()` defaults (45 layers, 288 experts top-8,
   vocab 154,880). ~313B parameters: built on the meta device only, for counting and planning.
-- `glm53-mini`: ~200M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
+- `glm53-mini`: ~230M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
 - `glm53-tiny`: ~0.5M parameters, trained by the test suite on CPU. Six layers
   `KDA KDA KDA DSA(full) DSA(shared) KDA`, so a DSA layer reuses the previous layer's top-k;
   8 experts top-2; k-pool 4 < top-k 32, so attention is really sparse from a few hundred tokens.
@@ -15,7 +16,8 @@ expert and sigmoid top-k routing, `hc_mult` = 4 hyper-connection streams, NoPE.
   of 32, a KDA short convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a
   from-scratch model's indexer is untrained) and dense MLPs: what learns the demo genome in
   context within a CPU budget, and with four KDA heads reads 1k-7k back after the long fine-tune
-  (docs/model.md, "Why glm53-demo" and "Session 20").
+  (docs/findings.md, "Copying in context needs k-mer keys" and "On the demo genome the long
+  fine-tune reads 1k-7k back").
 
 Small presets default to a 16-id vocabulary (a nucleotide alphabet needs only a handful of ids)
 and no padding id. Any `Glm5NextTextConfig` field can be overridden.

@@ -41,11 +41,11 @@ class Assumptions(BaseModel):
     network_efficiency: float = _share(0.8, "fraction of NIC bandwidth reached by collectives between nodes.")
     host_link_efficiency: float = _share(0.8, "fraction of PCIe bandwidth reached by pinned-memory copies (offloaded "
                                               "layer inputs).")
-    offload_keeps_device_input: bool = Field(False, description="true models genome_lm.train as of this commit: "
-                                             "checkpoint_module's recompute closure captures the layer's arguments, "
-                                             "so an offloaded input's device tensor stays alive until backward "
-                                             "(offload then adds a host copy and frees nothing); false models "
-                                             "offload as designed (device copy released).")
+    offload_keeps_device_input: bool = Field(False, description="true models a recompute whose closure captures "
+                                             "the layer's arguments, so an offloaded input's device tensor stays "
+                                             "alive until backward (offload then adds a host copy and frees "
+                                             "nothing); false models genome_lm.train's offload (device copy "
+                                             "released).")
     offload_prefetch: bool = Field(False, description="whether the next layer input is copied back ahead of its "
                                    "backward (genome_lm.train does not: the copy starts when the layer's backward "
                                    "starts, so it is on the critical path).")

@@ -1,4 +1,4 @@
-"""The report's answers to three questions a reader asks of a loss-by-context result (issue 16).
+"""The report's answers to three questions a reader asks of a loss-by-context result.
 
 1. Does the model read distant sequence? The context ablation (`eval --context`): the same target
    tokens scored with exactly L preceding tokens, per model (`context_ablation` in summary.json).

@@ -100,7 +100,7 @@ def _restore_rng(rng: dict) -> None:
     torch.set_rng_state(rng["torch"])
     cuda = rng.get("cuda")
     if cuda is not None and torch.cuda.is_available():
-        if cuda.dim() == 2:  # written by earlier versions: one row per visible device
+        if cuda.dim() == 2:  # a [devices, N] state: one row per visible device
             cuda = cuda[min(torch.cuda.current_device(), cuda.shape[0] - 1)]
         torch.cuda.set_rng_state(cuda)
 

@@ -92,8 +92,8 @@ STRIPE = 30
 
 def strata_evaluated(inputs: SimpleNamespace, strata: SimpleNamespace, out: Path, **flags) -> SimpleNamespace:
     """Both checkpoints of `inputs` on the first STRATA_WINDOWS windows of `strata`'s shards, with every
-    issue-16 flag (two --annotate files, --context ABLATION, --strands both; `flags` update them), and
-    their comparison."""
+    optional analysis (leakage-marked shards, two --annotate files, --context ABLATION, --strands both;
+    `flags` update them), and their comparison."""
     from genome_lm.eval import EvalConfig, evaluate, write_compare
 
     flags = {"annotate": [str(strata.segdups_bed), f"{strata.stripes_bed}:stripes"], "context": ABLATION,

@@ -30,11 +30,11 @@ def _configs(d, root) -> dict[str, dict]:
             "cp2": dict(base, out=str(root / "cp2"), max_windows=2, seq_len=300, cp=2),
             # bf16 from a float32 checkpoint: each rank's shards are rounded as one process's bf16 model
             "bf16": dict(base, out=str(root / "bf16"), max_windows=2, dtype="bfloat16"),
-            # issue 16's extra forwards (reverse complements, ablation lengths; 896 = t0 of the 1024-token
-            # windows reuses the main pass; the 927-token window takes no part) in rounds whose replicas
-            # must make as many forwards
-            "dp2_issue16": dict(base, out=str(root / "dp2_issue16"), max_windows=N_WINDOWS, strands="both",
-                                context=[100, 896])}
+            # the extra forwards of --strands both and --context (reverse complements, ablation lengths;
+            # 896 = t0 of the 1024-token windows reuses the main pass; the 927-token window takes no
+            # part) in rounds whose replicas must make as many forwards
+            "dp2_extra": dict(base, out=str(root / "dp2_extra"), max_windows=N_WINDOWS, strands="both",
+                              context=[100, 896])}
 
 
 def _worker(rank: int, world: int, configs: dict) -> None:
@@ -50,9 +50,9 @@ def launched(evaluated, tmp_path_factory):
     one = EvalConfig(**dict(configs["cp2"], out=str(root / "cp2_one"), cp=1))
     evaluate(one, show_progress=False)
     evaluate(EvalConfig(**dict(configs["bf16"], out=str(root / "bf16_one"))), show_progress=False)
-    evaluate(EvalConfig(**dict(configs["dp2_issue16"], out=str(root / "dp2_issue16_one"))), show_progress=False)
+    evaluate(EvalConfig(**dict(configs["dp2_extra"], out=str(root / "dp2_extra_one"))), show_progress=False)
     return {"dp2": (root / "dp2", evaluated.eval0), "cp2": (root / "cp2", root / "cp2_one"),
-            "bf16": (root / "bf16", root / "bf16_one"), "dp2_issue16": (root / "dp2_issue16", root / "dp2_issue16_one")}
+            "bf16": (root / "bf16", root / "bf16_one"), "dp2_extra": (root / "dp2_extra", root / "dp2_extra_one")}
 
 
 def max_nll_diff(got, want) -> float:
@@ -98,7 +98,7 @@ def test_two_ranks_equal_one_process(launched, case):
 def test_strands_and_ablation_two_ranks_equal_one_process(launched):
     from genome_lm.eval.ablation import iter_ablation
 
-    got, want = launched["dp2_issue16"]
+    got, want = launched["dp2_extra"]
     assert max_nll_diff(got, want) <= ATOL  # forward and reverse-complement rows
     rows = list(zip(iter_ablation(got), iter_ablation(want), strict=True))
     assert len(rows) == N_WINDOWS - 1  # window 2 (927 tokens, targets from 812) is too short for L = 896

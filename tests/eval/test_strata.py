@@ -1,4 +1,4 @@
-"""Strata of an eval (issue 16): the leakage mask, BED annotations; in summary.json, compare.json and the text."""
+"""Strata of an eval: the leakage mask, BED annotations; in summary.json, compare.json and the text."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def test_streaming_matches_parallel_small(T, chunks):
 
 
 def test_streaming_matches_parallel_at_8k():
-    """The issue's bar: T = 8k on glm53-tiny, fp32, chunk sizes dividing T and not."""
+    """The parity bar: T = 8k on glm53-tiny, fp32, chunk sizes dividing T and not."""
     T = 8192
     model = tiny(seed=0)
     ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(8))

@@ -38,7 +38,7 @@ from genome_lm.plan.shapes import model_shape
 WORKER = Path(__file__).with_name("calibrate_worker.py")
 TOLERANCE = 0.20
 # The trainer's offload releases each checkpointed layer's device input after the forward (the
-# default assumption; `offload_keeps_device_input` models the old behaviour that kept it alive).
+# default assumption; `offload_keeps_device_input` models an offload that keeps it alive).
 ASSUME = Assumptions()
 
 

@@ -1,4 +1,4 @@
-"""The report's sections for issue 16's questions (report/questions.py) on evals that ran with
+"""The report's sections for the three questions of report/questions.py on evals that ran with
 --context, --strands both, a leakage mask and --annotate; absent sections give None."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CUDA RNG state is saved for this process's device alone ([16] bytes, not one row per
-visible device), so a checkpoint resumes on a machine with another number of GPUs; checkpoints of
-earlier versions (one row per device) restore the row of the current device. CUDA is faked:
+visible device), so a checkpoint resumes on a machine with another number of GPUs; a checkpoint
+whose state has one row per device restores the row of the current device. CUDA is faked:
 the suite runs on CPU."""
 
 from __future__ import annotations
