@@ -21,7 +21,8 @@ def _table(header: list[str], rows: list[list[str]], caption: str = "") -> str:
 
 
 def _num(x, fmt: str = "{:.4f}") -> str:
-    return "&ndash;" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
+    """`x` formatted, or an en dash (a character, not an entity: prose is HTML-escaped) when it is missing."""
+    return "\u2013" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
 
 
 def _label(b: dict) -> str:
