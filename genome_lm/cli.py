@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -279,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"genome-lm: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))  # one process of a launch torchrun or srun started: rank 0 speaks
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s {f'rank{rank} ' if 'RANK' in os.environ else ''}%(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
     try:
