@@ -54,7 +54,7 @@ class ProgressLog:
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        if self.clock() - self.last >= self.every_s:
+        if self.n < self.total and self.clock() - self.last >= self.every_s:  # the last line: at close
             self.last = self.clock()
             log.info(self.line())
 

@@ -40,3 +40,17 @@ def test_minutes_and_disabled_progress(caplog):
     with progress(10, desc="logged") as bar:  # pytest's stderr is no terminal: log lines
         bar.update(10)
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["logged"]
+
+
+def test_the_last_unit_is_logged_once_at_close(caplog):
+    clock = Clock()
+    caplog.set_level(logging.INFO, logger="genome_lm.progress")
+    bar = ProgressLog(total=2, desc="train y", unit="step", every_s=60, clock=clock)
+    for loss in ("2.8141", "2.8112"):
+        clock.t += 70  # each step longer than the interval
+        bar.update(1)
+        bar.set_postfix(loss=loss)
+    bar.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "train y: 1/2 step (50%), 1.2 min so far, about 1.2 min left",
+        "train y: 2/2 step (100%), 2.3 min so far; loss 2.8112"]

@@ -3,7 +3,7 @@
 Each `Glm5NextTextTopkRouter` chooses experts by `sigmoid(logits) + e_score_correction_bias`
 (the gate weights still come from the unbiased scores). Upstream has no rule that moves the
 bias, so during fine-tuning it stays as loaded and routing can collapse onto a few experts
-(README, "Expert balancing", has what it does on glm53-tiny). DeepSeek-V3's rule, also Megatron's
+(docs/train.md, "Expert balancing", has what it does on glm53-tiny). DeepSeek-V3's rule, also Megatron's
 `moe_router_bias_update_rate`: after every optimizer step,
 
     bias_e += rate * sign(mean_load - load_e)
