@@ -71,14 +71,14 @@ def _stored_config(path: Path) -> dict:
 BATCH_KEYS = ("train.micro_batch", "train.grad_accum")
 
 
-def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_per_step: int | None) -> None:
-    """Compare `cfg` with `run_dir/config.yaml`; raise `GenomeLMError` on a refused change, else keep the
-    earlier config as `config.resume-N.yaml` when anything changed. Writes nothing on a refusal.
+def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_per_step: int | None) -> list:
+    """Compare `cfg` with `run_dir/config.yaml`; raise `GenomeLMError` on a refused change, else return
+    the accepted changes [(key, old, new)] for `record_resume`. Writes nothing.
     `per_step` / `stored_per_step`: sequences per optimizer step now and when the run started (None:
     not recorded, so a batch key may not change)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
-        return
+        return []
     found = changes(_stored_config(path), cfg.model_dump(mode="json"))
     same_batch = stored_per_step is not None and stored_per_step == per_step
     refused = [c for c in found if not (taken(c[0]) or (c[0] in BATCH_KEYS and same_batch))]
@@ -91,6 +91,13 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
             f"schedule and data position belong to {path}: resume with that config (--set only steps, checkpoints, "
             "logging, memory or layout keys), or train into a new --out"
         )
+    return found
+
+
+def record_resume(run_dir: Path, cfg: ExperimentConfig, found: list) -> None:
+    """Once a resumed run has loaded its checkpoint: keep the earlier config as `config.resume-N.yaml`
+    when anything changed (`found`, from `accept_resume`), and write the new one as config.yaml."""
+    path = run_dir / "config.yaml"
     if found:
         n = 1 + sum(1 for _ in run_dir.glob("config.resume-*.yaml"))
         path.rename(run_dir / f"config.resume-{n}.yaml")

@@ -21,7 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +50,7 @@ from genome_lm.train.data import SequenceStream
 from genome_lm.train.memory import host_bytes
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
-from genome_lm.train.resume import accept_resume
+from genome_lm.train.resume import accept_resume, record_resume
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 from genome_lm.utils import set_tf32
 
@@ -150,10 +152,23 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> Path | None:
+@dataclass
+class RunDir:
+    """What `check_run_dir` found: the checkpoint to resume from (None: a fresh run) and the changes a
+    resume takes; `write_run_dir` records them once the run has started."""
+
+    path: Path
+    latest: Path | None
+    accepted: list
+    fresh: bool  # no marker yet: the folder is new (or empty), and is marked as a run when it starts
+    existed: bool  # the folder was there before this run (empty, when fresh)
+    sequences_per_step: int
+
+
+def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
     """Rank 0: refuse a folder that is not a run directory, clear half-written checkpoints, refuse a
-    used run directory without --resume and a resume with changed settings (`resume.accept_resume`),
-    mark the folder as a run and write config.yaml; the checkpoint to resume from."""
+    used run directory without --resume and a resume with changed settings (`resume.accept_resume`).
+    Writes nothing but the removal of half-written checkpoints."""
     marker = read_marker(run_dir) if run_dir.is_dir() else None
     earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())) and (
@@ -169,14 +184,36 @@ def _prepare_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int
     if resume and latest is None:
         log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
     per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
+    accepted = []
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
-        accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if marker is None:
-        write_marker(run_dir, "run", [cfg.data.shards], sequences_per_step=per_step)
-    if not (resume and latest is not None):
-        (run_dir / "config.yaml").write_text(dump_experiment(cfg))
-    return latest if resume else None
+        accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
+    return RunDir(run_dir, latest if resume else None, accepted, marker is None, run_dir.exists(), per_step)
+
+
+def discard_unstarted(rd: RunDir) -> None:
+    """A new run that stopped before its first checkpoint holds nothing to resume: remove what it
+    wrote (the folder too, unless it existed before, empty), saying so."""
+    if not rd.fresh or rd.latest is not None or latest_checkpoint(rd.path / "checkpoints") is not None:
+        return
+    if rd.existed:
+        for child in rd.path.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    else:
+        shutil.rmtree(rd.path, ignore_errors=True)
+    log.warning("%s: removed what the run wrote, as it stopped before its first checkpoint (nothing to resume)",
+                rd.path)
+
+
+def write_run_dir(rd: RunDir, cfg: ExperimentConfig) -> None:
+    """Rank 0, once the model, the data and any checkpoint have loaded: mark the folder as a run and
+    write config.yaml (a resume: `resume.record_resume`)."""
+    rd.path.mkdir(parents=True, exist_ok=True)
+    if rd.fresh:
+        write_marker(rd.path, "run", [cfg.data.shards], sequences_per_step=rd.sequences_per_step)
+    if rd.latest is not None:
+        record_resume(rd.path, cfg, rd.accepted)
+    else:
+        (rd.path / "config.yaml").write_text(dump_experiment(cfg))
 
 
 def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, par: ParallelContext) -> list[dict]:
@@ -198,7 +235,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
 
-    latest = par.on_main(lambda: _prepare_run_dir(run_dir, resume, cfg, par.dp))
+    rd = par.on_main(lambda: check_run_dir(run_dir, resume, cfg, par.dp))
+    latest = rd.latest
 
     init = resolve_init(cfg)
     model = build_parallel_model(cfg, par, init)
@@ -217,6 +255,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                         start + cfg.train.steps)
     else:
         torch.manual_seed(cfg.train.seed)
+    par.on_main(lambda: write_run_dir(rd, cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
     memory = PeakMemory(device)
@@ -226,6 +265,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     bar = progress(cfg.train.steps, start, f"train {cfg.name}", "step",
                    disable=not par.is_main or show_progress is False)
     record: dict = {}
+    failed = True
     try:
         for step in range(start + 1, cfg.train.steps + 1):
             memory.reset()
@@ -298,10 +338,13 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
                                  "cp": par.cp, "ep": par.ep, "model_exported": export}, keep=cfg.train.keep_checkpoints,
                                 parallel=par, export_model=export, export_dtype=compute_dtype(cfg))
             maybe_inject_fault(step, par.rank)
+        failed = False
     finally:
         bar.close()
         metrics.close()
         par.shutdown()
+        if failed and par.is_main:
+            discard_unstarted(rd)
     if record:
         log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
                  run_dir / "checkpoints")

@@ -278,3 +278,34 @@ def test_resume_falls_back_from_a_damaged_checkpoint(tmp_path, tiny_shards, capl
         record = train(load_experiment(exp), out=damaged, resume=True)
     assert "step_00000004 does not load" in caplog.text and "from the previous checkpoint, step_00000002" in caplog.text
     assert record["step"] == 4 and losses(damaged) == losses(intact)  # bitwise: steps 3-4 again from step 2
+
+
+def test_a_resume_that_loads_no_checkpoint_leaves_the_run_as_it_was(tmp_path, tiny_shards, capsys):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2, "checkpoint_every": 1})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    for distcp in (run / "checkpoints").glob("step_*/train_state/*.distcp"):
+        distcp.write_bytes(distcp.read_bytes()[:100])
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.steps=3"]) == 2
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # config.yaml as it was
+
+
+@pytest.mark.parametrize("case", ["model.name", "model.init missing", "model.init is shards", "truncated shard"])
+def test_a_run_that_cannot_start_leaves_no_run_directory(tmp_path, tiny_shards, capsys, case):
+    import shutil
+
+    shards = tmp_path / "shards"
+    shutil.copytree(tiny_shards, shards)
+    exp = write_experiment(tmp_path / "e.yaml", shards, train={"steps": 2})
+    sets = {"model.name": ["model.name=glm99"], "model.init missing": [f"model.init={tmp_path / 'nowhere'}"],
+            "model.init is shards": [f"model.init={shards}"], "truncated shard": []}[case]
+    if case == "truncated shard":
+        arrow = next((shards / "train").glob("*.arrow"))
+        arrow.write_bytes(arrow.read_bytes()[:-100])
+    argv = ["train", exp, "--out", str(tmp_path / "r")] + [x for s in sets for x in ("--set", s)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("genome-lm train: error: ") and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "r").exists()
