@@ -88,7 +88,8 @@ _MESSAGES = {"int_parsing": "expected an integer", "int_from_float": "expected a
 
 def _describe(err: ValidationError, model: type[BaseModel], source: str, origin: dict[str, str],
               unknown: str) -> GenomeLMError:
-    e = err.errors()[0]
+    errors = err.errors()  # a mistyped key is named before the required key it leaves missing
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     key = ".".join(str(p) for p in e["loc"])
     # a file, --set, or the flag that gave the value (origin names a whole key or its section)
     src = next((origin[k] for k in (key, *(".".join(e["loc"][:i]) for i in range(len(e["loc"]) - 1, 0, -1)))
@@ -144,6 +145,8 @@ def read_yaml(path: str | Path, hint: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise GenomeLMError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise GenomeLMError(f"{path} is a folder, not a YAML file; give the file itself (keys {hint})")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:

@@ -224,7 +224,9 @@ def load_manifest(directory: str | os.PathLike) -> dict:
     no longer matches its own checksum."""
     path = Path(directory) / "manifest.json"
     if not path.exists():
-        raise GenomeLMError(f"{directory} has no manifest.json; is it the --out of `genome-lm prepare`?")
+        where = "" if Path(directory).is_absolute() else \
+            f" (a relative path: read from the working directory {Path.cwd()})"
+        raise GenomeLMError(f"{directory} has no manifest.json{where}; is it the --out of `genome-lm prepare`?")
     try:
         manifest = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:

@@ -71,8 +71,16 @@ class MetricsLog:
     def __init__(self, run_dir: Path, wandb_mode: str, project: str, name: str, config: dict, resume_step: int = 0):
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():  # keep only the history up to the checkpoint we resume from
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept, damaged = [], []
+            for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+                try:
+                    if line.strip() and json.loads(line)["step"] <= resume_step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):  # a line cut short by a killed run or a full disk
+                    damaged.append(n)
+            if damaged:
+                log.warning("%s: dropped line(s) %s, which are not whole JSON records (a write cut short)",
+                            self.path, ", ".join(map(str, damaged)))
             self.path.write_text("".join(line + "\n" for line in kept))
         self._f = open(self.path, "a")
         self.wandb = None

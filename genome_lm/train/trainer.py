@@ -234,6 +234,10 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
         set_tf32(cfg.train.tf32)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     manifest = check_data(cfg)
+    if cfg.train.warmup_steps > cfg.train.steps and par.is_main:
+        log.warning("train.warmup_steps=%d is more than train.steps=%d: the learning rate stops at %d/%d of "
+                    "train.lr, still warming up", cfg.train.warmup_steps, cfg.train.steps, cfg.train.steps,
+                    cfg.train.warmup_steps)
 
     rd = par.on_main(lambda: check_run_dir(run_dir, resume, cfg, par.dp))
     latest = rd.latest

@@ -41,6 +41,7 @@ def test_sizes_and_overrides(tmp_path):
     (GOOD, ["memory.recompute=sometimes"], r"memory.recompute: .*'none', 'per-layer' or 'selective'"),
     (GOOD, ["trainsteps"], r"expected KEY=VALUE"),
     ("data: [1, 2\n", [], r"not valid YAML \(line 2, column 1\): expected ',' or ']'"),
+    (GOOD.replace("train:", "trian:"), [], r"unknown key trian; did you mean train\?"),  # not "missing train"
 ])
 def test_errors_name_the_key(tmp_path, text, overrides, match):
     p = tmp_path / "e.yaml"
@@ -57,3 +58,18 @@ def test_cli_reports_config_errors_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "unknown key train.lrr" in err[0]
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["train", str(tmp_path)]) == 2  # a folder given as the experiment
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"genome-lm train: error: {tmp_path} is a folder, not a YAML file; give the file itself (keys data, "
+                   "model, train, ... (the sections))"]
+
+
+def test_relative_shards_are_read_from_the_working_directory(tmp_path, capsys, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.yaml").write_text(GOOD.replace("shards: s", "shards: shards"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "sub/e.yaml", "--out", "r"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"genome-lm train: error: shards has no manifest.json (a relative path: read from the working directory "
+        f"{tmp_path}); is it the --out of `genome-lm prepare`?")
+    assert not (tmp_path / "r").exists()

@@ -309,3 +309,27 @@ def test_a_run_that_cannot_start_leaves_no_run_directory(tmp_path, tiny_shards, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("genome-lm train: error: ") and "Traceback" not in "\n".join(err)
     assert not (tmp_path / "r").exists()
+
+
+def test_resume_after_a_metrics_line_cut_short(tmp_path, tiny_shards, caplog):
+    """A kill during the append leaves half a JSON line: resume drops it with a warning and goes on."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 4, "checkpoint_every": 2})
+    intact, cut = tmp_path / "intact", tmp_path / "cut"
+    import shutil
+
+    for run in (intact, cut):
+        train(load_experiment(exp), out=run)
+    shutil.rmtree(cut / "checkpoints" / "step_00000004")  # killed after step 3 began its metrics line
+    metrics = cut / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]) + '{"step": 3, "loss": 2.7')
+    with caplog.at_level("WARNING", logger="genome_lm.train.metrics"):
+        train(load_experiment(exp), out=cut, resume=True)
+    assert "line(s) 3, which are not whole JSON records" in caplog.text
+    assert losses(cut) == losses(intact)
+
+
+def test_warmup_longer_than_the_run_warns(tmp_path, tiny_shards, caplog):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2, "warmup_steps": 100})
+    with caplog.at_level("WARNING", logger="genome_lm.train.trainer"):
+        train(load_experiment(exp), out=tmp_path / "r")
+    assert "train.warmup_steps=100 is more than train.steps=2: the learning rate stops at 2/100" in caplog.text
