@@ -175,9 +175,28 @@ def stored_state(state_dir: Path) -> dict:
     return stored
 
 
+class DamagedCheckpoint(Exception):
+    """A `train_state/` whose files are shorter than its metadata says (a write cut short)."""
+
+
+def check_train_state(state_dir: Path) -> None:
+    """Raise `DamagedCheckpoint` when a file of `state_dir` is missing or ends before the bytes its
+    metadata places in it: DCP reads such a file without complaint and hands back short tensors."""
+    need: dict[str, int] = {}
+    for info in dcp.FileSystemReader(str(state_dir)).read_metadata().storage_data.values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        path = state_dir / name
+        have = path.stat().st_size if path.is_file() else None
+        if have is None or have < size:
+            raise DamagedCheckpoint(f"{name} {'is missing' if have is None else f'has {have:,} bytes'}, its metadata "
+                                    f"needs {size:,} (a write cut short)")
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
     Collective in a distributed run; the checkpoint may come from any number of processes."""
+    check_train_state(path / "train_state")
     state = _train_state(model, optimizer, scheduler, data, 0)
     state["rng"] = _rng_like(stored_state(path / "train_state"))
     with warnings.catch_warnings(action="ignore"):

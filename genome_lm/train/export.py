@@ -45,7 +45,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     """Write the model directory of training checkpoint `checkpoint` (`RUN/checkpoints/step_N` or
     `last`) to `out` (atomically); return `out`."""
     from genome_lm.config import load_experiment
-    from genome_lm.train.checkpoint import stored_state
+    from genome_lm.train.checkpoint import DamagedCheckpoint, check_train_state, stored_state
     from genome_lm.train.trainer import build_model
 
     ckpt = Path(checkpoint)
@@ -57,6 +57,11 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     if not config_path.is_file():
         raise GenomeLMError(f"{config_path} not found: export reads the model from the run's config.yaml; keep the "
                             "checkpoint inside its run directory (RUN/checkpoints/step_N)")
+    try:
+        check_train_state(state_dir)
+    except DamagedCheckpoint as e:
+        raise GenomeLMError(f"{state_dir} is damaged ({e}); export an earlier checkpoint of the run "
+                            f"({ckpt.resolve().parent}/step_N)") from None
     cfg = load_experiment(config_path)
     model = build_model(cfg, torch.device("cpu"), None, meta=True)
     stored, tensors = stored_state(state_dir), model_tensors(model)
