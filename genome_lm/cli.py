@@ -215,7 +215,12 @@ def storage_message(e: OSError) -> str:
 
 
 def _kept(args) -> str:
-    """What an eval that stopped early keeps: its resumable per-window cache (`eval/cache.py`)."""
+    """What a fetch or an eval that stopped early keeps for a rerun: the downloads' `.part` files, the
+    eval's per-window cache (`eval/cache.py`)."""
+    if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
+        parts = sorted(p.name for p in Path(args.out).glob("*.part"))
+        return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
+                "resumes from them") if parts else ""
     if args.command != "eval" or not getattr(args, "out", None):
         return ""
     from genome_lm.eval.cache import cache_dir_for

@@ -115,6 +115,9 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
     """
     out = Path(out)
+    if out.parts and out.parts[0] == "~":
+        raise GenomeLMError(f"{option} {out} starts with a literal '~' (the shell expands ~ only when it is not "
+                            f"quoted): write {Path.home() / Path(*out.parts[1:])} or another path")
     if not out.exists() and not out.is_symlink():
         return
     empty = out.is_dir() and not out.is_symlink() and not any(out.iterdir())

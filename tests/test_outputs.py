@@ -162,3 +162,13 @@ def test_unmarked_outputs_of_the_same_kind_are_replaced_others_refused(evaluated
     (old / "notes.txt").write_text("x")
     with pytest.raises(GenomeLMError, match="is not an eval"):
         claim_output(old, "eval", overwrite=True)
+
+
+def test_a_literal_tilde_is_refused(tmp_path, monkeypatch):
+    from genome_lm.errors import GenomeLMError
+    from genome_lm.outputs import claim_output
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GenomeLMError, match=r"--out ~/shards starts with a literal '~' .* write .*/shards or another"):
+        claim_output("~/shards", "shards")
+    assert list(tmp_path.iterdir()) == []

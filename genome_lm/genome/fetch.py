@@ -217,8 +217,8 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             if md5_file(final) == md5:
                 log.info("%s already present, md5 %s matches; skipped", final, md5)
                 continue
-            log.warning("%s exists but its md5 does not match %s; removing it and downloading again", final, md5)
-            final.unlink(missing_ok=True)
+            log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is replaced "
+                        "only once the new one is verified)", final, md5)
         log.info("downloading %s/%s -> %s", base_url, final.name, final)
         _fetch_one(f"{base_url}/{final.name}", final, md5)
     return paths

@@ -295,9 +295,11 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     segmental duplications when there are any (`segdups_path`). `params` (see `make_params`)
     replaces the default SynthParams."""
     out = Path(out)
-    tsv, sd_tsv = repeats_path(out), segdups_path(out)
+    if out.is_dir() or not out.name:
+        raise GenomeLMError(f"--out {out} is a folder; give the FASTA file to write, e.g. {out / 'genome.fa.gz'}")
     if not out.name.endswith(".gz"):
         raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
+    tsv, sd_tsv = repeats_path(out), segdups_path(out)
     for path in (out, tsv, sd_tsv):
         if path.exists() and not overwrite:
             raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
@@ -306,17 +308,23 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     t0 = time.perf_counter()
     genome = synthesize_genome(scale, seed, params)
 
-    with atomic_file(tsv, "w") as f:
-        f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
-                                     for c in genome.copies))
-    if genome.segdups:
-        with atomic_file(sd_tsv, "w") as f:
-            f.write(format_segdups(genome.segdups))
-    else:
-        sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
-    with atomic_file(out, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
-        for name, seq in genome.sequences.items():
-            gz.write(fasta_lines(name, seq))
+    try:  # the FASTA last: a failure (a full disk) removes the sidecars written before it
+        with atomic_file(tsv, "w") as f:
+            f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
+                                         for c in genome.copies))
+        if genome.segdups:
+            with atomic_file(sd_tsv, "w") as f:
+                f.write(format_segdups(genome.segdups))
+        else:
+            sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
+        with atomic_file(out, "wb") as f, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
+            for name, seq in genome.sequences.items():
+                gz.write(fasta_lines(name, seq))
+    except BaseException:
+        tsv.unlink(missing_ok=True)
+        sd_tsv.unlink(missing_ok=True)
+        raise
     lengths = {k: len(v) for k, v in genome.sequences.items()}
     frac = genome.repeat_fraction()
     n_tandem = sum(c.family == "tandem" for c in genome.copies)

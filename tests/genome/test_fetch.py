@@ -243,3 +243,32 @@ def test_two_different_corrupted_transfers_ask_for_a_rerun(server, tmp_path):
     with pytest.raises(GenomeLMError, match="the transfer corrupts data; the downloads were deleted, rerun"):
         fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mismatching_file_is_kept_until_its_replacement_is_verified(server, tmp_path):
+    (tmp_path / "chr22.fa.gz").write_bytes(b"not the right file")
+    server.files.pop("chr22.fa.gz")  # listed in md5sum.txt, but the server answers 404 for it
+    with pytest.raises(GenomeLMError, match="HTTP 404"):
+        fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
+    assert (tmp_path / "chr22.fa.gz").read_bytes() == b"not the right file"
+
+
+def test_a_download_stopped_early_says_what_it_keeps(server, tmp_path, capsys, monkeypatch):
+    from genome_lm.genome import fetch
+
+    real = fetch._download_once
+
+    def stopped(url, part):
+        real(url, part)
+        part.write_bytes(part.read_bytes()[:1000])
+        raise KeyboardInterrupt  # Ctrl-C during the download
+
+    monkeypatch.setattr(fetch, "_download_once", stopped)
+    out = tmp_path / "hg38"
+    assert main(["fetch", "--chroms", "chr22", "--out", str(out), "--base-url", server.base_url]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"genome-lm fetch: interrupted; chr22.fa.gz.part in {out} (the bytes received) are kept, and the same fetch "
+        "command resumes from them")
+    monkeypatch.setattr(fetch, "_download_once", real)
+    assert main(["fetch", "--chroms", "chr22", "--out", str(out), "--base-url", server.base_url]) == 0
+    assert_only_final_files(out, ["chr22.fa.gz"])

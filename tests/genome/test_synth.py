@@ -313,3 +313,19 @@ def test_cli_config_file_and_set(tmp_path, capsys):
     cfg.write_text("n_familes: 3\n")
     assert main(["synth", "--out", str(tmp_path / "h.fa.gz"), "--config", str(cfg)]) == 2
     assert "synth.yaml: unknown key n_familes; did you mean n_families?" in capsys.readouterr().err
+
+
+def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch):
+    from genome_lm.errors import GenomeLMError
+    from genome_lm.genome import synth
+
+    with pytest.raises(GenomeLMError, match=r"--out \. is a folder; give the FASTA file to write, e\.g\. genome"):
+        write_synthetic_fasta(".", scale=0.01)
+
+    def full_disk(name, seq):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(synth, "fasta_lines", full_disk)  # the FASTA fails after the sidecars are written
+    with pytest.raises(OSError):
+        write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.01)
+    assert list(tmp_path.iterdir()) == []
