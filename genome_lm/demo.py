@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.progress import minutes
 from genome_lm.utils import apply_override, validate
 
 log = logging.getLogger("genome_lm.demo")
@@ -118,21 +119,47 @@ DEMO_GENOME = dict(
 )
 
 
+# Each step's share of the full recipe's time on 2 CPU cores (docs/demo.md has the measurement); the
+# time left after a step is the time spent so far scaled by the shares still to run.
+SHARES = {1: 0.003, 2: 0.003, 3: 0.27, 4: 0.155, 5: 0.14, 6: 0.155, 7: 0.1, 8: 0.155, 9: 0.01, 10: 0.009}
+
+
+class Timeline:
+    """Time so far and an estimate of the time left, logged after each of the 10 steps."""
+
+    def __init__(self, shares: dict[int, float] = SHARES, clock=time.perf_counter):
+        self.shares, self.clock, self.t0 = shares, clock, clock()
+        self.spent, self.left = 0.0, sum(shares.values())  # shares of the steps that ran / still to come
+
+    def done(self, step: int, ran: bool = True) -> str:
+        """Step `step` is over (`ran`: it did its work, rather than reusing an output); the log line."""
+        self.left -= self.shares[step]
+        self.spent += self.shares[step] if ran else 0.0
+        elapsed = self.clock() - self.t0
+        ahead = self.spent > 0 and self.left > 1e-9
+        left = f", about {minutes(elapsed / self.spent * self.left)} left" if ahead else ""
+        line = f"    [{step}/10] done: {minutes(elapsed)} so far{left}"
+        log.info(line)
+        return line
+
+
 def _experiment(exp: str, steps: int, extra: list[str]):
     from genome_lm.config import load_experiment
 
     return load_experiment(experiments_dir() / exp, [f"train.steps={steps}", *extra])
 
 
-def _train(cfg, out: Path) -> None:
+def _train(cfg, out: Path) -> bool:
+    """Train `cfg` into `out`, resuming it; False when it is complete already (reused)."""
     from genome_lm.train import train
     from genome_lm.train.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(out / "checkpoints")
     if latest is not None and int(latest.name.split("_")[1]) >= cfg.train.steps:
         log.info("    %s is complete (%s); reusing it", out, latest.name)
-        return
+        return False
     train(cfg, out=out, resume=latest is not None)
+    return True
 
 
 def _tokens_per_step(cfg) -> int:
@@ -231,33 +258,42 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in PAIRS}
     report = root / "reports" / f"{tag}.html"
     t0 = time.perf_counter()
+    timeline = Timeline()
 
     log.info(f"[1/10] synthetic genome -> {fasta}")
-    if fasta.exists():
+    reuse = fasta.exists()
+    if reuse:
         log.info("    %s exists; reusing it", fasta)
     else:
         write_synthetic_fasta(fasta, scale=r.scale, seed=0, params=make_params(**DEMO_GENOME))
+    timeline.done(1, ran=not reuse)
 
     log.info(f"[2/10] prepare: train chr1,chr2 / eval chr22, {r.window}-token windows -> {shards}")
     params = PrepareParams.from_cli(fasta=[str(fasta)], train_chroms="chr1,chr2", eval_chroms="chr22",
                                     seq_len=r.window, min_gap="1000", max_n_frac=0.05, tail="keep",
                                     min_len=r.window, reverse_complement=True, leakage_k=32)
+    prepared = (shards / "manifest.json").is_file()
     manifest = prepare(params, shards)
+    timeline.done(2, ran=not prepared)
 
     data = [f"data.shards={shards}", f"model.name={r.model}"]  # every experiment's
     summaries = {}
     log.info(f"[3/10] train the base model at short context -> {runs['base']}")
-    _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"])
+    timeline.done(3, _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"]))
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
+    ran = not (evals["base"] / "summary.json").exists()
     summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
+    timeline.done(4, ran)
     long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
     for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "short"))):
         log.info(f"[{5 + 2 * n}/10] fine-tune the base model at {what} context ({cfg.data.seq_len:,} tokens x "
                  f"{cfg.train.micro_batch} per step, {cfg.train.steps} steps: "
                  f"{cfg.train.steps * _tokens_per_step(cfg):,} tokens) -> {runs[name]}")
-        _train(cfg, runs[name])
+        timeline.done(5 + 2 * n, _train(cfg, runs[name]))
         log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
+        ran = not (evals[name] / "summary.json").exists()
         summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
+        timeline.done(6 + 2 * n, ran)
     replicates = _extra_seeds(r, data, runs, evals, shards)
     seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if replicates else {}
     log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seed_dirs.values()]))
@@ -266,10 +302,12 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
                               overwrite=True) for p, d in seed_dirs.items()}  # pooled over the fine-tune seeds
     gain = context_gain(evals["base"], evals["shortctx"], evals["longctx"],
                         compares=[load_compare_dir(d) for d in cmp_dirs.values()])
+    timeline.done(9)
     log.info(f"[10/10] report -> {report}")
     write_report([*evals.values(), *cmp_dirs.values(), *seed_dirs.values()], report, runs=list(runs.values()),
                  overwrite=True, title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
+    timeline.done(10)
 
     elapsed = time.perf_counter() - t0
     print()

@@ -132,3 +132,16 @@ def test_experiments_come_from_the_checkout_else_the_installed_copy(tmp_path, mo
     installed.mkdir(parents=True)
     (installed / "demo_base.yaml").write_text("model: {}\n")
     assert demo.experiments_dir() == installed
+
+
+def test_the_time_left_scales_the_time_so_far_by_the_steps_to_come(caplog):
+    from genome_lm.demo import Timeline
+
+    t = [0.0]
+    timeline = Timeline({1: 0.1, 2: 0.3, 3: 0.6}, clock=lambda: t[0])
+    t[0] = 50.0
+    assert timeline.done(1, ran=False) == "    [1/10] done: 50 s so far"  # reused: no rate yet
+    t[0] = 120.0
+    assert timeline.done(2) == "    [2/10] done: 2.0 min so far, about 4.0 min left"  # 0.3 took 120 s; 0.6 to come
+    t[0] = 360.0
+    assert timeline.done(3) == "    [3/10] done: 6.0 min so far"
