@@ -96,3 +96,24 @@ def test_an_empty_folder_is_taken_and_a_mount_point_is_refused(eval_inputs, tmp_
                              f"which a mount point cannot take: give a folder inside it, e.g. --out {point}/out")
         assert list(point.iterdir()) == [] and not list(tmp_path.glob(f".{point.name}*"))
     assert main([*args, "--out", str(point / "out")]) == 0
+
+
+def test_compare_of_a_damaged_ablation_or_a_summary_of_something_else_is_one_line(strata_evaluated, tmp_path,
+                                                                                  capsys):
+    import shutil
+
+    a = tmp_path / "A"
+    shutil.copytree(strata_evaluated.eval0, a)
+    path = a / "context_ablation.parquet"
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    line = one_line(capsys, main(["compare", str(a), str(strata_evaluated.eval1), "--out", str(tmp_path / "cmp")]))
+    assert f"{path} is damaged" in line and "rebuild it with `genome-lm eval` and --overwrite" in line
+    shutil.rmtree(a)
+    shutil.copytree(strata_evaluated.eval0, a)
+    for text, lacks in (("{}", "overall, buckets, config"), ("[1, 2]", "overall, buckets, config"),
+                        ('{"overall": {}, "buckets": [], "config": {"buckets": "log2"}}', "config.seq_len")):
+        (a / "summary.json").write_text(text)
+        line = one_line(capsys, main(["compare", str(a), str(strata_evaluated.eval1), "--out", str(tmp_path / "cmp")]))
+        assert line.endswith(f"{a / 'summary.json'} is not an eval's summary (it has no {lacks}); rebuild it with "
+                             "`genome-lm eval` and --overwrite")
+    assert not (tmp_path / "cmp").exists()

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.outputs import iter_windows
+from genome_lm.eval.outputs import iter_windows, readable
 from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, ratio
 from genome_lm.eval.strata import masks, merged_strata, place, strata_of
 
@@ -137,9 +137,12 @@ class AblationWriter(pq.ParquetWriter):
 
 def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
     """Rows of `context_ablation.parquet`: window, chrom, start, end, strand, target_start, nll float32 [n_L, n]."""
-    pf = pq.ParquetFile(Path(eval_dir) / ABLATION_FILE)
+    path = Path(eval_dir) / ABLATION_FILE
+    with readable(path, "eval"):
+        pf = pq.ParquetFile(path)
     for g in range(pf.num_row_groups):
-        table = pf.read_row_group(g)
+        with readable(path, "eval"):
+            table = pf.read_row_group(g)
         for row in range(table.num_rows):
             rec = {c: table.column(c)[row].as_py() for c in SCHEMA.names[:-1]}
             rec["nll"] = np.asarray(table.column("nll")[row].as_py(), dtype=np.float32)

@@ -3,9 +3,10 @@
 The cache lives beside the output, `PARENT/.NAME.eval-cache/`:
     key.json        what the scores depend on (checkpoint, shards, split, seq_len, engine...)
     w0000042.npz    window 42: `nll` float32 [L] (NaN = not scored), `nll_alt` for --parity
-Each window file is written under a temporary name and renamed, so a killed eval leaves only
-complete windows. A cache whose key differs from the current run is discarded. After the
-outputs are complete the cache is removed.
+The folder is made with the first scored window, so an eval that stops before it has scored one
+leaves nothing. Each window file is written under a temporary name and renamed, so a killed eval
+leaves only complete windows. A cache whose key differs from the current run is discarded. After
+the outputs are complete the cache is removed.
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ class WindowCache:
             if old != key:
                 log.warning("discarding the eval cache %s: it was made with other settings", self.dir)
                 shutil.rmtree(self.dir)
-        if not self.dir.exists():
-            self.dir.mkdir(parents=True)
-            key_file.write_text(json.dumps(key, indent=2, sort_keys=True))
         for tmp in self.dir.glob(".w*.tmp"):  # half-written by a killed run
             tmp.unlink(missing_ok=True)
 
@@ -52,6 +50,10 @@ class WindowCache:
         return self._path(index).exists()
 
     def put(self, index: int, **arrays: np.ndarray) -> None:
+        if not self.dir.exists():  # the first window: the folder and its key
+            self.dir.mkdir(parents=True)
+            with atomic_file(self.dir / "key.json", "w") as f:
+                f.write(json.dumps(self.key, indent=2, sort_keys=True))
         with atomic_file(self._path(index), "wb") as f:  # .wNNNNNNN.npz.*.tmp until complete
             np.savez(f, **arrays)
 

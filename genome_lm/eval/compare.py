@@ -267,10 +267,27 @@ def _pooled_ablation(per_pair: list):
     return common, strata, mean(2), mean(3), n
 
 
+def check_sides(A: list[Path], B: list[Path]) -> None:
+    """What `genome-lm compare` refuses or warns of in its sides (lists of eval directories): an eval
+    given twice on one side is refused (replicates are evals of models trained with different seeds);
+    the same eval(s) on both sides are compared, with a warning that every difference is 0."""
+    for which, dirs in (("A", A), ("B", B)):
+        seen = {}
+        for d in dirs:
+            if d.resolve() in seen:
+                raise GenomeLMError(f"eval {which} lists {seen[d.resolve()]} twice ({d}); replicates are evals of "
+                                    "models trained with different seeds: give each once")
+            seen[d.resolve()] = d
+    if [d.resolve() for d in A] == [d.resolve() for d in B]:
+        log.warning("compare: A and B are the same eval%s (%s); every difference is 0", "s" if len(A) > 1 else "",
+                    ",".join(map(str, A)))
+
+
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:
     """compare_evals(a, b) -> OUT/compare.json (atomically); returns the result."""
     out = Path(out)
     inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
+    check_sides(eval_dirs(a, "A"), eval_dirs(b, "B"))
     claim_output(out, "compare", inputs, overwrite)
     result = compare_evals(a, b, **kwargs)
     with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:

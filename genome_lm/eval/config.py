@@ -3,6 +3,7 @@ flags, `--config FILE.yaml` and `--set` are generated from it (docs/config.md)."
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
@@ -77,6 +78,20 @@ class EvalConfig(BlockSizes):
         if v is not None and v not in DTYPES:
             raise ValueError(f"unknown dtype {v!r}; use float32 or bfloat16 "
                              "(default: float32 on CPU, bfloat16 on CUDA)")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+            raise ValueError(f"unknown device {v!r}; use cpu, cuda or cuda:N (default: cuda if available)")
+        return v
+
+    @field_validator("buckets")
+    @classmethod
+    def _some_buckets(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is empty; use 'log2' or bucket edges such as 0,16,256,4k")
         return v
 
 

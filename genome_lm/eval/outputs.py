@@ -170,5 +170,14 @@ def read_json(directory: str | Path, name: str, command: str) -> dict:
 
 
 def load_summary(eval_dir: str | Path) -> dict:
-    """OUT/summary.json of an eval directory."""
-    return read_json(eval_dir, SUMMARY_FILE, "eval")
+    """OUT/summary.json of an eval directory; one `GenomeLMError` when it lacks what every eval writes
+    (overall, buckets, config.seq_len, config.buckets)."""
+    summary = read_json(eval_dir, SUMMARY_FILE, "eval")
+    config = summary.get("config") if isinstance(summary, dict) else None
+    missing = [k for k in ("overall", "buckets", "config") if not isinstance(summary, dict) or k not in summary
+               or (k == "config" and not isinstance(config, dict))]
+    missing += [f"config.{k}" for k in ("seq_len", "buckets") if isinstance(config, dict) and k not in config]
+    if missing:
+        raise GenomeLMError(f"{Path(eval_dir) / SUMMARY_FILE} is not an eval's summary (it has no "
+                            f"{', '.join(missing)}); rebuild it with `genome-lm eval` and --overwrite")
+    return summary

@@ -72,6 +72,12 @@ def check_inputs(cfg: EvalConfig) -> list:
     if cfg.split == "train":
         log.warning("--split train: scoring the chromosomes the model trained on; the loss measures fit, not "
                     "generalisation (the held-out split is eval)")
+    if cfg.window_pick != "first" and cfg.max_windows is None:
+        log.warning("--window-pick %s without --max-windows: every window of the split is scored, so the pick has "
+                    "no effect (give --max-windows N to score N windows spread over the split)", cfg.window_pick)
+    if cfg.ablation_targets is not None and not cfg.context:
+        log.warning("--ablation-targets %d without --context: no context ablation is run (give --context L1,L2,... "
+                    "to score the last targets at each context length)", cfg.ablation_targets)
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")

@@ -71,6 +71,12 @@ def device_for(cfg, device, world: int) -> torch.device | None:
     if cfg.device is None:
         return None
     dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GenomeLMError(f"--device {cfg.device}: this machine has no CUDA GPU that torch can use "
+                            f"(torch {torch.__version__}); leave out --device to score on the CPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise GenomeLMError(f"--device {cfg.device}: this machine has {torch.cuda.device_count()} GPU(s), "
+                            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return None if world > 1 and dev.type == "cuda" and dev.index is None else dev
 
 

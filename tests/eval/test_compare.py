@@ -38,6 +38,14 @@ def test_compare_with_itself_is_zero(evaluated):
     assert o["diff"] == 0 and o["diff_ci_low"] == 0 and o["diff_ci_high"] == 0 and o["rel_change_pct"] == 0
 
 
+def test_cli_compare_of_an_eval_with_itself_warns(evaluated, tmp_path, caplog):
+    assert main(["compare", str(evaluated.eval0), str(evaluated.eval0) + "/", "--out", str(tmp_path / "c")]) == 0
+    assert f"A and B are the same eval ({evaluated.eval0}); every difference is 0" in caplog.text
+    caplog.clear()
+    assert main(["compare", str(evaluated.eval0), str(evaluated.eval1), "--out", str(tmp_path / "d")]) == 0
+    assert "same eval" not in caplog.text
+
+
 def test_cli_compare_prints_table(evaluated, tmp_path, capsys):
     assert main(["compare", str(evaluated.eval0), str(evaluated.eval1), "--out", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out

@@ -131,6 +131,45 @@ def test_interrupted_eval_resumes(eval_inputs, evaluated, tmp_path, monkeypatch,
     assert not cache_dir_for(tmp_path / "e").exists()
 
 
+def test_an_eval_stopped_before_its_first_window_leaves_no_cache(eval_inputs, tmp_path, monkeypatch, capsys):
+    import genome_lm.eval.run as run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "score_window", interrupted)
+    out = tmp_path / "e"
+    assert main(["eval", "--checkpoint", str(eval_inputs.ckpt0), "--shards", str(eval_inputs.shards), "--out",
+                 str(out), "--max-windows", "2"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "genome-lm eval: interrupted"
+    assert list(tmp_path.iterdir()) == []  # no output, no cache
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--device", "tpu"], "device: unknown device 'tpu'; use cpu, cuda or cuda:N"),
+    (["--device", "cuda"], "--device cuda: this machine has no CUDA GPU that torch can use"),
+    (["--buckets", ""], "buckets: is empty; use 'log2' or bucket edges such as 0,16,256,4k"),
+])
+def test_a_device_or_buckets_that_cannot_be_used_are_one_line(eval_inputs, tmp_path, capsys, flags, expected):
+    if flags[1] == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["eval", "--checkpoint", str(eval_inputs.ckpt0), "--shards", str(eval_inputs.shards), "--out",
+                 str(tmp_path / "e"), "--max-windows", "1", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("genome-lm eval: error: ") and expected in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_flags_without_the_flag_they_qualify_warn(eval_inputs, tmp_path, caplog):
+    args = ["eval", "--checkpoint", str(eval_inputs.ckpt0), "--shards", str(eval_inputs.shards), "--resamples", "20"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--window-pick", "spread", "--ablation-targets", "64"]) == 0
+    assert "--window-pick spread without --max-windows: every window of the split is scored" in caplog.text
+    assert "--ablation-targets 64 without --context: no context ablation is run" in caplog.text
+    caplog.clear()
+    assert main([*args, "--out", str(tmp_path / "b"), "--window-pick", "spread", "--max-windows", "2"]) == 0
+    assert "without --max-windows" not in caplog.text and "without --context" not in caplog.text
+
+
 def test_existing_out_is_refused(evaluated):
     cfg = EvalConfig(checkpoint=str(evaluated.ckpt0), shards=str(evaluated.shards), out=str(evaluated.eval0))
     with pytest.raises(GenomeLMError, match="already exists"):

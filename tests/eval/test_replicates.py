@@ -82,8 +82,12 @@ def test_cli_replicates_and_their_errors(evaluated, tmp_path, capsys):
         assert err and "Traceback" not in "\n".join(err) and not (tmp_path / "bad").exists()
         return err[-1]
 
-    three = f"{evaluated.eval0},{evaluated.eval1},{evaluated.eval0}"
-    assert "3 replicate evals for A and 2 for B" in error(three, pair)
+    copy = tmp_path / "copy"
+    shutil.copytree(evaluated.eval0, copy)
+    assert "3 replicate evals for A and 2 for B" in error(f"{evaluated.eval0},{evaluated.eval1},{copy}", pair)
+    assert error(f"{evaluated.eval0},{evaluated.eval1}", f"{evaluated.eval1},{evaluated.eval1}/.") == (
+        f"genome-lm compare: error: eval B lists {evaluated.eval1} twice ({evaluated.eval1}); replicates are evals of "
+        "models trained with different seeds: give each once")
     assert "nowhere does not exist" in error(f"{evaluated.eval0},{tmp_path / 'nowhere'}", pair)
     short = tmp_path / "short"
     shutil.copytree(evaluated.eval1, short)
