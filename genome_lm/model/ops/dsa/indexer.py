@@ -130,6 +130,10 @@ def chunk_kpool_indexer(
             the final length L passes L // kpool so that ties resolve as in one pass.
     Returns:
         DSASelection with pools int32 [B, T, min(topk // kpool, row_pools)].
+
+    When top-k covers every pool of the row (topk // kpool >= row), every visible pool is picked
+    whatever the scores: nothing is scored, and each query lists its visible pools in pool order
+    (upstream lists the same pools by score). Attention over the selection is the same.
     """
     B, T, HI, DI = q.shape
     P = pool_keys.shape[1]
@@ -137,9 +141,14 @@ def chunk_kpool_indexer(
     if row < P:
         raise ValueError(f"row_pools ({row}) must be >= the number of complete pools ({P})")
     select_k = min(topk // kpool, row)
-    pools = torch.empty(B, T, select_k, dtype=torch.int32, device=q.device)
     neg = torch.finfo(torch.float32).min
     pool_end = torch.arange(row, device=q.device) * kpool + kpool - 1  # last token of each pool
+    if select_k == row:  # every pool: the visible ones, in order
+        pos = start + torch.arange(T, device=q.device)  # [T]
+        pools = torch.arange(row, dtype=torch.int32, device=q.device).expand(T, row)
+        pools = pools.masked_fill(pool_end[None] > pos[:, None], -1)  # [T, row]
+        return DSASelection(pools=pools.expand(B, T, row), kpool=kpool, tail=select_tail, start=start)
+    pools = torch.empty(B, T, select_k, dtype=torch.int32, device=q.device)
     keys_t = pool_keys.float().transpose(1, 2)  # [B, DI, P]
     # One score row buffer for all blocks, [B, block, row]. A block scores only the pv pools
     # complete before its last query; later pools are future for the whole block and keep
