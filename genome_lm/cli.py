@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.outputs import check_out_path
 from genome_lm.utils import Size, add_options, from_args
 
 EXIT_USER_ERROR = 2
@@ -280,6 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the heavy modules load, before a command runs
+        print("genome-lm: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         parser = build_parser()  # imports the model's upstream, which checks the installed transformers
     except GenomeLMError as e:
         print(f"genome-lm: error: {e}", file=sys.stderr)
@@ -292,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        if isinstance(getattr(args, "out", None), str):  # every command's output path
+            check_out_path(args.out)
         args.func(args)
     except GenomeLMError as e:
         print(f"genome-lm {args.command}: error: {e}", file=sys.stderr)

@@ -108,16 +108,25 @@ def what_it_is(path: Path) -> str:
     return "a folder genome_lm did not make"
 
 
+def check_out_path(out: str | os.PathLike, option: str = "--out") -> Path:
+    """`out` as a Path; one `GenomeLMError` line for an empty path (an unset shell variable) and for a
+    literal '~' that the shell did not expand."""
+    if not str(out).strip():
+        raise GenomeLMError(f"{option} is empty (an unset shell variable?); give the path to write")
+    out = Path(out)
+    if out.parts and out.parts[0] == "~":
+        raise GenomeLMError(f"{option} {out} starts with a literal '~' (the shell expands ~ only when it is not "
+                            f"quoted): write {Path.home() / Path(*out.parts[1:])} or another path")
+    return out
+
+
 def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
                  overwrite: bool = False, option: str = "--out") -> None:
     """Refuse, with one `GenomeLMError` line, an `out` that the command may not write (module docstring).
 
     A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
     """
-    out = Path(out)
-    if out.parts and out.parts[0] == "~":
-        raise GenomeLMError(f"{option} {out} starts with a literal '~' (the shell expands ~ only when it is not "
-                            f"quoted): write {Path.home() / Path(*out.parts[1:])} or another path")
+    out = check_out_path(out, option)
     if not out.exists() and not out.is_symlink():
         return
     empty = out.is_dir() and not out.is_symlink() and not any(out.iterdir())

@@ -164,6 +164,26 @@ def test_unmarked_outputs_of_the_same_kind_are_replaced_others_refused(evaluated
         claim_output(old, "eval", overwrite=True)
 
 
+@pytest.mark.parametrize("argv", [["synth"], ["fetch", "--chroms", "chr1"], ["prepare", "--fasta", "g.fa.gz"]])
+@pytest.mark.parametrize("out,expected", [("", "--out is empty (an unset shell variable?); give the path to write"),
+                                          ("~/x.fa.gz", "--out ~/x.fa.gz starts with a literal '~'")])
+def test_an_empty_or_unexpanded_out_is_refused_by_every_command(tmp_path, monkeypatch, capsys, argv, out, expected):
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, [*argv, "--out", out], expected)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys):
+    import genome_lm.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["plan", "glm53-tiny"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["genome-lm: interrupted"]
+
+
 def test_a_literal_tilde_is_refused(tmp_path, monkeypatch):
     from genome_lm.errors import GenomeLMError
     from genome_lm.outputs import claim_output

@@ -230,10 +230,19 @@ def make_params(**overrides) -> SynthParams:
     return validate(SynthParams, overrides, "synthetic genome parameters", unknown="unknown")
 
 
+MAX_BASES = 1_000_000_000  # a whole synthetic genome in memory, ~10 bytes per base while it is built
+
+
 def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | None = None) -> SynthGenome:
     """Generate the genome in memory, with its families and planted copies."""
     params = params or SynthParams()
-    if not (scale > 0) or min(round(c.length * scale) for c in params.chroms) < 5_000:
+    if seed < 0:
+        raise GenomeLMError(f"--seed {seed}: give a whole number >= 0")
+    total = sum(c.length for c in params.chroms) * scale if scale > 0 else 0
+    if total > MAX_BASES:  # inf too
+        raise GenomeLMError(f"--scale {scale} asks for {total:,.0f} bases; the genome is built in memory, up to "
+                            f"{MAX_BASES:,} bases (--scale {MAX_BASES / sum(c.length for c in params.chroms):g})")
+    if not total or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = make_families(np.random.default_rng([seed, 0]), params)
     sequences, copies, segdups = {}, [], []

@@ -25,6 +25,8 @@ and no padding id. Any `Glm5NextTextConfig` field can be overridden.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from typing import Any
 
 from huggingface_hub.errors import StrictDataclassError
@@ -113,6 +115,17 @@ def is_preset(name: str) -> bool:
     return str(name) in PRESETS
 
 
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field (the
+    config would keep it as an attribute nothing reads)."""
+    fields = {f.name for f in dataclasses.fields(Glm5NextTextConfig)}
+    for key in overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=1)
+            hint = f"did you mean {close[0]}?" if close else "give one, e.g. model.overrides.index_topk"
+            raise GenomeLMError(f"model.overrides.{key}: not a field of Glm5NextTextConfig; {hint}")
+
+
 def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
     """The upstream text config of preset `name`, with `overrides` applied.
 
@@ -124,6 +137,7 @@ def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
         raise GenomeLMError(
             f"model: unknown preset {name!r}; use one of {', '.join(PRESETS)} or a checkpoint directory"
         )
+    check_overrides(overrides)
     fields = dict(PRESETS[name])
     if "num_hidden_layers" in overrides:
         for key in ("layer_types", "indexer_types", "mlp_layer_types"):

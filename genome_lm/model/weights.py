@@ -47,6 +47,7 @@ from torch import nn
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.model.presets import check_overrides
 from genome_lm.model.upstream import KEEP_IN_FP32, Glm5NextConfig, Glm5NextTextConfig
 from genome_lm.utils import atomic_directory, umask
 
@@ -149,6 +150,7 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
     path = ckpt_dir / "config.json"
     if not path.is_file():
         raise GenomeLMError(f"model: {ckpt_dir} has no config.json; point model at a Hugging Face checkpoint directory")
+    check_overrides(overrides)
     with _reading(path):
         raw = json.loads(path.read_text())
     model_type = raw.get("model_type")

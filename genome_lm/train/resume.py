@@ -20,10 +20,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
+from genome_lm.utils import read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,11 @@ def taken(key: str) -> bool:
 
 def _stored_config(path: Path) -> dict:
     """config.yaml as the resolved config it was written from (the YAML itself if it no longer validates)."""
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = read_yaml(path, "data, model, train, ...")
+    except GenomeLMError as e:
+        raise GenomeLMError(f"--resume: {e}; it records the settings the run's checkpoints were trained with: "
+                            "restore it, or train into a new --out") from None
     try:
         return ExperimentConfig.model_validate(raw).model_dump(mode="json")
     except ValueError:
@@ -78,7 +81,9 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
     not recorded, so a batch key may not change)."""
     path = run_dir / "config.yaml"
     if not path.is_file():
-        return []
+        raise GenomeLMError(f"--resume: {path} is missing; it records the settings {run_dir}'s checkpoints were "
+                            "trained with, which --resume compares with the new ones key by key: restore it, or "
+                            "train into a new --out")
     found = changes(_stored_config(path), cfg.model_dump(mode="json"))
     same_batch = stored_per_step is not None and stored_per_step == per_step
     refused = [c for c in found if not (taken(c[0]) or (c[0] in BATCH_KEYS and same_batch))]

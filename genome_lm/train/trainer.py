@@ -182,7 +182,9 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
         raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
                             "it, or --out a new run directory")
     if resume and latest is None:
-        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0", ckpt_dir)
+        earlier = [f for f in ("metrics.jsonl", "config.yaml") if (run_dir / f).is_file()]
+        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0%s", ckpt_dir,
+                    f" ({' and '.join(earlier)} of the attempt without a checkpoint start over)" if earlier else "")
     per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
     accepted = []
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written

@@ -315,6 +315,22 @@ def test_cli_config_file_and_set(tmp_path, capsys):
     assert "synth.yaml: unknown key n_familes; did you mean n_families?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,expected", [
+    (["--seed", "-1"], "--seed -1: give a whole number >= 0"),
+    (["--scale", "1e12"], "asks for 4,000,000,000,000,000,000 bases; the genome is built in memory, up to "
+                          "1,000,000,000 bases (--scale 250)"),
+    (["--scale", "inf"], "--scale inf asks for inf bases"),
+    (["--scale", "nan"], "--scale nan is too small"),
+])
+def test_a_seed_or_scale_it_cannot_use_is_one_line(tmp_path, capsys, flags, expected):
+    from genome_lm.cli import main
+
+    assert main(["synth", "--out", str(tmp_path / "g.fa.gz"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch):
     from genome_lm.errors import GenomeLMError
     from genome_lm.genome import synth

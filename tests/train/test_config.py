@@ -73,3 +73,17 @@ def test_relative_shards_are_read_from_the_working_directory(tmp_path, capsys, m
         f"genome-lm train: error: shards has no manifest.json (a relative path: read from the working directory "
         f"{tmp_path}); is it the --out of `genome-lm prepare`?")
     assert not (tmp_path / "r").exists()
+
+
+def test_an_unknown_model_override_is_one_line(tmp_path, tiny_shards, capsys):
+    """A `model.overrides` key that is no config field would sit on the config unread: refused before
+    anything is written, with the nearest field."""
+    from tests.helpers import write_experiment
+
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 1})
+    for key, hint in (("index_top_k", "did you mean index_topk?"),
+                      ("bogus", "give one, e.g. model.overrides.index_topk")):
+        assert main(["train", exp, "--out", str(tmp_path / "run"), "--set", f"model.overrides.{key}=3"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"genome-lm train: error: model.overrides.{key}: not a field of Glm5NextTextConfig; {hint}"]
+        assert not (tmp_path / "run").exists()

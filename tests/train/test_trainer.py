@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,7 +150,14 @@ def test_resume_says_what_it_does(tmp_path, tiny_shards, caplog):
     caplog.clear()
     record = train(load_experiment(exp), out=tmp_path / "fresh", resume=True)
     assert "no checkpoint in" in caplog.text and "starting a fresh run from step 0" in caplog.text
+    assert "start over" not in caplog.text
     assert record["step"] == 2
+    caplog.clear()
+    shutil.rmtree(run / "checkpoints")  # an attempt that left metrics and a config, but no checkpoint
+    assert train(load_experiment(exp), out=run, resume=True)["step"] == 2
+    assert "starting a fresh run from step 0 (metrics.jsonl and config.yaml of the attempt without a checkpoint " \
+           "start over)" in caplog.text
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny_shards, capsys):
@@ -166,6 +174,24 @@ def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "Traceback" not in err and named in err and "train into a new --out" in err
         assert "train.steps" not in err  # steps may change
+        assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_resume_without_a_readable_config_yaml_is_refused(tmp_path, tiny_shards, capsys):
+    """config.yaml is what --resume compares the new settings with: missing or not YAML, the resume is
+    one line naming it, and nothing in the run changes."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run)]) == 0
+    capsys.readouterr()
+    for damage, named in [(lambda p: p.write_text("data: [\n"), "config.yaml is not valid YAML (line 2, column 1)"),
+                          (lambda p: p.unlink(), "config.yaml is missing")]:
+        damage(run / "config.yaml")
+        before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+        assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.steps=3"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("genome-lm train: error: --resume: ") and named in err, err
+        assert "restore it, or train into a new --out" in err
         assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
