@@ -117,3 +117,20 @@ def test_compare_of_a_damaged_ablation_or_a_summary_of_something_else_is_one_lin
         assert line.endswith(f"{a / 'summary.json'} is not an eval's summary (it has no {lacks}); rebuild it with "
                              "`genome-lm eval` and --overwrite")
     assert not (tmp_path / "cmp").exists()
+
+
+def test_compare_of_an_eval_with_a_changed_byte_is_one_line(evaluated, tmp_path, capsys):
+    """Pages are checksummed: bytes flipped in the middle of tokens.parquet (its size unchanged) are
+    found, rather than read as other numbers."""
+    import shutil
+
+    a = tmp_path / "A"
+    shutil.copytree(evaluated.eval0, a)
+    path = a / "tokens.parquet"
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 256] = bytes(b ^ 0x5A for b in data[middle:middle + 256])
+    path.write_bytes(bytes(data))
+    line = one_line(capsys, main(["compare", str(a), str(evaluated.eval1), "--out", str(tmp_path / "cmp")]))
+    assert f"{path} is damaged" in line and "rebuild it with `genome-lm eval` and --overwrite" in line
+    assert not (tmp_path / "cmp").exists()

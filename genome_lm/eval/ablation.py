@@ -126,7 +126,7 @@ class AblationWriter(pq.ParquetWriter):
     """`context_ablation.parquet`, one row group per window taking part; a context manager."""
 
     def __init__(self, path: Path):
-        super().__init__(str(path), SCHEMA, compression="zstd")
+        super().__init__(str(path), SCHEMA, compression="zstd", write_page_checksum=True)
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, target_start: int,
             nll: np.ndarray) -> None:
@@ -139,7 +139,7 @@ def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
     """Rows of `context_ablation.parquet`: window, chrom, start, end, strand, target_start, nll float32 [n_L, n]."""
     path = Path(eval_dir) / ABLATION_FILE
     with readable(path, "eval"):
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     for g in range(pf.num_row_groups):
         with readable(path, "eval"):
             table = pf.read_row_group(g)

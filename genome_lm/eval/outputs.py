@@ -14,7 +14,8 @@ flag, as in the shards); optional columns, present only when the eval has them:
 Masks are in token order, like the NLL. Token j of a window maps to genome position `start + j`
 on '+' rows and `end - 1 - j` on '-' rows (which hold the reverse complement). Its preceding
 context is `j % seq_len` (seq_len from summary.json's config). One row group per row, so
-readers stream window by window.
+readers stream window by window. Every data page carries a CRC32 checksum that the readers here
+verify: a changed byte is a "damaged" error naming the file, not a changed number.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class TokensWriter(pq.ParquetWriter):
 
     def __init__(self, path: Path, leakage: bool = False, annotations: list[str] = (), strands: bool = False):
         self.schema_ = schema(leakage, annotations, strands)
-        super().__init__(str(path), self.schema_, compression="zstd")
+        super().__init__(str(path), self.schema_, compression="zstd", write_page_checksum=True)
 
     def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
             repeat_packed: np.ndarray, leakage_packed: np.ndarray | None = None,
@@ -109,7 +110,8 @@ def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str,
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         has_rc = "reverse_complement" in pq.read_schema(path).names
-        table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []))
+        table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []),
+                              page_checksum_verification=True)
     meta = {c: table.column(c).to_numpy(zero_copy_only=False) for c in META_COLUMNS}
     meta["rc"] = (table.column("reverse_complement").to_numpy(zero_copy_only=False).astype(bool) if has_rc
                   else np.zeros(table.num_rows, dtype=bool))
@@ -139,7 +141,7 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
     only the rows with rc False / True."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     names = annotation_names(eval_dir)
     for g in range(pf.num_row_groups):
         with readable(path, "eval"):
