@@ -127,6 +127,11 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
     """
     out = check_out_path(out, option)
+    for path in inputs:  # an output inside an input folder: a rebuild or rotation of the input removes it
+        folder = Path(path).resolve()
+        if folder.is_dir() and folder in out.resolve().parents:
+            raise GenomeLMError(f"{option} {out} lies inside this command's input {path}; write the output outside "
+                                f"it, e.g. {option} {folder.parent / out.name}")
     if not out.exists() and not out.is_symlink():
         return
     empty = out.is_dir() and not out.is_symlink() and not any(out.iterdir())

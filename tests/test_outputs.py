@@ -173,6 +173,19 @@ def test_an_empty_or_unexpanded_out_is_refused_by_every_command(tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_inside_an_input_folder_is_refused(evaluated, tmp_path, capsys):
+    """eval into its own shards, compare into one of its evals: a rebuild of the input would remove it."""
+    shards, ev = tmp_path / "S", tmp_path / "A"
+    shutil.copytree(evaluated.shards, shards)
+    shutil.copytree(evaluated.eval0, ev)
+    before = snapshot(shards, ev)
+    refused(capsys, eval_args(evaluated.ckpt0, shards, shards / "ev"),
+            f"--out {shards / 'ev'} lies inside this command's input {shards}; write the output outside it")
+    refused(capsys, ["compare", str(ev), str(evaluated.eval1), "--out", str(ev / "cmp")],
+            f"--out {ev / 'cmp'} lies inside this command's input {ev}")
+    assert snapshot(shards, ev) == before
+
+
 def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys):
     import genome_lm.cli as cli
 

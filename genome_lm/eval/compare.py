@@ -49,9 +49,14 @@ def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
     ma, mb = read_meta(a, orientation), read_meta(b, orientation)
     keys = ("chrom", "start", "end", "strand")
     if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
+        n = min(len(ma["window"]), len(mb["window"]))
+        i = next((i for i in range(n) if any(ma[k][i] != mb[k][i] for k in keys)), n)
+        where = lambda m: f"{m['chrom'][i]}:{m['start'][i]}-{m['end'][i]} ({m['strand'][i]})" \
+            if i < len(m["window"]) else "none"  # noqa: E731
         raise GenomeLMError(
-            f"{a} and {b} scored different windows ({len(ma['window'])} vs {len(mb['window'])}); "
-            "evaluate both with the same --shards, --split, --max-windows and --window-pick"
+            f"{a} and {b} scored different windows ({len(ma['window'])} vs {len(mb['window'])}; window {i}: "
+            f"{where(ma)} vs {where(mb)}); evaluate both with the same --shards, --split, --max-windows and "
+            "--window-pick"
         )
     return ma
 

@@ -83,6 +83,10 @@ def check_inputs(cfg: EvalConfig) -> list:
                             "or a model directory")
     manifest, ds = _inputs(cfg)
     lengths = window_lengths(ds, cfg.max_windows, cfg.window_pick)
+    if cfg.seq_len and cfg.seq_len > lengths.max():
+        log.warning("--seq-len %d is longer than every window scored (at most %d tokens): each is scored whole, so no "
+                    "token has more than %d tokens of context (prepare longer windows for more)", cfg.seq_len,
+                    lengths.max(), lengths.max() - 1)
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)

@@ -199,7 +199,6 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
     names = list(dict.fromkeys(add_chr_prefix(c) for c in chroms))
     if not names:
         raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
-    check_writable(out_dir)
     sums = read_md5sums(base_url)
     missing = [n for n in names if f"{n}.fa.gz" not in sums]
     if missing:
@@ -209,16 +208,22 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             f"{', '.join(missing)} not found in {base_url}/md5sum.txt "
             f"(it lists: {shown or 'no .fa.gz files'}); check --chroms"
         )
-
+    existed = out_dir.exists()
+    check_writable(out_dir)  # made once the server and the names are known to be good
     paths = [out_dir / f"{name}.fa.gz" for name in names]
-    for final in paths:
-        md5 = sums[final.name]
-        if final.exists():
-            if md5_file(final) == md5:
-                log.info("%s already present, md5 %s matches; skipped", final, md5)
-                continue
-            log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is replaced "
-                        "only once the new one is verified)", final, md5)
-        log.info("downloading %s/%s -> %s", base_url, final.name, final)
-        _fetch_one(f"{base_url}/{final.name}", final, md5)
+    try:
+        for final in paths:
+            md5 = sums[final.name]
+            if final.exists():
+                if md5_file(final) == md5:
+                    log.info("%s already present, md5 %s matches; skipped", final, md5)
+                    continue
+                log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is "
+                            "replaced only once the new one is verified)", final, md5)
+            log.info("downloading %s/%s -> %s", base_url, final.name, final)
+            _fetch_one(f"{base_url}/{final.name}", final, md5)
+    except BaseException:
+        if not existed and not any(out_dir.iterdir()):  # it made the folder and kept nothing in it
+            out_dir.rmdir()
+        raise
     return paths

@@ -274,5 +274,12 @@ def load_shards(directory: str | os.PathLike, split: str = "train"):
     if split not in manifest["splits"]:
         raise GenomeLMError(f"{directory} has no {split!r} split (it has: {', '.join(manifest['splits'])})")
     check_shards(directory, manifest, [split])
-    ds = datasets.load_from_disk(str(Path(directory) / split))
+    try:
+        ds = datasets.load_from_disk(str(Path(directory) / split))
+    except (OSError, ValueError) as e:  # arrow files of the recorded sizes that do not parse
+        if isinstance(e, OSError) and e.errno is not None:
+            raise  # a file-system error (permissions), not a damaged file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise GenomeLMError(f"the shards in {directory} are damaged: {split}/ does not load ({first}); "
+                            f"{REBUILD}") from None
     return ds.with_format("numpy", dtype=None)  # dtype=None keeps uint8 tokens (the default casts to int64)

@@ -18,6 +18,7 @@ step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -52,7 +53,7 @@ from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.resume import accept_resume, record_resume
 from genome_lm.train.schedule import make_optimizer, make_scheduler
-from genome_lm.utils import set_tf32
+from genome_lm.utils import read_yaml, set_tf32
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,7 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
         raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
                             "it, or --out a new run directory")
     if resume and latest is None:
+        check_never_checkpointed(run_dir)
         earlier = [f for f in ("metrics.jsonl", "config.yaml") if (run_dir / f).is_file()]
         log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0%s", ckpt_dir,
                     f" ({' and '.join(earlier)} of the attempt without a checkpoint start over)" if earlier else "")
@@ -190,6 +192,32 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
         accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
     return RunDir(run_dir, latest if resume else None, accepted, marker is None, run_dir.exists(), per_step)
+
+
+def check_never_checkpointed(run_dir: Path) -> None:
+    """A `--resume` that finds no checkpoint starts afresh only when the run never wrote one (an attempt
+    stopped before its first): when metrics.jsonl records a step at which config.yaml's run saved one
+    (a multiple of checkpoint_every, or its last step), its checkpoints were removed, and starting over
+    would replace its history. Refused in one line."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    steps = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    try:
+        train_cfg = read_yaml(run_dir / "config.yaml", "data, model, train, ...").get("train") or {}
+        every, last = int(train_cfg.get("checkpoint_every", 0)), int(train_cfg.get("steps", 0))
+    except (GenomeLMError, ValueError, TypeError, AttributeError):
+        every, last = 1, 0  # no readable config: any logged step counts
+    saved = [s for s in steps if (every and s % every == 0) or s == last]
+    if saved:
+        raise GenomeLMError(f"--resume: {run_dir} has no checkpoint, but its metrics.jsonl records step {max(saved)}, "
+                            "where the run saved one: its checkpoints were removed, and starting over would replace "
+                            "its history. Train into a new --out (or move metrics.jsonl away to start this run afresh)")
 
 
 def discard_unstarted(rd: RunDir) -> None:

@@ -65,7 +65,8 @@ def test_cli_compare_mismatched_evals(evaluated, tmp_path, capsys):
     table = pq.read_table(short / "tokens.parquet")
     pq.write_table(table.slice(0, 2), short / "tokens.parquet")
     assert main(["compare", str(evaluated.eval0), str(short), "--out", str(tmp_path / "c")]) == 2
-    assert "scored different windows" in _one_line_error(capsys, "compare")
+    line = _one_line_error(capsys, "compare")
+    assert "scored different windows (3 vs 2; window 2: " in line and " vs none)" in line, line
     assert not (tmp_path / "c").exists()
 
 

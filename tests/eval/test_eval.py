@@ -168,6 +168,10 @@ def test_flags_without_the_flag_they_qualify_warn(eval_inputs, tmp_path, caplog)
     caplog.clear()
     assert main([*args, "--out", str(tmp_path / "b"), "--window-pick", "spread", "--max-windows", "2"]) == 0
     assert "without --max-windows" not in caplog.text and "without --context" not in caplog.text
+    assert "is longer than every window" not in caplog.text
+    assert main([*args, "--out", str(tmp_path / "c"), "--max-windows", "1", "--seq-len", "64k"]) == 0
+    assert "--seq-len 65536 is longer than every window scored (at most 1024 tokens): each is scored whole" \
+        in caplog.text
 
 
 def test_existing_out_is_refused(evaluated):

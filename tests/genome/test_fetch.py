@@ -161,10 +161,10 @@ def test_a_file_that_disagrees_with_md5sum_txt_is_named_as_such_not_rerun(server
     got = hashlib.md5(server.files["chr22.fa.gz"]).hexdigest()
     with pytest.raises(GenomeLMError, match=f"checksum mismatch.*expected md5 {expected}.*got {got} from two whole "
                        "downloads; the server's file and its md5sum.txt disagree, so a rerun will not help") as e:
-        fetch_chromosomes(["chr22"], tmp_path, base_url=server.base_url)
+        fetch_chromosomes(["chr22"], tmp_path / "data", base_url=server.base_url)
     assert "rerun `genome-lm fetch`" not in str(e.value)
     assert [r for r in server.file_requests() if r[1] is None] == [("chr22.fa.gz", None)] * 2  # twice, from 0
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # the folder it made, empty, is gone too
 
 
 def test_a_transfer_corrupted_once_is_downloaded_again_and_verified(server, tmp_path, caplog):
@@ -185,9 +185,9 @@ def test_a_transfer_corrupted_once_is_downloaded_again_and_verified(server, tmp_
 
 def test_missing_chromosome_is_an_error_before_any_download(server, tmp_path):
     with pytest.raises(GenomeLMError, match=r"chr7 not found in .*md5sum\.txt.*chr1, chr22.*--chroms"):
-        fetch_chromosomes(["chr1", "7"], tmp_path, base_url=server.base_url)
+        fetch_chromosomes(["chr1", "7"], tmp_path / "data", base_url=server.base_url)
     assert server.file_requests() == []
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # no folder made
 
 
 def test_present_file_with_matching_md5_is_skipped(server, tmp_path, caplog):

@@ -375,3 +375,19 @@ def test_a_requested_chromosome_or_split_that_gives_nothing_warns(tmp_path, geno
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(expect in w for w in warnings), warnings
     assert ("train" in manifest["splits"]) == (case != "no train chromosomes")
+
+
+def test_shards_whose_arrow_file_does_not_parse_are_one_line(tmp_path, genome):
+    """Bytes changed at the start of a split's .arrow file (its size as recorded) make it unreadable:
+    loading the split says so in one line with the rebuild."""
+    fa = write_fasta(tmp_path / "g.fa", genome)
+    out = tmp_path / "out"
+    run_prepare([fa], out)
+    arrow = sorted((out / "eval").glob("*.arrow"))[0]
+    data = bytearray(arrow.read_bytes())
+    data[:64] = bytes(b ^ 0x5A for b in data[:64])
+    arrow.write_bytes(bytes(data))
+    with pytest.raises(GenomeLMError, match=rf"the shards in {re.escape(str(out))} are damaged: eval/ does not load "
+                                            r"\(.+\); rebuild them with the same `genome-lm prepare`") as err:
+        load_shards(out, "eval")
+    assert "\n" not in str(err.value)

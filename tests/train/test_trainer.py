@@ -152,8 +152,14 @@ def test_resume_says_what_it_does(tmp_path, tiny_shards, caplog):
     assert "no checkpoint in" in caplog.text and "starting a fresh run from step 0" in caplog.text
     assert "start over" not in caplog.text
     assert record["step"] == 2
-    caplog.clear()
-    shutil.rmtree(run / "checkpoints")  # an attempt that left metrics and a config, but no checkpoint
+    shutil.rmtree(run / "checkpoints")  # removed after the run: its history records the step it saved
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(GenomeLMError, match=r"has no checkpoint, but its metrics.jsonl records step 2, where the run "
+                                            r"saved one: its checkpoints were removed"):
+        train(load_experiment(exp), out=run, resume=True)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    caplog.clear()  # an attempt stopped before its first checkpoint (step 2) left metrics and a config
+    (run / "metrics.jsonl").write_text(before.splitlines()[0] + "\n")
     assert train(load_experiment(exp), out=run, resume=True)["step"] == 2
     assert "starting a fresh run from step 0 (metrics.jsonl and config.yaml of the attempt without a checkpoint " \
            "start over)" in caplog.text
