@@ -206,10 +206,11 @@ def _check_upstream(args) -> None:
     print(check_all())
 
 
-def storage_message(e: OSError) -> str:
-    """One line for a storage failure: what happened, where, and what to do. Outputs are written
-    under temporary names and renamed when complete, so a failed write leaves no output that looks whole."""
-    where = f" writing {e.filename}" if e.filename else ""
+def storage_message(e: OSError, out: str | None = None) -> str:
+    """One line for a storage failure: what happened, where (the file, else the command's `out`), and
+    what to do. Outputs are written under temporary names and renamed when complete, so a failed write
+    leaves no output that looks whole."""
+    where = f" writing {e.filename}" if e.filename else f" writing under --out {out}" if out else ""
     fix = ("free space there or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT)
            else "choose a writable --out")
     return f"{STORAGE_ERRORS[e.errno]}{where}; {fix} (outputs are renamed into place only when complete)"
@@ -310,7 +311,9 @@ def _main(argv: list[str] | None) -> int:
     except OSError as e:
         if e.errno not in STORAGE_ERRORS:
             raise
-        print(f"genome-lm {args.command}: error: {storage_message(e)}{_kept(args)}", file=sys.stderr)
+        out = getattr(args, "out", None)
+        print(f"genome-lm {args.command}: error: {storage_message(e, out if isinstance(out, str) else None)}"
+              f"{_kept(args)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"genome-lm {args.command}: interrupted{_kept(args)}", file=sys.stderr)
