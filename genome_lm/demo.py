@@ -27,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.fasta import check_writable
 from genome_lm.progress import minutes
 from genome_lm.utils import apply_override, validate
 
@@ -69,6 +70,24 @@ class Recipe(BaseModel):
         if not all(x.isdigit() for x in seeds) or len(set(map(int, seeds))) != len(seeds) or "1" in seeds:
             raise ValueError("expected distinct whole numbers other than 1 (the experiments' own seed), e.g. 2,3")
         return ",".join(seeds)
+
+    @model_validator(mode="after")
+    def _sizes_and_model(self) -> "Recipe":
+        """What later steps would refuse, refused before any work: the window and context sizes, each
+        context length below the ablation's targets (the last 1/8 of a window), the model preset."""
+        from genome_lm.model.presets import is_preset
+        from genome_lm.utils import parse_size
+
+        window = parse_size(self.window, "window")
+        for length in [x for x in self.context.split(",") if x.strip()]:
+            if parse_size(length.strip(), "context") > window - window // 8:
+                raise ValueError(f"context {length.strip()} is too long for window {self.window}: the ablation's "
+                                 f"targets are the last 1/8 of a window, so a length is at most "
+                                 f"{window - window // 8:,} tokens")
+        if not is_preset(self.model) and not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"model {self.model!r} is neither a preset (glm53-demo, glm53-tiny, ...) nor a model "
+                             "directory")
+        return self
 
     def seed_list(self) -> list[int]:
         return [int(x) for x in self.extra_seeds.split(",") if x]
@@ -251,6 +270,7 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
 
     r, tag = recipe(quick, overrides)
+    check_writable(Path(root), "--root")
     fasta = root / "data" / "generated" / f"{tag}.fa.gz"
     shards = root / "shards" / tag
     runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}

@@ -118,6 +118,18 @@ def test_recipe_override_errors_name_the_field(item, message, capsys, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.parametrize("items, message", [
+    (["window=abc"], "window: cannot read 'abc' as a size"),
+    (["window=1k", "context=4k"], "context 4k is too long for window 1k: the ablation's targets are the last 1/8"),
+    (["model=glm53-nope"], "model 'glm53-nope' is neither a preset"),
+])
+def test_a_recipe_later_steps_would_refuse_is_refused_before_any_work(items, message, capsys, tmp_path):
+    assert main(["--quick", "--root", str(tmp_path), *[a for item in items for a in ("--set", item)]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not any(tmp_path.iterdir())  # no genome synthesized, no shards, no run
+
+
 def test_experiments_come_from_the_checkout_else_the_installed_copy(tmp_path, monkeypatch):
     """`pip install .` (not editable) has no experiments/ beside the package: the data-files copy serves."""
     from genome_lm import demo

@@ -113,8 +113,11 @@ def check_readable(path: str | os.PathLike) -> int:
     return size
 
 
-def check_writable(directory: Path) -> None:
-    """Create `directory` if needed; raise GenomeLMError if files cannot be written in it."""
+def check_writable(directory: Path, option: str = "--out") -> None:
+    """Create `directory` if needed; raise GenomeLMError if files cannot be written in it (`option`:
+    the flag that named it)."""
+    if directory.exists() and not directory.is_dir():
+        raise GenomeLMError(f"{option} {directory} is a file; give a folder")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".genome-lm-write-test.{os.getpid()}"
@@ -122,7 +125,7 @@ def check_writable(directory: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise GenomeLMError(f"cannot write to {directory} ({e.strerror}); "
-                            "choose a writable directory with --out") from None
+                            f"choose a writable directory with {option}") from None
 
 
 class FastaReader:

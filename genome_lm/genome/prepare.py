@@ -157,8 +157,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
     if overwrite or not any(out.iterdir()):
         return None
     if not (out / "manifest.json").exists():
-        raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards; "
-                            "pass --overwrite or choose another --out")
+        raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards (--overwrite replaces only "
+                            "shards): choose another --out")
     existing = load_manifest(out)
     inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
     if existing.get("parameters") == params.recorded() and inputs == [(r.size, sha256_file(r.path)) for r in readers]:

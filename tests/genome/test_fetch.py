@@ -220,6 +220,8 @@ def test_unwritable_out_dir(server, tmp_path):
     blocker.write_text("x")
     with pytest.raises(GenomeLMError, match="cannot write to .*a_file/hg38.*--out"):
         fetch_chromosomes(["chr22"], blocker / "hg38", base_url=server.base_url)
+    with pytest.raises(GenomeLMError, match=f"^--out {blocker} is a file; give a folder$"):
+        fetch_chromosomes(["chr22"], blocker, base_url=server.base_url)
 
 
 def test_cli_exit_codes_and_no_traceback(server, tmp_path, capsys):

@@ -391,3 +391,14 @@ def test_shards_whose_arrow_file_does_not_parse_are_one_line(tmp_path, genome):
                                             r"\(.+\); rebuild them with the same `genome-lm prepare`") as err:
         load_shards(out, "eval")
     assert "\n" not in str(err.value)
+
+
+def test_a_folder_of_other_files_is_not_offered_overwrite(tmp_path, genome):
+    fa = write_fasta(tmp_path / "g.fa", genome)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("x")
+    with pytest.raises(GenomeLMError, match=r"holds no genome_lm shards \(--overwrite replaces only shards\): "
+                                            r"choose another --out$"):
+        run_prepare([fa], out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
