@@ -90,7 +90,9 @@ def build(args):
     gpus = args.gpus
     if gpus is None:
         if cfg.parallel.dp == "auto":
-            raise GenomeLMError("plan: --gpus is required (the experiment's parallel.dp is auto)")
+            raise GenomeLMError("plan: --gpus is required (the experiment's parallel.dp is auto)" if args.experiment
+                                else f"plan --model {args.model}: give --gpus N (with --model, the layout is data "
+                                "parallel over N GPUs)")
         gpus = cfg.parallel.cp * cfg.parallel.dp
     if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
         cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp

@@ -68,6 +68,8 @@ def test_fit_says_when_nothing_fits(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu", "a100"], "unknown GPU"),
+    (["--model", "glm53-tiny", "--seq-len", "64"], "plan --model glm53-tiny: give --gpus N (with --model, the layout "
+                                                    "is data parallel over N GPUs)"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "0GiB"], "--gpu-mem"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "lots"], "--gpu-mem"),
     (["--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--gpu-mem", "512MiB"], "--gpu-mem"),
