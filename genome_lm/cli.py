@@ -301,9 +301,11 @@ def _main(argv: list[str] | None) -> int:
         format=f"%(asctime)s {f'rank{rank} ' if 'RANK' in os.environ else ''}%(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    out = getattr(args, "out", None)
+    out = out if isinstance(out, str) else None  # every command's output path (train's may be None)
     try:
-        if isinstance(getattr(args, "out", None), str):  # every command's output path
-            check_out_path(args.out)
+        if out is not None:
+            check_out_path(out)
         args.func(args)
     except GenomeLMError as e:
         print(f"genome-lm {args.command}: error: {e}", file=sys.stderr)
@@ -311,9 +313,7 @@ def _main(argv: list[str] | None) -> int:
     except OSError as e:
         if e.errno not in STORAGE_ERRORS:
             raise
-        out = getattr(args, "out", None)
-        print(f"genome-lm {args.command}: error: {storage_message(e, out if isinstance(out, str) else None)}"
-              f"{_kept(args)}", file=sys.stderr)
+        print(f"genome-lm {args.command}: error: {storage_message(e, out)}{_kept(args)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"genome-lm {args.command}: interrupted{_kept(args)}", file=sys.stderr)

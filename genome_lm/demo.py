@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.progress import minutes
-from genome_lm.utils import apply_override, validate
+from genome_lm.utils import apply_override, parse_size, validate
 
 log = logging.getLogger("genome_lm.demo")
 SOURCE_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -76,7 +76,6 @@ class Recipe(BaseModel):
         """What later steps would refuse, refused before any work: the window and context sizes, each
         context length below the ablation's targets (the last 1/8 of a window), the model preset."""
         from genome_lm.model.presets import is_preset
-        from genome_lm.utils import parse_size
 
         window = parse_size(self.window, "window")
         for length in [x for x in self.context.split(",") if x.strip()]:

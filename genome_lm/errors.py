@@ -7,3 +7,9 @@ without a traceback, and exits non-zero.
 
 class GenomeLMError(Exception):
     """A user-facing error: `str(err)` is a complete, one-line explanation with a fix."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of `e`'s message (at most 200 characters; its type when it has none), for
+    one-line messages about a file that does not parse."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import GenomeLMError, first_line
 from genome_lm.genome.tokenizer import unpack_mask
 
 TOKENS_FILE = "tokens.parquet"
@@ -99,9 +99,8 @@ def readable(path: Path, command: str) -> Iterator[None]:
     except (ValueError, pa.ArrowException, OSError) as e:
         if isinstance(e, OSError) and not isinstance(e, pa.ArrowException) and e.errno is not None:
             raise  # a file-system error (permissions, a full disk), not a damaged file
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise GenomeLMError(f"{path} is damaged ({first}); rebuild it with `genome-lm {command}` and --overwrite") \
-            from None
+        raise GenomeLMError(f"{path} is damaged ({first_line(e)}); rebuild it with `genome-lm {command}` and "
+                            "--overwrite") from None
 
 
 def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str, np.ndarray]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import GenomeLMError, first_line
 
 SPLITS = ("train", "eval")
 BATCH_TOKENS = 1 << 20  # rows are grouped into Arrow record batches of about this many tokens
@@ -279,7 +279,6 @@ def load_shards(directory: str | os.PathLike, split: str = "train"):
     except (OSError, ValueError) as e:  # arrow files of the recorded sizes that do not parse
         if isinstance(e, OSError) and e.errno is not None:
             raise  # a file-system error (permissions), not a damaged file
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise GenomeLMError(f"the shards in {directory} are damaged: {split}/ does not load ({first}); "
+        raise GenomeLMError(f"the shards in {directory} are damaged: {split}/ does not load ({first_line(e)}); "
                             f"{REBUILD}") from None
     return ds.with_format("numpy", dtype=None)  # dtype=None keeps uint8 tokens (the default casts to int64)

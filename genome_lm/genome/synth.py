@@ -238,10 +238,11 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     params = params or SynthParams()
     if seed < 0:
         raise GenomeLMError(f"--seed {seed}: give a whole number >= 0")
-    total = sum(c.length for c in params.chroms) * scale if scale > 0 else 0
+    bases = sum(c.length for c in params.chroms)  # at scale 1
+    total = bases * scale if scale > 0 else 0
     if total > MAX_BASES:  # inf too
         raise GenomeLMError(f"--scale {scale} asks for {total:,.0f} bases; the genome is built in memory, up to "
-                            f"{MAX_BASES:,} bases (--scale {MAX_BASES / sum(c.length for c in params.chroms):g})")
+                            f"{MAX_BASES:,} bases (--scale {MAX_BASES / bases:g})")
     if not total or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = make_families(np.random.default_rng([seed, 0]), params)

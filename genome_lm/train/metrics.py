@@ -65,19 +65,28 @@ def rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def logged_steps(path: Path) -> tuple[list[tuple[int, str]], list[int]]:
+    """metrics.jsonl's records as (step, line), and the numbers of the lines that are not whole JSON
+    records with a step (a line cut short by a killed run or a full disk)."""
+    records, damaged = [], []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError):
+            damaged.append(n)
+    return records, damaged
+
+
 class MetricsLog:
     """Appends one JSON object per optimizer step to `metrics.jsonl`, mirrors it to wandb."""
 
     def __init__(self, run_dir: Path, wandb_mode: str, project: str, name: str, config: dict, resume_step: int = 0):
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():  # keep only the history up to the checkpoint we resume from
-            kept, damaged = [], []
-            for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
-                try:
-                    if line.strip() and json.loads(line)["step"] <= resume_step:
-                        kept.append(line)
-                except (ValueError, KeyError, TypeError):  # a line cut short by a killed run or a full disk
-                    damaged.append(n)
+            records, damaged = logged_steps(self.path)
+            kept = [line for step, line in records if step <= resume_step]
             if damaged:
                 log.warning("%s: dropped line(s) %s, which are not whole JSON records (a write cut short)",
                             self.path, ", ".join(map(str, damaged)))

@@ -18,7 +18,6 @@ step), `checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -49,7 +48,7 @@ from genome_lm.train.checkpoint import (
 )
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.memory import host_bytes
-from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
+from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory, logged_steps
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.resume import accept_resume, record_resume
 from genome_lm.train.schedule import make_optimizer, make_scheduler
@@ -202,12 +201,7 @@ def check_never_checkpointed(run_dir: Path) -> None:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return
-    steps = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            steps.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue
+    steps = [step for step, _ in logged_steps(path)[0]]
     try:
         train_cfg = read_yaml(run_dir / "config.yaml", "data, model, train, ...").get("train") or {}
         every, last = int(train_cfg.get("checkpoint_every", 0)), int(train_cfg.get("steps", 0))
