@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from genome_lm.model.ops.hc import layer as hc_layer
-from genome_lm.model.ops.hc.layer import RecomputedHyperConnection, lean_hc_forward, upstream_hc_forward
+from genome_lm.model.ops.hc.layer import RecomputedHyperConnection, lean_hc_forward, sinkhorn, upstream_hc_forward
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.kda import gate as gate_mod
 from genome_lm.model.ops.kda.conv import ShortConvFunction, conv_tail, short_conv
@@ -251,6 +251,31 @@ def test_recomputed_hyper_connection_matches_upstream(small_blocks, dtype, tol):
     for name in grads_ref:
         assert grads[name].dtype == grads_ref[name].dtype
         assert_close(name, grads[name], grads_ref[name], tol)
+
+
+def upstream_sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """The loop of `Glm5NextTextHyperConnection.forward`, as upstream writes it."""
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+@pytest.mark.parametrize("shape", [(1, 8192, 4, 4), (8, 256, 4, 4), (2, 77, 4, 4), (3, 5, 2, 2)])
+def test_sinkhorn_is_upstreams_bit_for_bit(shape):
+    gen = torch.Generator().manual_seed(shape[1])
+    w, dy = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+    results = []
+    for fn in (sinkhorn, upstream_sinkhorn):
+        x = w.clone().requires_grad_()
+        y = fn(torch.softmax(x, dim=-1) + 1e-6, 20, 1e-6)
+        y.backward(dy)
+        assert y.is_contiguous()
+        results.append((y.detach(), x.grad))
+    (y, dx), (y_ref, dx_ref) = results
+    assert torch.equal(y, y_ref)
+    assert torch.equal(dx, dx_ref)
 
 
 def test_hc_recompute_keeps_no_float32_stream_copy():

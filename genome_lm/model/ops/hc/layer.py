@@ -28,7 +28,7 @@ from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.norm.rms import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 
-__all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "upstream_hc_forward"]
+__all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "sinkhorn", "upstream_hc_forward"]
 
 upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 [S·D] temporaries
@@ -115,11 +115,25 @@ def lean_hc_forward(self, hidden_streams: torch.Tensor):
     pre = torch.sigmoid(pre_w * pre_scale + pre_b) + self.hc_eps
     post = 2 * torch.sigmoid(post_w * post_scale + post_b)
     comb = torch.softmax(comb_w * comb_scale + comb_b, dim=-1) + self.hc_eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)  # Sinkhorn, as upstream
-    for _ in range(self.hc_sinkhorn_iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+    comb = sinkhorn(comb, self.hc_sinkhorn_iters, self.hc_eps)
     return post, comb, hc_collapse(pre, hidden_streams)
+
+
+def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Upstream's Sinkhorn normalisation of comb [..., S, S]: columns, then `iters - 1` times rows
+    and columns, each divided by its sum + eps. -> [..., S, S] contiguous, bit for bit upstream's
+    values and gradients.
+
+    The loop runs on an [S, S, ...] copy: a sum over an [S, S] axis is then S - 1 element-wise adds
+    of contiguous token vectors, in the order upstream's sum over a trailing axis of S takes, instead
+    of a strided reduction of S elements per token (3x faster forward at 8k tokens).
+    """
+    c = comb.movedim((-2, -1), (0, 1)).contiguous()  # [S, S, ...]
+    c = c / (c.sum(dim=0, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(dim=1, keepdim=True) + eps)
+        c = c / (c.sum(dim=0, keepdim=True) + eps)
+    return c.movedim((0, 1), (-2, -1)).contiguous()
 
 
 class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnection):
