@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint bench clean
+.PHONY: setup compiled lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -22,25 +22,36 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# torch first, so nothing later pulls a multi-GB CUDA build.
+# torch first, so nothing later pulls a multi-GB CUDA build. Installs skip byte-compiling
+# (--no-compile, as uv does by default): a demo imports a small part of what is installed, and
+# compiling all of it takes longer than the install; the test targets compile once (.compiled).
 $(VENV)/.torch: | $(BIN)/python
-	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q --no-compile "$(TORCH_SPEC)"
 	touch $@
 
 # The lock as it is (--no-deps: nothing resolves at install time), then genome_lm itself, then a
 # check that the whole venv, torch included, is consistent.
 $(VENV)/.installed: pyproject.toml $(LOCK) $(VENV)/.torch
-	$(PIP) install -q --no-deps --require-hashes -r $(LOCK)
-	$(PIP) install -q --no-deps -e .
+	$(PIP) install -q --no-compile --no-deps --require-hashes -r $(LOCK)
+	$(PIP) install -q --no-compile --no-deps -e .
 	$(PIP) check
 	touch $@
 
 setup: $(VENV)/.installed
 
+# Byte-code for everything installed, on all cores, for the suite's many subprocesses (each would
+# otherwise parse torch and transformers anew). As pip's own compile step, it skips files this
+# Python cannot compile (torch's Python 3.12-only test helpers).
+$(VENV)/.compiled: $(VENV)/.installed
+	$(BIN)/python -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
+	touch $@
+
+compiled: $(VENV)/.compiled
+
 demo: setup
 	$(BIN)/genome-lm demo
 
-test: setup
+test: compiled
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # fla's Triton kernels on CPU tensors under Triton's interpreter (tests/interpret; docs/testing.md).
@@ -54,12 +65,12 @@ $(INTERPRET_DIR)/.installed: | $(VENV)/.installed
 	$(PIP) install -q --no-deps --target $(INTERPRET_DIR) "$(TRITON_SPEC)"
 	touch $@
 
-test-interpret: setup $(INTERPRET_DIR)/.installed
+test-interpret: compiled $(INTERPRET_DIR)/.installed
 	PYTHONPATH="$(abspath $(INTERPRET_DIR))" TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/interpret $(PYTEST_ARGS)
 
 # On a machine with CUDA: the gpu-marked tests with CUDA visible (the default suite hides it), among
 # them benchmarks/gpu_check.py on the GPU (benchmarks/results/gpu_check.json). Skipped without CUDA.
-test-gpu: setup
+test-gpu: compiled
 	GENOME_LM_TEST_GPU=1 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
 # The quick demo's report in headless Chromium (tests/report/test_browser.py; docs/testing.md): Debian's
@@ -80,10 +91,10 @@ chromium:
 	$$sudo sh -c '$(APT_CHROMIUM)' || { echo "make chromium: apt-get could not install chromium" >&2; exit 1; }; \
 	[ -x $(CHROMIUM) ] || { echo "make chromium: apt-get installed chromium but $(CHROMIUM) is missing" >&2; exit 1; }
 
-test-browser: setup chromium
+test-browser: compiled chromium
 	GENOME_LM_TEST_BROWSER=1 GENOME_LM_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m browser $(PYTEST_ARGS)
 
-test-all: setup
+test-all: compiled
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
 
 # ruff (configured in pyproject.toml: line length 120, pycodestyle, pyflakes, import order)
@@ -122,7 +133,7 @@ gpu-kit: | $(BIN)/python
 	$(BIN)/python tools/gpu_kit.py
 
 # Every benchmark in turn (tens of minutes on 2 cores); each writes benchmarks/results/NAME.json.
-bench: setup
+bench: compiled
 	set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
