@@ -200,6 +200,12 @@ def _plan(args) -> None:
     run(from_args(PlanParams, args))
 
 
+def _rehearse(args) -> None:
+    from genome_lm.plan.rehearse_command import RehearseParams, run
+
+    run(from_args(RehearseParams, args))
+
+
 def _check_upstream(args) -> None:
     from genome_lm.model.contract import check_all
 
@@ -240,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     from genome_lm.genome.prepare import PrepareParams
     from genome_lm.genome.synth import SynthParams
     from genome_lm.plan.command import PlanParams
+    from genome_lm.plan.rehearse_command import RehearseParams
 
     parser = argparse.ArgumentParser(prog="genome-lm", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
@@ -277,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     command("check-upstream", _check_upstream, "check the installed transformers against every upstream symbol, "
             "attribute and signature genome_lm relies on")
     command("plan", _plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs", PlanParams)
+    command("rehearse", _rehearse, "one full-size training step on fake tensors and N fake ranks, its memory measured "
+            "by FSDP2's tracker beside the planner's prediction", RehearseParams)
     return parser
 
 

@@ -45,10 +45,19 @@ def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def to_master_dtype_(model: nn.Module) -> nn.Module:
     """Cast every floating parameter of `model` to float32 in place (also on the meta device):
-    the master weights FSDP2 shards and the optimizer updates. Buffers keep their dtype."""
-    for param in model.parameters():
-        if param.is_floating_point() and param.dtype != torch.float32:
-            param.data = param.data.to(torch.float32)
+    the master weights FSDP2 shards and the optimizer updates. Buffers keep their dtype.
+    A DTensor parameter (the routed experts under expert parallelism) is replaced by a float32 one:
+    assigning to its `.data` leaves its dtype as it was."""
+    from torch.distributed.tensor import DTensor
+
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not param.is_floating_point() or param.dtype == torch.float32:
+                continue
+            if isinstance(param, DTensor):
+                setattr(module, name, nn.Parameter(param.detach().to(torch.float32), requires_grad=param.requires_grad))
+            else:
+                param.data = param.data.to(torch.float32)
     return model
 
 
@@ -115,6 +124,11 @@ def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torc
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     """Clip gradients to `max_norm` (inf: measure only); return the total norm before clipping.
     Works for plain and sharded (DTensor) parameters alike: the norm is the global one."""
+    return float(clip_grad_norm_(params, max_norm))
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm` without reading the norm's value: the total norm as a tensor (0-dim)."""
     from torch.distributed.tensor import DTensor
 
     by_mesh: dict[object, list[torch.Tensor]] = {}  # EP experts live on another mesh than the rest
@@ -122,7 +136,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
         if p.grad is not None:
             by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
     if not by_mesh:
-        return 0.0
+        return torch.zeros(())
     norms = []
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm([p.grad for p in group])
@@ -131,7 +145,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     if math.isfinite(max_norm):
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
-    return float(total)
+    return total
 
 
 def sharded_numel(shape: torch.Size | tuple[int, ...], world: int) -> int:

@@ -40,6 +40,7 @@ class MemoryPlan:
     activations_by_layer_type: dict[str, int]  # bytes per layer of that type without recompute
     kept_by_layer_type: dict[str, int]  # what one layer of that type keeps between forward and backward
     phases: list[tuple[str, int]] = field(default_factory=list)
+    phase_parts: dict[str, dict[str, int]] = field(default_factory=dict)  # every phase's components
 
 
 def pow2(n: int) -> int:
@@ -48,6 +49,32 @@ def pow2(n: int) -> int:
 
 def shard_degree(layout: Layout, assume: Assumptions) -> int:
     return layout.dp * (layout.cp if assume.shard_over_cp else 1)
+
+
+def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
+    """Parameters of `layer` one rank holds once FSDP2 has sharded it over F ranks. FSDP2 splits dim 0
+    and pads it to a multiple of the ranks: the routed experts [E, ...] are whole experts per rank,
+    ceil((E / ep) / (F / ep)) of them (36 experts over 8 ranks: 5, not 4.5); the rest is counted as
+    numel / F (their dim 0 is large, their padding negligible)."""
+    if not layer.expert_count or F <= 1:
+        return -(-layer.param_count // F)
+    ep = layout.ep if F % layout.ep == 0 else 1
+    per_expert = layer.expert_count // m.experts
+    rows = -(-(m.experts // ep) // (F // ep))
+    return -(-(layer.param_count - layer.expert_count) // F) + rows * per_expert
+
+
+def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: Assumptions) -> int:
+    """Temporaries of the optimizer step. torch's AdamW (float32 moments; foreach on GPUs):
+    `adamw_temp_copies` x the shard. genome_lm's AdamW with bf16 moments (train/optim.py) updates
+    one tensor at a time: float32 copies of both moments, sqrt(v) and the denominator, 4 x the
+    largest tensor's shard in float32 (a layer's stacked gate_up experts, or the embeddings)."""
+    if layout.state_bytes != 2:
+        return int(assume.adamw_temp_copies * params)
+    ep = layout.ep if F % layout.ep == 0 else 1
+    experts = -(-(m.experts // ep) // max(1, F // ep)) * 2 * m.moe_width * m.D if m.experts else 0
+    largest = max(experts, -(-m.V // F) * m.D, -(-2 * m.dense_width // F) * m.D)
+    return 4 * MASTER_BYTES * largest
 
 
 def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
@@ -110,13 +137,16 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     fsdp = gpu and layout.gpus > 1
     # training holds float32 master weights, float32 gradients and two AdamW moments per parameter,
     # sharded (genome_lm.parallel.fsdp, train/optim.py); the gathered copies are in the model's dtype
-    params = MASTER_BYTES * m.param_count // F
-    states = 2 * layout.state_bytes * m.param_count // F
+    shard_counts = [layer_shard_count(lay, m, layout, F) for lay in m.layers]
+    root_count = -(-(m.param_count - sum(lay.param_count for lay in m.layers)) // F)
+    held = sum(shard_counts) + root_count  # parameters per rank, FSDP2's padding included
+    params = MASTER_BYTES * held
+    states = 2 * layout.state_bytes * held
     persistent = {"parameters": params if gpu else 0, "optimizer_states": states if gpu else 0}
-    if fsdp:
-        persistent["fsdp_root_unsharded"] = m.root_param_bytes  # embeddings, final norm, LM head
-    layer_grads = [MASTER_BYTES * lay.param_count // F for lay in m.layers]
-    root_grads = MASTER_BYTES * (m.param_count - sum(lay.param_count for lay in m.layers)) // F
+    if fsdp:  # embeddings, final norm, LM head: gathered from the forward to the end of the backward
+        persistent["fsdp_root_unsharded"] = m.root_param_bytes
+    layer_grads = [MASTER_BYTES * c for c in shard_counts]
+    root_grads = MASTER_BYTES * root_count
     prefetch = 1 + assume.fsdp_prefetch_layers  # forward: FSDP2's implicit prefetch
     prefetch_bwd = 1 + layout.backward_prefetch
     red = layout.reduce_bytes / a
@@ -156,20 +186,29 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
-        grads += layer_grads[i]
         U = unsharded_layer_bytes(lay, layout)
-        comm = (prefetch_bwd * U + U + int(U * red)) if fsdp else 0
+        # during the layer's backward: its gathered parameters and its unsharded gradients; its sharded
+        # gradients come from the reduce-scatter after it (the phase below)
+        comm = (prefetch_bwd * U + U) if fsdp else 0
+        # the offloaded input of the layer whose backward runs next is copied back during this one
+        # (train/memory.py, one layer ahead): it is on the device already
+        ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, op = _walk_backward(ops)
-        phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
+        phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,
               op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=comm, gradients=grads,
               inputs=ids)
+        grads += layer_grads[i]
+        if fsdp:
+            phase(f"reduce-scatter of layer {i} ({lay.kind})", kept_activations=kept_before + ahead,
+                  grad_streams=act.layer_input(m, n), fsdp_buffers=U + int(U * red), gradients=grads, inputs=ids)
         if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
             saved, transient, op = _walk_forward(ops)
-            phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
-                  op_transient=transient, grad_streams=act.layer_input(m, n), fsdp_buffers=prefetch * U if fsdp else 0,
-                  gradients=grads - layer_grads[i], inputs=ids)
+            phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
+                  current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
+                  fsdp_buffers=prefetch * U if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     all_grads = sum(layer_grads) + root_grads
-    phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=int(assume.adamw_temp_copies * params))
+    persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
+    phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
 
     name, parts = max(phases, key=lambda p: sum(p[1].values()))
     by_type_full: dict[str, int] = {}
@@ -182,4 +221,5 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         host_bytes_per_gpu=sum(k[2] if assume.pinned_pow2 else k[1] for k in keeps),
         activations_by_layer_type=by_type_full, kept_by_layer_type=by_type_kept,
         phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]),
+        phase_parts=dict(phases),
     )

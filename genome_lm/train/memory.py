@@ -17,8 +17,9 @@ Shapes: B batch, T tokens, S hc streams, D model dim.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -47,6 +48,8 @@ class _HostCopy:
                 self.copied_out = torch.cuda.Event()
                 self.copied_out.record(stream)
             t.record_stream(stream)  # keep t alive until the copy is done
+        elif _HOST_DEVICE:  # the rehearsal: a host tensor elsewhere, as on CUDA (fake tensors: no copy to make)
+            self.host = torch.empty_like(t, device=_HOST_DEVICE[-1])
         else:
             self.host = t.detach().clone()
         _HostCopy.in_use += self.nbytes
@@ -57,7 +60,8 @@ class _HostCopy:
         if self.on_device is not None:
             return
         if self.device.type != "cuda":
-            self.on_device = self.host
+            self.on_device = self.host if self.host.device == self.device else torch.empty_like(self.host,
+                                                                                                  device=self.device)
             return
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(self.copied_out)
@@ -105,6 +109,21 @@ def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
     if reset_peak:
         _HostCopy.peak = _HostCopy.in_use
     return out
+
+
+_HOST_DEVICE: list[torch.device] = []
+
+
+@contextlib.contextmanager
+def host_copies_on(device: str | torch.device) -> Iterator[None]:
+    """Inside: a non-CUDA tensor's parked copy is a new tensor on `device` (no data copied) and comes
+    back as a new tensor on its own device, as a pinned copy does on CUDA. The rehearsal parks on
+    "meta", so its memory tracker sees the device input freed and counts the host copies apart."""
+    _HOST_DEVICE.append(torch.device(device))
+    try:
+        yield
+    finally:
+        _HOST_DEVICE.pop()
 
 
 _OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}

@@ -153,3 +153,29 @@ def test_backward_prefetch_and_reduce_dtype_reach_fsdp2(prefetch):
             assert model.get_submodule(name)._get_fsdp_state()._mp_policy.reduce_dtype == torch.float32, name
     finally:
         dist.destroy_process_group()
+
+
+def test_expert_parallel_experts_become_float32_master_weights():
+    """A bf16 model trained with expert parallelism keeps float32 master weights for its routed
+    experts (DTensor parameters on the EP mesh) as for every other parameter."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from genome_lm.config import parse_experiment
+    from genome_lm.parallel.mesh import init_parallel
+    from genome_lm.train.parallelize import parallelize
+    from genome_lm.train.trainer import build_model, compute_dtype
+
+    cfg = parse_experiment({"data": {"shards": "-", "seq_len": 256},
+                            "model": {"name": "glm53-tiny", "dtype": "bfloat16"},
+                            "train": {"steps": 1}, "parallel": {"cp": 1, "dp": "auto", "ep": 2}}, "ep")
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
+        model = build_model(cfg, par.device, None, meta=True)
+        parallelize(model, cfg.memory, par, compute_dtype(cfg))
+        dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    experts = {n: d for n, d in dtypes.items() if "experts.gate_up_proj" in n or "experts.down_proj" in n}
+    assert experts and set(dtypes.values()) == {torch.float32}, experts

@@ -14,6 +14,7 @@ import torch
 from genome_lm.model.cp import gather_seq
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
+from genome_lm.model.values import has_values
 from genome_lm.settings import DEFAULTS
 
 from .chunk import absorbed_mla_attention
@@ -93,7 +94,8 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                 prev_topk_indices=None, **kwargs):
         """hidden_states [B, T, D] -> ([B, T, D], None, selection | None)."""
         cache = cache if cache is not None else kwargs.get("past_key_values")
-        if attention_mask is not None and (attention_mask.dim() != 2 or not bool(attention_mask.all())):
+        if attention_mask is not None and (attention_mask.dim() != 2 or has_values(attention_mask)
+                                           and not bool(attention_mask.all())):
             raise ValueError("genome_lm's DSA layers take unpadded batches only (a [B, T] attention_mask "
                              "that is all True)")
         cp, block = self.cp, self.block_queries

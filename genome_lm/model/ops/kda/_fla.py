@@ -20,13 +20,18 @@ configurations that fault in `chunk_kda`'s backward on B200 (docs/parallel.md).
 imported lazily (`fla_chunk_kda`, `fla_causal_conv1d`, `fla_rms_norm_gated`), and the pure-torch
 references are loaded straight from their source file (`load_fla_reference`), which needs only
 torch and einops.
+
+`fla_stand_ins({"fla.ops.kda.chunk_kda": fn, ...})`: inside, `fla_function` returns these instead of
+fla's and every KDA call goes the fla path on any device. The rehearsal (`genome_lm.train.rehearse`)
+uses it with fake implementations (`fake_fla.py`), so fla's call contract runs on fake tensors.
 """
 
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.version import Version
@@ -37,6 +42,21 @@ BACKEND_ENV = "GENOME_LM_KDA_BACKEND"
 BACKENDS = ("auto", "fla", "torch")
 GPU_EXTRA_FIX = "pip install -e '.[gpu]'"
 MIN_FLA_CORE = "0.6.0"
+
+
+_STAND_INS: dict[str, Callable] = {}  # "module.name" -> the function `fla_function` returns instead
+
+
+@contextlib.contextmanager
+def fla_stand_ins(functions: dict[str, Callable]) -> Iterator[None]:
+    """Inside: `fla_function("m", "n")` returns `functions["m.n"]` and `use_fla` is True on every device."""
+    before = dict(_STAND_INS)
+    _STAND_INS.update(functions)
+    try:
+        yield
+    finally:
+        _STAND_INS.clear()
+        _STAND_INS.update(before)
 
 
 def kda_backend() -> str:
@@ -54,6 +74,8 @@ def use_fla(device_type: str) -> bool:
     Raises `GenomeLMError` for `GENOME_LM_KDA_BACKEND=fla` with CPU tensors outside Triton's
     interpreter, where fla's kernels would fail with "0 active drivers".
     """
+    if _STAND_INS:
+        return True
     backend = kda_backend()
     if backend == "torch":
         return False
@@ -80,6 +102,8 @@ def _import_fla(module: str, name: str) -> tuple[Callable | None, str]:
 def fla_function(module: str, name: str) -> Callable:
     """`module.name` from fla (e.g. "fla.ops.kda", "chunk_kda"); `GenomeLMError` naming the fix when
     fla or its Triton kernels do not import."""
+    if f"{module}.{name}" in _STAND_INS:
+        return _STAND_INS[f"{module}.{name}"]
     fn, error = _import_fla(module, name)
     if fn is None:
         raise GenomeLMError(

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.moe.assumed import assumed_routing
 from genome_lm.model.ops.moe.ep import EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextMoE
@@ -54,6 +55,11 @@ def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, 
     return out, topk_indices
 
 
+def _counts(idx: torch.Tensor, num_experts: int, assumed) -> torch.Tensor:
+    """[E] tokens per expert of a block: counted, or spread evenly under `assume_routing`."""
+    return expert_counts(idx, num_experts) if assumed is None else assumed.counts(idx.numel(), num_experts, idx.device)
+
+
 def blocked_moe_forward(
     module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,13 +75,14 @@ def blocked_moe_forward(
     n = x.shape[0]
     counts = torch.zeros(module.gate.num_experts, dtype=torch.long, device=x.device)
     use_ckpt = recompute and torch.is_grad_enabled() and n > 0
-    if getattr(module, "ep", None) is not None:  # every EP rank runs as many blocks as the busiest
+    assumed = assumed_routing()
+    if getattr(module, "ep", None) is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
         blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
         torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=module.ep.group)
         block_tokens = max(1, -(-n // int(blocks)))
     elif n <= block_tokens and not use_ckpt:
         out, idx = _moe_block(module, x)
-        return out.view(shape), counts + expert_counts(idx, counts.numel())
+        return out.view(shape), counts + _counts(idx, counts.numel(), assumed)
 
     out = x.new_empty(x.shape)  # [N, D]; block outputs are copied in, not concatenated
     for start in range(0, n, block_tokens):
@@ -85,7 +92,7 @@ def blocked_moe_forward(
         else:
             yb, idx = _moe_block(module, xb)
         out[start : start + block_tokens] = yb
-        counts += expert_counts(idx, counts.numel())
+        counts += _counts(idx, counts.numel(), assumed)
     return out.view(shape), counts
 
 

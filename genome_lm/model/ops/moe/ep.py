@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.moe.assumed import assumed_routing
 from genome_lm.model.upstream import Glm5NextTextExperts
 
 
@@ -77,6 +78,27 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep)
 
 
+def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
+    """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
+    local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
+    and exchanged, or inside `assume_routing` taken from the assumption (no values needed)."""
+    assumed = assumed_routing()
+    if assumed is not None:
+        send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
+        local = torch.arange(n_local, device=flat.device)
+        return send, recv, per_expert, local.repeat_interleave(torch.tensor(per_expert, device=flat.device),
+                                                               output_size=sum(recv))
+    with torch.no_grad():
+        counts = torch.bincount(flat, minlength=num_experts)  # [E]: rows this rank sends per expert
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=ep.group)  # [P * El]: per source, per local expert
+    send = counts.view(ep.size, n_local).sum(1).tolist()
+    recv = recv_counts.view(ep.size, n_local).sum(1).tolist()
+    per_expert = recv_counts.view(ep.size, n_local).sum(0).tolist()
+    expert_of_row = torch.repeat_interleave(torch.arange(n_local, device=flat.device).repeat(ep.size), recv_counts)
+    return send, recv, per_expert, expert_of_row
+
+
 def ep_experts(experts: nn.Module, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                ep: EPContext) -> torch.Tensor:
     """Routed experts over the EP group: x [M, D], idx [M, k] global expert ids, w [M, k] routing
@@ -88,16 +110,9 @@ def ep_experts(experts: nn.Module, x: torch.Tensor, idx: torch.Tensor, w: torch.
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)  # [M*k] pairs in expert order
     token = order // k
-    with torch.no_grad():
-        counts = torch.bincount(flat, minlength=num_experts)  # [E]: rows this rank sends per expert
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=ep.group)  # [P * El]: per source, per local expert
-    send = counts.view(ep.size, n_local).sum(1).tolist()
-    recv = recv_counts.view(ep.size, n_local).sum(1).tolist()
+    send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep)
     rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
-    expert_of_row = torch.repeat_interleave(torch.arange(n_local, device=x.device).repeat(ep.size), recv_counts)
     by_expert = torch.argsort(expert_of_row, stable=True)
-    per_expert = recv_counts.view(ep.size, n_local).sum(0).tolist()
     outs = [F.linear(experts._apply_gate(F.linear(part, gate_up[e])), down[e])  # also with 0 rows: every
             for e, part in enumerate(torch.split(rows[by_expert], per_expert))]  # rank has expert gradients
     done = torch.empty_like(rows).index_copy(0, by_expert, torch.cat(outs))

@@ -1,0 +1,140 @@
+"""Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
+
+fla's Triton kernels cannot run on fake tensors (no values, no device). These stand-ins take
+fla's arguments as genome_lm passes them, check their shapes and dtypes, and allocate what
+fla's functions allocate, as read from fla's source (fla-core 0.6; the planner's KDA terms,
+`genome_lm.plan.activations.kda` and `plan.ops.kda_ops`, are the same reading):
+
+- `chunk_kda`: keeps for backward the l2-normalised q, k and a contiguous v (a·H·K each), their
+  float32 rstd (4·H each), Aqk and Akk [T, H, C] (a each) and a float32 [T, H]; forward builds
+  w, u, qg, kg (a·H·K each) and the chunk states h [NT, H, K, V] of one call; backward rebuilds
+  those, adds dh and the float32 dAqk / dAkk, and returns dq, dk, dv (a) and dg (float32, cast
+  to g's dtype).
+- `causal_conv1d`: keeps its input; backward dx and a float32 dw.
+- `rms_norm_gated`: keeps its inputs and a float32 rstd per row.
+- `build_cp_context`: a placeholder (the state exchange runs inside fla's kernels).
+
+What the stand-ins do not give: the kernels' values, their time, and any scratch the Triton
+kernels take that fla's Python does not allocate.
+
+Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C.
+"""
+
+from __future__ import annotations
+
+import torch
+
+F32 = torch.float32
+
+
+def _check(name: str, cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(f"fla {name}: {what}")
+
+
+class _ChunkKDA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, chunk_size):
+        B, T, H, K = q.shape
+        C, NT = chunk_size, -(-T // chunk_size)
+        a = q.dtype
+        intermediates = [q.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
+        h = q.new_empty(B, NT, H, K, v.shape[-1])  # chunk states
+        o = v.new_empty(v.shape)
+        saved = [q.new_empty(B, T, H, K), k.new_empty(B, T, H, K), v.new_empty(v.shape),  # l2-normed q, k; v
+                 q.new_empty(B, T, H, dtype=F32), q.new_empty(B, T, H, dtype=F32),  # q, k rstd
+                 q.new_empty(B, T, H, C, dtype=a), q.new_empty(B, T, H, C, dtype=a),  # Aqk, Akk
+                 q.new_empty(B, T, H, dtype=F32)]
+        del intermediates, h
+        ctx.save_for_backward(*saved)
+        ctx.shapes = (q.shape, k.shape, v.shape, g.shape, g.dtype, beta.shape, beta.dtype, C)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qs, ks, vs, gs, gdtype, bs, bdtype, C = ctx.shapes
+        B, T, H, K = qs
+        NT = -(-T // C)
+        rebuilt = [do.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
+        h = do.new_empty(B, NT, H, K, vs[-1])
+        dh = do.new_empty(B, NT, H, K, vs[-1])
+        dA = [do.new_empty(B, T, H, C, dtype=F32) for _ in range(2)]
+        dv_new = do.new_empty(vs)
+        dq, dk, dv = do.new_empty(qs), do.new_empty(ks), do.new_empty(vs)
+        dg = do.new_empty(gs, dtype=F32)
+        del rebuilt, h, dh, dA, dv_new
+        return dq, dk, dv, dg.to(gdtype), do.new_empty(bs, dtype=bdtype), None
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+              lower_bound=None, safe_gate=False, chunk_size=64, cp_context=None, **kwargs):
+    """`fla.ops.kda.chunk_kda`'s contract: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K],
+    beta [B, T, H] -> (o [B, T, H, V], final state [B, H, K, V] float32 or None)."""
+    B, T, H, K = q.shape
+    _check("chunk_kda", k.shape == q.shape and v.shape[:3] == (B, T, H) and g.shape == (B, T, H, K)
+           and beta.shape == (B, T, H), f"shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
+           f"g {tuple(g.shape)} beta {tuple(beta.shape)}")
+    _check("chunk_kda", chunk_size in (32, 64), f"chunk_size {chunk_size}")
+    _check("chunk_kda", initial_state is None or initial_state.dtype == F32, "initial_state must be float32")
+    if use_gate_in_kernel:
+        _check("chunk_kda", A_log is not None and A_log.numel() == H and dt_bias is not None
+               and dt_bias.numel() == H * K, "use_gate_in_kernel needs A_log [H] and dt_bias [H*K]")
+    o = _ChunkKDA.apply(q, k, v, g, beta, chunk_size)
+    final = q.new_empty(B, H, K, v.shape[-1], dtype=F32) if output_final_state else None
+    return o, final
+
+
+class _Conv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dw = dy.new_empty(weight.shape, dtype=F32)
+        return dy.new_empty(x.shape), dw.to(weight.dtype)
+
+
+def causal_conv1d(x, weight, bias=None, initial_state=None, activation=None, **kwargs):
+    """`fla.modules.causal_conv1d.causal_conv1d`'s contract: x [B, T, D], weight [D, W] -> (y [B, T, D], None)."""
+    _check("causal_conv1d", x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[-1],
+           f"x {tuple(x.shape)} weight {tuple(weight.shape)}")
+    _check("causal_conv1d", initial_state is None or initial_state.shape == (x.shape[0], x.shape[-1], weight.shape[1]),
+           f"initial_state {None if initial_state is None else tuple(initial_state.shape)}")
+    return _Conv.apply(x, weight), None
+
+
+class _NormGated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g, weight):
+        rstd = x.new_empty(x.shape[:-1], dtype=F32)
+        ctx.save_for_backward(x, g, weight, rstd)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, g, weight, _ = ctx.saved_tensors
+        return dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(weight.shape, dtype=weight.dtype)
+
+
+def rms_norm_gated(x, g, weight, bias=None, activation="swish", eps=1e-6, **kwargs):
+    """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract: x, g [..., V], weight [V] -> [..., V]."""
+    _check("rms_norm_gated", x.shape == g.shape and weight.shape == x.shape[-1:],
+           f"x {tuple(x.shape)} g {tuple(g.shape)} weight {tuple(weight.shape)}")
+    return _NormGated.apply(x, g, weight)
+
+
+def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
+    """`fla.ops.cp.build_cp_context`'s contract: a context object for `chunk_kda(cp_context=...)`."""
+    return {"cu_seqlens": cu_seqlens_cpu, "group": group}
+
+
+STAND_INS = {
+    "fla.ops.kda.chunk_kda": chunk_kda,
+    "fla.modules.causal_conv1d.causal_conv1d": causal_conv1d,
+    "fla.modules.norm.fused_norm_gate.rms_norm_gated": rms_norm_gated,
+    "fla.ops.cp.build_cp_context": build_cp_context,
+}

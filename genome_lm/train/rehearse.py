@@ -1,0 +1,357 @@
+"""`genome-lm rehearse EXP --gpus N --gpu b200`: one full-size training step measured on a CPU.
+
+The pattern is torchtitan's memory estimator: the experiment's real model is built on the meta
+device, joins a fake process group of N ranks (`FakeStore`, one rank simulated) with the
+experiment's dp x cp x ep mesh, goes through the trainer's own `parallelize` (long-context ops,
+CP, EP, recompute and offload, FSDP2 with the mixed-precision policy), is materialised as fake
+tensors (shapes, no data: nothing is allocated), and runs `steps` training steps as the trainer
+does (forward, backward, gradient clipping, AdamW step, scheduler, zero_grad) under torch's
+`FSDPMemTracker`, which counts every live tensor by kind. The planner's prediction for the same
+run is printed beside each figure.
+
+What fake tensors cannot decide is assumed and said: the routing (`moe/assumed.py`: this rank is
+the busiest expert rank, `expert_imbalance` x the mean rows, as the planner assumes; or uniform),
+the DSA top-k (indices of the right shape; the memory does not depend on which), checks that
+read values (`model/values.py`). fla's Triton kernels do not run on fake tensors: the CUDA path
+is rehearsed with stand-ins that take fla's arguments and allocate what fla's functions allocate
+(`model/ops/kda/fake_fla.py`); the tensors are CPU fake tensors, so device-only code (CUDA
+streams, pinned memory) is not exercised. Offloaded layer inputs are parked on the meta device
+(`train/memory.host_copies_on`), counted apart as host memory.
+
+Fewer layers (`layers`): the rehearsed model is the first `layers` decoder layers of the real
+one (every layer kind among them), and the figures are lifted by what the omitted layers hold on
+this rank: their sharded float32 parameters, AdamW state and (in the backward of the rehearsed
+layers and at the optimizer step) gradients, measured on the full model's FSDP2 shards on the
+meta device; the optimizer step's temporaries scale with the shard; host memory with the number
+of offloaded layers. That is exact when the omitted layers keep nothing on the device between
+forward and backward (per-layer recompute with offload); otherwise all layers are rehearsed.
+
+Not covered on a real GPU: kernel scratch and speed, NCCL's buffers, the caching allocator's
+fragmentation and the CUDA context (the planner's margins), and the real routing and top-k.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from copy import deepcopy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from genome_lm.errors import GenomeLMError
+
+log = logging.getLogger(__name__)
+
+KINDS = {  # the report's groups of the tracker's kinds
+    "parameters (sharded, float32)": ("Sharded Param", "Buffer"),
+    "optimizer state (and the step's temporaries)": ("OptState",),
+    "gradients (sharded, float32)": ("Sharded Grad",),
+    "FSDP2 buffers (gathered parameters, gradients)": ("Unsharded Param", "Unsharded Grad", "All Gather",
+                                                       "Reduce Scatter"),
+    "activations and temporaries": ("Activation", "Temp", "Inputs"),
+}
+PLANNER_KINDS = {
+    "parameters (sharded, float32)": ("parameters",),
+    "optimizer state (and the step's temporaries)": ("optimizer_states", "optimizer_temp"),
+    "gradients (sharded, float32)": ("gradients",),
+    "FSDP2 buffers (gathered parameters, gradients)": ("fsdp_buffers", "fsdp_root_unsharded"),
+    "activations and temporaries": ("kept_activations", "current_layer", "op_transient", "grad_streams", "inputs",
+                                    "final", "loss_chunk"),
+}
+OPTIMIZER = "optimizer step"
+
+
+@dataclass
+class Peak:
+    """The live bytes by tracker kind at one peak, where it was (phase, module)."""
+
+    phase: str
+    module: str
+    kinds: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(v for k, v in self.kinds.items() if k != "Total")
+
+
+@dataclass
+class Rehearsal:
+    experiment: str
+    gpus: int
+    gpu: str
+    layout: str
+    routing: str
+    layers: int  # decoder layers rehearsed
+    total_layers: int
+    steps: int
+    peak: Peak  # with the omitted layers' bytes added
+    host_bytes: int  # parked layer inputs at their most (scaled to all layers)
+    plan: object  # genome_lm.plan.planner.Plan for the same run
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+    peaks: list[Peak] = field(default_factory=list)  # the highest of each (phase, module), highest first
+
+    def phase_peak(self, phase: str, module: str) -> Peak:
+        """The highest peak of `phase` ("forward", "backward", "optimizer step") in `module` or below it."""
+        inside = [p for p in self.peaks if p.phase == phase and (p.module == module or
+                                                                   p.module.startswith(module + "."))]
+        if not inside:
+            raise KeyError(f"no {phase} peak recorded in {module}")
+        return inside[0]
+
+    @property
+    def difference(self) -> float:
+        """(rehearsal - planner) / rehearsal."""
+        return (self.peak.total - self.plan.peak_gpu_bytes) / self.peak.total
+
+
+class _WhereTracker:
+    """Mixin for `FSDPMemTracker`: the highest total seen in each (phase, innermost module)."""
+
+    def _init_where(self, device: torch.device) -> None:
+        self.where_device, self.where_peaks, self.in_optimizer = device, {}, False
+
+    def _update_peak_stats(self, peak_state) -> None:
+        # Replaces MemTracker's, which also walks every tracked module after every op (a third of
+        # the rehearsal's time at 1M tokens): the peaks by (phase, module) below hold the same.
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
+                self._peak_mem[dev] = dev_snap["Total"]
+                self._peak_mem_snap[dev] = deepcopy(dev_snap)
+        snap = self._curr_mem_snap.get(self.where_device)
+        if snap is None:
+            return
+        if self.in_optimizer:
+            key = (OPTIMIZER, "")
+        else:
+            parents = self._mod_tracker.parents
+            inner = max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
+            key = ("backward" if self._mod_tracker.is_bw else "forward", inner)
+        best = self.where_peaks.get(key)
+        if best is None or snap["Total"] > best["Total"]:
+            self.where_peaks[key] = deepcopy(snap)
+
+
+def _tracker(model: nn.Module, optimizer, device: torch.device):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    cls = type("RehearsalMemTracker", (_WhereTracker, FSDPMemTracker), {})
+    tracker = cls(mod=model, optm=optimizer)
+    tracker._init_where(device)
+    return tracker
+
+
+def reduced_overrides(config, layers: int) -> dict:
+    """`model.overrides` for the first `layers` decoder layers of `config` (per-layer lists cut)."""
+    out = {"num_hidden_layers": layers}
+    for key in ("layer_types", "indexer_types", "mlp_layer_types"):
+        value = getattr(config, key, None)
+        if isinstance(value, list):
+            out[key] = value[:layers]
+    return out
+
+
+def default_layers(config) -> int:
+    """The fewest first layers that hold every kind of layer (attention x MLP x indexer), and one more
+    (the last layer keeps its input on the device with `memory.offload_keep_last`)."""
+    seen, n = set(), 0
+    kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or [None] * len(config.layer_types),
+                     getattr(config, "indexer_types", None) or [None] * len(config.layer_types)))
+    for i, kind in enumerate(kinds):
+        if kind not in seen:
+            seen.add(kind)
+            n = i + 1
+    return min(len(kinds), n + 1)
+
+
+def _shard_bytes(layers) -> int:
+    """Bytes this rank holds of the parameters of `layers` once FSDP2 has sharded them (local shards)."""
+    total = 0
+    for layer in layers:
+        for p in layer.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            total += local.numel() * local.element_size()
+    return total
+
+
+def _fake_pg(gpus: int, rank: int):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("rehearse: a process group is already initialised in this process")
+    dist.init_process_group("fake", rank=rank, world_size=gpus, store=FakeStore())
+
+
+def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers: int | None = None,
+             steps: int = 2, experiment: str = "", show_progress: bool | None = None, plan=None) -> Rehearsal:
+    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
+    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run
+    (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from genome_lm.model.ops.kda._fla import fla_stand_ins
+    from genome_lm.model.ops.kda.fake_fla import STAND_INS
+    from genome_lm.model.ops.moe.assumed import assume_routing
+    from genome_lm.model.presets import preset_config
+    from genome_lm.parallel.fsdp import clip_grad_norm_
+    from genome_lm.parallel.mesh import check_layout, init_parallel
+    from genome_lm.progress import progress
+    from genome_lm.train.memory import host_copies_on
+    from genome_lm.train.parallelize import parallelize
+    from genome_lm.train.schedule import make_optimizer, make_scheduler
+    from genome_lm.train.trainer import build_model, compute_dtype
+
+    if steps < 2:
+        raise GenomeLMError(f"--steps {steps}: the rehearsal needs at least 2 steps (the first creates the "
+                            "optimizer state)")
+    t_start = time.perf_counter()
+    config = preset_config(cfg.model.name, **cfg.model.overrides)
+    total_layers = config.num_hidden_layers
+    mem = cfg.memory
+    reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
+    if layers is None:
+        layers = default_layers(config) if reducible else total_layers
+    if not 1 <= layers <= total_layers:
+        raise GenomeLMError(f"--layers {layers}: {cfg.model.name} has {total_layers} decoder layers; give 1 to "
+                            f"{total_layers}, or all")
+    if layers < total_layers and not reducible:
+        raise GenomeLMError(f"--layers {layers}: fewer layers scale up only with memory.recompute: per-layer and "
+                            "memory.offload_layer_inputs: true (then the omitted layers keep nothing on the device); "
+                            "rehearse all layers (--layers all)")
+    if layers < total_layers and mem.offload_keep_last >= layers:
+        raise GenomeLMError(f"--layers {layers}: memory.offload_keep_last={mem.offload_keep_last} keeps as many "
+                            "layers on the device; rehearse more layers")
+    imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
+    check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
+    cp = cfg.parallel.cp
+    rank = cp - 1  # the last CP rank of replica 0: its DSA queries see the whole sequence
+    _fake_pg(gpus, rank)
+    try:
+        par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
+        par.fsdp_mesh, par.ep_mesh  # meshes are built before fake mode (they compute with real tensors)
+        compute = compute_dtype(cfg)
+
+        full = build_model(cfg, par.device, None, meta=True)  # the real model's shards, for the omitted layers
+        parallelize(full, mem, par, compute)
+        omitted_bytes = _shard_bytes(full.model.layers[layers:])
+        rehearsed_bytes = _shard_bytes(full.model.layers[:layers]) + _shard_bytes(
+            [m for n, m in full.named_children() if n != "model"]) + sum(
+            _shard_bytes([m]) for n, m in full.model.named_children() if n != "layers")
+        del full
+        run_cfg = cfg
+        if layers < total_layers:
+            run_cfg = cfg.model_copy(deep=True)
+            run_cfg.model.overrides = {**cfg.model.overrides, **reduced_overrides(config, layers)}
+        model = build_model(run_cfg, par.device, None, meta=True)
+        parallelize(model, mem, par, compute)
+
+        recomputes = mem.recompute == "per-layer"
+        passes = steps * layers * (2 if recomputes else 1)
+        bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
+        hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device=par.device)
+            model.train()
+            optimizer = make_optimizer(model, cfg.train)
+            scheduler = make_scheduler(optimizer, cfg.train)
+            B, T = cfg.train.micro_batch, cfg.data.seq_len
+            ids = torch.randint(0, config.vocab_size, (B, T), device=par.device)
+            batch = {"input_ids": ids, "labels": ids.clone()}
+            params = [p for p in model.parameters() if p.requires_grad]
+            clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
+            tracker = _tracker(model, optimizer, par.device)
+            tracker.track_inputs((ids,))
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(tracker)
+                stack.enter_context(assume_routing(imbalance))
+                stack.enter_context(fla_stand_ins(STAND_INS))
+                stack.enter_context(host_copies_on("meta"))
+                for step in range(steps):
+                    for _ in range(cfg.train.grad_accum):
+                        out = model(**batch)
+                        (out.loss / cfg.train.grad_accum).backward()
+                        del out
+                    tracker.in_optimizer = True
+                    clip_grad_norm_(params, clip)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    tracker.in_optimizer = False
+                    if step == 0:  # the first step has no optimizer state until its end
+                        tracker.where_peaks.clear()
+                        tracker.reset_mod_stats()
+            host = tracker.get_tracker_snapshot("peak").get(torch.device("meta"), {}).get("Total", 0)
+        for h in hooks:
+            h.remove()
+        bar.close()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    state_ratio = 2 * (2 if cfg.train.optimizer_state_dtype == "bfloat16" else 4) / 4  # two moments per float32 byte
+    peaks = _lift(tracker.where_peaks, omitted_bytes, rehearsed_bytes, layers, total_layers, state_ratio)
+    offloaded_run, offloaded_all = layers - mem.offload_keep_last, total_layers - mem.offload_keep_last
+    if layers < total_layers and offloaded_run > 0:
+        host = host * offloaded_all // offloaded_run
+    routed = f"busiest expert rank, {imbalance:g}x the mean rows" if imbalance > 1 else "uniform"
+    notes = [f"routing: {routed} (fake tensors hold no router scores); DSA top-k: indices of the right shape, not "
+             "chosen by scores",
+             "KDA on fla's call contract with stand-ins for its kernels (allocations read from fla's source); "
+             "CPU fake tensors: CUDA streams and pinned memory not exercised; padding checks skipped"]
+    if layers < total_layers:
+        notes.append(f"{layers} of {total_layers} decoder layers rehearsed; the other {total_layers - layers} added as "
+                     f"their FSDP2 shards ({omitted_bytes / 2**30:.2f} GiB of float32 parameters on this rank), AdamW "
+                     "state and gradients; host memory scaled by the offloaded layers")
+    return Rehearsal(experiment, gpus, gpu, par.describe(), "busiest" if imbalance > 1 else "uniform", layers,
+                     total_layers, steps, peaks[0], host, plan, time.perf_counter() - t_start, notes, peaks)
+
+
+def _lift(peaks: dict, omitted: int, rehearsed: int, layers: int, total_layers: int,
+          state_ratio: float) -> list[Peak]:
+    """The recorded peaks, each lifted by the omitted layers' bytes at that point (`omitted` float32
+    parameter bytes, as many gradient bytes, `state_ratio` x as many AdamW state bytes), highest first."""
+    lifted = []
+    for (phase, module), snap in peaks.items():
+        kinds = {getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}  # the tracker's enums: str values
+        if layers < total_layers and rehearsed:
+            kinds["Sharded Param"] = kinds.get("Sharded Param", 0) + omitted
+            kinds["OptState"] = kinds.get("OptState", 0) + int(omitted * state_ratio)
+            if phase == OPTIMIZER:  # its temporaries are per tensor (train/optim.py): not scaled
+                kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
+            elif phase == "backward" and ".layers." in f".{module}":
+                kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
+        lifted.append(Peak(phase, module, kinds))
+    if not lifted:
+        raise RuntimeError("rehearse: the memory tracker recorded nothing")
+    return sorted(lifted, key=lambda p: -p.total)
+
+
+def format_rehearsal(r: Rehearsal) -> str:
+    GiB = 2**30
+    plan = r.plan
+    lines = [f"rehearsal: {r.experiment} on {r.gpus} fake ranks (one simulated: {r.layout}), {r.steps} training steps "
+             f"under FSDPMemTracker, {r.layers} of {r.total_layers} decoder layers run; {r.wall_s:,.0f} s",
+             f"peak per GPU: rehearsal {r.peak.total / GiB:.2f} GiB at {r.peak.phase} of {r.peak.module or 'the step'}"]
+    if plan is not None:
+        lines += [f"              planner   {plan.peak_gpu_bytes / GiB:.2f} GiB at {plan.memory.peak_where}",
+                  f"              difference {r.difference:+.1%} of the rehearsal's peak"]
+    lines += ["", f"  {'by kind (GiB)':52} {'rehearsal':>10} {'planner':>10}"]
+    for name, kinds in KINDS.items():
+        ours = sum(r.peak.kinds.get(k, 0) for k in kinds)
+        theirs = sum(plan.memory.breakdown.get(k, 0) for k in PLANNER_KINDS[name]) if plan is not None else None
+        lines.append(f"  {name:52} {ours / GiB:10.2f} {'' if theirs is None else format(theirs / GiB, '10.2f')}")
+    lines.append("  tracker kinds: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in r.peak.kinds.items() if v))
+    if plan is not None:
+        lines.append("  planner parts: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in plan.memory.breakdown.items()
+                                                     if v))
+    host_plan = f", planner {plan.host_bytes_per_gpu / GiB:.2f} GiB (pinned, powers of two)" if plan else ""
+    lines += ["", f"host memory held by offloaded layer inputs: rehearsal {r.host_bytes / GiB:.2f} GiB{host_plan}",
+              "", "assumed, not measured:"] + [f"  - {n}" for n in r.notes]
+    lines.append("  - not covered on a real GPU: kernel scratch and speed, NCCL buffers, allocator fragmentation "
+                 "and the CUDA context (the planner's margins)")
+    return "\n".join(lines)
