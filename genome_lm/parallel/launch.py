@@ -79,7 +79,7 @@ def _setup_worker_logging(rank: int) -> None:
                         force=True)
 
 
-def _start_attempt(error_dir: str, rank: int) -> Path:
+def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> Path:
     """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node, and
     set where its error message goes; returns the attempt's folder."""
     from genome_lm.train import callbacks
@@ -90,7 +90,7 @@ def _start_attempt(error_dir: str, rank: int) -> Path:
     attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
     with counter.open("a") as f:
         f.write(f"{socket.gethostname()}\n")
-    callbacks.set_attempt(attempt)
+    callbacks.set_attempt(attempt, max_restarts)
     folder = Path(error_dir, f"attempt_{attempt}")
     folder.mkdir(exist_ok=True)
     (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
@@ -123,7 +123,7 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
     callbacks.install(*hooks)
     try:
         if error_dir:
-            attempt = _start_attempt(error_dir, rank).name
+            attempt = _start_attempt(error_dir, rank, max_restarts).name
             set_stop_file(Path(error_dir, "stop"))
             _after_restart(error_dir, int(attempt.split("_")[1]), rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:

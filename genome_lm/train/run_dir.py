@@ -37,13 +37,19 @@ class RunDir:
     sequences_per_step: int
 
 
+def _written(run_dir: Path):
+    """What a folder holds besides the files a Ray launch makes in it before training starts (`ray/`,
+    its workers' message folder `.errors-*`)."""
+    return (c for c in run_dir.iterdir() if c.name != "ray" and not c.name.startswith(".errors-"))
+
+
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
     """Rank 0: refuse a folder that is not a run directory, clear half-written checkpoints, refuse a
     used run directory without --resume and a resume with changed settings (`resume.accept_resume`).
     Writes nothing but the removal of half-written checkpoints."""
     marker = read_marker(run_dir) if run_dir.is_dir() else None
     earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())) and (
+    if run_dir.exists() and (not run_dir.is_dir() or any(_written(run_dir))) and (
             (marker is None and not earlier_run) or (marker is not None and marker["kind"] != "run")):
         raise GenomeLMError(f"--out {run_dir} is {what_it_is(run_dir)}, not a run directory; train writes into a new "
                             "folder or its own run directory: choose another --out")

@@ -208,9 +208,21 @@ class Checkpointer:
         log.warning("%s; this save is skipped and training goes on (train.on_disk_full: skip)", problem)
         return False
 
-    def close(self, finish: bool = True) -> dict:
-        """Finish the save in flight (`finish`; a failed run leaves it partial) and release the stager."""
-        timings = self.wait() if finish else {}
+    def close(self, finish: bool = True, grace_s: float = 60) -> dict:
+        """Finish the save in flight and release the stager. A crashed run (`finish` False) completes it
+        only when its write ends within `grace_s` (every rank's files written: a rank that died
+        mid-write fails it), else leaves it partial, to be removed at the next start."""
+        timings = {}
+        if finish:
+            timings = self.wait()
+        elif self.pending is not None:
+            try:
+                self.pending.future.result(timeout=grace_s)
+                timings = self.wait()
+            except BaseException as e:  # noqa: BLE001 - the write of a crashed run: partial, not an error
+                log.warning("checkpoint step %d was not completed (%s); the run resumes from the one before",
+                            self.pending.step, type(e).__name__)
+                self.pending = None
         if self.stager is not None:
             self.stager.close()
             self.stager = None

@@ -392,5 +392,5 @@ def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -
         run.bar.close()
         run.metrics.close()
         run.par.shutdown()
-        if outcome != "done" and run.par.is_main:
-            discard_unstarted(run.rd)
+        if outcome != "done" and run.par.is_main and not (outcome == "crashed" and callbacks.restarts_left()):
+            discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)

@@ -68,7 +68,8 @@ def test_dry_run_prints_per_rank_shapes(full_shards, capsys):
 
 @pytest.mark.slow
 def test_crashed_worker_is_one_line_error_and_run_resumes(tmp_path, tiny_shards, monkeypatch, step_callbacks):
-    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 3, "checkpoint_every": 1})
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 3, "checkpoint_every": 1,
+                                                                                    "checkpoint_mode": "sync"})
     run = tmp_path / "run"
     step_callbacks(KillAt(2, rank=1))
     monkeypatch.setenv("TQDM_DISABLE", "1")
