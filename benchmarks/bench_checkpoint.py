@@ -11,7 +11,7 @@ time. The first round of each mode is a warm-up (page cache, allocator) and is n
 
 Writes benchmarks/results/bench_checkpoint.json and prints a table.
 
-    python benchmarks/bench_checkpoint.py [--params-m 85] [--rounds 3] [--work-s 3] [--dir /tmp]
+    python benchmarks/bench_checkpoint.py [--params-m 85] [--repeats 3] [--work-s 3] [--dir /tmp]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def run(params_m: int, rounds: int, work_s: float, root: Path) -> dict:
             timings = ckpt.save(n, model, optimizer, scheduler, data, {}, export_model=False, export_dtype=None)
             work(work_s)
             timings.update(ckpt.wait())
-            if r:  # round 0 warms up
+            if r:  # the first pass warms up
                 seen[mode]["stall_s"].append(timings["checkpoint_stall_s"])
                 if "checkpoint_write_s" in timings:
                     seen[mode]["write_s"].append(timings["checkpoint_write_s"])
@@ -115,13 +115,13 @@ def table(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params-m", type=int, default=85)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work-s", type=float, default=3.0)
     ap.add_argument("--dir", type=Path, default=None, help="where the checkpoints are written (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "bench_checkpoint.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_checkpoint_") as root:
-        result = run(args.params_m, args.rounds, args.work_s, Path(root))
+        result = run(args.params_m, args.repeats, args.work_s, Path(root))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))

@@ -67,7 +67,7 @@ def strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory):
 def step_callbacks():
     """`install(*callbacks)` for this test: the training and eval loops (and the workers of a launch
     started from this process) call them after every step; removed afterwards."""
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
 
     callbacks.clear()
     yield callbacks.install

@@ -1,5 +1,5 @@
 """Faults the tests inject into training and eval workers, as step callbacks
-(`genome_lm.train.callbacks`, installed through the `step_callbacks` fixture of tests/conftest.py; a
+(`genome_lm.parallel.callbacks`, installed through the `step_callbacks` fixture of tests/conftest.py; a
 launch hands them to its workers). Each acts in the first attempt of a launch only, so a restarted
 worker group runs clean."""
 

@@ -162,7 +162,7 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
 
     checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))

@@ -12,7 +12,7 @@ which must be on a filesystem every worker sees.
 Restarts (`--max-restarts N`, docs/long-runs.md): the elastic launcher's `max_restarts` or Ray
 Train's `FailureConfig(max_failures=N)` start the whole worker group again after a failure. Each
 worker counts its starts in the launch's message folder, so it knows its attempt
-(`genome_lm.train.callbacks.attempt()`); the job resumes from its newest complete checkpoint on
+(`genome_lm.parallel.callbacks.attempt()`); the job resumes from its newest complete checkpoint on
 every attempt after the first, and rank 0 logs what failed in the attempt before (rank, node,
 message) and how many restarts are left. A user error (GenomeLMError) is not retried: a restarted
 worker that finds one from an earlier attempt raises it again at once. Once no restart is left, the
@@ -22,7 +22,7 @@ Preemption: a worker that stopped on a preemption signal after a checkpoint exit
 EXIT_PREEMPTED (a restart follows while restarts are left); a launcher that gets SIGTERM or SIGUSR1
 passes it on (the elastic launcher signals its workers; under Ray a stop file every worker checks at
 its step boundaries) and ends with `Preempted`. The callbacks installed in the launching process
-(`genome_lm.train.callbacks`) are installed in every worker.
+(`genome_lm.parallel.callbacks`) are installed in every worker.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted, first_lin
 log = logging.getLogger(__name__)
 FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
 _MESSAGE_FILE: list[Path | None] = [None]  # where this worker leaves its error message
+_STOP_FILE: list[Path | None] = [None]  # created by the launcher that got a preemption signal
+
+
+def stop_file() -> Path | None:
+    """The launch's stop request: once this file exists, every worker stops at its next step boundary."""
+    return _STOP_FILE[0]
 
 
 @dataclass
@@ -82,7 +88,7 @@ def _setup_worker_logging(rank: int) -> None:
 def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> Path:
     """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node, and
     set where its error message goes; returns the attempt's folder."""
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
 
     starts = Path(error_dir, "starts")
     starts.mkdir(exist_ok=True)
@@ -115,16 +121,14 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
     attempt's user error, log a restart, run the job, and leave a one-line error behind."""
     import torch
 
-    from genome_lm.train import callbacks
-    from genome_lm.train.guard import set_stop_file
-
+    from genome_lm.parallel import callbacks
     rank = int(os.environ.get("RANK", "0"))
     callbacks.clear()
     callbacks.install(*hooks)
     try:
         if error_dir:
             attempt = _start_attempt(error_dir, rank, max_restarts).name
-            set_stop_file(Path(error_dir, "stop"))
+            _STOP_FILE[0] = Path(error_dir, "stop")
             _after_restart(error_dir, int(attempt.split("_")[1]), rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -233,7 +237,7 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
     check_count(nproc)
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
@@ -358,7 +362,7 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_
     worker group up to `max_restarts` times (`FailureConfig(max_failures=...)`). SIGTERM or SIGUSR1 to
     this process create the launch's stop file: every worker checkpoints at its next step boundary and
     stops, and the launch ends with `Preempted`."""
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
 
     if nproc is not None:
         check_count(nproc, "workers")

@@ -20,25 +20,15 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 from genome_lm.errors import EXIT_PREEMPTED, Preempted
+from genome_lm.parallel.launch import stop_file
 
-__all__ = ["EXIT_HUNG", "EXIT_PREEMPTED", "Preempted", "Preemption", "Watchdog", "set_stop_file", "stop_file"]
+__all__ = ["EXIT_HUNG", "EXIT_PREEMPTED", "Preempted", "Preemption", "Watchdog"]
 
 log = logging.getLogger(__name__)
 
 EXIT_HUNG = 76  # the watchdog aborted a step that did not finish in time
-_STOP_FILE: list[Path | None] = [None]  # a file the launcher creates when it gets a preemption signal
-
-
-def set_stop_file(path: Path | None) -> None:
-    """The launcher's stop request: once `path` exists, every worker stops at its next step boundary."""
-    _STOP_FILE[0] = path
-
-
-def stop_file() -> Path | None:
-    return _STOP_FILE[0]
 
 
 class Preemption:

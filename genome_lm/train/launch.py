@@ -19,7 +19,7 @@ def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
     its newest complete checkpoint: the first attempt passed the run directory's checks, or ended
     with a user error that the launcher raises again instead of retrying."""
     from genome_lm.config import parse_experiment
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
     from genome_lm.train.trainer import train
 
     return train(parse_experiment(cfg_json), out=out, resume=resume or callbacks.attempt() > 0, device=device)

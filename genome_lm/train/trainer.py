@@ -39,10 +39,10 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.model.weights import load_weights_
+from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.progress import progress
-from genome_lm.train import callbacks
 from genome_lm.train.checkpoint import latest_checkpoint, load_newest_whole, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog

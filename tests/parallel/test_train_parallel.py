@@ -18,7 +18,8 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
-from genome_lm.train import callbacks, train
+from genome_lm.parallel import callbacks
+from genome_lm.train import train
 from tests.faults import KillAt
 from tests.helpers import write_experiment
 from tests.train.test_export import same_files

@@ -13,8 +13,9 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel import callbacks
 from genome_lm.parallel.launch import run_local
-from genome_lm.train import callbacks, saver, train
+from genome_lm.train import saver, train
 from genome_lm.train.checkpoint import complete_checkpoint, list_checkpoints
 from genome_lm.train.launch import train_job
 from tests.faults import KillAt

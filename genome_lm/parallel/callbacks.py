@@ -1,7 +1,7 @@
 """Step callbacks: functions the training loop calls after every optimizer step (and eval after every
 scoring round), for code outside the package to watch or disturb a run.
 
-    from genome_lm.train import callbacks
+    from genome_lm.parallel import callbacks
     callbacks.install(fn)          # fn(step, rank, attempt): step done (its checkpoint started), this
                                    # process's rank, the launch's attempt (0, then 1 after a restart)
     ...
