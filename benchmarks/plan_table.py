@@ -51,7 +51,9 @@ def main() -> None:
                     p = result.best or result.closest
                     rows.append({"variant": variant, "gpu": gpu, "gpus": gpus, "seq": format_size(seq),
                                  "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),
-                                 "host_gib": gib(p.host_bytes_per_gpu), "tokens_per_s": p.tokens_per_s or 0.0,
+                                 "host_gib": gib(p.host_bytes_per_gpu),
+                                 "staging_gib": gib(p.staging_host_bytes_per_gpu),
+                                 "tokens_per_s": p.tokens_per_s or 0.0,
                                  "step_time_s": p.step_time_s, "layout": p.layout.describe(),
                                  "peak_where": p.memory.peak_where, "explanation": result.explain(),
                                  "search_s": round(time.perf_counter() - t0, 2)})

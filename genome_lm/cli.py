@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.outputs import check_out_path
 from genome_lm.utils import Size, add_options, from_args
 
@@ -42,6 +42,10 @@ class Launch(Params):
                             "local Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
     dry_run: bool = Field(default=False, description="check everything on the meta device and print the layout "
                           "and memory per rank; runs nothing, needs no GPU")
+    max_restarts: int = Field(default=0, ge=0, json_schema_extra={"metavar": "N"},
+                              description="restart the workers up to N times after a failure (a lost worker, a "
+                              "preempted one, a hang the watchdog aborted); each restart resumes from the newest "
+                              "complete checkpoint (docs/long-runs.md)")
 
 
 class TrainParams(Params):
@@ -123,15 +127,15 @@ def _train(args) -> None:
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
         _planned_peak(p, dry_run(cfg, world=run.nproc))
-    elif run.ray is not None or (run.nproc or 1) > 1:
+    elif run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.launch import train_job
 
         job = train_job(cfg, p.out, p.resume)
         if run.ray is None:
-            run_local(job, run.nproc)
+            run_local(job, run.nproc or 1, run.max_restarts)
         else:
-            run_ray(job, run.ray or None, run.nproc)
+            run_ray(job, run.ray or None, run.nproc, run.max_restarts)
     else:
         train(cfg, out=p.out, resume=p.resume)
 
@@ -167,10 +171,10 @@ def _eval(args) -> None:
 
         dry_run(cfg, world=run.nproc)
         return
-    if run.ray is not None or (run.nproc or 1) > 1:
+    if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.eval.sharded import launch
 
-        s = launch(cfg, run.nproc, ray=run.ray)
+        s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts)
     else:
         from genome_lm.eval import evaluate
 
@@ -327,7 +331,18 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"genome-lm {args.command}: interrupted{_kept(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Preempted as e:
+        print(f"genome-lm {args.command}: preempted: {e}; resume with: {_resume_command(argv)}", file=sys.stderr)
+        return EXIT_PREEMPTED
     return 0
+
+
+def _resume_command(argv: list[str] | None) -> str:
+    """The command line that continues a preempted run: the same one, with --resume."""
+    import shlex
+
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"]
+    return shlex.join(["genome-lm", *words, "--resume"])
 
 
 if __name__ == "__main__":

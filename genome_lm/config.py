@@ -78,6 +78,17 @@ class TrainConfig(Section):
         "(DCP) alone resumes a run; `genome-lm export CHECKPOINT --out DIR` writes model/ from it later. For "
         "full-size runs (GLM-5.3-Flash: ~600 GB of weights per export) use last")
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    checkpoint_mode: Literal["async", "sync"] = Field(
+        default="async", description="async: torch's dcp.async_save, training waits only while the state is "
+        "copied to host memory and a background thread writes it; sync: training waits for the write "
+        "(docs/long-runs.md)")
+    on_disk_full: Literal["stop", "skip"] = Field(
+        default="stop", description="when the next checkpoint would not fit the free space of the run's "
+        "checkpoints/: stop the run, or skip that save and train on; nothing is deleted either way")
+    preempt_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"]] = Field(
+        default=["SIGTERM", "SIGUSR1"], description="signals on which every rank saves a checkpoint at the next "
+        "step boundary and the run stops with exit code 75 (SLURM's --signal=USR1@SECONDS, spot reclaim, "
+        "Ray's node drain); [] turns this off")
     tf32: bool = Field(default=True, description="on CUDA, float32 matmuls and convolutions on TF32 tensor cores "
                        "(torch's 'high' float32 matmul precision); false: full float32 ('highest')")
     moe_bias_update_rate: float = Field(
@@ -138,6 +149,13 @@ class ParallelConfig(Section):
                                                          "reduce-scatter (bfloat16 halves its buffers and traffic)")
     backward_prefetch: int = Field(default=1, ge=0, description="decoder layers whose all-gather FSDP2 issues ahead "
                                    "in backward (1: FSDP2's default; 0: none, one gathered layer less)")
+    timeout: float = Field(default=1800, gt=0, description="seconds a collective may wait before the process "
+                           "group gives up (torch's process-group timeout)")
+    watchdog_factor: float = Field(default=10, ge=0, description="abort a rank whose step has not finished "
+                                   "within this many times the median step time (0: no watchdog), so that "
+                                   "--max-restarts takes over; the log names the ranks missing from the step")
+    watchdog_min_s: float = Field(default=300, gt=0, description="the watchdog never aborts a step sooner than "
+                                  "this many seconds")
 
 
 class ExperimentConfig(Section):

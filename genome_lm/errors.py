@@ -9,6 +9,14 @@ class GenomeLMError(Exception):
     """A user-facing error: `str(err)` is a complete, one-line explanation with a fix."""
 
 
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a preemption signal after a checkpoint; --resume continues
+
+
+class Preempted(Exception):
+    """Not an error: a run stopped on a preemption signal after saving a checkpoint. `str` says where
+    it stopped; the CLI adds the command that resumes it and exits with EXIT_PREEMPTED."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of `e`'s message (at most 200 characters; its type when it has none), for
     one-line messages about a file that does not parse."""

@@ -4,7 +4,8 @@ GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU
 
 Session-scoped fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and
 the eval inputs and outputs of tests/eval and tests/report, with and without the leakage and
-annotation strata, the context ablation and both strands (see tests/eval/data.py)."""
+annotation strata, the context ablation and both strands (see tests/eval/data.py). `step_callbacks`
+installs fault injectors (tests/faults.py) as training and eval step callbacks for one test."""
 
 import os
 
@@ -60,3 +61,14 @@ def strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory):
     from tests.eval import data
 
     return data.strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory.mktemp("strata_evals"))
+
+
+@pytest.fixture
+def step_callbacks():
+    """`install(*callbacks)` for this test: the training and eval loops (and the workers of a launch
+    started from this process) call them after every step; removed afterwards."""
+    from genome_lm.parallel import callbacks
+
+    callbacks.clear()
+    yield callbacks.install
+    callbacks.clear()

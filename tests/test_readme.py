@@ -206,3 +206,14 @@ def test_a_recipe_that_reads_what_nothing_wrote_fails(env, mirror, flash_dir, tm
     commands = blocks("Real data on hg38", text)
     with pytest.raises(AssertionError, match="shards/hg38_512k"):
         run_all(commands, tmp_path, mirror, flash_dir, monkeypatch, capsys)
+
+
+def test_the_readme_is_short_and_in_the_documented_order():
+    """At most 10,000 characters, sections in reading order, and every docs/ page in its index."""
+    text = README.read_text()
+    assert len(text) <= 10_000, f"README.md has {len(text):,} characters"
+    sections = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert sections == ["Install", "Quick start", "Real data on hg38", "On a GPU cluster", "Commands", "Documentation"]
+    docs = README.parent / "docs"
+    unlisted = [p.name for p in sorted(docs.glob("*.md")) if f"(docs/{p.name})" not in text]
+    assert not unlisted, f"docs/ pages missing from README.md's index: {unlisted}"

@@ -162,7 +162,7 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
-    from genome_lm.parallel.launch import maybe_inject_fault
+    from genome_lm.parallel import callbacks
 
     checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
@@ -228,7 +228,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                     cache.put(j, **arrays)
                     scored_tokens += int(lengths[j])
                     bar.update(int(lengths[j]))
-                maybe_inject_fault(r + 1, par.rank)
+                callbacks.after_step(r + 1, par.rank)  # after each scoring round
     t_score = time.perf_counter() - t_score
 
     extra = {

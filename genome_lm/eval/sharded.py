@@ -158,9 +158,10 @@ def worker(cfg_json: dict, device=None) -> dict:
     return evaluate(EvalConfig(**cfg_json), device=device)
 
 
-def launch(cfg, nproc: int | None, ray: str | None | bool = None) -> dict:
+def launch(cfg, nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> dict:
     """Run the eval `cfg` on `nproc` local processes, or under Ray (`ray`: an address, "" or True
-    for a local instance); return the summary rank 0 wrote. The launch's Ray files and error
+    for a local instance), restarting the workers up to `max_restarts` times (a restart scores only
+    the windows the cache lacks); return the summary rank 0 wrote. The launch's Ray files and error
     messages go to a hidden directory beside --out (removed afterwards)."""
     from genome_lm.eval.cache import cache_dir_for
     from genome_lm.eval.outputs import load_summary
@@ -178,9 +179,9 @@ def launch(cfg, nproc: int | None, ray: str | None | bool = None) -> dict:
               work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
     try:
         if ray is None:
-            run_local(job, nproc)
+            run_local(job, nproc or 1, max_restarts)
         else:
-            run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc)
+            run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc, max_restarts=max_restarts)
     finally:
         shutil.rmtree(job.work_dir, ignore_errors=True)
     return load_summary(cfg.out)

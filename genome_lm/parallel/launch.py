@@ -1,18 +1,28 @@
 """Launching a `Job` (`genome-lm train`, `genome-lm eval`) on several processes (docs/parallel.md, Launching):
 
-    run_local(job, nproc)              # --nproc N: torch elastic_launch, local c10d rendezvous, no restarts
-    run_ray(job, address, nproc)       # --ray [ADDRESS]: Ray Train's TorchTrainer (none: a local instance)
+    run_local(job, nproc, max_restarts)         # --nproc N: torch elastic_launch, local c10d rendezvous
+    run_ray(job, address, nproc, max_restarts)  # --ray [ADDRESS]: Ray Train's TorchTrainer (none: a local instance)
 
 A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
 launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
 genome_lm.eval.sharded), how its layout fits a number of processes, and where its workers leave
 their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
-which must be on a filesystem every worker sees. A failed worker ends the launch with one
-GenomeLMError naming the rank and its error, and what the job keeps.
+which must be on a filesystem every worker sees.
 
-`GENOME_LM_FAULT=STEP[:RANK]` (testing): the worker of RANK (default 1) dies with exit code 13
-right after optimizer step STEP (eval: after scoring round STEP), as a crashed or killed process
-would.
+Restarts (`--max-restarts N`, docs/long-runs.md): the elastic launcher's `max_restarts` or Ray
+Train's `FailureConfig(max_failures=N)` start the whole worker group again after a failure. Each
+worker counts its starts in the launch's message folder, so it knows its attempt
+(`genome_lm.parallel.callbacks.attempt()`); the job resumes from its newest complete checkpoint on
+every attempt after the first, and rank 0 logs what failed in the attempt before (rank, node,
+message) and how many restarts are left. A user error (GenomeLMError) is not retried: a restarted
+worker that finds one from an earlier attempt raises it again at once. Once no restart is left, the
+launch ends with one GenomeLMError naming the rank, its node and its error, and what the job keeps.
+
+Preemption: a worker that stopped on a preemption signal after a checkpoint exits with
+EXIT_PREEMPTED (a restart follows while restarts are left); a launcher that gets SIGTERM or SIGUSR1
+passes it on (the elastic launcher signals its workers; under Ray a stop file every worker checks at
+its step boundaries) and ends with `Preempted`. The callbacks installed in the launching process
+(`genome_lm.parallel.callbacks`) are installed in every worker.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -30,11 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted, first_line
 
 log = logging.getLogger(__name__)
-FAULT_ENV = "GENOME_LM_FAULT"
-FORWARDED_ENV = (FAULT_ENV, "WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
+FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
+_MESSAGE_FILE: list[Path | None] = [None]  # where this worker leaves its error message
+_STOP_FILE: list[Path | None] = [None]  # created by the launcher that got a preemption signal
+
+
+def stop_file() -> Path | None:
+    """The launch's stop request: once this file exists, every worker stops at its next step boundary."""
+    return _STOP_FILE[0]
 
 
 @dataclass
@@ -51,18 +68,8 @@ class Job:
     name: str = "run"
     default_workers: int | None = None  # Ray without --nproc: this many, else one per GPU of the cluster
     workers_hint: str = ""  # another way to give the number of Ray workers, for the error without GPUs
-
-
-def maybe_inject_fault(step: int, rank: int) -> None:
-    """Testing hook: die like a crashed worker after step `step` (see the module docstring)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    at, _, who = spec.partition(":")
-    if step == int(at) and rank == int(who or 1):
-        sys.stderr.write(f"genome_lm: {FAULT_ENV}={spec}: rank {rank} exits after step {step}\n")
-        sys.stderr.flush()
-        os._exit(13)
+    timeout_s: float = 1800  # the process group's timeout (parallel.timeout)
+    grace_s: float = 600  # how long a launcher that got a stop signal waits for its workers' checkpoint
 
 
 def check_count(nproc: int, what: str = "processes") -> int:
@@ -78,56 +85,133 @@ def _setup_worker_logging(rank: int) -> None:
                         force=True)
 
 
-def _run_worker(fn: Callable, args: tuple, error_dir: str | None, device=None):
-    """Body of every worker: run the job, and leave a one-line error behind for the launcher."""
+def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> Path:
+    """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node, and
+    set where its error message goes; returns the attempt's folder."""
+    from genome_lm.parallel import callbacks
+
+    starts = Path(error_dir, "starts")
+    starts.mkdir(exist_ok=True)
+    counter = starts / f"rank_{rank:05d}"
+    attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
+    with counter.open("a") as f:
+        f.write(f"{socket.gethostname()}\n")
+    callbacks.set_attempt(attempt, max_restarts)
+    folder = Path(error_dir, f"attempt_{attempt}")
+    folder.mkdir(exist_ok=True)
+    (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
+    _MESSAGE_FILE[0] = folder / f"rank_{rank:05d}"
+    return folder
+
+
+def record_failure(message: str, user: bool = False, preempted: bool = False) -> None:
+    """Leave this worker's one-line error for the launcher (and the next attempt's log)."""
+    if _MESSAGE_FILE[0] is None:
+        return
+    try:
+        _MESSAGE_FILE[0].write_text(json.dumps({"user": user, "preempted": preempted, "message": message,
+                                                "node": socket.gethostname()}))
+    except OSError:
+        pass
+
+
+def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple = (), max_restarts: int = 0,
+                device=None):
+    """Body of every worker: install the launch's callbacks, note the attempt, replay an earlier
+    attempt's user error, log a restart, run the job, and leave a one-line error behind."""
     import torch
 
+    from genome_lm.parallel import callbacks
     rank = int(os.environ.get("RANK", "0"))
+    callbacks.clear()
+    callbacks.install(*hooks)
     try:
+        if error_dir:
+            attempt = _start_attempt(error_dir, rank, max_restarts).name
+            _STOP_FILE[0] = Path(error_dir, "stop")
+            _after_restart(error_dir, int(attempt.split("_")[1]), rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
         return fn(*args, device=device)
     except BaseException as e:
-        user = isinstance(e, GenomeLMError)
-        if error_dir:
-            msg = str(e) if user else (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
-            try:
-                Path(error_dir, f"rank_{rank:05d}").write_text(json.dumps({"user": user, "message": msg}))
-            except OSError:
-                pass
-        if not user:
+        user, preempted = isinstance(e, GenomeLMError), isinstance(e, Preempted)
+        if not isinstance(e, SystemExit):
+            record_failure(str(e) if user or preempted else first_line(e), user=user, preempted=preempted)
+        if not (user or preempted):
             traceback.print_exc()
         raise
 
 
-def elastic_worker(fn: Callable, args: tuple, error_dir: str):
+def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -> None:
+    """On a restarted worker: raise an earlier attempt's user error again (not retried); rank 0 logs
+    what ended the attempt before and how many restarts are left."""
+    if attempt == 0:
+        return
+    for k in range(attempt):
+        for f in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
+            found = json.loads(f.read_text())
+            if found.get("user"):
+                raise GenomeLMError(found["message"])
+    if rank == 0:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        what = attempt_failure(Path(error_dir, f"attempt_{attempt - 1}"), world)
+        said = f"rank {what[1]} on {what[2]}: {what[3]}" if what else "a worker stopped (no message)"
+        log.warning("restart %d of %d: %s; %d restart(s) left; resuming from the newest complete checkpoint",
+                    attempt, max_restarts, said, max_restarts - attempt)
+
+
+def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0):
     """Entry point of each `--nproc` process (module level: the launcher pickles it)."""
     _setup_worker_logging(int(os.environ.get("RANK", "0")))
     try:
-        return _run_worker(fn, args, error_dir)
+        return _run_worker(fn, args, error_dir, hooks, max_restarts)
     except GenomeLMError:
         sys.exit(2)  # the launcher reports the message; no traceback for a user error
+    except Preempted:
+        sys.exit(EXIT_PREEMPTED)
 
 
-def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> GenomeLMError | None:
-    """The error to report for a failed launch, from the messages the workers left. A user error
-    (GenomeLMError, the same on every rank) is reported as is. A rank that left no message died
-    (crash, kill, out of memory) and is the likely cause: the others then fail on a closed
-    connection."""
-    found = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in Path(error_dir).glob("rank_*")}
-    if not found:
+def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | None:
+    """(kind, rank, node, message) of what ended an attempt, from the messages its workers left:
+    a user error (the same on every rank) first, then a preemption, then a rank that left no message
+    (it died: crash, kill -9, out of memory; the others then fail on a closed connection), else the
+    lowest rank's error. None when no worker left anything."""
+    found = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("rank_*")}
+    started = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("started_*")}
+    if not found and not started:
         return None
-    users = [e["message"] for _, e in sorted(found.items()) if e["user"]]
-    if users:
-        return GenomeLMError(users[0])
+    for kind in ("user", "preempted"):
+        ranks = [r for r, e in sorted(found.items()) if e.get(kind)]
+        if ranks:
+            return kind, ranks[0], found[ranks[0]]["node"], found[ranks[0]]["message"]
     silent = sorted(set(range(world)) - set(found))
     if silent:
-        rank, msg = silent[0], "died without an error message (crashed, killed or out of memory; see its log above)"
-    else:
-        rank = min(found)
-        msg = found[rank]["message"]
-    return _failed(launcher, rank, msg, keeps)
+        rank = silent[0]
+        return ("died", rank, started.get(rank, {}).get("node", "?"),
+                "died without an error message (crashed, killed or out of memory; see its log above)")
+    rank = min(found)
+    return "failed", rank, found[rank]["node"], found[rank]["message"]
+
+
+def _last_attempt(error_dir: str) -> Path:
+    attempts = sorted(Path(error_dir).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+    return attempts[-1] if attempts else Path(error_dir, "attempt_0")
+
+
+def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> Exception | None:
+    """The error to report for a failed launch, from the messages the workers of its last attempt
+    left (`attempt_failure`): a user error as is, a preemption as `Preempted`, else one line naming
+    the rank, its node and its error."""
+    what = attempt_failure(_last_attempt(error_dir), world)
+    if what is None:
+        return None
+    kind, rank, node, msg = what
+    if kind == "user":
+        return GenomeLMError(msg)
+    if kind == "preempted":
+        return Preempted(msg)
+    return _failed(launcher, rank, f"{msg} (node {node})", keeps)
 
 
 def _failed(launcher: str, rank: int, msg: str, keeps: str) -> GenomeLMError:
@@ -140,14 +224,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local(job: Job, nproc: int):
-    """Run `job` on `nproc` local processes through torch's elastic launcher; rank 0's return value.
-    `nproc` is checked against the GPUs of this node and the job's layout first."""
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a launcher passes on to its workers
+
+
+def run_local(job: Job, nproc: int, max_restarts: int = 0):
+    """Run `job` on `nproc` local processes through torch's elastic launcher, restarting the worker
+    group up to `max_restarts` times; rank 0's return value. `nproc` is checked against the GPUs of
+    this node and the job's layout first. SIGTERM or SIGUSR1 to this process reach the workers (the
+    launcher's handlers), which stop at their next step boundary after a checkpoint: `Preempted`."""
     import torch
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from genome_lm.parallel import callbacks
     check_count(nproc)
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
@@ -157,18 +247,23 @@ def run_local(job: Job, nproc: int):
     log_dir = tempfile.mkdtemp(prefix="genome_lm_elastic_")  # the launcher's (empty: nothing is redirected)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=0.5, start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=max_restarts, monitor_interval=0.5,
+        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", shutdown_timeout=int(job.grace_s),
     )
-    log.info("launching %d processes (%s)", nproc, job.describe)
+    log.info("launching %d processes (%s)%s", nproc, job.describe,
+             f", up to {max_restarts} restart(s)" if max_restarts else "")
     # the launcher logs each failed worker's traceback; workers print their own (none for user errors)
     elastic_log = logging.getLogger("torch.distributed.elastic")
     level = elastic_log.level
     elastic_log.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, elastic_worker)(job.fn, job.args, error_dir)
-    except ChildFailedError as e:
+        results = elastic_launch(config, elastic_worker)(job.fn, job.args, error_dir, callbacks.installed(),
+                                                         max_restarts)
+    except (ChildFailedError, SignalException) as e:
         err = _worker_error(error_dir, nproc, f"--nproc {nproc}", job.keeps)
+        if err is None and isinstance(e, SignalException):
+            err = Preempted(f"the launcher got {signal.Signals(e.sigval).name} before the workers started training")
         if err is None:
             rank, failure = min(e.failures.items())
             err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}", job.keeps)
@@ -197,8 +292,15 @@ def _ray_worker(config: dict) -> None:
             os.environ[key] = value
     rank = ray.train.get_context().get_world_rank()
     os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
     _setup_worker_logging(rank)
-    _run_worker(config["fn"], config["args"], config["error_dir"], device=ray.train.torch.get_device())
+    try:
+        _run_worker(config["fn"], config["args"], config["error_dir"], config["hooks"], config["max_restarts"],
+                    device=ray.train.torch.get_device())
+    except Preempted:
+        if not Path(config["error_dir"], "stop").exists():
+            raise  # a signal reached this worker: Ray restarts the group while restarts are left
+        # the driver asked every worker to stop: end without a failure, so Ray does not restart
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -255,8 +357,13 @@ def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
     return nproc, gpus > 0
 
 
-def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> None:
-    """Run `job` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot)."""
+def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_restarts: int = 0) -> None:
+    """Run `job` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot), restarting the
+    worker group up to `max_restarts` times (`FailureConfig(max_failures=...)`). SIGTERM or SIGUSR1 to
+    this process create the launch's stop file: every worker checkpoints at its next step boundary and
+    stops, and the launch ends with `Preempted`."""
+    from genome_lm.parallel import callbacks
+
     if nproc is not None:
         check_count(nproc, "workers")
     if address:
@@ -271,21 +378,38 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None) -> N
     env = {k: os.environ.get(k) for k in FORWARDED_ENV}
     trainer = TorchTrainer(
         _ray_worker,
-        train_loop_config={"fn": job.fn, "args": job.args, "cwd": os.getcwd(), "error_dir": error_dir, "env": env},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        train_loop_config={"fn": job.fn, "args": job.args, "cwd": os.getcwd(), "error_dir": error_dir, "env": env,
+                           "hooks": callbacks.installed(), "max_restarts": max_restarts},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(job.timeout_s)),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
         run_config=RunConfig(name=f"{job.name}-{uuid.uuid4().hex[:6]}",
                              storage_path=str((job.work_dir / "ray").resolve()),
-                             failure_config=FailureConfig(max_failures=0)),
+                             failure_config=FailureConfig(max_failures=max_restarts)),
     )
-    log.info("Ray Train: %d workers (%s), %s", workers, "GPU" if use_gpu else "CPU", job.describe)
+    log.info("Ray Train: %d workers (%s), %s%s", workers, "GPU" if use_gpu else "CPU", job.describe,
+             f", up to {max_restarts} restart(s)" if max_restarts else "")
+    stop = Path(error_dir, "stop")
+    old = {sig: signal.signal(sig, lambda signum, frame: _ask_workers_to_stop(stop, signum)) for sig in PREEMPT_SIGNALS}
     try:
         trainer.fit()
+        err = _worker_error(error_dir, workers, "--ray", job.keeps) if stop.exists() else None
+        if err is not None:
+            raise err
     except Exception as e:  # Ray wraps worker errors (TrainingFailedError, WorkerGroupError, ...)
+        if isinstance(e, (GenomeLMError, Preempted)):
+            raise
         err = _worker_error(error_dir, workers, "--ray", job.keeps)
         if err is None:
             err = GenomeLMError(f"--ray: a worker failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}. "
                                 f"{job.keeps}")
         raise err from None
     finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         shutil.rmtree(error_dir, ignore_errors=True)
+
+
+def _ask_workers_to_stop(stop: Path, signum: int) -> None:
+    log.warning("%s received: every worker checkpoints at its next step boundary, then the launch stops",
+                signal.Signals(signum).name)
+    stop.touch()

@@ -158,6 +158,10 @@ class ParallelContext:
         """Sum over the data-parallel replicas (CP ranks of one replica hold the same values)."""
         return self._reduce(list(values), dist.ReduceOp.SUM, self.dp_group) if self.dp > 1 else list(values)
 
+    def sum_all(self, *values: float) -> list[float]:
+        """Sum over every rank."""
+        return self._reduce(list(values), dist.ReduceOp.SUM, None)
+
     def max_all(self, value: float) -> float:
         return self._reduce([value], dist.ReduceOp.MAX, None)[0]
 
@@ -191,6 +195,17 @@ class ParallelContext:
             self.owns_process_group = False
 
 
+def _init_from_env(backend: str, timeout: timedelta) -> None:
+    """Join the process group of a launcher's environment (MASTER_ADDR, RANK, ...), its keys under a
+    prefix of the launch's attempt: the elastic launcher keeps one store across restarts, and a
+    restarted worker must not read the addresses a dead worker of the attempt before left there."""
+    from torch.distributed.rendezvous import rendezvous
+
+    store, rank, world = next(rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"genome_lm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800,
                   sharded: bool = False) -> ParallelContext:
     """The layout of this process: joins the process group a launcher prepared (torch elastic:
@@ -207,7 +222,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timeout)
+        _init_from_env(backend, timeout)
         world, rank, owns = dist.get_world_size(), dist.get_rank(), True
     else:
         world, rank = 1, 0

@@ -72,6 +72,13 @@ class Assumptions(BaseModel):
                               "power of two.")
     host_usable_fraction: float = _share(0.9, "share of a node's host memory that pinned buffers may take (OS, data "
                                               "loading, page cache).")
+    # --- checkpoints ---
+    checkpoint_write_gbps: float = Field(10.0, gt=0, description="aggregate bandwidth (GB/s) of the shared "
+                                         "filesystem the run writes its checkpoints to, all ranks together.")
+    checkpoint_async: bool = Field(True, description="train.checkpoint_mode async (the default): training waits "
+                                   "only while each GPU copies its shard to pinned host memory, which the staged "
+                                   "copy holds until the background write ends; false: sync, training waits for "
+                                   "the write.")
     kda_backend: Literal["auto", "fla", "torch"] = Field("auto", description="'fla' (Triton kernels, CUDA), "
                                                          "'torch' (genome_lm's chunked op), or 'auto' (fla on GPUs).")
 

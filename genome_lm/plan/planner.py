@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.checkpoint import CheckpointPlan, plan_checkpoint
 from genome_lm.plan.hardware import Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MemoryPlan, plan_memory
@@ -35,6 +36,12 @@ class Plan:
     process_baseline_bytes: int = 0
     problems: list[str] = field(default_factory=list)  # why it does not fit (empty: fits)
     notes: list[str] = field(default_factory=list)
+    checkpoint: CheckpointPlan | None = None  # size, stall and host staging of a checkpoint (GPU plans)
+
+    @property
+    def staging_host_bytes_per_gpu(self) -> int:
+        """Pinned host memory an asynchronous checkpoint stages per GPU, beside offload's."""
+        return self.checkpoint.staging_host_bytes_per_gpu if self.checkpoint else 0
 
     @property
     def device(self) -> str:
@@ -93,6 +100,7 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
     if cluster is not None:
+        plan.checkpoint = plan_checkpoint(model, layout, assume, cluster)
         plan.problems = limits(plan)
         plan.notes = notes(plan)
     return plan
@@ -109,9 +117,11 @@ def limits(plan: Plan) -> list[str]:
                    f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {plan.memory.peak_where}")
     if lay.offload and not a.pinned_available:
         out.append("host memory: offload needs pinned host memory (pinned_available=false)")
-    per_node = plan.host_bytes_per_gpu * c.gpus_per_node
+    per_node = (plan.host_bytes_per_gpu + plan.staging_host_bytes_per_gpu) * c.gpus_per_node
     if per_node > c.host_memory_per_node * a.host_usable_fraction:
-        out.append(f"host memory: {per_node / GiB:,.0f} GiB pinned per node > {a.host_usable_fraction:.0%} of "
+        staged = (f" (with {plan.staging_host_bytes_per_gpu * c.gpus_per_node / GiB:,.0f} GiB of async checkpoint "
+                  "staging)" if plan.staging_host_bytes_per_gpu else "")
+        out.append(f"host memory: {per_node / GiB:,.0f} GiB pinned per node{staged} > {a.host_usable_fraction:.0%} of "
                    f"{c.host_memory_per_node / GiB:,.0f} GiB")
     return out
 

@@ -64,6 +64,7 @@ def plan_json(plan) -> dict:
         out["time_breakdown_s"] = plan.time.parts_s
         out["flops_per_gpu_per_step"] = plan.time.flops_per_step
         out["model_flops_per_token"] = plan.time.model_flops_per_token
+        out["checkpoint"] = plan.checkpoint.to_json()
     return out
 
 
@@ -95,6 +96,13 @@ def format_plan(plan) -> str:
     lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU"
                  + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
                     f"(of {gib(plan.cluster.host_memory_per_node):,.0f})" if plan.cluster else ""))
+    if plan.checkpoint is not None:
+        ck, per_node = plan.checkpoint, plan.cluster.gpus_per_node
+        lines.append(f"host memory (pinned, async checkpoint staging): {gib(ck.staging_host_bytes_per_gpu):,.1f} "
+                     f"GiB per GPU; with offload's {gib((host + ck.staging_host_bytes_per_gpu) * per_node):,.0f} GiB "
+                     "per node "
+                     f"(usable {gib(plan.cluster.host_memory_per_node * plan.assume.host_usable_fraction):,.0f})")
+        lines.append(ck.describe(plan.assume.checkpoint_write_gbps))
     if plan.time is not None:
         t = plan.time
         lines.append("")
@@ -114,12 +122,13 @@ def format_plan(plan) -> str:
 def format_table(rows: list[dict]) -> str:
     """Markdown table of `benchmarks/plan_table.py` rows (docs/plan.md). Rows that do not fit show the
     layout with the lowest peak and no tokens/s."""
-    head = "| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | tokens/s | layout (--fit) |"
-    sep = "|---|---:|---:|---|---:|---:|---:|---|"
+    head = ("| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | + ckpt staging GiB/GPU | tokens/s | "
+            "layout (--fit) |")
+    sep = "|---|---:|---:|---|---:|---:|---:|---:|---|"
     body = []
     for r in rows:
         tps = f"{r['tokens_per_s']:,.0f}" if r["fits"] else "–"
         layout = r["layout"] if r["fits"] else f"lowest peak: {r['layout']}"
         body.append(f"| {r['gpu']} | {r['gpus']} | {r['seq']} | {'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} | "
-                    f"{r['host_gib']:.0f} | {tps} | {layout} |")
+                    f"{r['host_gib']:.0f} | {r.get('staging_gib', 0):.0f} | {tps} | {layout} |")
     return "\n".join([head, sep, *body])

@@ -105,7 +105,7 @@ def _restore_rng(rng: dict) -> None:
         torch.cuda.set_rng_state(cuda)
 
 
-def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
+def train_state(model, optimizer, scheduler, data, step: int) -> dict:
     with warnings.catch_warnings(action="ignore"):
         optim = get_optimizer_state_dict(model, optimizer)
         weights = get_model_state_dict(model)
@@ -119,49 +119,67 @@ def _train_state(model, optimizer, scheduler, data, step: int) -> dict:
     }
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
-                    parallel: ParallelContext | None = None, export_model: bool = True,
-                    export_dtype: torch.dtype | None = None) -> Path:
-    """Write checkpoint `step` (collective in a distributed run: every rank calls it); `model/` only
-    with `export_model` (files of at most 5 GiB), its weights in `export_dtype` (the model's dtype
-    when training keeps float32 master weights; None: as held)."""
-    from genome_lm.model.weights import save_pretrained
-
-    par = parallel or ParallelContext()
+def partial_dir(ckpt_dir: Path, step: int, par: ParallelContext) -> tuple[Path, Path]:
+    """(temporary folder, final name) of checkpoint `step`: rank 0 makes the hidden temporary folder
+    and every rank gets its name (collective in a distributed run)."""
     final = ckpt_dir / f"step_{step:08d}"
 
     def make_tmp() -> str:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         return str(make_temp_dir(ckpt_dir, f".{final.name}.partial-"))
 
-    tmp = Path(par.on_main(make_tmp))
-    try:
-        if export_model:  # streamed, one tensor gathered at a time (collective when sharded)
-            save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype)
-        with warnings.catch_warnings(action="ignore"):
-            dcp.save(_train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
-        par.barrier()
-        if par.is_main:
-            (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-    except BaseException:
-        if par.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if not par.is_main:
-        par.barrier()
-        return final
+    return Path(par.on_main(make_tmp)), final
+
+
+def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info: dict, keep: int) -> Path:
+    """Rank 0, once every rank's files are in `tmp`: write genome_lm.json, rename `tmp` to `final`,
+    switch `last` to it atomically, then remove all but the newest `keep` complete checkpoints (never
+    the one just completed)."""
+    (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
     link_tmp = ckpt_dir / f".last.{os.getpid()}"
     link_tmp.unlink(missing_ok=True)
     link_tmp.symlink_to(final.name)
     os.replace(link_tmp, ckpt_dir / "last")
-    for _, old in list_checkpoints(ckpt_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for _, old in list_checkpoints(ckpt_dir)[:-max(1, keep)]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint step %d -> %s", step, final)
+    return final
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
+                    parallel: ParallelContext | None = None, export_model: bool = True,
+                    export_dtype: torch.dtype | None = None) -> Path:
+    """Write checkpoint `step` synchronously (collective in a distributed run: every rank calls it);
+    `model/` only with `export_model` (files of at most 5 GiB), its weights in `export_dtype` (the
+    model's dtype when training keeps float32 master weights; None: as held). The asynchronous
+    writer is `genome_lm.train.saver.Checkpointer`."""
+    par = parallel or ParallelContext()
+    tmp, final = partial_dir(ckpt_dir, step, par)
+    try:
+        write_model_dir(tmp, model, par, export_model, export_dtype)
+        with warnings.catch_warnings(action="ignore"):
+            dcp.save(train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
+        par.barrier()
+        if par.is_main:
+            complete_checkpoint(ckpt_dir, tmp, final, step, info, keep)
+    except BaseException:
+        if par.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     par.barrier()
     return final
+
+
+def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype) -> None:
+    """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded)."""
+    from genome_lm.model.weights import save_pretrained
+
+    if export_model:
+        save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype)
 
 
 def stored_state(state_dir: Path) -> dict:
@@ -197,7 +215,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
     Collective in a distributed run; the checkpoint may come from any number of processes."""
     check_train_state(path / "train_state")
-    state = _train_state(model, optimizer, scheduler, data, 0)
+    state = train_state(model, optimizer, scheduler, data, 0)
     state["rng"] = _rng_like(stored_state(path / "train_state"))
     with warnings.catch_warnings(action="ignore"):
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained

@@ -1,7 +1,7 @@
 """`genome-lm train --nproc N | --ray [ADDRESS]`: training as a `Job` of `genome_lm.parallel.launch`.
 
-    run_local(train_job(cfg, out, resume), nproc)      # genome-lm train EXP --nproc 8
-    run_ray(train_job(cfg, out, resume), address, nproc)   # genome-lm train EXP --ray [ADDRESS]
+    run_local(train_job(cfg, out, resume), nproc, max_restarts)      # genome-lm train EXP --nproc 8
+    run_ray(train_job(cfg, out, resume), address, nproc, max_restarts)   # genome-lm train EXP --ray [ADDRESS]
 
 Every worker runs `genome_lm.train.train(cfg, out, resume)`, which joins the process group the
 launcher prepared and lays the ranks out as `parallel: {cp, dp}` says (`mesh.init_parallel`).
@@ -15,11 +15,14 @@ from genome_lm.parallel.launch import Job
 
 
 def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
-    """Every worker of a training launch."""
+    """Every worker of a training launch. After a restart (attempt 1, 2, ...) the run resumes from
+    its newest complete checkpoint: the first attempt passed the run directory's checks, or ended
+    with a user error that the launcher raises again instead of retrying."""
     from genome_lm.config import parse_experiment
+    from genome_lm.parallel import callbacks
     from genome_lm.train.trainer import train
 
-    return train(parse_experiment(cfg_json), out=out, resume=resume, device=device)
+    return train(parse_experiment(cfg_json), out=out, resume=resume or callbacks.attempt() > 0, device=device)
 
 
 def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
@@ -34,6 +37,6 @@ def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
         keeps="Checkpoints written so far are kept; rerun with --resume to continue from the newest",
         work_dir=Path(out) if out else Path("runs") / (cfg.name or "run"), name=cfg.name or "run",
         default_workers=par.cp * int(par.dp) if par.dp != "auto" else None,
-        workers_hint=" (or set parallel.dp to a number)",
+        workers_hint=" (or set parallel.dp to a number)", timeout_s=par.timeout,
     )
 

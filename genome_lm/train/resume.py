@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 # Dotted keys (or section prefixes ending in ".") a resume may change.
 TAKEN = (
     "name", "train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.export_model",
-    "train.on_nonfinite", "log.", "memory.", "parallel.dp", "parallel.cp", "parallel.ep", "parallel.backward_prefetch",
+    "train.on_nonfinite", "train.checkpoint_mode", "train.on_disk_full", "train.preempt_signals", "log.", "memory.",
+    "parallel.dp", "parallel.cp", "parallel.ep", "parallel.backward_prefetch", "parallel.timeout",
+    "parallel.watchdog_factor", "parallel.watchdog_min_s",
 )
 
 

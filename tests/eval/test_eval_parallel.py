@@ -18,7 +18,9 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
 from genome_lm.eval.cache import cache_dir_for
 from genome_lm.eval.config import resolve_dtype
+from genome_lm.parallel import callbacks
 from tests.eval.data import N_WINDOWS
+from tests.faults import KillAt
 from tests.helpers import spawn
 
 ATOL = 1e-5  # nats
@@ -219,18 +221,18 @@ def _cli(argv: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_crashed_worker_keeps_scored_windows_and_rerun_finishes(evaluated, tmp_path, monkeypatch):
+def test_crashed_worker_keeps_scored_windows_and_rerun_finishes(evaluated, tmp_path, monkeypatch, step_callbacks):
     out = tmp_path / "e"
     argv = ["eval", "--checkpoint", str(evaluated.ckpt0), "--shards", str(evaluated.shards), "--out", str(out),
             "--max-windows", str(N_WINDOWS), "--nproc", "2"]
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    monkeypatch.setenv("GENOME_LM_FAULT", "1:1")  # rank 1 dies after the first round (windows 0 and 1)
+    step_callbacks(KillAt(1, rank=1))  # rank 1 dies after the first round (windows 0 and 1)
     with pytest.raises(GenomeLMError, match=r"--nproc 2: rank 1 failed: died without an error message.*"
                                             r"Windows scored so far are kept in .*rerun the same command"):
         _cli(argv)
     assert not out.exists()
     assert 1 <= len(list(cache_dir_for(out).glob("w*.npz"))) <= 2
-    monkeypatch.delenv("GENOME_LM_FAULT")
+    callbacks.clear()
     assert main(argv) == 0
     assert max_nll_diff(out, evaluated.eval0) <= ATOL
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]

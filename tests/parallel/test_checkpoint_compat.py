@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 from genome_lm.config import MemoryConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
-from genome_lm.train.checkpoint import _train_state, load_checkpoint, save_checkpoint
+from genome_lm.train.checkpoint import load_checkpoint, save_checkpoint, train_state
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 from tests.helpers import tiny_model
@@ -43,7 +43,7 @@ def test_checkpoint_without_dcp_weights_is_refused(tmp_path):
     opt.step()
     sched.step()
     ckpt = save_checkpoint(tmp_path, 1, model, opt, sched, _Data(7), {}, keep=1)
-    old = _train_state(model, opt, sched, _Data(7), 1)
+    old = train_state(model, opt, sched, _Data(7), 1)
     del old["model"]  # the layout of older checkpoints
     shutil.rmtree(ckpt / "train_state")
     with warnings.catch_warnings():

@@ -9,7 +9,9 @@ import pytest
 
 from genome_lm.cli import build_parser, main
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel import callbacks
 from genome_lm.parallel.mesh import resolve_layout
+from tests.faults import KillAt
 from tests.helpers import write_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,15 +67,16 @@ def test_dry_run_prints_per_rank_shapes(full_shards, capsys):
 
 
 @pytest.mark.slow
-def test_crashed_worker_is_one_line_error_and_run_resumes(tmp_path, tiny_shards, monkeypatch):
-    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 3, "checkpoint_every": 1})
+def test_crashed_worker_is_one_line_error_and_run_resumes(tmp_path, tiny_shards, monkeypatch, step_callbacks):
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 3, "checkpoint_every": 1,
+                                                                                    "checkpoint_mode": "sync"})
     run = tmp_path / "run"
-    monkeypatch.setenv("GENOME_LM_FAULT", "2:1")
+    step_callbacks(KillAt(2, rank=1))
     monkeypatch.setenv("TQDM_DISABLE", "1")
     with pytest.raises(GenomeLMError, match=r"--nproc 2: rank 1 failed: died without an error message.*--resume"):
         run_train([exp, "--out", str(run), "--nproc", "2"])
     assert (run / "checkpoints" / "last").resolve().name == "step_00000002"
-    monkeypatch.delenv("GENOME_LM_FAULT")
+    callbacks.clear()
     assert main(["train", exp, "--out", str(run), "--nproc", "2", "--resume"]) == 0
     assert (run / "checkpoints" / "last").resolve().name == "step_00000003"
 

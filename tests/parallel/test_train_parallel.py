@@ -18,7 +18,9 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel import callbacks
 from genome_lm.train import train
+from tests.faults import KillAt
 from tests.helpers import write_experiment
 from tests.train.test_export import same_files
 
@@ -134,18 +136,18 @@ def test_dcp_resume_on_four_processes_with_cp(dp2_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_train_two_cpu_workers_fail_and_resume(dp2_run, tmp_path, monkeypatch):
+def test_ray_train_two_cpu_workers_fail_and_resume(dp2_run, tmp_path, step_callbacks):
     """Ray Train, 2 CPU workers on a local Ray instance: a worker dies after step 3 -> one-line
     error, checkpoint 2 kept; --resume finishes with the losses of the --nproc run."""
     ray = pytest.importorskip("ray")
     exp, run = dp2_run
     out = tmp_path / "ray_run"
-    monkeypatch.setenv("GENOME_LM_FAULT", "3:1")
+    step_callbacks(KillAt(3, rank=1))
     try:
         with pytest.raises(GenomeLMError, match=r"--ray: rank 1 failed: died without an error message.*--resume"):
             _run_cli(["train", exp, "--out", str(out), "--ray", "--nproc", "2"])
         assert (out / "checkpoints" / "last").resolve().name == "step_00000002"
-        monkeypatch.delenv("GENOME_LM_FAULT")
+        callbacks.clear()
         assert main(["train", exp, "--out", str(out), "--ray", "--nproc", "2", "--resume"]) == 0
     finally:
         ray.shutdown()
@@ -161,3 +163,19 @@ def _run_cli(argv: list[str]) -> None:
 
     args = build_parser().parse_args(argv)
     args.func(args)
+
+
+@pytest.mark.slow
+def test_ray_train_worker_killed_restarts_and_finishes(dp2_run, tmp_path, step_callbacks):
+    """Ray Train, 2 CPU workers: kill -9 of rank 1 after step 3 with --max-restarts 1: Ray restarts the
+    worker group, which resumes from checkpoint 2 and finishes with the losses of the --nproc run."""
+    ray = pytest.importorskip("ray")
+    exp, run = dp2_run
+    out = tmp_path / "ray_run"
+    step_callbacks(KillAt(3, rank=1))
+    try:
+        assert main(["train", exp, "--out", str(out), "--ray", "--nproc", "2", "--max-restarts", "1"]) == 0
+    finally:
+        ray.shutdown()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert_same_curve(records(out), records(run), range(1, 5))

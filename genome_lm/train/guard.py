@@ -1,0 +1,168 @@
+"""What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal, and a
+watchdog that aborts a step that hangs so that the launcher's restarts take over.
+
+    stop = Preemption(cfg.train.preempt_signals)   # SIGTERM, SIGUSR1 set a flag
+    if stop.agreed(par): ...                        # at a step boundary: any rank's flag, on every rank
+    dog = Watchdog(par, factor, min_s)              # per step: dog.begin(step) ... dog.end(step, seconds)
+
+Exit codes (documented in docs/long-runs.md): EXIT_PREEMPTED (75) after a preemption checkpoint,
+EXIT_HUNG (76) when the watchdog aborts a rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+
+from genome_lm.errors import EXIT_PREEMPTED, Preempted
+from genome_lm.parallel.launch import stop_file
+
+__all__ = ["EXIT_HUNG", "EXIT_PREEMPTED", "Preempted", "Preemption", "Watchdog"]
+
+log = logging.getLogger(__name__)
+
+EXIT_HUNG = 76  # the watchdog aborted a step that did not finish in time
+
+
+class Preemption:
+    """Sets a flag on `signals` (names such as "SIGTERM"); `agreed` turns the flags of all ranks, and the
+    launcher's stop file, into one decision. Handlers are installed only from the main thread (Ray Train
+    runs the training function in a thread: there the launcher's stop file is the way in)."""
+
+    def __init__(self, signals: list[str]):
+        self.received: str | None = None
+        self._old: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in signals:
+            sig = getattr(signal, name)
+            self._old[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+        log.warning("%s received: checkpoint at the end of this step, then stop", self.received)
+
+    def requested(self) -> str | None:
+        """Why this rank wants to stop: a signal's name, "the launcher", or None."""
+        if self.received:
+            return self.received
+        path = stop_file()
+        return "a stop request of the launcher" if path is not None and path.exists() else None
+
+    def agreed(self, par) -> bool:
+        """Collective at a step boundary (one small all-reduce): True on every rank when any rank wants to stop."""
+        return par.max_all(1.0 if self.requested() else 0.0) > 0
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+class Watchdog:
+    """Aborts this process (exit EXIT_HUNG) when it has not finished a step within `factor` x the
+    median step time (at least `min_s`) since its previous step ended, after logging which ranks
+    have not begun the step and which are still inside it. Each rank records in the process group's
+    store the step it last began and finished; a daemon thread checks every `poll_s`. Armed after
+    two steps (the first ones include warm-up); paused while a checkpoint is written (`paused()`)."""
+
+    def __init__(self, par, factor: float, min_s: float, attempt: int = 0, poll_s: float = 0.5, on_abort=None):
+        import torch.distributed as dist
+
+        self.par, self.factor, self.min_s, self.poll_s = par, factor, min_s, poll_s
+        self.prefix = f"genome_lm/watchdog/{attempt}"
+        self.store = dist.distributed_c10d._get_default_store() if par.distributed else None
+        self.times: list[float] = []
+        self.step, self.last_end, self.pause_depth = 0, time.monotonic(), 0
+        self.on_abort = on_abort or _abort
+        self._stop = threading.Event()
+        self._set("host", socket.gethostname())
+        self._set("begun", "0")
+        self._set("done", "0")
+        self.thread = threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True)
+        self.thread.start()
+
+    def _set(self, what: str, value: str) -> None:
+        if self.store is not None:
+            self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
+
+    def _get(self, what: str, rank: int) -> str | None:
+        key = f"{self.prefix}/{what}/{rank}"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def begin(self, step: int) -> None:
+        self.step = step
+        self._set("begun", str(step))
+
+    def end(self, step: int, seconds: float) -> None:
+        self._set("done", str(step))
+        self.times.append(seconds)
+        self.last_end = time.monotonic()
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.pause_depth += 1
+        try:
+            yield
+        finally:
+            self.pause_depth -= 1
+            self.last_end = time.monotonic()
+
+    def limit(self) -> float | None:
+        """Seconds a step may take, or None while fewer than two steps have finished."""
+        if len(self.times) < 2:
+            return None
+        return max(self.min_s, self.factor * statistics.median(self.times))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            limit = self.limit()
+            waited = time.monotonic() - self.last_end
+            if limit is not None and not self.pause_depth and waited > limit:
+                self.on_abort(self.describe(waited, limit))
+                return
+
+    def describe(self, waited: float, limit: float) -> str:
+        """One line: the step, the time, the ranks that have not begun it and those still inside it."""
+        step = max(self.step, int(self._done(self.par.rank) or 0) + 1)
+        head = (f"watchdog: step {step} has not finished on rank {self.par.rank} after {waited:.1f} s "
+                f"(limit {limit:.1f} s = max({self.min_s:g} s, {self.factor:g} x the median step time "
+                f"{statistics.median(self.times):.2f} s))")
+        if self.store is None:
+            return head
+        missing, inside = [], []
+        for r in range(self.par.world):
+            begun, done = int(self._get("begun", r) or 0), int(self._done(r) or 0)
+            where = f"rank {r} on {self._get('host', r) or '?'} (last finished step {done})"
+            if begun < step:
+                missing.append(where)
+            elif done < step:
+                inside.append(where)
+        parts = [f"missing from step {step}: {', '.join(missing)}"] if missing else []
+        if inside:
+            parts.append(f"inside step {step} (waiting, or stuck in a collective or device): {', '.join(inside)}")
+        return f"{head}; {'; '.join(parts)}; aborting so the launcher restarts the run from its newest checkpoint"
+
+    def _done(self, rank: int) -> str | None:
+        return self._get("done", rank) if self.store is not None else str(self.step - 1)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _abort(message: str) -> None:
+    """The watchdog's end of a hung rank: the message in the log and for the launcher, then exit."""
+    from genome_lm.parallel.launch import record_failure
+
+    log.error("%s", message)
+    record_failure(message)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(EXIT_HUNG)
