@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
@@ -36,6 +37,17 @@ def experiment(tmp_path_factory, tiny_shards):
     return write_experiment(root / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 4})
 
 
+@pytest.fixture
+def one_thread_everywhere(monkeypatch):
+    """One thread in this process and in the launcher's workers (OMP_NUM_THREADS): a run split between a
+    worker and this process sums in the same order as one run here."""
+    saved = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_async_and_sync_resume_the_same(experiment, tmp_path, mode):
     """4 steps with checkpoints at 2 and 4, then the run cut back to checkpoint 2 and resumed: both modes
@@ -57,7 +69,8 @@ def test_async_and_sync_resume_the_same(experiment, tmp_path, mode):
     assert losses(cut) == losses(full)
 
 
-def test_kill_during_an_async_save_resumes_from_the_previous_checkpoint(experiment, tmp_path, step_callbacks):
+def test_kill_during_an_async_save_resumes_from_the_previous_checkpoint(experiment, tmp_path, step_callbacks,
+                                                                         one_thread_everywhere):
     """6 steps; kill -9 right after the save of step 4 started (the one worker of an elastic launch): checkpoint 4
     is left partial under its hidden name, `last` still points at step 2; --resume uses step 2 and
     ends with the losses of an uninterrupted run."""
