@@ -78,7 +78,7 @@ class Assumptions(BaseModel):
     checkpoint_async: bool = Field(True, description="train.checkpoint_mode async (the default): training waits "
                                    "only while each GPU copies its shard to pinned host memory, which the staged "
                                    "copy holds until the background write ends; false: sync, training waits for "
-                                   "the write.")
+                                   "the write. Taken from the experiment's train.checkpoint_mode unless given.")
     kda_backend: Literal["auto", "fla", "torch"] = Field("auto", description="'fla' (Triton kernels, CUDA), "
                                                          "'torch' (genome_lm's chunked op), or 'auto' (fla on GPUs).")
 

@@ -107,7 +107,8 @@ def build(args):
     ep_choices = _ep_choices(layout.ep if args.ep is None else args.ep, cluster)
     layout = layout.replace(ep=ep_choices[0] if args.ep != "auto" else 1)
     layout.check()
-    assume = Assumptions().override(args.assume)
+    # the experiment's checkpoint mode unless --assume checkpoint_async says otherwise
+    assume = Assumptions(checkpoint_async=cfg.train.checkpoint_mode == "async").override(args.assume)
     shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
     return shape, layout, cluster, assume, ep_choices
 

@@ -35,6 +35,16 @@ def test_reference_layout_checkpoint_stall_and_staging(capsys):
     assert sync["checkpoint"]["stall_s"] == pytest.approx(ck["train_state_bytes"] / 20e9)
 
 
+def test_a_sync_experiment_is_planned_without_staging(capsys):
+    """train.checkpoint_mode: sync in the experiment: no staging, the whole write is the stall;
+    --assume checkpoint_async=true still overrides it."""
+    sync = plan(capsys, "--set", "train.checkpoint_mode=sync")["checkpoint"]
+    assert not sync["asynchronous"] and sync["staging_host_bytes_per_gpu"] == 0
+    assert sync["stall_s"] == pytest.approx(sync["write_s"])
+    forced = plan(capsys, "--set", "train.checkpoint_mode=sync", "--assume", "checkpoint_async=true")["checkpoint"]
+    assert forced["asynchronous"] and forced["staging_host_bytes_per_gpu"] == forced["state_bytes_per_gpu"]
+
+
 def test_staging_counts_in_the_host_memory_check(capsys):
     """On nodes with 1,840 GiB of host memory, offload alone fits (1,409 GiB of 1,656 usable) but not
     with the staged checkpoint: the verdict names the staging."""
