@@ -22,7 +22,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
-from genome_lm.model.contract import check_model
+from genome_lm.model.contract import check_model, check_symbols, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
 from genome_lm.model.weights import cast_tensor, load_weights_, read_text_config
@@ -78,6 +78,15 @@ def build(
     if dtype is not None:  # the dtype the weights are built in (load_weights_ rounds to it)
         model.config.dtype = dtype
     return model
+
+
+def check_upstream() -> str:
+    """The whole check of the installed transformers against `contract.py`: its symbols, then the
+    attributes of a tiny model with every layer kind (built on meta). Returns a one-line summary;
+    a mismatch raises `UpstreamMismatch`."""
+    check_symbols()
+    build("glm53-tiny", meta=True)  # runs check_model
+    return summary()
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -15,11 +15,8 @@ from genome_lm.model.ops.kda import chunk as chunk_mod
 from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda._fla import load_fla_reference
 from genome_lm.model.ops.kda.chunk import l2norm
-from genome_lm.model.ops.kda.layer import (
-    LongKDA,
-    kda_layer_step,
-    upstream_torch_fallbacks,
-)
+from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
+from genome_lm.model.ops.kda.step import kda_layer_step
 from tests.helpers import assert_close
 
 fla_naive = load_fla_reference("ops/kda/naive.py", "naive_recurrent_kda")

@@ -35,7 +35,7 @@ from torch import nn
 from genome_lm.model.cp import attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.layer import KDAState, kda_layer_step
+from genome_lm.model.ops.kda.step import KDAState, kda_layer_step
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
