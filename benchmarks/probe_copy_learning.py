@@ -53,7 +53,7 @@ from torch import nn
 
 from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
-from genome_lm.model.weights import save_pretrained
+from genome_lm.model.weights.writer import save_pretrained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
 

@@ -101,7 +101,7 @@ def build_model(cfg, model_dir: str, par):
     Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model import build
-    from genome_lm.model.weights import load_weights_
+    from genome_lm.model.weights.reader import load_weights_
     from genome_lm.train.parallelize import parallelize
 
     # training's block sizes unless the eval sets them (EvalConfig inherits config.BlockSizes); MoE blocks

@@ -25,7 +25,8 @@ from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.contract import check_model, check_symbols, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
-from genome_lm.model.weights import cast_tensor, load_weights_, read_text_config
+from genome_lm.model.weights.layout import cast_tensor
+from genome_lm.model.weights.reader import load_weights_, read_text_config
 
 
 def build(

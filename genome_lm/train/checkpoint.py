@@ -176,7 +176,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
 
 def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype) -> None:
     """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded)."""
-    from genome_lm.model.weights import save_pretrained
+    from genome_lm.model.weights.writer import save_pretrained
 
     if export_model:
         save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype)

@@ -21,7 +21,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, byte_batches, model_tensors, write_model_dir
+from genome_lm.model.weights.layout import TensorSpec, model_tensors
+from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES, byte_batches, write_model_dir
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from genome_lm.config import ExperimentConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.ops.loss import IGNORE_INDEX
-from genome_lm.model.weights import load_weights_
+from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.mesh import ParallelContext, init_parallel

@@ -12,7 +12,7 @@ from transformers.models.glm5_next import Glm5NextConfig, Glm5NextForConditional
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_lut, token_map
-from genome_lm.model import weights as weights_mod
+from genome_lm.model.weights import writer as writer_mod
 from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
 from genome_lm.outputs import MARKER
 from tests.helpers import tiny_model
@@ -159,7 +159,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     def broken_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(weights_mod, "save_file", broken_save)
+    monkeypatch.setattr(writer_mod, "save_file", broken_save)
     with pytest.raises(OSError):
         save_pretrained(model, tmp_path / "never")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no partial directory left
@@ -198,7 +198,7 @@ def test_token_map(tmp_path):
 
 def test_flat_text_config_with_pattern_fields(tmp_path):
     """Real configs may keep text fields at top level and use `index_topk_pattern`/`linear_attn_config`."""
-    from genome_lm.model.weights import read_text_config
+    from genome_lm.model.weights.reader import read_text_config
 
     config = preset_config("glm53-tiny").to_dict()
     del config["indexer_types"]

@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 import genome_lm.model as model_pkg
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build, save_pretrained
-from genome_lm.model.weights import CheckpointReader, load_weights_, read_rows, to_disk_layout
+from genome_lm.model.weights.layout import read_rows, to_disk_layout
+from genome_lm.model.weights.reader import CheckpointReader, load_weights_
 from tests.helpers import tiny_model
 
 torch.set_num_threads(1)

@@ -86,7 +86,7 @@ def test_fsdp_groups_float32_exceptions():
     from torch.distributed.fsdp import FSDPModule
 
     from genome_lm.model import apply_long_context, build
-    from genome_lm.model.weights import keep_fp32
+    from genome_lm.model.weights.layout import keep_fp32
     from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
 
     plain = tiny_model(dtype="bfloat16")
