@@ -57,8 +57,8 @@ def _whole_init(weights: str, par):
     from genome_lm.train.parallelize import parallelize
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", **OVERRIDES)
-    loaded = build(weights)
+    model = build("glm53-tiny", **OVERRIDES).model
+    loaded = build(weights).model
     set_model_state_dict(model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True, strict=True))
     del loaded
     return parallelize(model, MemoryConfig(), par)
@@ -70,9 +70,10 @@ def _streamed_init(weights: str, par):
     from genome_lm.model.weights.reader import load_weights_
     from genome_lm.train.parallelize import parallelize
 
-    model = build("glm53-tiny", meta=True, **OVERRIDES)
-    parallelize(model, MemoryConfig(), par)
-    return load_weights_(model, weights, par.device)
+    built = build("glm53-tiny", meta=True, **OVERRIDES)
+    parallelize(built.model, MemoryConfig(), par)
+    load_weights_(built.model, weights, par.device, dtype=built.dtype)
+    return built.model
 
 
 def _whole_export(model, out: Path, par) -> None:
@@ -132,7 +133,7 @@ def main() -> None:
     world, shard_bytes = 2, int(args.shard_mb * 2**20)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(1)
-        model = build("glm53-tiny", **OVERRIDES)
+        model = build("glm53-tiny", **OVERRIDES).model
         weights = str(save_pretrained(model, Path(tmp) / "weights", max_shard_bytes=shard_bytes))  # files as HF's
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         largest = max(p.numel() * p.element_size() for p in model.parameters())

@@ -210,7 +210,7 @@ def main() -> None:
     if reference:
         model = ReferenceCopyModel()
     else:
-        model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides))
+        model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides).model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     B, T = args.batch, args.seq_len
     rows, t0 = [], time.perf_counter()

@@ -78,7 +78,7 @@ def tiny_model(seed: int = 0, *, router_bias: float | None = None, **overrides):
     from genome_lm.model import build
 
     torch.manual_seed(seed)
-    model = build("glm53-tiny", **overrides)
+    model = build("glm53-tiny", **overrides).model
     if router_bias is not None:
         for layer in model.model.layers:
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)

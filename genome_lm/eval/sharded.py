@@ -108,9 +108,11 @@ def build_model(cfg, model_dir: str, par):
     # are rebuilt in backward only, so moe_recompute changes nothing without autograd
     memory = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)
     if not par.distributed:
-        return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device), memory, par)
-    model = parallelize(build(model_dir, dtype=cfg.dtype, meta=True), memory, par)
-    return load_weights_(model, model_dir, par.device)
+        return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device).model, memory, par)
+    built = build(model_dir, dtype=cfg.dtype, meta=True)
+    model = parallelize(built.model, memory, par)
+    load_weights_(model, model_dir, par.device, dtype=built.dtype)
+    return model
 
 
 @dataclass

@@ -57,7 +57,6 @@ class Glm5NextCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
-        self.long_context = None  # the LongContextSettings applied (`apply_long_context`)
         self.cp = None  # a CPContext under context parallelism (`apply_context_parallel`)
 
     @property

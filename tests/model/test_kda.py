@@ -177,6 +177,15 @@ def test_cpu_tensors_never_reach_fla(monkeypatch):
     chunk_kda(q, k, v, g, beta)
 
 
+def test_fla_options_leave_their_arguments_alone():
+    gate = {"use_gate_in_kernel": True, "lower_bound": -5.0, "A_log": None, "dt_bias": None}
+    before = dict(gate)
+    fla_gate, kw = chunk_mod.fla_options(gate, 16, scale=None)
+    assert gate == before
+    assert fla_gate == {**before, "safe_gate": True} and kw == {"scale": None, "chunk_size": 64}
+    assert chunk_mod.fla_options({"use_gate_in_kernel": True, "lower_bound": -8.0}, 32)[0]["safe_gate"] is False
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_dispatch_matches_torch_path():

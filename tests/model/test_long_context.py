@@ -21,7 +21,9 @@ from genome_lm.model import apply_long_context, use_torch_fallbacks
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import glm
 from tests.helpers import assert_close, tiny_model
 
@@ -59,11 +61,12 @@ def loss_and_grads(model, x):
 ])
 def test_patched_model_matches_upstream(T, seed, overrides):
     ref, patched = pair(seed, **overrides)
-    assert set(patched.long_context.ops) == {"kda", "dsa", "moe", "hc", "norm", "mlp", "loss"}
     for upstream, cls in [(glm.Glm5NextTextHyperConnection, RecomputedHyperConnection), (glm.Glm5NextTextMoE,
                           BlockedGlm5NextTextMoE), (glm.Glm5NextTextLinearAttention, LongKDA),
-                          (glm.Glm5NextTextAttention, LongDSA)]:
+                          (glm.Glm5NextTextAttention, LongDSA), (glm.Glm5NextTextRMSNorm, LeanRMSNorm)]:
         assert all(type(m) is cls for m in patched.modules() if isinstance(m, upstream))
+    dense = [layer.mlp for layer in patched.model.layers if isinstance(layer.mlp, glm.Glm5NextTextMLP)]
+    assert dense and all(type(mlp) is LeanMLP for mlp in dense) and patched.loss_chunk_tokens == 50
     x = torch.randint(0, 16, (1, T), generator=torch.Generator().manual_seed(T))
     with use_torch_fallbacks():
         ref_out, ref_grads = loss_and_grads(ref, x)
@@ -124,7 +127,7 @@ def test_patched_forward_backward_at_64k_fits():
         from genome_lm.train.metrics import PeakMemory
         torch.set_num_threads(1)
         torch.manual_seed(0)
-        model = apply_long_context(build("glm53-tiny"))
+        model = apply_long_context(build("glm53-tiny").model)
         x = torch.randint(0, 16, (1, 65536))
         base = int(open("/proc/self/statm").read().split()[1]) * 4096
         peak = PeakMemory(torch.device("cpu"))

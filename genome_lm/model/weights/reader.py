@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -35,6 +36,14 @@ from genome_lm.model.upstream import Glm5NextConfig, Glm5NextTextConfig
 from genome_lm.model.weights.layout import cast_tensor, model_tensors, read_rows, text_key
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What `load_weights_` found besides the model's tensors: `unexpected`, the checkpoint's text
+    weights the model has no place for (logged). Missing weights are an error, so none are listed."""
+
+    unexpected: tuple[str, ...] = ()
 
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -247,21 +256,21 @@ def _allocate_(model: nn.Module, device: str | torch.device) -> None:
 
 @torch.no_grad()
 def load_weights_(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor],
-                  device: str | torch.device | None = None, dtype: torch.dtype | None | str = "built") -> nn.Module:
+                  device: str | torch.device | None = None, *, dtype: torch.dtype | None,
+                  stored_dtypes: bool = False) -> LoadReport:
     """Fill the tensors of `model.state_dict()` (a tied `lm_head.weight` is the embedding) from
     `source`, a model directory (`CheckpointReader`) or a plain model's full state dict, in place,
-    one tensor at a time, each with the rows this rank holds (`local_rows`). Returns `model`.
+    one tensor at a time, each with the rows this rank holds (`local_rows`).
 
     device: allocate `model`, built on the meta device (sharded or not), there first (`to_empty`).
-    dtype: "built": the rows are rounded to the dtype the model was built in (`model.config.dtype`,
-    upstream's float32 exceptions kept), so float32 master weights of a bf16 model hold what one
-    process's bf16 model holds, and tensors keep their dtypes; a dtype or None (`build(dir)`): a
-    meta model's tensors take the checkpoint's dtypes cast to it (`cast_tensor`; None: as stored).
-    Missing weights and shapes that do not match are GenomeLMErrors, found before anything is read;
-    checkpoint weights the model has no place for are logged and kept in `model.load_report`."""
-    as_stored = not isinstance(dtype, str)
-    if not as_stored:
-        dtype = model.config.dtype if isinstance(model.config.dtype, torch.dtype) else None
+    dtype: the rows are rounded to it (`cast_tensor`: upstream's float32 exceptions kept; None: as
+        read) before they are copied in. Pass the dtype the model was built in (`BuiltModel.dtype`),
+        so float32 master weights of a bf16 model hold what one process's bf16 model holds.
+    stored_dtypes: with `device`, the meta model's tensors first take the checkpoint's dtypes cast to
+        `dtype` (what `build(dir)` does, with a progress bar over several files); False: every
+        tensor keeps its dtype.
+    Missing weights and shapes that do not match are GenomeLMErrors, found before anything is read.
+    Returns the `LoadReport`: checkpoint weights the model has no place for (also logged)."""
     with contextlib.ExitStack() as stack:
         if isinstance(source, Mapping):
             stored, unused, progress = source, [], False
@@ -271,11 +280,11 @@ def load_weights_(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
         else:
             reader = stack.enter_context(CheckpointReader(source, model.config))
             stored, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
-            read, progress = reader.rows, as_stored and len(reader.files) > 1 and f"loading {Path(source).name}"
+            read, progress = reader.rows, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
         if unused:
             log.warning("%s: %d weights not used by the model, e.g. %s", source, len(unused), unused[:5])
         if device is not None:
-            if as_stored:
+            if stored_dtypes:
                 for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
                     tensor.data = torch.empty_like(tensor, dtype=cast_tensor(name, stored[name], dtype).dtype)
             _allocate_(model, device)
@@ -291,5 +300,4 @@ def load_weights_(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
                 raise GenomeLMError(f"model: {name}: got rows of shape {tuple(rows.shape)}, expected "
                                     f"{tuple(local.shape)}; the checkpoint does not match the model's config")
             local.copy_(rows)
-    model.load_report = {"missing": [], "unexpected": unused}
-    return model
+    return LoadReport(tuple(unused))

@@ -109,13 +109,14 @@ class ShardWriter:
 def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                     state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
-                    dtype: torch.dtype | None = None) -> Path:
+                    dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
     """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style text-only directory:
 
     - `config.json`: the upstream `Glm5NextTextConfig` (`model_type: glm5_next_text`), `dtype` set;
     - `model.safetensors` (or `model-0000k-of-0000n.safetensors` + `model.safetensors.index.json`
       past `max_shard_bytes`): keys `model.*` and `lm_head.weight` in the on-disk layout;
-    - tokenizer files copied from the source checkpoint, when it had them (`token_map`).
+    - tokenizer files copied from `tokenizer_from` (the checkpoint directory the model was built
+      from, `BuiltModel.source`), when it is a directory that has them (`token_map`).
 
     `Glm5NextTextModel.from_pretrained(dir)` loads it (`lm_head.weight` reported unused), and
     `build(dir)` rebuilds the causal LM identically. Atomic (`atomic_directory`): an existing
@@ -144,16 +145,19 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = 
         for _ in gathered:
             pass
         return Path(out_dir)
-    return write_model_dir(model, out_dir, specs, gathered, overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    return write_model_dir(model, out_dir, specs, gathered, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
+                           tokenizer_from=tokenizer_from)
 
 
 def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpec],
                     tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = ()) -> Path:
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
+                    tokenizer_from: str | Path | None = None) -> Path:
     """The directory of `save_pretrained` from full tensors that arrive one at a time, in the order
     of `specs` (upstream name, shape, dtype: what the files are planned from). `model` gives the
-    config (it may be on the meta device) and the source of tokenizer files; `inputs` (what the
-    weights were read from) may not lie inside `out_dir` (`outputs.claim_output`)."""
+    config (it may be on the meta device); tokenizer files are copied from `tokenizer_from` when
+    it is a directory; `inputs` (what the weights were read from) may not lie inside `out_dir`
+    (`outputs.claim_output`)."""
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
@@ -171,9 +175,8 @@ def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpe
                 writer.add(disk_name, part)
             tensor = part = None  # free it before the next tensor is gathered
         writer.finish()
-        source = getattr(model, "source", None)
-        if source and Path(source).is_dir():
+        if tokenizer_from and Path(tokenizer_from).is_dir():
             for name in TOKENIZER_FILES:
-                if (Path(source) / name).is_file():
-                    shutil.copy2(Path(source) / name, tmp / name)
+                if (Path(tokenizer_from) / name).is_file():
+                    shutil.copy2(Path(tokenizer_from) / name, tmp / name)
     return out_dir
