@@ -1,5 +1,5 @@
-"""Shared test helpers: one closeness check, one tiny model, the synthetic shards and experiment
-files, and gloo process groups (import as `from tests.helpers import ...`).
+"""Shared test helpers: one closeness check, one tiny model, the largest tensor an op creates, the
+synthetic shards and experiment files, and gloo process groups (import as `from tests.helpers import ...`).
 
 Light to import: torch, the model and the genome code are imported where a helper needs them
 (importing the model costs seconds; tests/conftest.py hides CUDA before torch is imported).
@@ -52,6 +52,27 @@ def assert_close(name: str, got, ref, tol: float, *, floor: float | None = 1.0) 
         f"{name}: max |got - ref| {err:.3g} > {tol:g} * {scale:.3g} (relative error {err / scale:.3g})"
     )
     return err / scale
+
+
+def largest_tensor():
+    """A torch dispatch mode that records, in `.largest`, the most elements of any tensor an op creates
+    while it is active (forward and backward): `with largest_tensor() as mode: ...`."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    return LargestTensor()
 
 
 GRAD_FLOOR = 1e-3

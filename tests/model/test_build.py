@@ -23,7 +23,7 @@ from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel, glm
 from tests.helpers import assert_close, tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOL = {"loss": 1e-5, "per_token_nll": 1e-5, "grad": 1e-4}  # fp32, max |diff| / max |reference| (floor=0)
 

@@ -18,7 +18,7 @@ from genome_lm.model.weights.reader import LoadReport
 from genome_lm.outputs import MARKER
 from tests.helpers import tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHARD_VOCAB = {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4}
 TINY_VISION = dict(

@@ -18,7 +18,7 @@ from genome_lm.model.weights.layout import read_rows, to_disk_layout
 from genome_lm.model.weights.reader import CheckpointReader, LoadReport, load_weights_
 from tests.helpers import tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_read_rows_inverts_to_disk_layout():

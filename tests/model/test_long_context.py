@@ -15,7 +15,6 @@ import textwrap
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from genome_lm.model import apply_long_context, use_torch_fallbacks
 from genome_lm.model.ops.dsa import LongDSA
@@ -25,17 +24,12 @@ from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import glm
-from tests.helpers import assert_close, tiny_model
+from tests.helpers import assert_close, largest_tensor, tiny_model
 
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pair(seed: int, **overrides):
@@ -93,26 +87,11 @@ def test_patched_model_matches_upstream_at_2048():
     assert diff.max().item() <= 0.05
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any op creates (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_patched_forward_backward_never_allocates_t_by_t():
     T = 3000
     model = apply_long_context(tiny_model(5))  # default block sizes
     x = torch.randint(0, 16, (1, T))
-    with LargestTensor() as mode:
+    with largest_tensor() as mode:
         model(x, labels=x).loss.backward()
     # largest: a DSA query block's indexer scores [1, 1024, HI, P = 750]; T*T = 9e6
     assert mode.largest < T * T // 4, mode.largest
