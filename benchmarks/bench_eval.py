@@ -37,7 +37,7 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", device=device)
+    model = build("glm53-tiny", device=device).model
     apply_long_context(model)
     model.eval()
     lut = np.arange(256, dtype=np.int64)

@@ -10,7 +10,7 @@ when the phase began (`reset_rss_peak` / VmHWM, `genome_lm.train.metrics`):
   init    whole:    build the whole model, `build(weights)` builds a second whole model from the
                     directory and copies it in, then parallelize (FSDP2)
           streamed: what the trainer does: build on the meta device, parallelize, `to_empty`, each
-                    rank reads its rows (`model.weights.load_weights_`)
+                    rank reads its rows (`model.weights.reader.load_weights_`)
   export  whole:    `get_model_state_dict(full_state_dict=True, cpu_offload=True)` to rank 0, then
                     the whole on-disk state dict and one `save_file`
           streamed: `save_pretrained(write=rank == 0)`: one tensor gathered at a time, files of at
@@ -57,8 +57,8 @@ def _whole_init(weights: str, par):
     from genome_lm.train.parallelize import parallelize
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", **OVERRIDES)
-    loaded = build(weights)
+    model = build("glm53-tiny", **OVERRIDES).model
+    loaded = build(weights).model
     set_model_state_dict(model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True, strict=True))
     del loaded
     return parallelize(model, MemoryConfig(), par)
@@ -67,19 +67,20 @@ def _whole_init(weights: str, par):
 def _streamed_init(weights: str, par):
     from genome_lm.config import MemoryConfig
     from genome_lm.model import build
-    from genome_lm.model.weights import load_weights_
+    from genome_lm.model.weights.reader import load_weights_
     from genome_lm.train.parallelize import parallelize
 
-    model = build("glm53-tiny", meta=True, **OVERRIDES)
-    parallelize(model, MemoryConfig(), par)
-    return load_weights_(model, weights, par.device)
+    built = build("glm53-tiny", meta=True, **OVERRIDES)
+    parallelize(built.model, MemoryConfig(), par)
+    load_weights_(built.model, weights, par.device, dtype=built.dtype)
+    return built.model
 
 
 def _whole_export(model, out: Path, par) -> None:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from genome_lm.model.weights import to_disk_layout
+    from genome_lm.model.weights.layout import to_disk_layout
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if par.is_main:
@@ -132,7 +133,7 @@ def main() -> None:
     world, shard_bytes = 2, int(args.shard_mb * 2**20)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(1)
-        model = build("glm53-tiny", **OVERRIDES)
+        model = build("glm53-tiny", **OVERRIDES).model
         weights = str(save_pretrained(model, Path(tmp) / "weights", max_shard_bytes=shard_bytes))  # files as HF's
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         largest = max(p.numel() * p.element_size() for p in model.parameters())

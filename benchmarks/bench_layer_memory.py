@@ -53,15 +53,19 @@ KINDS = {  # kind: (layer_types entry, mlp_layer_types entry)
 
 def build_layer_model(kind: str, experts: int, top_k: int, dsa_block_queries: int | None = None):
     """A one-layer glm53-flash causal LM of `kind` on CPU, bf16 with upstream's float32 exceptions,
-    initialised as upstream initialises (random), long-context classes installed, MoE recompute on."""
+    initialised as upstream initialises (random), long-context classes installed, MoE recompute on.
+    Returns the model and the `LongContextSettings` installed."""
+    import dataclasses
+
     import torch
 
     from genome_lm.model import apply_long_context, build
+    from genome_lm.settings import DEFAULTS
 
     attn, mlp = KINDS[kind]
     model = build("glm53-flash", dtype=torch.bfloat16, meta=True, num_hidden_layers=1, layer_types=[attn],
                   mlp_layer_types=[mlp], indexer_types=["full"], n_routed_experts=experts,
-                  num_experts_per_tok=top_k, vocab_size=16)
+                  num_experts_per_tok=top_k, vocab_size=16).model
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():
@@ -73,8 +77,9 @@ def build_layer_model(kind: str, experts: int, top_k: int, dsa_block_queries: in
             elif name.endswith("forget_gate.A_log"):
                 p.zero_()
     blocks = {} if dsa_block_queries is None else {"dsa_block_queries": dsa_block_queries}
-    apply_long_context(model, moe_recompute=True, **blocks)
-    return model
+    settings = dataclasses.replace(DEFAULTS, moe_recompute=True, **blocks)
+    apply_long_context(model, settings)
+    return model, settings
 
 
 class SavedTensors:
@@ -123,13 +128,13 @@ class SavedTensors:
         return sorted((e for e in self.entries.values() if e["layer"] == index), key=lambda e: -e["bytes"])
 
 
-def predicted(model, T: int) -> dict[str, int]:
-    """The planner's saved bytes for layer 0 of `model` at T tokens, per term (layer input included)."""
+def predicted(model, s, T: int) -> dict[str, int]:
+    """The planner's saved bytes for layer 0 of `model`, installed with settings `s`, at T tokens, per
+    term (layer input included)."""
     from genome_lm.plan import activations
     from genome_lm.plan.layout import Layout
     from genome_lm.plan.shapes import shape_of
 
-    s = model.long_context
     m = shape_of(model, "glm53-flash", "bfloat16")
     layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=True, moe_block_tokens=s.moe_block_tokens,
                     dsa_block_queries=s.dsa_block_queries, loss_chunk_tokens=s.loss_chunk_tokens,
@@ -145,7 +150,7 @@ def worker(kind: str, T: int, experts: int, top_k: int, top: int, dsa_block_quer
 
     from genome_lm.train.metrics import proc_status_kb, reset_rss_peak
 
-    model = build_layer_model(kind, experts, top_k, dsa_block_queries)
+    model, settings = build_layer_model(kind, experts, top_k, dsa_block_queries)
     ids = torch.randint(0, 4, (1, T), generator=torch.Generator().manual_seed(0))
     rss0 = proc_status_kb("VmRSS")
     reset = reset_rss_peak()
@@ -160,7 +165,7 @@ def worker(kind: str, T: int, experts: int, top_k: int, top: int, dsa_block_quer
     hwm = proc_status_kb("VmHWM")
     mine = saved.of_layer(0)
     measured = sum(e["bytes"] for e in mine)
-    terms = predicted(model, T)
+    terms = predicted(model, settings, T)
     pred = sum(terms.values())
     by_module: dict[str, int] = {}
     for e in mine:
@@ -168,7 +173,7 @@ def worker(kind: str, T: int, experts: int, top_k: int, top: int, dsa_block_quer
     kib = lambda kb: None if not reset or kb is None or rss0 is None else (kb - rss0) * 1024  # noqa: E731
     return {
         "kind": kind, "T": T, "experts": experts, "top_k": top_k, "threads": torch.get_num_threads(),
-        "dsa_block_queries": model.long_context.dsa_block_queries,
+        "dsa_block_queries": settings.dsa_block_queries,
         "saved_bytes_per_token": measured / T, "predicted_bytes_per_token": pred / T,
         "predicted_over_measured": pred / measured,
         "predicted_terms_per_token": {k: v / T for k, v in terms.items()},

@@ -66,7 +66,7 @@ def build_model(impl: str, seed: int = 0):
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(seed)
-    model = build("glm53-tiny")
+    model = build("glm53-tiny").model
     if impl in ("patched", "recompute"):
         apply_long_context(model)
     if impl == "recompute":

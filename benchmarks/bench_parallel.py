@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, port: int, T: int, cp: int, steps: int, warmu
 
     par = init_parallel(ParallelConfig(cp=cp, dp="auto"))
     torch.manual_seed(0)
-    model = build("glm53-tiny", device=par.device)
+    model = build("glm53-tiny", device=par.device).model
     parallelize(model, MemoryConfig(recompute=recompute), par)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)

@@ -36,7 +36,7 @@ from genome_lm.train.metrics import PeakMemory
 from genome_lm.train.parallelize import parallelize
 T, strategy, steps, warmup = int(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0)
-model = build("glm53-tiny")
+model = build("glm53-tiny").model
 parallelize(model, MemoryConfig(**strategy))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 ids = torch.randint(0, 5, (1, T))

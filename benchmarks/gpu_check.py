@@ -86,7 +86,7 @@ def _tiny_step(device: torch.device, memory: dict, sharded: bool, compute_dtype,
     from genome_lm.train.parallelize import parallelize
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", dtype="bfloat16", device=device)
+    model = build("glm53-tiny", dtype="bfloat16", device=device).model
     par = init_parallel(ParallelConfig(), device, sharded=True) if sharded else ParallelContext(device=device)
     try:
         parallelize(model, MemoryConfig(**memory), par, compute_dtype)
@@ -119,7 +119,7 @@ def check_fp32_experts(device: torch.device, quick: bool) -> dict:
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", device=device)
+    model = build("glm53-tiny", device=device).model
     apply_long_context(model)
     ids = torch.randint(0, 8, (1, 128), device=device)
     with torch.no_grad():
@@ -132,7 +132,7 @@ def check_eval(device: torch.device, quick: bool) -> dict:
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = build("glm53-tiny", device=device)
+    model = build("glm53-tiny", device=device).model
     apply_long_context(model)
     model.eval()
     T = 150 if quick else 4096
@@ -159,7 +159,7 @@ def check_throughput(device: torch.device, quick: bool, tokens: int) -> dict:
                                 "vocab_size": 16})
     name = "glm53-tiny" if quick else "glm53-flash"
     torch.manual_seed(0)
-    model = build(name, dtype="bfloat16", device=device, meta=False, **overrides)
+    model = build(name, dtype="bfloat16", device=device, meta=False, **overrides).model
     parallelize(model, MemoryConfig(recompute="per-layer", moe_block_tokens=8192, loss_chunk_tokens=4096))
     active = count_parameters(model)["active"] - model.model.embed_tokens.weight.numel()
     T = 128 if quick else tokens

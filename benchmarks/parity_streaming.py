@@ -45,7 +45,7 @@ def _reset_peak() -> None:
 
 def measure(dtype: str, T: int, chunks: list[int], seed: int) -> list[dict]:
     torch.manual_seed(seed)
-    model = apply_long_context(build("glm53-tiny", dtype=dtype)).eval()
+    model = apply_long_context(build("glm53-tiny", dtype=dtype).model).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(seed))
     streamed = []
     for chunk in chunks:  # streaming first: its memory is measured before the parallel pass runs

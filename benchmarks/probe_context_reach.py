@@ -42,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import genome_lm.model.ops.dsa.chunk as dsa_chunk  # noqa: E402
-import genome_lm.model.ops.kda.layer as kda_layer  # noqa: E402
+import genome_lm.model.ops.kda.step as kda_step  # noqa: E402
 from genome_lm.model.ops.kda.gate import kda_gate  # noqa: E402
 from genome_lm.model.ops.kda.layer import LongKDA  # noqa: E402
 
@@ -87,7 +87,7 @@ def kda_restart(window: int):
 
 def kda_time_scale(c: float):
     """`chunk_kda` as called by the KDA layer, with beta and the forget gate's log decay divided by c."""
-    core = kda_layer.chunk_kda
+    core = kda_step.chunk_kda
 
     def scaled(q, k, v, g, beta, **kw):
         if kw.get("use_gate_in_kernel"):  # g is the gate's raw input: apply the gate here
@@ -95,7 +95,7 @@ def kda_time_scale(c: float):
             kw.update(use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None)
         return core(q, k, v, g / c, beta / c, **kw)
 
-    return mock.patch.object(kda_layer, "chunk_kda", scaled)
+    return mock.patch.object(kda_step, "chunk_kda", scaled)
 
 
 def ablation(summary: dict) -> dict:

@@ -53,7 +53,7 @@ from torch import nn
 
 from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
-from genome_lm.model.weights import save_pretrained
+from genome_lm.model.weights.writer import save_pretrained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
 
@@ -210,7 +210,7 @@ def main() -> None:
     if reference:
         model = ReferenceCopyModel()
     else:
-        model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides))
+        model = apply_long_context(build(args.init or args.preset, dtype="float32", **overrides).model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.05)
     B, T = args.batch, args.seq_len
     rows, t0 = [], time.perf_counter()

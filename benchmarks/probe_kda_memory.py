@@ -35,7 +35,7 @@ QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
 def probe(checkpoint: Path, tokens: np.ndarray) -> dict:
-    model = build(str(resolve_model_dir(checkpoint)), dtype="float32").eval()
+    model = build(str(resolve_model_dir(checkpoint)), dtype="float32").model.eval()
     seen: dict[str, dict] = {}
     hooks = []
     for name, module in model.named_modules():

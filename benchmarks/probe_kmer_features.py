@@ -75,7 +75,7 @@ def probe_accuracy(features: torch.Tensor, x: torch.Tensor, offset: int) -> floa
 def probe(checkpoint: str, offsets: int) -> dict[str, list[float]]:
     source = checkpoint if is_preset(checkpoint) else str(resolve_model_dir(checkpoint))
     torch.manual_seed(0)
-    model = apply_long_context(build(source, dtype="float32")).eval()
+    model = apply_long_context(build(source, dtype="float32").model).eval()
     x = torch.randint(0, 4, (BATCH, SEQ))
     return {name: [probe_accuracy(h, x, i) for i in range(offsets)] for name, h in residual_streams(model, x)}
 

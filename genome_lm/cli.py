@@ -100,7 +100,8 @@ def _demo(args) -> None:
 
 
 def _synth(args) -> None:
-    from genome_lm.genome.synth import SynthParams, write_synthetic_fasta
+    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth_params import SynthParams
 
     write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite,
                           params=from_args(SynthParams, args))
@@ -211,9 +212,9 @@ def _rehearse(args) -> None:
 
 
 def _check_upstream(args) -> None:
-    from genome_lm.model.contract import check_all
+    from genome_lm.model.build import check_upstream
 
-    print(check_all())
+    print(check_upstream())
 
 
 def storage_message(e: OSError, out: str | None = None) -> str:
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     from genome_lm.eval.config import EvalConfig
     from genome_lm.genome.fetch import FetchParams
     from genome_lm.genome.prepare import PrepareParams
-    from genome_lm.genome.synth import SynthParams
+    from genome_lm.genome.synth_params import SynthParams
     from genome_lm.plan.command import PlanParams
     from genome_lm.plan.rehearse_command import RehearseParams
 
@@ -271,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
-    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth.py SynthParams
+    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth_params.py SynthParams
     command("fetch", _fetch, "download hg38 chromosomes from UCSC and verify their md5 sums", FetchParams)
     p = command("prepare", _prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
                 PrepareParams)

@@ -265,7 +265,8 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
     from genome_lm.eval import format_table, write_compare
     from genome_lm.eval.text import replicate_lines
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth import make_params, write_synthetic_fasta
+    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth_params import make_params
     from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
 
     r, tag = recipe(quick, overrides)
@@ -357,8 +358,3 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
             "compare": results[("base", "longctx")], "compares": results, "seeds": seeds, "gain": gain,
             "report": str(report)}
 
-
-if __name__ == "__main__":  # the same as `genome-lm demo`
-    from genome_lm.cli import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))

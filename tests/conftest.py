@@ -5,7 +5,9 @@ GENOME_LM_TEST_GPU=1, `-m gpu`) keeps CUDA visible; its tests skip without a GPU
 Session-scoped fixtures shared by several folders: `tiny_shards` (trainer and distributed tests) and
 the eval inputs and outputs of tests/eval and tests/report, with and without the leakage and
 annotation strata, the context ablation and both strands (see tests/eval/data.py). `step_callbacks`
-installs fault injectors (tests/faults.py) as training and eval step callbacks for one test."""
+installs fault injectors (tests/faults.py) as training and eval step callbacks for one test.
+`one_thread` (and `one_thread_everywhere`) is the one place a test sets torch's thread count: for
+that test only, restored after it (a module takes it with `pytestmark = pytest.mark.usefixtures`)."""
 
 import os
 
@@ -61,6 +63,26 @@ def strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory):
     from tests.eval import data
 
     return data.strata_evaluated(eval_inputs, strata_inputs, tmp_path_factory.mktemp("strata_evals"))
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread in this process for the test, the count before it restored afterwards: tiny
+    matmuls run fastest on one thread and do not fight other processes for cores, and a sum takes
+    one order whatever the machine."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def one_thread_everywhere(one_thread, monkeypatch):
+    """`one_thread`, and one thread in the processes the test launches (OMP_NUM_THREADS=1): a run split
+    between a launched worker and this process sums in the same order as one run here."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

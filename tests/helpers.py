@@ -1,5 +1,5 @@
-"""Shared test helpers: one closeness check, one tiny model, the synthetic shards and experiment
-files, and gloo process groups (import as `from tests.helpers import ...`).
+"""Shared test helpers: one closeness check, one tiny model, the largest tensor an op creates, the
+synthetic shards and experiment files, and gloo process groups (import as `from tests.helpers import ...`).
 
 Light to import: torch, the model and the genome code are imported where a helper needs them
 (importing the model costs seconds; tests/conftest.py hides CUDA before torch is imported).
@@ -54,6 +54,27 @@ def assert_close(name: str, got, ref, tol: float, *, floor: float | None = 1.0) 
     return err / scale
 
 
+def largest_tensor():
+    """A torch dispatch mode that records, in `.largest`, the most elements of any tensor an op creates
+    while it is active (forward and backward): `with largest_tensor() as mode: ...`."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    return LargestTensor()
+
+
 GRAD_FLOOR = 1e-3
 
 
@@ -78,7 +99,7 @@ def tiny_model(seed: int = 0, *, router_bias: float | None = None, **overrides):
     from genome_lm.model import build
 
     torch.manual_seed(seed)
-    model = build("glm53-tiny", **overrides)
+    model = build("glm53-tiny", **overrides).model
     if router_bias is not None:
         for layer in model.model.layers:
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
@@ -94,7 +115,7 @@ def make_shards(root: Path, *, scale: float = 0.05, seed: int = 3, train_chroms:
     from it; returns `root / "shards"`. The defaults are those of the `tiny_shards` fixture but for
     its reverse-complement copies."""
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth import write_synthetic_fasta
+    from genome_lm.genome.synth_files import write_synthetic_fasta
 
     root = Path(root)
     fasta = root / "genome.fa.gz"

@@ -86,7 +86,7 @@ def mirror(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flash_dir(tmp_path_factory):
     """A tiny model directory where the README has the GLM-5.3-Flash download."""
-    from genome_lm.model.weights import save_pretrained
+    from genome_lm.model.weights.writer import save_pretrained
     from tests.helpers import tiny_model
 
     return save_pretrained(tiny_model(), tmp_path_factory.mktemp("flash") / "GLM-5.3-Flash")

@@ -101,16 +101,18 @@ def build_model(cfg, model_dir: str, par):
     Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model import build
-    from genome_lm.model.weights import load_weights_
+    from genome_lm.model.weights.reader import load_weights_
     from genome_lm.train.parallelize import parallelize
 
     # training's block sizes unless the eval sets them (EvalConfig inherits config.BlockSizes); MoE blocks
     # are rebuilt in backward only, so moe_recompute changes nothing without autograd
     memory = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)
     if not par.distributed:
-        return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device), memory, par)
-    model = parallelize(build(model_dir, dtype=cfg.dtype, meta=True), memory, par)
-    return load_weights_(model, model_dir, par.device)
+        return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device).model, memory, par)
+    built = build(model_dir, dtype=cfg.dtype, meta=True)
+    model = parallelize(built.model, memory, par)
+    load_weights_(model, model_dir, par.device, dtype=built.dtype)
+    return model
 
 
 @dataclass

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from genome_lm.genome.synth import ChromSpec, SynthParams
+from genome_lm.genome.synth_params import SPACER, ChromSpec, SynthParams
 
-SPACER = 20  # at least this many bases between two repeat copies, or a copy and an N run
 UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code
 LOWER = np.frombuffer(b"acgt", dtype=np.uint8)
 N = ord("N")

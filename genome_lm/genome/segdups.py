@@ -83,6 +83,6 @@ def format_segdups(segdups: list[SegDup]) -> str:
 
 
 def read_segdups(path: str | os.PathLike) -> list[SegDup]:
-    """Read a sidecar TSV written by `synth.write_synthetic_fasta`."""
+    """Read a sidecar TSV written by `synth_files.write_synthetic_fasta`."""
     rows = (row.split("\t") for row in Path(path).read_text().splitlines()[1:])
     return [SegDup(c, int(a), int(b), strand, sc, int(sa), int(sb), int(k)) for c, a, b, strand, sc, sa, sb, k in rows]

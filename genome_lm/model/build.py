@@ -5,9 +5,12 @@
   device unless a non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B
   parameters).
 - Checkpoint directory: config from `config.json`; the model is built on the meta device, then
-  allocated and filled tensor by tensor from the safetensors shards (`weights.load_weights_`;
+  allocated and filled tensor by tensor from the safetensors shards (`weights.reader.load_weights_`;
   vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
-  model. Missing weights are an error; unused ones are logged and kept in `model.load_report`.
+  model. Missing weights are an error; unused ones are logged and listed in the `LoadReport`.
+
+`build` returns a `BuiltModel`: the model with what it was built from, in which dtype, and what the
+checkpoint held that it does not use. Nothing is set on the model or its config after construction.
 
 The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`). Building checks the
 installed transformers against `contract.py` first: a mismatch is one `UpstreamMismatch` line.
@@ -15,6 +18,7 @@ installed transformers against `contract.py` first: a mismatch is one `UpstreamM
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,10 +26,31 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
-from genome_lm.model.contract import check_model
+from genome_lm.model.contract import check_model, check_symbols, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
-from genome_lm.model.weights import cast_tensor, load_weights_, read_text_config
+from genome_lm.model.weights.layout import cast_tensor
+from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_config
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """What `build` built.
+
+    model: the causal LM, `.config` its upstream `Glm5NextTextConfig`.
+    source: the preset name or checkpoint directory it was built from (`save_pretrained` copies a
+        directory's tokenizer files with `tokenizer_from=source`).
+    dtype: the dtype of its weights, upstream's float32 exceptions aside: the one asked for, else
+        the one a checkpoint's config.json records; None for a preset in float32. `load_weights_`
+        rounds what it reads into the model to it.
+    load_report: what reading a checkpoint found (`LoadReport`); None when nothing was read (a
+        preset, or `meta=True`).
+    """
+
+    model: Glm5NextCausalLM
+    source: str
+    dtype: torch.dtype | None
+    load_report: LoadReport | None = None
 
 
 def build(
@@ -35,7 +60,7 @@ def build(
     device: str | torch.device | None = None,
     meta: bool | None = None,
     **config_overrides,
-) -> Glm5NextCausalLM:
+) -> BuiltModel:
     """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
 
     Args:
@@ -48,12 +73,13 @@ def build(
             allocated. Default: True only for `glm53-flash` without a non-CPU device.
         config_overrides: `Glm5NextTextConfig` fields, e.g. `vocab_size=16`, `num_hidden_layers=2`.
     Returns:
-        `Glm5NextCausalLM` with `.config` (upstream `Glm5NextTextConfig`) and `.source`.
+        `BuiltModel`: `.model` the `Glm5NextCausalLM`, with `.source`, `.dtype`, `.load_report`.
     """
     route_cpu_to_torch()
     dtype = _dtype(dtype)
     source_str = str(source)
     on_cpu = device is None or torch.device(device).type == "cpu"
+    report = None
     if is_preset(source_str):
         config = preset_config(source_str, **config_overrides)
         if source_str in META_ONLY:
@@ -70,14 +96,22 @@ def build(
         config = read_text_config(source_str, **config_overrides)
         model = _construct(config, "meta")
         if not meta:
-            load_weights_(model, source_str, device or "cpu", dtype)
+            report = load_weights_(model, source_str, device or "cpu", dtype=dtype, stored_dtypes=True)
         elif dtype is not None:
             _cast_(model, dtype)
     check_model(model)  # upstream's attributes that genome_lm reads (the symbols: on importing upstream)
-    model.source = source_str
-    if dtype is not None:  # the dtype the weights are built in (load_weights_ rounds to it)
-        model.config.dtype = dtype
-    return model
+    if dtype is None and isinstance(config.dtype, torch.dtype):  # a checkpoint's, from its config.json
+        dtype = config.dtype
+    return BuiltModel(model, source_str, dtype, report)
+
+
+def check_upstream() -> str:
+    """The whole check of the installed transformers against `contract.py`: its symbols, then the
+    attributes of a tiny model with every layer kind (built on meta). Returns a one-line summary;
+    a mismatch raises `UpstreamMismatch`."""
+    check_symbols()
+    build("glm53-tiny", meta=True)  # runs check_model
+    return summary()
 
 
 def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

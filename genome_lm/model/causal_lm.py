@@ -13,6 +13,12 @@ labels hold 0, and `nll_mask` marks the real entries.
 
 The LM head + loss never builds all [B*T, V] logits (`ops.loss.chunked_cross_entropy`, chunk size
 `loss_chunk_tokens`); `logits()` is the full-logits path for small T.
+
+A call takes upstream's keyword arguments where they mean the same here: `attention_mask`,
+`labels`, `use_cache` and `cache` (or `past_key_values`, the name other transformers models use: a
+transformers `Cache` the tokens continue, returned updated in the output's `cache`), `return_dict`. Any other upstream
+argument (`inputs_embeds`, `position_ids`, `output_hidden_states`, `logits_to_keep`, ...) is refused
+in one `GenomeLMError` line.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
+from genome_lm.errors import GenomeLMError
 from genome_lm.model.cp import all_reduce_sum, gather_seq
 from genome_lm.model.ops.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_cross_entropy
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
@@ -31,13 +38,15 @@ from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 @dataclass
 class CausalLMOutput(ModelOutput):
     """loss []: mean NLL over scored tokens; per_token_nll [B, T] float32 and nll_mask [B, T] bool
-    when asked; num_targets []: how many tokens were scored; hidden [B, T, D] when asked."""
+    when asked; num_targets []: how many tokens were scored; hidden [B, T, D] when asked; cache: the
+    transformers `Cache` the call ran with (`use_cache` / `cache`), holding its tokens too."""
 
     loss: torch.Tensor | None = None
     per_token_nll: torch.Tensor | None = None
     nll_mask: torch.Tensor | None = None
     num_targets: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
+    cache: object | None = None
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -57,7 +66,6 @@ class Glm5NextCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
-        self.long_context = None  # the LongContextSettings applied (`apply_long_context`)
         self.cp = None  # a CPContext under context parallelism (`apply_context_parallel`)
 
     @property
@@ -68,9 +76,11 @@ class Glm5NextCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def hidden(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Final hidden states [B, T, D]: the text model's `norm(mean over hc streams)`."""
-        return self.model(input_ids=input_ids, use_cache=False, **kwargs).last_hidden_state
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """Final hidden states [B, T, D]: the text model's `norm(mean over hc streams)`. With `cache`
+        (a transformers `Cache`) the T tokens continue what it holds, and it is updated."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+                          use_cache=cache is not None).last_hidden_state
 
     def forward(
         self,
@@ -78,8 +88,14 @@ class Glm5NextCausalLM(nn.Module):
         labels: torch.Tensor | None = None,
         return_per_token_nll: bool = False,
         return_hidden: bool = False,
-        **kwargs,
-    ) -> CausalLMOutput:
+        *,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        cache=None,
+        past_key_values=None,
+        return_dict: bool | None = None,
+        **unsupported,
+    ) -> CausalLMOutput | tuple:
         """Mean next-token loss over non-ignored labels, optionally per-token NLL.
 
         Args:
@@ -87,25 +103,55 @@ class Glm5NextCausalLM(nn.Module):
             labels: [B, T] int64, normally `input_ids` (shifted inside; -100 = not scored).
                 Without labels, `input_ids` are the labels when `return_per_token_nll` is set;
                 otherwise no loss is computed.
-            kwargs: passed to `Glm5NextTextModel` (e.g. `attention_mask`).
+            attention_mask: optional [B, T] padding mask, as upstream's.
+            use_cache: run with a transformers `Cache` (a new `DynamicCache` unless one is given) and
+                return it; False or None without a cache: none, as in training.
+            cache, past_key_values: the `Cache` (upstream's name, and other transformers models') that
+                the tokens continue; updated in place and returned. The loss covers this call's tokens only.
+            return_dict: False returns `CausalLMOutput.to_tuple()` (the fields that are set, in order).
+            unsupported: any other keyword is refused (`GenomeLMError`, one line).
         Returns:
             `CausalLMOutput` with `loss` (float32, 0 when nothing is scored), `num_targets` and,
-            when asked, `per_token_nll` [B, T] float32 with `nll_mask` [B, T], `hidden_states`.
-            Under context parallelism (`self.cp`, set by `apply_context_parallel`) the decoder runs
-            this rank's slab [B, T_r]: `loss` is the group's mean (its gradient this rank's share:
-            its NLL sum / the group's target count, so summing the ranks' gradients gives the
-            gradient of the mean), `num_targets` the group's, `per_token_nll` the whole sequence's
-            (gathered, no gradient), `hidden_states` the slab's.
+            when asked, `per_token_nll` [B, T] float32 with `nll_mask` [B, T], `hidden_states`,
+            `cache`. Under context parallelism (`self.cp`, set by `apply_context_parallel`) the
+            decoder runs this rank's slab [B, T_r]: `loss` is the group's mean (its gradient this
+            rank's share: its NLL sum / the group's target count, so summing the ranks' gradients
+            gives the gradient of the mean), `num_targets` the group's, `per_token_nll` the whole
+            sequence's (gathered, no gradient), `hidden_states` the slab's.
         """
+        cache = self._call_cache(unsupported, use_cache, cache, past_key_values)
+        out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
+        return out.to_tuple() if return_dict is False else out
+
+    def _call_cache(self, unsupported: dict, use_cache: bool | None, cache, past_key_values):
+        """The `Cache` a call runs with (None: none), after refusing the keywords it does not take."""
+        if unsupported:
+            raise GenomeLMError(
+                f"Glm5NextCausalLM: {', '.join(sorted(unsupported))} not supported; it takes input_ids, labels, "
+                "attention_mask, use_cache, cache (or past_key_values), return_dict, return_per_token_nll and "
+                "return_hidden (all logits of a short input: model.logits(input_ids))")
+        if cache is not None and past_key_values is not None:
+            raise GenomeLMError("Glm5NextCausalLM: give cache or past_key_values (the same thing), not both")
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.config)
+        if cache is not None and self.cp is not None:
+            raise GenomeLMError("Glm5NextCausalLM: a cache runs in one process (this model is context-parallel)")
+        return cache
+
+    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_per_token_nll: bool,
+                 return_hidden: bool, attention_mask: torch.Tensor | None, cache) -> CausalLMOutput:
         cp = self.cp
         B, T = input_ids.shape
         s, e = cp.split(T) if cp is not None else (0, T)
-        if cp is not None and kwargs.get("attention_mask") is not None:
-            kwargs["attention_mask"] = kwargs["attention_mask"][:, s:e]
-        hidden = self.hidden(input_ids[:, s:e], **kwargs)  # [B, T_r, D]
+        if cp is not None and attention_mask is not None:
+            attention_mask = attention_mask[:, s:e]
+        hidden = self.hidden(input_ids[:, s:e], attention_mask, cache)  # [B, T_r, D]
         if labels is None and return_per_token_nll:
             labels = input_ids
-        out = CausalLMOutput(hidden_states=hidden if return_hidden else None)
+        out = CausalLMOutput(hidden_states=hidden if return_hidden else None, cache=cache)
         if labels is None:
             return out
         targets = shift_labels(labels)[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
@@ -152,6 +198,6 @@ class Glm5NextCausalLM(nn.Module):
             ids = torch.cat([ids, step], dim=1)
         return ids
 
-    def logits(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """All logits [B, T, V] in float32 (small T only): logits[:, t] predicts token t+1."""
-        return self.lm_head(self.hidden(input_ids, **kwargs)).float()
+        return self.lm_head(self.hidden(input_ids, attention_mask, cache)).float()

@@ -13,7 +13,7 @@ Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
           blocked MoE rebuilds them in backward)
     loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk
 Each class is a subclass of the upstream one (`ops/install.py` says how it is installed);
-`print(model)` shows the classes and their settings, `model.long_context` the settings applied.
+`print(model)` shows the classes and the settings each was installed with.
 Applying again reconfigures the installed modules.
 """
 
@@ -70,6 +70,5 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
                     cls.install(m, **kwargs)
     if "loss" in settings.ops and hasattr(model, "loss_chunk_tokens"):
         model.loss_chunk_tokens = int(settings.loss_chunk_tokens)
-    model.long_context = settings
     log.info("long context: %s", settings)
     return model

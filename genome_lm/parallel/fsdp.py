@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-from genome_lm.model.weights import keep_fp32
+from genome_lm.model.weights.layout import keep_fp32
 
 
 def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:

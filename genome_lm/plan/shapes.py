@@ -93,7 +93,7 @@ def model_shape(name: str, dtype: str = "bfloat16", overrides: dict | None = Non
     """Build `name` (preset or checkpoint directory) on the meta device and describe it."""
     from genome_lm.model import build
 
-    model = build(name, dtype=dtype, meta=True, **(overrides or {}))
+    model = build(name, dtype=dtype, meta=True, **(overrides or {})).model
     return shape_of(model, name=str(name), dtype=dtype)
 
 

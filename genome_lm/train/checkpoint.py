@@ -152,7 +152,7 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
                     parallel: ParallelContext | None = None, export_model: bool = True,
-                    export_dtype: torch.dtype | None = None) -> Path:
+                    export_dtype: torch.dtype | None = None, tokenizer_from: str | None = None) -> Path:
     """Write checkpoint `step` synchronously (collective in a distributed run: every rank calls it);
     `model/` only with `export_model` (files of at most 5 GiB), its weights in `export_dtype` (the
     model's dtype when training keeps float32 master weights; None: as held). The asynchronous
@@ -160,7 +160,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     par = parallel or ParallelContext()
     tmp, final = partial_dir(ckpt_dir, step, par)
     try:
-        write_model_dir(tmp, model, par, export_model, export_dtype)
+        write_model_dir(tmp, model, par, export_model, export_dtype, tokenizer_from)
         with warnings.catch_warnings(action="ignore"):
             dcp.save(train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
         par.barrier()
@@ -174,12 +174,14 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data
     return final
 
 
-def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype) -> None:
-    """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded)."""
-    from genome_lm.model.weights import save_pretrained
+def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype,
+                    tokenizer_from: str | None = None) -> None:
+    """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded),
+    with the tokenizer files of `tokenizer_from` (the directory the model was built from)."""
+    from genome_lm.model.weights.writer import save_pretrained
 
     if export_model:
-        save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype)
+        save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype, tokenizer_from=tokenizer_from)
 
 
 def stored_state(state_dir: Path) -> dict:

@@ -77,7 +77,7 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
 
     manifest = check_data(cfg)
     init = resolve_init(cfg, dry=True)
-    model = build_model(cfg, device or default_device(), init, meta=True)
+    model = build_model(cfg, device or default_device(), init, meta=True).model
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     stream = make_stream(cfg, lut)
     assumed = world is None

@@ -21,7 +21,8 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES, TensorSpec, byte_batches, model_tensors, write_model_dir
+from genome_lm.model.weights.layout import TensorSpec, model_tensors
+from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES, byte_batches, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
         raise GenomeLMError(f"{state_dir} is damaged ({e}); export an earlier checkpoint of the run "
                             f"({ckpt.resolve().parent}/step_N)") from None
     cfg = load_experiment(config_path)
-    model = build_model(cfg, torch.device("cpu"), None, meta=True)
+    built = build_model(cfg, torch.device("cpu"), None, meta=True)
+    model = built.model
     stored, tensors = stored_state(state_dir), model_tensors(model)
     for name, tensor in tensors.items():
         meta = stored.get(f"model.{name}")
@@ -79,7 +81,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
     try:
         write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
-                        inputs=[ckpt])
+                        inputs=[ckpt], tokenizer_from=built.source)
     except (RuntimeError, ValueError, CheckpointException) as e:  # a truncated or garbled train_state file
         why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
         raise GenomeLMError(f"{state_dir} is damaged ({why}); export an earlier checkpoint of the run "

@@ -236,7 +236,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         par.fsdp_mesh, par.ep_mesh  # meshes are built before fake mode (they compute with real tensors)
         compute = compute_dtype(cfg)
 
-        full = build_model(cfg, par.device, None, meta=True)  # the real model's shards, for the omitted layers
+        full = build_model(cfg, par.device, None, meta=True).model  # the real model's shards, for the omitted layers
         parallelize(full, mem, par, compute)
         omitted_bytes = _shard_bytes(full.model.layers[layers:])
         rehearsed_bytes = _shard_bytes(full.model.layers[:layers]) + _shard_bytes(
@@ -247,7 +247,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         if layers < total_layers:
             run_cfg = cfg.model_copy(deep=True)
             run_cfg.model.overrides = {**cfg.model.overrides, **reduced_overrides(config, layers)}
-        model = build_model(run_cfg, par.device, None, meta=True)
+        model = build_model(run_cfg, par.device, None, meta=True).model
         parallelize(model, mem, par, compute)
 
         recomputes = mem.recompute == "per-layer"

@@ -92,8 +92,9 @@ class _Pending:
 
 class Checkpointer:
     def __init__(self, ckpt_dir: Path, par: ParallelContext, mode: str = "async", keep: int = 2,
-                 on_disk_full: str = "stop"):
+                 on_disk_full: str = "stop", tokenizer_from: str | None = None):
         self.ckpt_dir, self.par, self.keep, self.on_disk_full = ckpt_dir, par, keep, on_disk_full
+        self.tokenizer_from = tokenizer_from  # the directory the model was built from (its tokenizer files)
         self.async_ = mode == "async"
         self.pending: _Pending | None = None
         self.staging = None  # CUDA: the staged copy's future
@@ -118,7 +119,7 @@ class Checkpointer:
             return {**timings, "checkpoint_skipped": True}
         tmp, final = partial_dir(self.ckpt_dir, step, self.par)
         try:
-            write_model_dir(tmp, model, self.par, export_model, export_dtype)
+            write_model_dir(tmp, model, self.par, export_model, export_dtype, self.tokenizer_from)
             if self.async_:
                 self._start(state, tmp, final, step, info)
             else:

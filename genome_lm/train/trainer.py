@@ -37,8 +37,9 @@ import torch
 from genome_lm.config import ExperimentConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
+from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.loss import IGNORE_INDEX
-from genome_lm.model.weights import load_weights_
+from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
@@ -94,18 +95,18 @@ def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
     return init
 
 
-def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False):
+def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False) -> BuiltModel:
     """The single-device model: preset initialisation (seeded with train.seed) or the weights of
     model.name when it is a directory, then those of `init`; structure only with `meta`."""
     from genome_lm.model import build
 
     torch.manual_seed(cfg.train.seed)
-    model = build(cfg.model.name, dtype=cfg.model.dtype, device=None if meta else device, meta=meta,
+    built = build(cfg.model.name, dtype=cfg.model.dtype, device=None if meta else device, meta=meta,
                   **cfg.model.overrides)
     if init and not meta:
-        load_weights_(model, resolve_model_dir(init))
+        load_weights_(built.model, resolve_model_dir(init), dtype=built.dtype)
         log.info("initialised weights from %s", init)
-    return model
+    return built
 
 
 def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
@@ -124,14 +125,16 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
 
     compute = compute_dtype(cfg)
     if not par.distributed:
-        return parallelize(build_model(cfg, par.device, init), cfg.memory, par, compute)
-    model = build_model(cfg, par.device, None, meta=True)
+        return parallelize(build_model(cfg, par.device, init).model, cfg.memory, par, compute)
+    built = build_model(cfg, par.device, None, meta=True)
+    model = built.model
     parallelize(model, cfg.memory, par, compute)
     weights = resolve_model_dir(init or cfg.model.name) if init or not is_preset(cfg.model.name) else None
     if weights is None and cfg.model.name in META_ONLY:
         raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
                             "every rank's CPU first; set model.init to its checkpoint directory")
-    load_weights_(model, weights or build_model(cfg, torch.device("cpu"), None).state_dict(), par.device)
+    load_weights_(model, weights or build_model(cfg, torch.device("cpu"), None).model.state_dict(), par.device,
+                  dtype=built.dtype)
     log.info("rank %d: materialised its shards from %s", par.rank, weights or "the preset initialisation")
     return model
 
@@ -209,7 +212,7 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
     checkpoints = Checkpointer(run_dir / "checkpoints", par, cfg.train.checkpoint_mode, cfg.train.keep_checkpoints,
-                               cfg.train.on_disk_full)
+                               cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
     return Run(cfg, par, rd, model, optimizer, scheduler, stream, metrics, checkpoints, start,
                memory=PeakMemory(par.device), balancer=ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
                params=[p for p in model.parameters() if p.requires_grad],

@@ -20,7 +20,7 @@ from tests.eval.data import ABLATION
 def model_and_window(eval_inputs):
     from genome_lm.model import apply_long_context, build
 
-    model = build(eval_inputs.ckpt0, dtype="float32")
+    model = build(eval_inputs.ckpt0, dtype="float32").model
     apply_long_context(model)
     tokens = load_shards(eval_inputs.shards, "eval")[0]["tokens"]
     return model.eval(), tokens

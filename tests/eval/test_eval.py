@@ -23,7 +23,7 @@ from tests.eval.data import N_WINDOWS
 def _model(ckpt):
     from genome_lm.model import apply_long_context, build
 
-    model = build(ckpt)
+    model = build(ckpt).model
     apply_long_context(model)
     return model.eval()
 

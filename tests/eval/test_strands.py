@@ -25,7 +25,7 @@ def test_reverse_rows_follow_forward_rows(strata_evaluated):
     assert len(rows) == 2 * STRATA_WINDOWS
     assert [(r["window"], r["rc"]) for r in rows] == [(i, rc) for i in range(STRATA_WINDOWS) for rc in (False, True)]
     ds = load_shards(strata_evaluated.shards, "eval")
-    model = build(strata_evaluated.ckpt0)
+    model = build(strata_evaluated.ckpt0).model
     apply_long_context(model)
     for f, r in zip(rows[::2], rows[1::2]):
         assert (f["strand"], r["strand"]) == ("+", "-") and (f["start"], f["end"]) == (r["start"], r["end"])

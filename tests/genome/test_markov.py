@@ -5,7 +5,8 @@ import pytest
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
-from genome_lm.genome.synth import make_params, synthesize, synthesize_genome
+from genome_lm.genome.synth import synthesize, synthesize_genome
+from genome_lm.genome.synth_params import make_params
 
 
 def _deterministic(next_of):

@@ -12,16 +12,9 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.segdups import read_segdups
-from genome_lm.genome.synth import (
-    SynthParams,
-    make_params,
-    read_repeats,
-    repeats_path,
-    segdups_path,
-    synthesize,
-    synthesize_genome,
-    write_synthetic_fasta,
-)
+from genome_lm.genome.synth import synthesize, synthesize_genome
+from genome_lm.genome.synth_files import read_repeats, repeats_path, segdups_path, write_synthetic_fasta
+from genome_lm.genome.synth_params import SynthParams, make_params
 
 SCALE = 0.25  # 1 Mbp in total: big enough for every structure, fast enough for every test
 VALID = set(b"ACGTNacgt") | set(b"RYKMSWBDHV")
@@ -333,7 +326,7 @@ def test_a_seed_or_scale_it_cannot_use_is_one_line(tmp_path, capsys, flags, expe
 
 def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch):
     from genome_lm.errors import GenomeLMError
-    from genome_lm.genome import synth
+    from genome_lm.genome import synth_files
 
     with pytest.raises(GenomeLMError, match=r"--out \. is a folder; give the FASTA file to write, e\.g\. genome"):
         write_synthetic_fasta(".", scale=0.01)
@@ -341,7 +334,7 @@ def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch)
     def full_disk(name, seq):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(synth, "fasta_lines", full_disk)  # the FASTA fails after the sidecars are written
+    monkeypatch.setattr(synth_files, "fasta_lines", full_disk)  # the FASTA fails after the sidecars are written
     with pytest.raises(OSError):
         write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.01)
     assert list(tmp_path.iterdir()) == []

@@ -36,8 +36,8 @@ def _step(cp: bool, head_block: int = 0) -> dict:
     from genome_lm.parallel import apply_context_parallel
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo"), dsa_block_queries=16, moe_block_tokens=64, loss_chunk_tokens=48,
-                               kda_head_block=head_block)
+    model = apply_long_context(build("glm53-demo").model, dsa_block_queries=16, moe_block_tokens=64,
+                               loss_chunk_tokens=48, kda_head_block=head_block)
     if cp:
         apply_context_parallel(model)
     ids, labels = _batch()

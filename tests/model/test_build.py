@@ -18,12 +18,12 @@ from genome_lm.model import (
     route_cpu_to_torch,
     use_torch_fallbacks,
 )
+from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
-from genome_lm.model.patch import LongContextSettings
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel, glm
 from tests.helpers import assert_close, tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOL = {"loss": 1e-5, "per_token_nll": 1e-5, "grad": 1e-4}  # fp32, max |diff| / max |reference| (floor=0)
 
@@ -83,7 +83,7 @@ def test_demo_preset_keeps_the_layer_kinds_and_attends_densely_up_to_8k(monkeypa
     from genome_lm.model.ops.dsa import chunk
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo"))
+    model = apply_long_context(build("glm53-demo").model)
     c = model.config
     assert c.layer_types == ["linear_attention", "indexed_attention", "indexed_attention"]
     assert c.indexer_types[1:] == ["full", "shared"] and c.mlp_layer_types == ["dense"] * 3
@@ -96,8 +96,17 @@ def test_demo_preset_keeps_the_layer_kinds_and_attends_densely_up_to_8k(monkeypa
     assert len(calls) == 2  # both DSA layers took the exact dense path
 
 
+def test_build_returns_what_it_built():
+    built = build("glm53-tiny", dtype="bfloat16")
+    assert isinstance(built, BuiltModel) and type(built.model).__name__ == "Glm5NextCausalLM"
+    assert (built.source, built.dtype, built.load_report) == ("glm53-tiny", torch.bfloat16, None)
+    assert built.model.config.dtype is None  # the config as upstream built it, not rewritten
+    assert not hasattr(built.model, "source") and not hasattr(built.model, "load_report")
+    assert build("glm53-tiny", meta=True).dtype is None  # float32, the preset's own
+
+
 def test_mini_preset_size_and_architecture():
-    model = build("glm53-mini", meta=True)
+    model = build("glm53-mini", meta=True).model
     counts = count_parameters(model)
     assert 100e6 <= counts["total"] <= 300e6
     assert all(counts[g] > 0 for g in ("kda", "mla", "indexer", "routed_experts", "dense_mlp", "hyper_connections"))
@@ -106,7 +115,7 @@ def test_mini_preset_size_and_architecture():
 
 def test_flash_on_meta_matches_config_arithmetic_and_allocates_nothing():
     before = _rss_bytes()
-    model = build("glm53-flash")  # meta by default
+    model = build("glm53-flash").model  # meta by default
     grown = _rss_bytes() - before
     assert all(p.is_meta for p in model.parameters()) and all(b.is_meta for b in model.buffers())
     assert grown < 256 * 2**20, f"building flash on meta grew RSS by {grown / 2**20:.0f} MiB"
@@ -122,8 +131,8 @@ def test_flash_is_never_materialised_on_cpu():
 
 
 def test_overrides_and_errors():
-    assert build("glm53-flash", vocab_size=16).config.pad_token_id is None  # pad id outside vocab dropped
-    two = build("glm53-tiny", meta=True, num_hidden_layers=2)
+    assert build("glm53-flash", vocab_size=16).model.config.pad_token_id is None  # pad id outside vocab dropped
+    two = build("glm53-tiny", meta=True, num_hidden_layers=2).model
     assert len(two.config.layer_types) == 2 and len(two.model.layers) == 2
     assert config_arithmetic(two.config) == count_parameters(two)["total"]
     with pytest.raises(GenomeLMError, match="unknown preset|neither a preset"):
@@ -175,9 +184,8 @@ def test_moe_and_loss_patches_equal_unpatched(seq_len):
     ref_model = tiny_model(seed=seq_len)
     patched = copy.deepcopy(ref_model)
     apply_long_context(patched, ops=("moe", "loss"), moe_block_tokens=37, loss_chunk_tokens=29, moe_recompute=True)
-    assert patched.long_context == LongContextSettings(ops=("moe", "loss"), moe_block_tokens=37,
-                                                       loss_chunk_tokens=29, moe_recompute=True)
     assert patched.loss_chunk_tokens == 29
+    assert not any(type(m).__name__.startswith(("Long", "Lean", "Recomputed")) for m in patched.modules())
     assert all(type(layer.mlp) is BlockedGlm5NextTextMoE for layer in patched.model.layers[1:])
     assert all((layer.mlp.block_tokens, layer.mlp.recompute) == (37, True) for layer in patched.model.layers[1:])
     assert "(mlp): BlockedGlm5NextTextMoE(" in repr(patched) and "block_tokens=37, recompute=True" in repr(patched)
@@ -197,8 +205,7 @@ def test_moe_and_loss_patches_equal_unpatched(seq_len):
 def test_apply_long_context_on_bare_text_model():
     model = Glm5NextTextModel(preset_config("glm53-tiny"))
     assert apply_long_context(model, ops=("moe", "loss"), moe_block_tokens=16) is model
-    assert model.long_context.moe_block_tokens == 16
-    assert all(type(layer.mlp) is BlockedGlm5NextTextMoE for layer in model.layers[1:])
+    assert all(type(layer.mlp) is BlockedGlm5NextTextMoE and layer.mlp.block_tokens == 16 for layer in model.layers[1:])
     counts = count_parameters(model)  # bare text model: no lm_head, same grouping
     assert counts["lm_head"] == 0 and counts["other"] == 0
     assert counts["total"] == config_arithmetic(model.config) - 16 * 64

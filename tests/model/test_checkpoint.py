@@ -12,12 +12,13 @@ from transformers.models.glm5_next import Glm5NextConfig, Glm5NextForConditional
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import apply_long_context, build, preset_config, save_pretrained, token_lut, token_map
-from genome_lm.model import weights as weights_mod
 from genome_lm.model.upstream import Glm5NextTextModel, use_torch_fallbacks
+from genome_lm.model.weights import writer as writer_mod
+from genome_lm.model.weights.reader import LoadReport
 from genome_lm.outputs import MARKER
 from tests.helpers import tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHARD_VOCAB = {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4}
 TINY_VISION = dict(
@@ -51,8 +52,9 @@ def test_round_trip_through_upstream_loading(tmp_path):
     with safe_open(str(out / "model.safetensors"), "pt") as st:
         assert torch.equal(st.get_tensor("lm_head.weight"), model.lm_head.weight)
 
-    again = build(out)
-    assert again.load_report == {"missing": [], "unexpected": []}
+    built = build(out)
+    assert built.load_report == LoadReport() and built.source == str(out) and built.dtype == torch.float32
+    again = built.model
     ref, got = model.state_dict(), again.state_dict()
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     assert torch.equal(again(x, labels=x).loss, model(x, labels=x).loss)
@@ -70,7 +72,7 @@ def test_sharded_save_loads_back(tmp_path):
     out = save_pretrained(model, tmp_path / "sharded", max_shard_bytes=200_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
-    again = build(out)
+    again = build(out).model
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
     upstream = Glm5NextTextModel.from_pretrained(out)
     x = torch.randint(0, 5, (1, 20))
@@ -101,16 +103,17 @@ def glm_checkpoint(tmp_path):
 
 def test_loads_text_tower_of_a_full_glm_checkpoint(glm_checkpoint):
     upstream, path = glm_checkpoint
-    model = build(path)
-    assert model.load_report == {"missing": [], "unexpected": []}
+    built = build(path)
+    assert built.load_report == LoadReport()  # vision and MTP weights are skipped, not unexpected
+    model = built.model
     x = torch.randint(0, 5, (1, 40))
     with torch.no_grad(), use_torch_fallbacks():
         assert torch.equal(model.logits(x), upstream(input_ids=x).logits.float())
-    bf16 = build(path, dtype="bfloat16")
+    bf16 = build(path, dtype="bfloat16").model
     assert bf16.lm_head.weight.dtype == torch.bfloat16
     assert bf16.model.layers[0].self_attn.conv1d.weight.dtype == torch.float32  # upstream's fp32 list
     meta = build(path, meta=True)
-    assert all(p.is_meta for p in meta.parameters())
+    assert all(p.is_meta for p in meta.model.parameters()) and meta.load_report is None
 
 
 def test_bad_checkpoint_directories(tmp_path, glm_checkpoint):
@@ -159,12 +162,12 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     def broken_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(weights_mod, "save_file", broken_save)
+    monkeypatch.setattr(writer_mod, "save_file", broken_save)
     with pytest.raises(OSError):
         save_pretrained(model, tmp_path / "never")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no partial directory left
     with pytest.raises(GenomeLMError, match="meta"):
-        save_pretrained(build("glm53-tiny", meta=True), tmp_path / "meta")
+        save_pretrained(build("glm53-tiny", meta=True).model, tmp_path / "meta")
 
 
 def _tokenizer_dir(path: Path, vocab: dict[str, int]) -> Path:
@@ -174,6 +177,24 @@ def _tokenizer_dir(path: Path, vocab: dict[str, int]) -> Path:
     path.mkdir()
     Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(path / "tokenizer.json"))
     return path
+
+
+def test_tokenizer_files_come_from_the_directory_named(tmp_path):
+    source = save_pretrained(tiny_model(router_bias=0.05), tmp_path / "source")
+    (_tokenizer_dir(tmp_path / "tok", {"<unk>": 0, "A": 1}) / "tokenizer.json").rename(source / "tokenizer.json")
+    built = build(source)
+    with_tokenizer = save_pretrained(built.model, tmp_path / "with", tokenizer_from=built.source)
+    assert (with_tokenizer / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    assert not (save_pretrained(built.model, tmp_path / "without") / "tokenizer.json").exists()
+
+
+def test_weights_the_model_has_no_place_for_are_reported(tmp_path):
+    source = save_pretrained(tiny_model(router_bias=0.05), tmp_path / "source")
+    path = source / "model.safetensors"
+    with safe_open(str(path), "pt") as st:
+        tensors = {key: st.get_tensor(key) for key in st.keys()}
+    save_file({**tensors, "model.extra.weight": torch.zeros(2)}, str(path), metadata={"format": "pt"})
+    assert build(source).load_report == LoadReport(unexpected=("model.extra.weight",))
 
 
 def test_token_map(tmp_path):
@@ -198,7 +219,7 @@ def test_token_map(tmp_path):
 
 def test_flat_text_config_with_pattern_fields(tmp_path):
     """Real configs may keep text fields at top level and use `index_topk_pattern`/`linear_attn_config`."""
-    from genome_lm.model.weights import read_text_config
+    from genome_lm.model.weights.reader import read_text_config
 
     config = preset_config("glm53-tiny").to_dict()
     del config["indexer_types"]

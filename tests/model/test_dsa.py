@@ -11,7 +11,6 @@ import importlib.util
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
 from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention, Glm5NextTextModel
 
@@ -24,7 +23,7 @@ from genome_lm.model.ops.dsa import (
 )
 from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention
 from genome_lm.model.ops.dsa.indexer import index_inputs
-from tests.helpers import assert_close
+from tests.helpers import assert_close, largest_tensor
 
 TOL = {"out": 1e-5, "grad": 2e-5}  # observed: out <= 2e-7, grads <= 2e-6
 
@@ -197,8 +196,7 @@ def test_pool_size_one_matches_fla_naive():
     """kpool = 1 turns upstream's indexer into fla's token-level `naive_dsa_indexer`; the
     attention over given indices is fla's `naive_dsa` with per-head expanded K/V."""
     fla = load_fla_naive_dsa()
-    if fla is None:
-        pytest.skip("flash-linear-attention (or einops) not installed")
+    assert fla is not None, "flash-linear-attention (with einops) is not installed: a pinned test extra (make setup)"
     cfg = tiny_config(topk=8, kpool=1)
     up = make_attn(cfg, 0, 7)
     B, T, H = 2, 64, cfg.num_attention_heads
@@ -321,25 +319,12 @@ def test_patched_decoder_stack_matches_upstream_model():
             assert_close(name, grads[1][name], g, TOL["grad"])
 
 
-class _LargestTensor(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_long_sequence_never_allocates_t_by_t():
     T = 16384
     cfg = tiny_config(topk=32)
     attn = LongDSA.install(make_attn(cfg, 0, 11), block_queries=512)
     x = torch.randn(1, T, cfg.hidden_size, requires_grad=True)
-    with _LargestTensor() as mode:
+    with largest_tensor() as mode:
         out, _, _ = attn(x, attention_mask=None)
         out.square().mean().backward()
     assert torch.isfinite(x.grad).all()

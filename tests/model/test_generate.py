@@ -1,5 +1,6 @@
 """The long-context model is a drop-in for upstream's: called as upstream is called (the default
-config has use_cache=True), decoding from a transformers Cache, and greedy `generate`."""
+config has use_cache=True), decoding from a transformers Cache, greedy `generate`, and the causal
+LM called with the keyword arguments a transformers user passes (or refusing them in one line)."""
 
 import copy
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from genome_lm.errors import GenomeLMError
 from genome_lm.model import apply_long_context, use_torch_fallbacks
 from tests.helpers import tiny_model
 
@@ -60,3 +62,51 @@ def test_generate_gives_upstreams_greedy_tokens(pair):
         for _ in range(12):
             ids = torch.cat([ids, mine.logits(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(got, ids)
+
+
+@torch.no_grad()
+def test_called_with_a_transformers_users_keywords(pair):
+    _, mine = pair
+    x = _ids(2, 40, 4)
+    plain = mine(x, labels=x, return_hidden=True)
+    for kwargs in [dict(use_cache=False), dict(use_cache=None), dict(return_dict=True)]:
+        out = mine(input_ids=x, labels=x, return_hidden=True, **kwargs)
+        assert torch.equal(out.loss, plain.loss) and torch.equal(out.hidden_states, plain.hidden_states)
+        assert out.cache is None
+    masked = mine(input_ids=x, labels=x, attention_mask=torch.ones_like(x), return_hidden=True)
+    torch.testing.assert_close(masked.hidden_states, plain.hidden_states, rtol=TOL, atol=TOL)
+    cached = mine(input_ids=x, labels=x, use_cache=True, return_hidden=True)
+    assert isinstance(cached.cache, DynamicCache) and cached.cache.get_seq_length() == 40
+    torch.testing.assert_close(cached.hidden_states, plain.hidden_states, rtol=TOL, atol=TOL)
+    torch.testing.assert_close(cached.loss, plain.loss, rtol=TOL, atol=TOL)
+    loss, num_targets = mine(x, labels=x, return_dict=False)
+    assert torch.equal(loss, plain.loss) and torch.equal(num_targets, plain.num_targets)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_a_call_continues_the_cache_it_is_given(pair, keyword):
+    _, mine = pair
+    x = _ids(1, 50, 5)
+    whole = mine(x, return_hidden=True).hidden_states
+    first = mine(x[:, :23], use_cache=True, return_hidden=True)
+    second = mine(x[:, 23:], return_hidden=True, **{keyword: first.cache})
+    assert second.cache is first.cache and first.cache.get_seq_length() == 50
+    torch.testing.assert_close(torch.cat([first.hidden_states, second.hidden_states], dim=1), whole, rtol=TOL,
+                               atol=TOL)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("inputs_embeds", torch.zeros(1, 8, 64)),
+    ("position_ids", torch.arange(8)[None]),
+    ("output_hidden_states", True),
+    ("logits_to_keep", 1),
+    ("num_items_in_batch", 8),
+])
+def test_upstream_keywords_it_does_not_take_are_one_line(pair, name, value):
+    _, mine = pair
+    x = _ids(1, 8, 6)
+    with pytest.raises(GenomeLMError, match=rf"^Glm5NextCausalLM: {name} not supported; it takes input_ids, labels"):
+        mine(x, **{name: value})
+    with pytest.raises(GenomeLMError, match="not both"):
+        mine(x, cache=DynamicCache(config=mine.config), past_key_values=DynamicCache(config=mine.config))

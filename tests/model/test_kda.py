@@ -15,15 +15,9 @@ from genome_lm.model.ops.kda import chunk as chunk_mod
 from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda._fla import load_fla_reference
 from genome_lm.model.ops.kda.chunk import l2norm
-from genome_lm.model.ops.kda.layer import (
-    LongKDA,
-    kda_layer_step,
-    upstream_torch_fallbacks,
-)
+from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
+from genome_lm.model.ops.kda.step import kda_layer_step
 from tests.helpers import assert_close
-
-fla_naive = load_fla_reference("ops/kda/naive.py", "naive_recurrent_kda")
-needs_fla = pytest.mark.skipif(fla_naive is None, reason="flash-linear-attention not installed")
 
 # fp32 tolerances, as max |Δ| / max(1, max |reference|), per tensor
 TOL = {"o": 2e-5, "state": 2e-5, "dq": 5e-5, "dk": 5e-5, "dv": 5e-5, "dg": 5e-5, "dbeta": 5e-5, "dh0": 5e-5}
@@ -59,7 +53,16 @@ def run_with_grads(fn, inputs, use_h0, seed, **kw):
     return o.detach(), S.detach(), [torch.zeros_like(h0) if gr is None else gr for gr in grads]
 
 
-def assert_matches_naive(inputs, use_h0, seed, fn=chunk_kda, **kw):
+@pytest.fixture(scope="module")
+def fla_naive():
+    """fla's `naive_recurrent_kda`. flash-linear-attention is a pinned test extra: without it the tests
+    that compare with fla's reference fail (they never skip)."""
+    reference = load_fla_reference("ops/kda/naive.py", "naive_recurrent_kda")
+    assert reference is not None, "flash-linear-attention is not installed; it is a pinned test extra (make setup)"
+    return reference
+
+
+def assert_matches_naive(fla_naive, inputs, use_h0, seed, fn=chunk_kda, **kw):
     o, S, grads = run_with_grads(fn, inputs, use_h0, seed, **kw)
     o_ref, S_ref, grads_ref = run_with_grads(fla_naive, inputs, use_h0, seed)
     assert_close("o", o, o_ref, TOL["o"])
@@ -71,10 +74,9 @@ def assert_matches_naive(inputs, use_h0, seed, fn=chunk_kda, **kw):
 # --- the naive reference -------------------------------------------------------------------
 
 
-@needs_fla
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("H,HV", [(2, 2), (1, 3)])
-def test_naive_identical_to_fla(seed, H, HV):
+def test_naive_identical_to_fla(fla_naive, seed, H, HV):
     q, k, v, g, beta, h0 = make_inputs(seed, T=19, H=H, HV=HV)
     for state in (None, h0):
         ours = naive_recurrent_kda(q, k, v, g, beta, scale=0.3, initial_state=state, output_final_state=True)
@@ -85,39 +87,34 @@ def test_naive_identical_to_fla(seed, H, HV):
 # --- chunk_kda vs fla's naive: outputs, final state, gradients ------------------------------
 
 
-@needs_fla
 @pytest.mark.parametrize("use_h0", [False, True])
 @pytest.mark.parametrize("T", [1, 7, 64, 100, 257])
-def test_chunk_matches_naive(T, use_h0):
+def test_chunk_matches_naive(fla_naive, T, use_h0):
     seed = T + 1000 * use_h0
-    assert_matches_naive(make_inputs(seed, T=T), use_h0, seed)
+    assert_matches_naive(fla_naive, make_inputs(seed, T=T), use_h0, seed)
 
 
-@needs_fla
 @pytest.mark.parametrize("gate", ["strong", "zero", "unbounded"])
 @pytest.mark.parametrize("T", [100, 257])
-def test_chunk_matches_naive_extreme_gates(gate, T):
-    assert_matches_naive(make_inputs(T, T=T, gate=gate), True, T)
+def test_chunk_matches_naive_extreme_gates(fla_naive, gate, T):
+    assert_matches_naive(fla_naive, make_inputs(T, T=T, gate=gate), True, T)
 
 
-@needs_fla
 @pytest.mark.parametrize("seed", [3, 4])
 @pytest.mark.parametrize("H,HV,T", [(1, 2, 64), (2, 4, 100), (2, 6, 33)])
-def test_chunk_matches_naive_gva(H, HV, T, seed):
-    assert_matches_naive(make_inputs(seed, T=T, H=H, HV=HV, K=8, V=16), True, seed)
+def test_chunk_matches_naive_gva(fla_naive, H, HV, T, seed):
+    assert_matches_naive(fla_naive, make_inputs(seed, T=T, H=H, HV=HV, K=8, V=16), True, seed)
 
 
-@needs_fla
 @pytest.mark.parametrize("chunk_size", [1, 8, 32, 128])
-def test_chunk_size_does_not_change_result(chunk_size):
-    assert_matches_naive(make_inputs(5, T=45, gate="strong"), True, 5, chunk_size=chunk_size)
+def test_chunk_size_does_not_change_result(fla_naive, chunk_size):
+    assert_matches_naive(fla_naive, make_inputs(5, T=45, gate="strong"), True, 5, chunk_size=chunk_size)
 
 
-@needs_fla
-def test_chunk_segments_recomputed_in_backward():
+def test_chunk_segments_recomputed_in_backward(fla_naive):
     # 100 tokens in segments of 2 x 16: four checkpointed segments, the last one padded
     fn = chunk_mod.chunk_kda_torch
-    assert_matches_naive(make_inputs(11, T=100), True, 11, fn=fn, chunk_size=16, segment_chunks=2)
+    assert_matches_naive(fla_naive, make_inputs(11, T=100), True, 11, fn=fn, chunk_size=16, segment_chunks=2)
 
 
 def test_chunk_under_outer_activation_checkpointing():
@@ -178,6 +175,15 @@ def test_cpu_tensors_never_reach_fla(monkeypatch):
     monkeypatch.setattr(chunk_mod, "fla_chunk_kda", boom)
     q, k, v, g, beta, _ = make_inputs(9, T=5)
     chunk_kda(q, k, v, g, beta)
+
+
+def test_fla_options_leave_their_arguments_alone():
+    gate = {"use_gate_in_kernel": True, "lower_bound": -5.0, "A_log": None, "dt_bias": None}
+    before = dict(gate)
+    fla_gate, kw = chunk_mod.fla_options(gate, 16, scale=None)
+    assert gate == before
+    assert fla_gate == {**before, "safe_gate": True} and kw == {"scale": None, "chunk_size": 64}
+    assert chunk_mod.fla_options({"use_gate_in_kernel": True, "lower_bound": -8.0}, 32)[0]["safe_gate"] is False
 
 
 @pytest.mark.gpu

@@ -14,10 +14,11 @@ from safetensors.torch import save_file
 import genome_lm.model as model_pkg
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build, save_pretrained
-from genome_lm.model.weights import CheckpointReader, load_weights_, read_rows, to_disk_layout
+from genome_lm.model.weights.layout import read_rows, to_disk_layout
+from genome_lm.model.weights.reader import CheckpointReader, LoadReport, load_weights_
 from tests.helpers import tiny_model
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_read_rows_inverts_to_disk_layout():
@@ -57,7 +58,7 @@ def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
         raise AssertionError("load_weights_ built a model")
 
     monkeypatch.setattr(model_pkg, "build", no_build)
-    load_weights_(target, ckpt)
+    assert load_weights_(target, ckpt, dtype=None) == LoadReport()
     for name, tensor in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], tensor), name
     assert all(p is params[n] for n, p in target.named_parameters())  # filled in place
@@ -65,9 +66,10 @@ def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
 
 def test_load_weights_casts_like_build(tmp_path):
     ckpt = save_pretrained(tiny_model(1, router_bias=0.05), tmp_path / "ckpt")
-    target = build("glm53-tiny", dtype="bfloat16")
-    load_weights_(target, ckpt)
-    want = build(ckpt, dtype="bfloat16").state_dict()
+    built = build("glm53-tiny", dtype="bfloat16")
+    target = built.model
+    load_weights_(target, ckpt, dtype=built.dtype)
+    want = build(ckpt, dtype="bfloat16").model.state_dict()
     got = target.state_dict()
     assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in want.items())
 
@@ -87,10 +89,10 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     key = "model.layers.2.mlp.experts.3.up_proj.weight"
     missing = variant("missing", lambda t: {k: v for k, v in t.items() if k != key})
     with pytest.raises(GenomeLMError, match=rf"lacks 1 weight\(s\) of the text model, e.g. \['{key}'\]"):
-        load_weights_(tiny_model(router_bias=0.05), missing)
+        load_weights_(tiny_model(router_bias=0.05), missing, dtype=None)
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
-        load_weights_(tiny_model(router_bias=0.05), wrong)
+        load_weights_(tiny_model(router_bias=0.05), wrong, dtype=None)
     with CheckpointReader(ckpt, tiny_model(router_bias=0.05).config) as reader:
         assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
         # unused: what none of the given tensors needs (whatever this reader happened to read)
@@ -100,18 +102,19 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
     with pytest.raises(GenomeLMError, match="no \\*.safetensors"):
-        load_weights_(tiny_model(router_bias=0.05), tmp_path / "nothing")
+        load_weights_(tiny_model(router_bias=0.05), tmp_path / "nothing", dtype=None)
 
 
 def test_only_weights_the_model_has_no_place_for_are_logged(tmp_path, caplog):
     ckpt = save_pretrained(tiny_model(1, router_bias=0.05), tmp_path / "ckpt", max_shard_bytes=60_000)
     with caplog.at_level("WARNING"):
-        load_weights_(tiny_model(router_bias=0.05), ckpt)
+        assert load_weights_(tiny_model(router_bias=0.05), ckpt, dtype=None) == LoadReport()
     assert "not used" not in caplog.text
     save_file({"model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(ckpt / "model-extra.safetensors"))
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.layers.0.mlp.extra.weight"] = "model-extra.safetensors"
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     with caplog.at_level("WARNING"):
-        load_weights_(tiny_model(router_bias=0.05), ckpt)
+        report = load_weights_(tiny_model(router_bias=0.05), ckpt, dtype=None)
+    assert report == LoadReport(unexpected=("model.layers.0.mlp.extra.weight",))
     assert "1 weights not used by the model, e.g. ['model.layers.0.mlp.extra.weight']" in caplog.text

@@ -15,25 +15,21 @@ import textwrap
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from genome_lm.model import apply_long_context, use_torch_fallbacks
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import glm
-from tests.helpers import assert_close, tiny_model
+from tests.helpers import assert_close, largest_tensor, tiny_model
 
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pair(seed: int, **overrides):
@@ -59,11 +55,12 @@ def loss_and_grads(model, x):
 ])
 def test_patched_model_matches_upstream(T, seed, overrides):
     ref, patched = pair(seed, **overrides)
-    assert set(patched.long_context.ops) == {"kda", "dsa", "moe", "hc", "norm", "mlp", "loss"}
     for upstream, cls in [(glm.Glm5NextTextHyperConnection, RecomputedHyperConnection), (glm.Glm5NextTextMoE,
                           BlockedGlm5NextTextMoE), (glm.Glm5NextTextLinearAttention, LongKDA),
-                          (glm.Glm5NextTextAttention, LongDSA)]:
+                          (glm.Glm5NextTextAttention, LongDSA), (glm.Glm5NextTextRMSNorm, LeanRMSNorm)]:
         assert all(type(m) is cls for m in patched.modules() if isinstance(m, upstream))
+    dense = [layer.mlp for layer in patched.model.layers if isinstance(layer.mlp, glm.Glm5NextTextMLP)]
+    assert dense and all(type(mlp) is LeanMLP for mlp in dense) and patched.loss_chunk_tokens == 50
     x = torch.randint(0, 16, (1, T), generator=torch.Generator().manual_seed(T))
     with use_torch_fallbacks():
         ref_out, ref_grads = loss_and_grads(ref, x)
@@ -90,26 +87,11 @@ def test_patched_model_matches_upstream_at_2048():
     assert diff.max().item() <= 0.05
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any op creates (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_patched_forward_backward_never_allocates_t_by_t():
     T = 3000
     model = apply_long_context(tiny_model(5))  # default block sizes
     x = torch.randint(0, 16, (1, T))
-    with LargestTensor() as mode:
+    with largest_tensor() as mode:
         model(x, labels=x).loss.backward()
     # largest: a DSA query block's indexer scores [1, 1024, HI, P = 750]; T*T = 9e6
     assert mode.largest < T * T // 4, mode.largest
@@ -124,7 +106,7 @@ def test_patched_forward_backward_at_64k_fits():
         from genome_lm.train.metrics import PeakMemory
         torch.set_num_threads(1)
         torch.manual_seed(0)
-        model = apply_long_context(build("glm53-tiny"))
+        model = apply_long_context(build("glm53-tiny").model)
         x = torch.randint(0, 16, (1, 65536))
         base = int(open("/proc/self/statm").read().split()[1]) * 4096
         peak = PeakMemory(torch.device("cpu"))

@@ -6,7 +6,7 @@ import torch
 from genome_lm.model.ops.loss import chunk as chunk_mod
 from genome_lm.model.ops.loss import chunked_cross_entropy, naive_cross_entropy
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 RTOL, ATOL = 1e-5, 1e-6  # fp32: loss, per-token NLL, grads of hidden and weight
 

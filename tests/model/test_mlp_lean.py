@@ -18,7 +18,7 @@ from tests.helpers import assert_close
 
 
 def _mlp(dtype, D=64, width=96, limit=1.5):
-    cfg = build("glm53-tiny").config
+    cfg = build("glm53-tiny").model.config
     cfg = type(cfg)(**{**cfg.to_dict(), "hidden_size": D, "swiglu_limit": limit})
     torch.manual_seed(0)
     m = glm.Glm5NextTextMLP(cfg, intermediate_size=width).to(dtype)

@@ -12,7 +12,7 @@ from tests.helpers import assert_close
 
 install = BlockedGlm5NextTextMoE.install
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # fp32, outputs and every gradient: max |diff| <= TOL * max |reference| (floor=0); blocks change float32
 # summation order, not the math

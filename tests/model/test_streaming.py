@@ -10,18 +10,12 @@ import torch
 
 from genome_lm.model import apply_long_context
 from genome_lm.model.streaming import StreamingScorer, score_streaming
-from tests.helpers import tiny_model
+from tests.helpers import assert_close, tiny_model
 
 PARITY = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: one thread is fastest and does not fight other processes for cores."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed: int = 0, patched: bool = True, **overrides):
@@ -36,10 +30,6 @@ def parallel_nll(model, ids):
         return model(ids, return_per_token_nll=True).per_token_nll[0]
 
 
-def max_diff(a, b) -> float:
-    return (a - b).abs().max().item()
-
-
 @pytest.mark.parametrize("T, chunks", [(64, (1, 5, 64)), (700, (128, 300, 701))])
 def test_streaming_matches_parallel_small(T, chunks):
     model = tiny(seed=1)
@@ -48,7 +38,7 @@ def test_streaming_matches_parallel_small(T, chunks):
     for chunk in chunks:
         got = score_streaming(model, ids, chunk)
         assert got.shape == (T,) and got.dtype == torch.float32 and got[0] == 0
-        assert max_diff(got, ref) <= PARITY, (chunk, max_diff(got, ref))
+        assert_close(f"log-probs, chunks of {chunk}", got, ref, PARITY, floor=None)
 
 
 def test_streaming_matches_parallel_at_8k():
@@ -58,7 +48,7 @@ def test_streaming_matches_parallel_at_8k():
     ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(8))
     ref = parallel_nll(model, ids)
     for chunk in (2048, 3000):
-        assert max_diff(score_streaming(model, ids, chunk), ref) <= PARITY, chunk
+        assert_close(f"log-probs, chunks of {chunk}", score_streaming(model, ids, chunk), ref, PARITY, floor=None)
 
 
 def test_unpatched_model_and_sharper_weights():
@@ -68,7 +58,7 @@ def test_unpatched_model_and_sharper_weights():
     ids = torch.randint(0, 16, (1, T), generator=torch.Generator().manual_seed(3))
     plain = tiny(seed=2, patched=False, initializer_range=0.1)
     ref = parallel_nll(apply_long_context(tiny(seed=2, patched=False, initializer_range=0.1)), ids)
-    assert max_diff(score_streaming(plain, ids, 96), ref) <= PARITY
+    assert_close("log-probs, unpatched model", score_streaming(plain, ids, 96), ref, PARITY, floor=None)
 
 
 def test_carried_state_matters():
@@ -102,7 +92,7 @@ def test_scorer_state_sizes_and_batches():
     scorer = StreamingScorer(model, total_len=300)
     got = torch.cat([scorer.step(ids[:, t:t + 100]) for t in range(0, 300, 100)], 1)
     for b in range(2):
-        assert max_diff(got[b], parallel_nll(model, ids[b:b + 1])) <= PARITY
+        assert_close(f"log-probs, row {b}", got[b], parallel_nll(model, ids[b:b + 1]), PARITY, floor=None)
 
 
 def test_bad_inputs():

@@ -86,12 +86,12 @@ def test_fsdp_groups_float32_exceptions():
     from torch.distributed.fsdp import FSDPModule
 
     from genome_lm.model import apply_long_context, build
-    from genome_lm.model.weights import keep_fp32
+    from genome_lm.model.weights.layout import keep_fp32
     from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
 
     plain = tiny_model(dtype="bfloat16")
     apply_long_context(plain)
-    model = build("glm53-tiny", dtype="bfloat16")
+    model = build("glm53-tiny", dtype="bfloat16").model
     model.load_state_dict(plain.state_dict())
     apply_long_context(model)
     owners = [name for name, _ in fp32_modules(model)]
@@ -172,7 +172,7 @@ def test_expert_parallel_experts_become_float32_master_weights():
     dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
     try:
         par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
-        model = build_model(cfg, par.device, None, meta=True)
+        model = build_model(cfg, par.device, None, meta=True).model
         parallelize(model, cfg.memory, par, compute_dtype(cfg))
         dtypes = {n: p.dtype for n, p in model.named_parameters()}
     finally:

@@ -28,16 +28,18 @@ def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
     """Every rank: meta build -> parallelize -> load_weights_ from each source; gather the weights;
     export streamed with small and default shard sizes, recording what the writer held."""
     from genome_lm.config import MemoryConfig, ParallelConfig
-    from genome_lm.model.weights import ShardWriter, load_weights_
+    from genome_lm.model.weights.reader import load_weights_
+    from genome_lm.model.weights.writer import ShardWriter
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.parallelize import parallelize
 
     out = Path(out)
     par = init_parallel(ParallelConfig())
     for label, source in sources.items():
-        model = build("glm53-tiny", meta=True)
+        built = build("glm53-tiny", meta=True)
+        model = built.model
         parallelize(model, MemoryConfig(recompute="per-layer"), par)
-        load_weights_(model, source, par.device)
+        load_weights_(model, source, par.device, dtype=built.dtype)
         local = {n: t.to_local().clone() for n, t in model.state_dict().items() if hasattr(t, "to_local")}
         full = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in model.state_dict().items()}
         torch.save({"full": full, "local_numel": sum(t.numel() for t in local.values())}, out / f"{label}.r{rank}.pt")
@@ -80,20 +82,20 @@ def launched(tmp_path_factory):
 def test_sharded_load_equals_one_process(launched):
     sources, out = launched
     for label, source in sources.items():
-        want = build(source).state_dict()
+        want = build(source).model.state_dict()
         got = [torch.load(out / f"{label}.r{r}.pt") for r in range(WORLD)]
         for rank_state in got:
             assert rank_state["full"].keys() == want.keys()
             for name, tensor in want.items():
                 assert torch.equal(rank_state["full"][name], tensor), (label, name)
         # each rank held only its shards: together, every parameter once (plus FSDP padding: none kept)
-        total = sum(p.numel() for p in build("glm53-tiny", meta=True).parameters())
+        total = sum(p.numel() for p in build("glm53-tiny", meta=True).model.parameters())
         assert sum(r["local_numel"] for r in got) == total
 
 
 def test_streamed_export_is_identical_to_one_process(launched, tmp_path):
     sources, out = launched
-    reference = build(sources["upstream"])  # the model the ranks exported last
+    reference = build(sources["upstream"]).model  # the model the ranks exported last
     small = save_pretrained(reference, tmp_path / "small", max_shard_bytes=SMALL_SHARDS)
     default = save_pretrained(reference, tmp_path / "default")
     files = sorted(p.name for p in (out / "small").iterdir())
@@ -103,14 +105,14 @@ def test_streamed_export_is_identical_to_one_process(launched, tmp_path):
         assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
         for f in ours.iterdir():
             assert f.read_bytes() == (theirs / f.name).read_bytes(), f.name
-    loaded = build(out / "small").state_dict()
+    loaded = build(out / "small").model.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in reference.state_dict().items())
 
 
 def test_streamed_export_holds_about_one_shard(launched):
     _, out = launched
     record = json.loads((out / "writer.json").read_text())
-    largest = max(p.numel() * p.element_size() for p in build("glm53-tiny", meta=True).parameters())
+    largest = max(p.numel() * p.element_size() for p in build("glm53-tiny", meta=True).model.parameters())
     small_flushes = record["flushes"][:-1]  # the last flush is the default export's single file
     assert len(small_flushes) > 4
     # a file is written as soon as its last tensor arrives: the writer never holds more than one

@@ -58,7 +58,7 @@ def test_saved_bytes_per_layer_match_autograd(dtype, moe_recompute, hc_recompute
     if hc_recompute and not hc_recompute_available():
         pytest.skip("this checkout's apply_long_context does not recompute hyper-connections")
     torch.manual_seed(0)
-    model = build("glm53-tiny", dtype=dtype)
+    model = build("glm53-tiny", dtype=dtype).model
     # without "hc": upstream's hyper-connections, keeping their Sinkhorn intermediates
     apply_long_context(model, moe_recompute=moe_recompute, moe_block_tokens=1024, dsa_block_queries=512,
                        ops=ALL_OPS if hc_recompute else tuple(op for op in ALL_OPS if op != "hc"))

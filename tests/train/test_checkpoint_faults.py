@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from genome_lm.cli import main
 from genome_lm.config import load_experiment
@@ -35,17 +34,6 @@ def records(run: Path) -> list[dict]:
 def experiment(tmp_path_factory, tiny_shards):
     root = tmp_path_factory.mktemp("ckpt_faults")
     return write_experiment(root / "e.yaml", tiny_shards, micro_batch=1, train={"steps": 4})
-
-
-@pytest.fixture
-def one_thread_everywhere(monkeypatch):
-    """One thread in this process and in the launcher's workers (OMP_NUM_THREADS): a run split between a
-    worker and this process sums in the same order as one run here."""
-    saved = torch.get_num_threads()
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

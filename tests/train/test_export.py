@@ -53,12 +53,12 @@ def test_export_command_equals_the_trainers_model_dir(last_only, tmp_path):
     assert main(["export", str(last_only / "step_00000004"), "--out", str(tmp_path / "s"), "--max-shard-size",
                  "100k"]) == 0
     assert len(list((tmp_path / "s").glob("model-*-of-*.safetensors"))) > 10
-    want = build(last_only / "step_00000004" / "model").state_dict()
-    got = build(tmp_path / "s").state_dict()
+    want = build(last_only / "step_00000004" / "model").model.state_dict()
+    got = build(tmp_path / "s").model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in want.items())
     # the checkpoint without model/ exports too (its weights differ from step 4's)
     assert main(["export", str(last_only / "step_00000002"), "--out", str(tmp_path / "two")]) == 0
-    assert not torch.equal(build(tmp_path / "two").lm_head.weight, want["lm_head.weight"])
+    assert not torch.equal(build(tmp_path / "two").model.lm_head.weight, want["lm_head.weight"])
 
 
 def test_export_user_errors(last_only, tmp_path, capsys):

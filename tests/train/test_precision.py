@@ -45,7 +45,7 @@ def test_small_updates_are_not_lost_in_bf16(tiny_shards, tmp_path):
     for dtype in ("float32", "bfloat16"):
         train(load_experiment(exp, [*sets, f"model.dtype={dtype}"]), out=tmp_path / dtype)
         runs[dtype] = master_weights(tmp_path / dtype)
-    start = build(str(init)).state_dict()
+    start = build(str(init)).model.state_dict()
     moved_fp32 = moved_both = 0
     dist2 = path2 = 0.0
     for name, w0 in start.items():

@@ -283,8 +283,8 @@ def test_init_from_checkpoint(tmp_path, tiny_shards):
     record = train(load_experiment(exp), out=tmp_path / "long")
     from genome_lm.model import build
 
-    a = build(base / "checkpoints" / "last" / "model").state_dict()
-    b = build(tmp_path / "long" / "checkpoints" / "last" / "model").state_dict()
+    a = build(base / "checkpoints" / "last" / "model").model.state_dict()
+    b = build(tmp_path / "long" / "checkpoints" / "last" / "model").model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr ~ 0: weights came from init
     assert record["step"] == 1
 

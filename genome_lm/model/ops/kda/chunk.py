@@ -87,8 +87,8 @@ def chunk_kda(
     """
     gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if use_fla(q.device.type):
-        kw = fla_options(gate, chunk_size, scale=scale, output_final_state=output_final_state,
-                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        gate, kw = fla_options(gate, chunk_size, scale=scale, output_final_state=output_final_state,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32
         o, S = fla_by_heads(fla_chunk_kda(), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
         return o.to(q.dtype), (S.float() if S is not None else None)
@@ -97,14 +97,14 @@ def chunk_kda(
     )
 
 
-def fla_options(gate: dict, chunk_size: int, **kw) -> dict:
-    """What genome_lm's arguments become for fla's `chunk_kda`: `gate` gets `safe_gate` (fla's fast
-    path, for bounds in [-5, 0) only) when the gate is applied in the kernel (in place); returns `kw`
-    with a chunk size fla's kernels take (32 or 64)."""
+def fla_options(gate: dict, chunk_size: int, **kw) -> tuple[dict, dict]:
+    """What genome_lm's arguments become for fla's `chunk_kda`: `(gate, kw)`, new dicts: the gate
+    arguments with `safe_gate` (fla's fast path, for bounds in [-5, 0) only) when the gate is
+    applied in the kernel, and `kw` with a chunk size fla's kernels take (32 or 64)."""
     if gate.get("use_gate_in_kernel"):
         bound = gate.get("lower_bound")
-        gate["safe_gate"] = bound is not None and -5 <= bound < 0
-    return dict(kw, chunk_size=chunk_size if chunk_size in (32, 64) else 64)
+        gate = dict(gate, safe_gate=bound is not None and -5 <= bound < 0)
+    return dict(gate), dict(kw, chunk_size=chunk_size if chunk_size in (32, 64) else 64)
 
 
 def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_state=None, **kw):

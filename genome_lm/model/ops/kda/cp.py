@@ -35,7 +35,7 @@ from torch import nn
 from genome_lm.model.cp import attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.layer import KDAState, kda_layer_step
+from genome_lm.model.ops.kda.step import KDAState, kda_layer_step
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
@@ -82,7 +82,8 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
     group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group
     context = build(bounds.to(q.device), group=group, cu_seqlens_cpu=bounds)
-    kw = fla_options(gate, chunk_size, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cp_context=context)
+    gate, kw = fla_options(gate, chunk_size, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           cp_context=context)
     outs = [fla_by_heads(fla_chunk_kda(), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
                          beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
     return torch.cat(outs).to(q.dtype), None

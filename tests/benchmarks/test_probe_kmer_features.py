@@ -27,7 +27,7 @@ def test_untrained_demo_model_carries_the_bases_its_convolution_sees(probe):
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo", dtype="float32")).eval()
+    model = apply_long_context(build("glm53-demo", dtype="float32").model).eval()
     x = torch.randint(0, 4, (probe.BATCH, probe.SEQ))
     streams = dict(probe.residual_streams(model, x))
     assert list(streams)[:2] == ["embedding", "layer 0 (KDA)"]

@@ -12,7 +12,7 @@ def test_position_test_has_seven_variants_and_restart_equals_fresh():
 
     probe = load_benchmark("probe_copy_learning")
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo", dtype="float32")).eval()
+    model = apply_long_context(build("glm53-demo", dtype="float32").model).eval()
     result = probe.position_test(model, W=32, batch=4)
     rows = {r["variant"]: r["copied_nll"] for r in result["rows"]}
     assert len(rows) == 7 and (result["copy_length"], result["copy_distance"]) == (8, 12)

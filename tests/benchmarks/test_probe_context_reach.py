@@ -42,7 +42,7 @@ def test_patches_leave_the_model_unchanged_when_they_change_nothing(probe):
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo", dtype="float32")).eval()
+    model = apply_long_context(build("glm53-demo", dtype="float32").model).eval()
     x = torch.randint(0, 4, (1, 96))
     ref = _nll(model, x)
     with probe.banded_attention(96):
@@ -61,7 +61,7 @@ def test_restarting_kda_and_attention_at_w_makes_the_next_w_tokens_a_fresh_seque
     from genome_lm.model import apply_long_context, build
 
     torch.manual_seed(0)
-    model = apply_long_context(build("glm53-demo", dtype="float32")).eval()
+    model = apply_long_context(build("glm53-demo", dtype="float32").model).eval()
     W = 32
     x = torch.randint(0, 4, (2, 2 * W))
     fresh = _nll(model, x[:, W:])[:, 1:]  # token W itself is predicted from token W - 1

@@ -1,0 +1,118 @@
+"""The synthetic genome's files (`genome-lm synth`): gzip FASTA (60 columns, mtime 0, no file
+name: same parameters and seed -> the same bytes), the sidecar TSV of the planted repeat copies
+(`repeats_path`, `read_repeats`) and, when there are any, of the segmental duplications
+(`segdups_path`). The genome itself is built by `synth.py`."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.genome.fasta import check_writable
+from genome_lm.genome.planting import RepeatCopy
+from genome_lm.genome.segdups import format_segdups
+from genome_lm.genome.synth import synthesize_genome
+from genome_lm.genome.synth_params import SynthParams
+from genome_lm.utils import atomic_file
+
+log = logging.getLogger(__name__)
+
+LINE_WIDTH = 60
+TSV_HEADER = "chrom\tstart\tend\tstrand\tfamily\tsource_start\n"
+
+
+def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
+    """'>name\\n' then the sequence in lines of `width` characters, each ending in '\\n'."""
+    return b">" + name.encode() + b"\n" + b"".join(seq[i : i + width] + b"\n" for i in range(0, len(seq), width))
+
+
+def _sidecar(fasta: str | os.PathLike, suffix: str) -> Path:
+    fasta = Path(fasta)
+    stem = fasta.name
+    for ext in (".gz", ".fa", ".fasta", ".fna"):
+        stem = stem.removesuffix(ext)
+    return fasta.with_name(stem + suffix)
+
+
+def repeats_path(fasta: str | os.PathLike) -> Path:
+    """The sidecar TSV beside a FASTA: genome.fa.gz -> genome.repeats.tsv."""
+    return _sidecar(fasta, ".repeats.tsv")
+
+
+def segdups_path(fasta: str | os.PathLike) -> Path:
+    """The segmental duplications' sidecar TSV (`segdups.read_segdups`): genome.fa.gz -> genome.segdups.tsv."""
+    return _sidecar(fasta, ".segdups.tsv")
+
+
+def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
+    """Read a sidecar TSV written by `write_synthetic_fasta`."""
+    rows = (row.split("\t") for row in Path(path).read_text().splitlines()[1:])
+    return [RepeatCopy(chrom, int(a), int(b), strand, fam, int(src)) for chrom, a, b, strand, fam, src in rows]
+
+
+@dataclass(frozen=True)
+class WrittenGenome:
+    fasta: Path
+    repeats: Path
+    lengths: dict[str, int]
+    repeat_fraction: float
+    segdups: Path | None = None  #: the segdups sidecar, when the genome has any
+
+
+def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
+                          params: SynthParams | None = None) -> WrittenGenome:
+    """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
+    planted copies (chrom, start, end, strand, family, source_start) beside it, and one of the
+    segmental duplications when there are any (`segdups_path`). `params` (see `make_params`)
+    replaces the default SynthParams."""
+    out = Path(out)
+    if out.is_dir() or not out.name:
+        raise GenomeLMError(f"--out {out} is a folder; give the FASTA file to write, e.g. {out / 'genome.fa.gz'}")
+    if not out.name.endswith(".gz"):
+        raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
+    tsv, sd_tsv = repeats_path(out), segdups_path(out)
+    for path in (out, tsv, sd_tsv):
+        if path.exists() and not overwrite:
+            raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
+    check_writable(out.parent)
+
+    t0 = time.perf_counter()
+    genome = synthesize_genome(scale, seed, params)
+
+    try:  # the FASTA last: a failure (a full disk) removes the sidecars written before it
+        with atomic_file(tsv, "w") as f:
+            f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
+                                         for c in genome.copies))
+        if genome.segdups:
+            with atomic_file(sd_tsv, "w") as f:
+                f.write(format_segdups(genome.segdups))
+        else:
+            sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
+        with atomic_file(out, "wb") as f, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
+            for name, seq in genome.sequences.items():
+                gz.write(fasta_lines(name, seq))
+    except BaseException:
+        tsv.unlink(missing_ok=True)
+        sd_tsv.unlink(missing_ok=True)
+        raise
+    lengths = {k: len(v) for k, v in genome.sequences.items()}
+    frac = genome.repeat_fraction()
+    n_tandem = sum(c.family == "tandem" for c in genome.copies)
+    tandem = f" and {n_tandem} tandem units" if n_tandem else ""
+    sd_bases = sum(d.end - d.start for d in genome.segdups)
+    segdups = (f", {len(genome.segdups)} segmental duplications ({sd_bases:,} bp) in "
+               f"{', '.join(sorted({d.chrom for d in genome.segdups}))}" if genome.segdups else "")
+    log.info(
+        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s%s) "
+        "and %s in %.1f s",
+        out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
+        100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
+        time.perf_counter() - t0,
+    )
+    return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)

@@ -1,0 +1,136 @@
+"""One KDA layer as a function of the state before a piece: `kda_layer_step` and `KDAState`.
+
+`kda_layer_step(module, hidden_states, state)` runs a `LongKDA`'s parameters over the next piece of
+a sequence, given the `KDAState` after the tokens before it, and returns the new state: feeding
+pieces in order gives the outputs of one pass. `LongKDA` (`layer.py`) calls it for training and its
+`Cache` path, the context-parallel slab path (`cp.py`) with a core that composes the incoming
+state across ranks.
+
+Shapes: B batch, T tokens, D model dim, H heads, K = V head dim, W conv width.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
+
+
+@dataclass
+class KDAState:
+    """What one KDA layer carries from one piece of a sequence to the next.
+
+    conv_state: `[B, 3·H·K, W-1]` the last W-1 pre-conv projections `[q | k | v]` (dtype of x).
+    recurrent_state: `[B, H, K, V]` float32 delta-rule state.
+    """
+
+    conv_state: torch.Tensor
+    recurrent_state: torch.Tensor
+
+    def detach(self) -> "KDAState":
+        return KDAState(self.conv_state.detach(), self.recurrent_state.detach())
+
+
+def kda_layer_step(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    state: KDAState | None = None,
+    attention_mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    kda_core: Callable | None = None,
+    mixed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, KDAState]:
+    """Run one KDA layer over the next piece of a sequence.
+
+    Args:
+        module: a `LongKDA` (its parameters are used as they are; `LongKDA.install` an upstream one).
+        hidden_states: `[B, T, D]` the next T tokens (T >= 1).
+        state: the `KDAState` after the previous tokens, or None at sequence start.
+        attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
+        chunk_size: chunk of `chunk_kda`; default `module.chunk_size`.
+        kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
+            parallelism (`genome_lm.parallel`) passes one that composes the incoming state
+            across ranks.
+        mixed: `kda_projections(module, hidden_states)`, `[B, T, 3·H·K]`, when the caller has
+            them already (the cache path); None computes them.
+
+    Returns:
+        `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
+        gives the same outputs as one pass over the whole sequence. Purely functional (no
+        in-place updates), so gradients flow through the carried state too.
+
+    What it keeps for backward, in the compute dtype: the input, the projections `[q | k | v]`
+    before and after the conv, the gate's raw input, beta, the low-rank gate activations, the
+    core's output and the output gate (`conv.py`, `gate.py`, `norm.py`; the core's own in
+    `chunk.py`).
+    """
+    if not isinstance(module.conv1d, KDAShortConv):
+        raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
+    if chunk_size is None:
+        chunk_size = module.chunk_size
+    hidden_states = mask_padding(hidden_states, attention_mask)
+    B, T, _ = hidden_states.shape
+    head_shape = (B, T, -1, module.head_dim)
+
+    if mixed is None:
+        mixed = kda_projections(module, hidden_states)  # [B, T, 3·H·K]
+    prev = None if state is None else state.conv_state  # [B, 3·H·K, W-1]
+    # called as a module, so that a sharded conv1d (float32) is gathered
+    qkv = module.conv1d(mixed, prev)  # silu(causal depthwise conv), [B, T, 3·H·K]
+    new_conv_state = conv_tail(mixed, prev, module.conv_kernel_size)  # [B, 3·H·K, W-1]
+
+    query, key, value = qkv.split([module.qkv_dim] * 3, dim=-1)
+    query, key, value = query.view(head_shape), key.view(head_shape), value.view(head_shape)  # [B, T, H, K]
+    raw_gate, A_log, dt_bias = module.forget_gate(hidden_states)  # the gate's inputs; the core applies it
+    beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
+
+    core, recurrent = (kda_core or chunk_kda)(
+        query,
+        key,
+        value,
+        raw_gate.view(head_shape),
+        beta,
+        initial_state=None if state is None else state.recurrent_state,
+        output_final_state=True,
+        chunk_size=chunk_size,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        lower_bound=module.forget_gate.safe_gate_lower_bound,
+        head_block=module.head_block,
+    )  # core [B, T, H, V]
+
+    gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
+    out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
+    return out, KDAState(new_conv_state, None if recurrent is None else recurrent.float())
+
+
+def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Upstream's `apply_mask_to_padding_states`: zero the `[B, T, D]` input where the `[B, T]` mask is 0."""
+    if attention_mask is None:
+        return hidden_states
+    return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+
+
+def kda_projections(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
+    return torch.cat(
+        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
+    )
+
+
+def conv_state_before(full: torch.Tensor, T: int, width: int) -> torch.Tensor:
+    """The W-1 raw projections before the last T columns of a cache's conv input, `[B, C, W-1]`.
+
+    `full` is what `Cache.update_conv_state` returns, `[B, C, L]` with L >= T: the cached columns
+    (zero-padded at sequence start) followed by the T new ones. Fewer than W-1 cached columns are
+    zero-padded on the left, as the sequence start is.
+    """
+    before = full[..., : full.shape[-1] - T][..., -(width - 1):]
+    missing = width - 1 - before.shape[-1]
+    return F.pad(before, (missing, 0)) if missing else before

@@ -1,0 +1,132 @@
+"""The key layout of the model's weights on disk (Hugging Face safetensors) against upstream's
+modules, and the dtype policy: what `reader.py` and `writer.py` share.
+
+Keys are in the on-disk layout real checkpoints use, or in upstream's module names (both are
+read); upstream converts at load time (`transformers.conversion_mapping`, "glm5_next"):
+
+    on disk (per layer)                          upstream module
+    self_attn.{f_a_proj,f_b_proj,dt_bias,A_log}  self_attn.forget_gate.{...}
+    hc_{attn,ffn}_{fn,base,scale}                {attn,ffn}_hc.{fn,base,scale}
+    self_attn.{q,k,v}_conv1d.weight [Q, 1, K]    self_attn.conv1d.weight [3Q, 1, K] (concat)
+    mlp.experts.{e}.{gate,up}_proj.weight [I, D] mlp.experts.gate_up_proj [E, 2I, D] (stack, cat)
+    mlp.experts.{e}.down_proj.weight [D, I]      mlp.experts.down_proj [E, D, I] (stack)
+
+`to_disk_layout` maps an upstream tensor to its on-disk tensors (writing); `read_rows` assembles
+any dim-0 slice of one from them (reading). `text_key` maps a full checkpoint's keys to the causal
+LM's (vision and MTP skipped); `model_tensors` is what is read and written, in writing order;
+`keep_fp32` / `cast_tensor` keep upstream's float32 exceptions under bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from genome_lm.model.upstream import KEEP_IN_FP32
+
+TensorSpec = tuple[str, tuple[int, ...], torch.dtype]  # upstream name, full shape, dtype
+
+_RENAMES = (  # (on-disk, upstream), applied as plain substring replacements
+    [(f"self_attn.{n}", f"self_attn.forget_gate.{n}") for n in ("f_a_proj.", "f_b_proj.", "dt_bias", "A_log")]
+    + [(f"hc_{where}_{n}", f"{where}_hc.{n}") for where in ("attn", "ffn") for n in ("fn", "base", "scale")]
+)
+
+
+def _rename_to_disk(name: str) -> str:
+    for disk, ours in _RENAMES:
+        name = name.replace(ours, disk)
+    return name
+
+
+def to_disk_layout(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """One upstream tensor -> its on-disk tensors (views of it)."""
+    if name.endswith(".mlp.experts.gate_up_proj"):
+        prefix = name.removesuffix(".gate_up_proj")
+        gate, up = tensor.chunk(2, dim=1)  # [E, I, D] each
+        for e in range(tensor.shape[0]):
+            yield f"{prefix}.{e}.gate_proj.weight", gate[e]
+            yield f"{prefix}.{e}.up_proj.weight", up[e]
+    elif name.endswith(".mlp.experts.down_proj"):
+        prefix = name.removesuffix(".down_proj")
+        for e in range(tensor.shape[0]):
+            yield f"{prefix}.{e}.down_proj.weight", tensor[e]
+    elif name.endswith(".self_attn.conv1d.weight"):
+        prefix = name.removesuffix(".conv1d.weight")
+        for qkv, part in zip("qkv", tensor.chunk(3, dim=0)):
+            yield f"{prefix}.{qkv}_conv1d.weight", part
+    else:
+        yield _rename_to_disk(name), tensor
+
+
+def read_rows(name: str, shape: tuple[int, ...], start: int, stop: int,
+              get: Callable[[str, int, int, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
+    """Rows `[start, stop)` (dim 0) of upstream tensor `name` of full `shape`, from on-disk tensors:
+    the inverse of `to_disk_layout`, a slice at a time. `get(disk_name, lo, hi, disk_shape)` returns
+    rows `[lo, hi)` of one on-disk tensor whose full shape must be `disk_shape`; only those behind
+    the requested rows are asked for (experts `start..stop-1` of a stacked expert tensor, the
+    q/k/v rows under a slice of the concatenated conv weight)."""
+    rest = tuple(shape[1:])
+    if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, D] from per-expert [I, D]
+        prefix, half = name.removesuffix(".gate_up_proj"), (shape[1] // 2, *shape[2:])
+        return torch.stack([
+            torch.cat([get(f"{prefix}.{e}.{proj}.weight", 0, half[0], half) for proj in ("gate_proj", "up_proj")])
+            for e in range(start, stop)
+        ])
+    if name.endswith(".mlp.experts.down_proj"):  # [E, D, I] from per-expert [D, I]
+        prefix = name.removesuffix(".down_proj")
+        return torch.stack([get(f"{prefix}.{e}.down_proj.weight", 0, rest[0], rest) for e in range(start, stop)])
+    if name.endswith(".self_attn.conv1d.weight"):  # [3Q, 1, K] from q, k, v [Q, 1, K]
+        prefix, q = name.removesuffix(".conv1d.weight"), shape[0] // 3
+        parts = [get(f"{prefix}.{qkv}_conv1d.weight", max(start, i * q) - i * q, min(stop, (i + 1) * q) - i * q,
+                     (q, *rest))
+                 for i, qkv in enumerate("qkv") if max(start, i * q) < min(stop, (i + 1) * q)]
+        return torch.cat(parts)
+    return get(_rename_to_disk(name), start, stop, tuple(shape))
+
+
+_VISION_PREFIXES = ("model.visual.", "visual.", "model.vision", "vision_tower.", "model.vision_tower.")
+_MTP_PARTS = (".shared_head.", ".eh_proj.", ".enorm.", ".hnorm.")
+_TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                  "language_model.lm_head.": "lm_head."}  # a full checkpoint's text keys -> the causal LM's
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def text_key(key: str, num_layers: int) -> str | None:
+    """Checkpoint key -> causal-LM key (`model.*`, `lm_head.weight`), or None to skip (vision, MTP)."""
+    if key.startswith((*_VISION_PREFIXES, "mtp.", "model.mtp.")):
+        return None
+    if prefix := next((p for p in _TEXT_PREFIXES if key.startswith(p)), None):
+        key = _TEXT_PREFIXES[prefix] + key.removeprefix(prefix)
+    elif not key.startswith(("model.", "lm_head.")):
+        key = "model." + key  # a bare text model's keys
+    if any(part in key for part in _MTP_PARTS):
+        return None
+    if (m := _LAYER.match(key)) and int(m.group(1)) >= num_layers:
+        return None
+    return key
+
+
+def keep_fp32(name: str) -> bool:
+    """Parameters upstream keeps in float32 under bf16/fp16 (`_keep_in_fp32_modules_strict`)."""
+    return any(pattern in name for pattern in KEEP_IN_FP32)
+
+
+def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`tensor` in `dtype` unless upstream keeps `name` in float32 (dtype None: as stored)."""
+    if dtype is None or not tensor.is_floating_point():
+        return tensor
+    if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):
+        return tensor.to(torch.float32)
+    return tensor.to(dtype)
+
+
+def model_tensors(model: nn.Module, state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors read and written, under upstream names, in writing order: `model.state_dict()`
+    (or `state_dict`) without a tied `lm_head.weight`. Sharded (DTensor) entries stay sharded."""
+    state = dict(model.state_dict() if state_dict is None else state_dict)
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state

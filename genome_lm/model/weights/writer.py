@@ -1,0 +1,182 @@
+"""Writing the model's weights: `save_pretrained` / `write_model_dir`, a Hugging Face-style
+text-only directory in real checkpoints' key layout (`layout.py`), streamed one tensor at a time
+into files planned up front (`shard_plan`, `ShardWriter`). Who calls it: docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+from torch import nn
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.model.weights.layout import TensorSpec, cast_tensor, model_tensors, to_disk_layout
+from genome_lm.utils import atomic_directory, umask
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+
+def byte_batches(items: Iterable, nbytes: Callable[[object], int], max_bytes: int) -> Iterator[list]:
+    """`items` in order, in consecutive batches: a batch is closed when the next item would take it
+    past `max_bytes` (a single larger item gets a batch of its own)."""
+    batch, size = [], 0
+    for item in items:
+        if batch and size + nbytes(item) > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += nbytes(item)
+    if batch:
+        yield batch
+
+
+def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
+    """The output files before anything is gathered: per file, its on-disk tensor names and sizes,
+    in writing order, in files of at most `max_bytes` (`byte_batches`). Computed on the meta device."""
+    parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
+             for disk_name, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+    return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
+
+
+def shard_file_names(n: int) -> list[str]:
+    """`model.safetensors` for one file, else `model-0000k-of-0000n.safetensors` (Hugging Face's names)."""
+    return ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+class ShardWriter:
+    """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`.
+
+    A file is written, and its tensors dropped, as soon as its last tensor arrives, so the writer
+    holds at most one file plus the rest of the parts of the tensor being added (`peak_bytes`
+    records the most it held). Parts that are views into a larger tensor are copied, so the full
+    tensor they came from can be freed. `finish()` writes `model.safetensors.index.json` when the
+    plan has several files."""
+
+    def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
+        self.directory, self.plan, self.names = Path(directory), plan, shard_file_names(len(plan))
+        self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
+        self.left = [len(entries) for entries in plan]
+        self.buffer: dict[str, torch.Tensor] = {}
+        self.buffered_bytes = self.peak_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if name not in self.file_of or name in self.buffer:
+            raise RuntimeError(f"ShardWriter: {name} is not (or no longer) expected by the plan")
+        part = tensor.detach().cpu()
+        if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:
+            part = part.contiguous() if not part.is_contiguous() else part.clone()
+        self.buffer[name] = part
+        self.buffered_bytes += part.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.buffered_bytes)
+        i = self.file_of[name]
+        self.left[i] -= 1
+        if self.left[i] == 0:
+            self._flush(i)
+
+    def _flush(self, i: int) -> None:
+        shard = {name: self.buffer.pop(name) for name, _ in self.plan[i]}
+        path = self.directory / self.names[i]
+        try:
+            save_file(shard, str(path), metadata={"format": "pt"})
+        except SafetensorError as e:  # an I/O failure comes back as "... (os error N)": raise it as the OSError
+            code = re.search(r"\(os error (\d+)\)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+        os.chmod(path, 0o666 & ~umask())  # safetensors writes 0600; a shared group reads what the umask allows
+        self.buffered_bytes -= sum(t.nbytes for t in shard.values())
+
+    def finish(self) -> None:
+        if missing := [name for i, entries in enumerate(self.plan) if self.left[i] for name, _ in entries
+                       if name not in self.buffer]:
+            raise RuntimeError(f"ShardWriter: never received {missing[:5]}")
+        if len(self.plan) > 1:
+            weight_map = {name: self.names[i] for i, entries in enumerate(self.plan) for name, _ in entries}
+            total = sum(nbytes for entries in self.plan for _, nbytes in entries)
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (self.directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = False,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                    state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
+                    dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
+    """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style text-only directory:
+
+    - `config.json`: the upstream `Glm5NextTextConfig` (`model_type: glm5_next_text`), `dtype` set;
+    - `model.safetensors` (or `model-0000k-of-0000n.safetensors` + `model.safetensors.index.json`
+      past `max_shard_bytes`): keys `model.*` and `lm_head.weight` in the on-disk layout;
+    - tokenizer files copied from `tokenizer_from` (the checkpoint directory the model was built
+      from, `BuiltModel.source`), when it is a directory that has them (`token_map`).
+
+    `Glm5NextTextModel.from_pretrained(dir)` loads it (`lm_head.weight` reported unused), and
+    `build(dir)` rebuilds the causal LM identically. Atomic (`atomic_directory`): an existing
+    `out_dir` is an error, or with `overwrite` replaced once the new one is complete.
+    `state_dict`: the tensors to write, if not `model.state_dict()`. `dtype`: write the weights in
+    this dtype (upstream's float32 exceptions kept float32, `cast_tensor`), e.g. a bf16 model's
+    float32 master weights as bf16; None: as they are.
+
+    Streamed: tensors are taken one at a time, converted to the on-disk layout and written into
+    files planned up front from their shapes (`shard_plan`), each file as soon as it is complete;
+    memory beyond the model: about one file plus one tensor. A sharded (FSDP2) model is gathered
+    one tensor at a time: the call is then collective, every rank calls it, and only the rank
+    with `write=True` writes (the others return once their part is done).
+    """
+    from torch.distributed.tensor import DTensor
+
+    tensors = model_tensors(model, state_dict)
+    for name, tensor in tensors.items():
+        if tensor.is_meta:
+            raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
+    specs = [(name, tuple(t.shape), cast_tensor(name, torch.empty(0, dtype=t.dtype), dtype).dtype)
+             for name, t in tensors.items()]
+    gathered = ((name, cast_tensor(name, t.full_tensor() if isinstance(t, DTensor) else t, dtype))
+                for name, t in tensors.items())
+    if not write:
+        for _ in gathered:
+            pass
+        return Path(out_dir)
+    return write_model_dir(model, out_dir, specs, gathered, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
+                           tokenizer_from=tokenizer_from)
+
+
+def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpec],
+                    tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
+                    tokenizer_from: str | Path | None = None) -> Path:
+    """The directory of `save_pretrained` from full tensors that arrive one at a time, in the order
+    of `specs` (upstream name, shape, dtype: what the files are planned from). `model` gives the
+    config (it may be on the meta device); tokenizer files are copied from `tokenizer_from` when
+    it is a directory; `inputs` (what the weights were read from) may not lie inside `out_dir`
+    (`outputs.claim_output`)."""
+    out_dir = Path(out_dir)
+    config = model.config.to_dict()
+    config["architectures"] = ["Glm5NextTextModel"]
+    dtypes = {name: dtype for name, _, dtype in specs}
+    head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
+    config["dtype"] = str(head).removeprefix("torch.")
+    plan = shard_plan(specs, max_shard_bytes)
+    with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        writer = ShardWriter(tmp, plan)
+        for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
+            if got != name or tuple(tensor.shape) != shape:
+                raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")
+            for disk_name, part in to_disk_layout(name, tensor.detach()):
+                writer.add(disk_name, part)
+            tensor = part = None  # free it before the next tensor is gathered
+        writer.finish()
+        if tokenizer_from and Path(tokenizer_from).is_dir():
+            for name in TOKENIZER_FILES:
+                if (Path(tokenizer_from) / name).is_file():
+                    shutil.copy2(Path(tokenizer_from) / name, tmp / name)
+    return out_dir
