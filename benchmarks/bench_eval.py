@@ -83,7 +83,7 @@ def _planned(model, T: int, device: str) -> int:
 
 
 def main() -> None:
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--T", nargs="+", default=["16k", "64k"], help="window lengths (tokens)")

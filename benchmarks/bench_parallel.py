@@ -157,7 +157,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="32k,64k")

@@ -1,5 +1,5 @@
 """`genome-lm`: thin subcommands. The library does the work; this file builds each command's flags
-from its pydantic parameter model (`utils.add_options`), calls the library, and turns
+from its pydantic parameter model (`options.add_options`), calls the library, and turns
 `GenomeLMError` into a one-line message and a non-zero exit."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
+from genome_lm.options import add_options, from_args
 from genome_lm.outputs import check_out_path
-from genome_lm.utils import Size, add_options, from_args
+from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
 # What a full disk, a quota, a read-only mount or missing permissions raise: the user's to fix.

@@ -10,9 +10,9 @@
 
 `load_experiment(path, overrides=["train.lr=1e-5", ...])` validates everything; an unknown or
 mistyped key or a bad value raises GenomeLMError naming the file and the key. Sizes accept
-`512k` / `1M` (2^19 / 2^20; `utils.parse_size`).
+`512k` / `1M` (2^19 / 2^20; `sizes.parse_size`).
 
-`Size`, the error messages and `--set` are those of every command (`utils.validate`, docs/config.md).
+`Size`, the error messages and `--set` are those of every command (`options.validate`, docs/config.md).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.options import apply_override, read_yaml, validate
 from genome_lm.settings import DEFAULTS
-from genome_lm.utils import Size, apply_override, read_yaml, validate
+from genome_lm.sizes import Size
 
 __all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
 

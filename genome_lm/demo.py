@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
+from genome_lm.options import apply_override, validate
 from genome_lm.progress import minutes
-from genome_lm.utils import apply_override, parse_size, validate
+from genome_lm.sizes import parse_size
 
 log = logging.getLogger("genome_lm.demo")
 SOURCE_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -188,7 +189,7 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     """The long- and short-context fine-tune experiments of recipe `r` from checkpoint `init`: the
     short one (demo_shortctx.yaml, the base's context) takes window / seq_len sequences per step, so
     that both train on the same tokens per step for the same steps (and the same schedule)."""
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     window = parse_size(r.window)
     common = [*data, f"model.init={init}"]

@@ -1,15 +1,15 @@
 """The dependency rule of docs/architecture.md: genome -> model -> parallel -> train -> eval ->
 report, with plan and cli on top. A module imports only from its own package and the layers below
-it (errors, utils, outputs and progress are below everything; config belongs to train). Read from the source, so
-imports inside functions count too."""
+it (errors, sizes, options, files, tf32, outputs, progress and settings are below everything; config
+belongs to train). Read from the source, so imports inside functions count too."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "genome_lm"
-LAYER = {"errors": 0, "utils": 0, "outputs": 0, "progress": 0, "settings": 0, "genome": 1, "model": 2,
-         "parallel": 3, "config": 4, "train": 4, "eval": 5, "report": 6, "plan": 7, "cli": 8, "demo": 8,
-         "__main__": 9, "__init__": 9}
+LAYER = {"errors": 0, "sizes": 0, "options": 0, "files": 0, "tf32": 0, "outputs": 0, "progress": 0, "settings": 0,
+         "genome": 1, "model": 2, "parallel": 3, "config": 4, "train": 4, "eval": 5, "report": 6, "plan": 7, "cli": 8,
+         "demo": 8, "__main__": 9, "__init__": 9}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
-from genome_lm.utils import Size
+from genome_lm.sizes import Size
 
 DTYPES = ("float32", "bfloat16")
 Sizes = Annotated[list[Size], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]

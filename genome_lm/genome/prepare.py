@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import MAX_K, KmerIndex
 from genome_lm.genome.shards import (
@@ -43,7 +44,8 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
-from genome_lm.utils import Names, Size, atomic_directory, format_size, sha256_file, validate, write_json_atomic
+from genome_lm.options import Names, validate
+from genome_lm.sizes import Size, format_size
 
 log = logging.getLogger(__name__)
 

@@ -48,6 +48,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_file
 from genome_lm.genome.fasta import check_writable
 from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
 from genome_lm.genome.planting import (
@@ -64,7 +65,7 @@ from genome_lm.genome.planting import (
     random_bases,
 )
 from genome_lm.genome.segdups import SegDup, format_segdups, plant_segdups
-from genome_lm.utils import atomic_file, validate
+from genome_lm.options import validate
 
 log = logging.getLogger(__name__)
 

@@ -47,9 +47,9 @@ from torch import nn
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_directory, umask
 from genome_lm.model.presets import check_overrides
 from genome_lm.model.upstream import KEEP_IN_FP32, Glm5NextConfig, Glm5NextTextConfig
-from genome_lm.utils import atomic_directory, umask
 
 log = logging.getLogger(__name__)
 

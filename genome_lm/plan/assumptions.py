@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import apply_override, validate
+from genome_lm.options import apply_override, validate
 
 
 def _share(default: float, why: str):

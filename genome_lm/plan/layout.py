@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import format_size
+from genome_lm.sizes import format_size
 
 RECOMPUTE = ("none", "per-layer", "selective")
 

@@ -45,8 +45,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import make_temp_dir
 from genome_lm.parallel.mesh import ParallelContext
-from genome_lm.utils import make_temp_dir
 
 log = logging.getLogger(__name__)
 STEP_RE = re.compile(r"^step_(\d{8})$")
