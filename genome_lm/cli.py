@@ -173,7 +173,7 @@ def _eval(args) -> None:
         dry_run(cfg, world=run.nproc)
         return
     if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
-        from genome_lm.eval.sharded import launch
+        from genome_lm.eval.launch import launch
 
         s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts)
     else:

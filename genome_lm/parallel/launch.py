@@ -5,7 +5,7 @@
 
 A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
 launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
-genome_lm.eval.sharded), how its layout fits a number of processes, and where its workers leave
+genome_lm.eval.launch), how its layout fits a number of processes, and where its workers leave
 their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
 which must be on a filesystem every worker sees.
 
