@@ -58,11 +58,19 @@ class TrainParams(Params):
     resume: bool = Field(default=False, description="continue from the newest checkpoint in --out")
 
 
+def _writer_shard_bytes() -> int:
+    """The model writer's largest file (read when an export runs: the writer imports torch)."""
+    from genome_lm.model.weights import DEFAULT_MAX_SHARD_BYTES
+
+    return DEFAULT_MAX_SHARD_BYTES
+
+
 class ExportParams(Params):
     checkpoint: str = Field(json_schema_extra=POSITIONAL, description="RUN/checkpoints/step_N or RUN/checkpoints/last")
     out: str = Field(description="model directory to write")
     overwrite: bool = Field(default=False, description="replace --out if it exists")
-    max_shard_size: Size = Field(default=5 * 2**30, description="largest safetensors file, e.g. 5G, 512M")
+    max_shard_size: Size = Field(default_factory=_writer_shard_bytes, description="largest safetensors file, e.g. 5G, "
+                                 "512M (default: the size of the model/ that checkpoints hold)")
 
 
 class CompareParams(Params):

@@ -2,7 +2,8 @@
 
 `LongContextSettings`: what the long-context classes run with (`model.patch.apply_long_context`);
 its defaults are the ones training uses, and `config.BlockSizes` / `MemoryConfig` and eval's
-config take theirs from it, so each default lives here once.
+config take theirs from it, so each default lives here once. `STREAMING_CHUNK_TOKENS`: the
+streaming engine's chunk (`model/streaming.py`, eval's `--chunk-tokens`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ALL_OPS = ("kda", "dsa", "moe", "hc", "norm", "mlp", "loss")
+STREAMING_CHUNK_TOKENS = 4096  # tokens per forward of the streaming engine
 
 
 @dataclass(frozen=True)
