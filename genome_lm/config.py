@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import apply_override, read_yaml, validate
-from genome_lm.settings import DEFAULTS
+from genome_lm.settings import DEFAULTS, KDABackend
 from genome_lm.sizes import Size
 
 __all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
@@ -100,7 +100,8 @@ class TrainConfig(Section):
 
 
 class BlockSizes(Section):
-    """Block sizes of the long-context ops, shared by training (`memory:`) and eval (its defaults)."""
+    """Block sizes and KDA backend of the long-context ops, shared by training (`memory:`) and eval
+    (its defaults), each default `settings.LongContextSettings`'."""
 
     moe_block_tokens: Size = Field(default=DEFAULTS.moe_block_tokens, description="tokens per block of the chunked MoE")
     dsa_block_queries: Size = Field(default=DEFAULTS.dsa_block_queries,
@@ -110,6 +111,10 @@ class BlockSizes(Section):
     kda_head_block: int = Field(default=DEFAULTS.kda_head_block, ge=0,
                                 description="KDA heads per fla kernel call on CUDA (0: all): fla's backward "
                                 "transients shrink by heads / kda_head_block (docs/plan.md)")
+    kda_backend: KDABackend = Field(default=DEFAULTS.kda_backend,
+                                    description="where KDA's kernels run: auto (fla's Triton kernels for CUDA tensors, "
+                                    "genome_lm's torch ops elsewhere), fla (every tensor; CPU ones under Triton's "
+                                    "interpreter) or torch (also on CUDA)")
 
 
 class MemoryConfig(BlockSizes):

@@ -110,7 +110,8 @@ def dry_run(cfg, world: int | None = None) -> dict:
     blocks = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)  # eval's
     layout = Layout.from_memory(piece, blocks, cp=cp, dp=dp)
     assume = Assumptions()
-    plan = plan_forward(shape, layout, assume, backend="fla" if gpu else "torch")
+    fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
+    plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
     need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
     fits = [g for g in GPUS.values() if need <= g.memory_bytes]
     small = [g for g in GPUS.values() if need > g.memory_bytes]

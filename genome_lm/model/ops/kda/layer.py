@@ -2,7 +2,7 @@
 
 `LongKDA` is `Glm5NextTextLinearAttention` on the module's own parameters (names unchanged)
 calling `chunk_kda`, so activations stay O(T·H·K); `chunk_kda` picks fla or torch by device
-(`GENOME_LM_KDA_BACKEND`, see `chunk.py`). `kda_layer_step` is the functional streaming form:
+and the layer's `backend` setting (see `chunk.py`). `kda_layer_step` is the functional streaming form:
 given the state after some prefix, process the next piece of tokens and return the new state.
 `LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place.
 
@@ -32,7 +32,7 @@ from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
 from genome_lm.model.ops.kda.gate import KDAForgetGate
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
-from genome_lm.settings import DEFAULTS
+from genome_lm.settings import DEFAULTS, KDABackend
 
 
 @dataclass
@@ -118,6 +118,7 @@ def kda_layer_step(
         dt_bias=dt_bias,
         lower_bound=module.forget_gate.safe_gate_lower_bound,
         head_block=module.head_block,
+        backend=module.backend,
     )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
@@ -154,7 +155,8 @@ def conv_state_before(full: torch.Tensor, T: int, width: int) -> torch.Tensor:
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
-    Settings: `chunk_size` of `chunk_kda`; `cp`, a `CPContext` once `apply_context_parallel` ran
+    Settings: `chunk_size` and `head_block` of `chunk_kda`; `backend` of its kernels ("auto", "fla",
+    "torch"; shown on `conv1d` and `o_norm`); `cp`, a `CPContext` once `apply_context_parallel` ran
     (then the layer runs its rank's slab, `ops/kda/cp.py`). Installing it also installs its
     parts that keep only compute-dtype inputs for backward (same parameters and names):
     `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv reads
@@ -164,18 +166,21 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     upstream = Glm5NextTextLinearAttention
     chunk_size: int = DEFAULTS.kda_chunk_size
     head_block: int = DEFAULTS.kda_head_block
+    backend: KDABackend = DEFAULTS.kda_backend
     cp = None
 
-    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block) -> None:
+    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
+                  backend: KDABackend = DEFAULTS.kda_backend) -> None:
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         if head_block < 0 or (head_block and self.num_heads % head_block):
             raise ValueError(f"kda head_block={head_block} must be 0 (all heads) or divide the {self.num_heads} heads")
         self.chunk_size = int(chunk_size)
         self.head_block = int(head_block)
-        KDAShortConv.install(self.conv1d, activation=self.activation)
+        self.backend = backend
+        KDAShortConv.install(self.conv1d, activation=self.activation, backend=backend)
         KDAForgetGate.install(self.forget_gate)
-        KDAOutputNorm.install(self.o_norm)
+        KDAOutputNorm.install(self.o_norm, backend=backend)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}, head_block={self.head_block}, cp={self.cp}"
