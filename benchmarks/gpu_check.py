@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_check.json"
 BF16_PEAK = {"H200": 989e12, "H100": 989e12, "B200": 2250e12}  # dense bf16 FLOP/s
 

@@ -31,7 +31,7 @@ from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
 from genome_lm.model.ops.kda.gate import KDAForgetGate
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
-from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
+from genome_lm.model.upstream import Glm5NextTextLinearAttention
 from genome_lm.settings import DEFAULTS, KDABackend
 
 
@@ -237,9 +237,3 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
                 kept.append(state.recurrent_state.detach())
         cache.update_recurrent_state(kept if keep else state.recurrent_state.detach(), idx)
         return torch.cat(outs, dim=1)
-
-
-# Unpatched-upstream reference runs: upstream's own torch KDA/conv on every device. Upstream's
-# kernel wrappers bind fla's Triton kernels at import when fla imports, even for CPU tensors;
-# `use_torch_fallbacks` swaps the module globals for the torch functions they wrap.
-upstream_torch_fallbacks = use_torch_fallbacks
