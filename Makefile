@@ -66,7 +66,8 @@ $(INTERPRET_DIR)/.installed: | $(VENV)/.installed
 	touch $@
 
 test-interpret: compiled $(INTERPRET_DIR)/.installed
-	PYTHONPATH="$(abspath $(INTERPRET_DIR))" TRITON_INTERPRET=1 $(BIN)/python -m pytest tests/interpret $(PYTEST_ARGS)
+	PYTHONPATH="$(abspath $(INTERPRET_DIR))" TRITON_INTERPRET=1 GENOME_LM_KDA_BACKEND=fla \
+		$(BIN)/python -m pytest tests/interpret $(PYTEST_ARGS)
 
 # On a machine with CUDA: the gpu-marked tests with CUDA visible (the default suite hides it), among
 # them benchmarks/gpu_check.py on the GPU (benchmarks/results/gpu_check.json). Skipped without CUDA.

@@ -41,9 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases  # noqa: E402
+from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
 
 KINDS = [("dirichlet", 1, 0.5), ("dirichlet", 2, 0.5), ("dirichlet", 3, 0.5), ("additive", 6, 0.4)]
 

@@ -68,22 +68,18 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
 
 def _planned(model, T: int, device: str) -> int:
     """The dry run's estimate of the same forward's activations (peak minus weights), one process."""
-    from genome_lm.model.patch import DEFAULTS
     from genome_lm.plan import Layout
     from genome_lm.plan.inference import plan_forward
-    from genome_lm.plan.layout import hc_recompute_available
     from genome_lm.plan.shapes import shape_of
 
-    layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=hc_recompute_available(),
-                    moe_block_tokens=DEFAULTS.moe_block_tokens, dsa_block_queries=DEFAULTS.dsa_block_queries,
-                    loss_chunk_tokens=DEFAULTS.loss_chunk_tokens)
+    layout = Layout(seq_len=T, moe_recompute=True)  # the default block sizes, hyper-connections recomputed
     plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout,
                         backend="fla" if device == "cuda" else "torch")
     return plan.peak_bytes - plan.weights_bytes
 
 
 def main() -> None:
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--T", nargs="+", default=["16k", "64k"], help="window lengths (tokens)")

@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+from genome_lm.parallel.launch import free_port
 
 HERE = Path(__file__).resolve().parent
 OVERRIDES = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, n_routed_experts=32)
@@ -116,18 +116,11 @@ def _worker(rank: int, world: int, port: int, variant: str, weights: str, shard_
     par.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shard-mb", type=float, default=16)
     args = parser.parse_args()
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # freed tensors go back to the OS (children inherit it)
-    sys.path.insert(0, str(HERE.parent))
     from genome_lm.model import build, save_pretrained
 
     world, shard_bytes = 2, int(args.shard_mb * 2**20)
@@ -140,7 +133,7 @@ def main() -> None:
         del model
         rows = {}
         for variant in ("whole", "streamed"):
-            mp.start_processes(_worker, args=(world, _free_port(), variant, weights, shard_bytes, tmp), nprocs=world,
+            mp.start_processes(_worker, args=(world, free_port(), variant, weights, shard_bytes, tmp), nprocs=world,
                                start_method="spawn")
             rows[variant] = [json.loads(Path(tmp, f"{variant}.rank{r}.json").read_text()) for r in range(world)]
         files = sorted(p.name for p in (Path(tmp) / "export_streamed").glob("*.safetensors"))

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+from genome_lm.parallel.launch import free_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -116,15 +117,9 @@ def rss_now() -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_layout(T: int, cp: int, steps: int, warmup: int, recompute: str, world: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_worker, args=(world, _free_port(), T, cp, steps, warmup, recompute, out), nprocs=world,
+        mp.start_processes(_worker, args=(world, free_port(), T, cp, steps, warmup, recompute, out), nprocs=world,
                            start_method="spawn")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
     dp = world // cp
@@ -157,7 +152,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="32k,64k")

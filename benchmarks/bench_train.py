@@ -55,7 +55,7 @@ print(json.dumps({"step_s": statistics.median(times), "peak_bytes": mem.peak(), 
 
 
 def main() -> None:
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="8k,32k,64k")

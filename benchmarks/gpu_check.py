@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_check.json"
 BF16_PEAK = {"H200": 989e12, "H100": 989e12, "B200": 2250e12}  # dense bf16 FLOP/s
 
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     quick = device.type == "cpu"
     if device.type == "cuda":
-        from genome_lm.utils import set_tf32
+        from genome_lm.tf32 import set_tf32
 
         set_tf32(True)
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -25,7 +25,7 @@ def main() -> None:
     from genome_lm.plan import Assumptions, fit, make_cluster, model_shape
     from genome_lm.plan.layout import layout_from_config
     from genome_lm.plan.report import format_table, gib
-    from genome_lm.utils import format_size, parse_size
+    from genome_lm.sizes import format_size, parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus-list", default="8,16,32,64")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,12 +38,10 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import genome_lm.model.ops.dsa.chunk as dsa_chunk  # noqa: E402
-import genome_lm.model.ops.kda.step as kda_step  # noqa: E402
-from genome_lm.model.ops.kda.gate import kda_gate  # noqa: E402
-from genome_lm.model.ops.kda.layer import LongKDA  # noqa: E402
+import genome_lm.model.ops.dsa.chunk as dsa_chunk
+import genome_lm.model.ops.kda.step as kda_step
+from genome_lm.model.ops.kda.gate import kda_gate
+from genome_lm.model.ops.kda.layer import LongKDA
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 

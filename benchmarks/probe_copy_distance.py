@@ -22,9 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from genome_lm.eval.outputs import iter_windows  # noqa: E402
+from genome_lm.eval.outputs import iter_windows
 
 EDGES = [0, 256, 1024, 8192, np.iinfo(np.int64).max]
 NAMES = ["copy <256", "copy 256-1k", "copy 1k-8k", "copy >=8k", "other"]

@@ -25,11 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from genome_lm.genome import load_shards  # noqa: E402
-from genome_lm.model import build  # noqa: E402
-from genome_lm.train.checkpoint import resolve_model_dir  # noqa: E402
+from genome_lm.genome import load_shards
+from genome_lm.model import build
+from genome_lm.train.checkpoint import resolve_model_dir
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 

@@ -22,11 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from genome_lm.model import apply_long_context, build  # noqa: E402
-from genome_lm.model.presets import is_preset  # noqa: E402
-from genome_lm.train.checkpoint import resolve_model_dir  # noqa: E402
+from genome_lm.model import apply_long_context, build
+from genome_lm.model.presets import is_preset
+from genome_lm.train.checkpoint import resolve_model_dir
 
 BATCH, SEQ, SKIP = 32, 128, 16  # random sequences, their length, and the first positions left out
 

@@ -1,5 +1,5 @@
 """`genome-lm`: thin subcommands. The library does the work; this file builds each command's flags
-from its pydantic parameter model (`utils.add_options`), calls the library, and turns
+from its pydantic parameter model (`options.add_options`), calls the library, and turns
 `GenomeLMError` into a one-line message and a non-zero exit."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
+from genome_lm.options import add_options, from_args
 from genome_lm.outputs import check_out_path
-from genome_lm.utils import Size, add_options, from_args
+from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
 # What a full disk, a quota, a read-only mount or missing permissions raise: the user's to fix.
@@ -57,11 +58,19 @@ class TrainParams(Params):
     resume: bool = Field(default=False, description="continue from the newest checkpoint in --out")
 
 
+def _writer_shard_bytes() -> int:
+    """The model writer's largest file (read when an export runs: the writer imports torch)."""
+    from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES
+
+    return DEFAULT_MAX_SHARD_BYTES
+
+
 class ExportParams(Params):
     checkpoint: str = Field(json_schema_extra=POSITIONAL, description="RUN/checkpoints/step_N or RUN/checkpoints/last")
     out: str = Field(description="model directory to write")
     overwrite: bool = Field(default=False, description="replace --out if it exists")
-    max_shard_size: Size = Field(default=5 * 2**30, description="largest safetensors file, e.g. 5G, 512M")
+    max_shard_size: Size = Field(default_factory=_writer_shard_bytes, description="largest safetensors file, e.g. 5G, "
+                                 "512M (default: the size of the model/ that checkpoints hold)")
 
 
 class CompareParams(Params):
@@ -173,7 +182,7 @@ def _eval(args) -> None:
         dry_run(cfg, world=run.nproc)
         return
     if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
-        from genome_lm.eval.sharded import launch
+        from genome_lm.eval.launch import launch
 
         s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts)
     else:

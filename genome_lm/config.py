@@ -10,9 +10,9 @@
 
 `load_experiment(path, overrides=["train.lr=1e-5", ...])` validates everything; an unknown or
 mistyped key or a bad value raises GenomeLMError naming the file and the key. Sizes accept
-`512k` / `1M` (2^19 / 2^20; `utils.parse_size`).
+`512k` / `1M` (2^19 / 2^20; `sizes.parse_size`).
 
-`Size`, the error messages and `--set` are those of every command (`utils.validate`, docs/config.md).
+`Size`, the error messages and `--set` are those of every command (`options.validate`, docs/config.md).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.settings import DEFAULTS
-from genome_lm.utils import Size, apply_override, read_yaml, validate
+from genome_lm.options import apply_override, read_yaml, validate
+from genome_lm.settings import DEFAULTS, KDABackend
+from genome_lm.sizes import Size
 
 __all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
 
@@ -99,7 +100,8 @@ class TrainConfig(Section):
 
 
 class BlockSizes(Section):
-    """Block sizes of the long-context ops, shared by training (`memory:`) and eval (its defaults)."""
+    """Block sizes and KDA backend of the long-context ops, shared by training (`memory:`) and eval
+    (its defaults), each default `settings.LongContextSettings`'."""
 
     moe_block_tokens: Size = Field(default=DEFAULTS.moe_block_tokens, description="tokens per block of the chunked MoE")
     dsa_block_queries: Size = Field(default=DEFAULTS.dsa_block_queries,
@@ -109,6 +111,10 @@ class BlockSizes(Section):
     kda_head_block: int = Field(default=DEFAULTS.kda_head_block, ge=0,
                                 description="KDA heads per fla kernel call on CUDA (0: all): fla's backward "
                                 "transients shrink by heads / kda_head_block (docs/plan.md)")
+    kda_backend: KDABackend = Field(default=DEFAULTS.kda_backend,
+                                    description="where KDA's kernels run: auto (fla's Triton kernels for CUDA tensors, "
+                                    "genome_lm's torch ops elsewhere), fla (every tensor; CPU ones under Triton's "
+                                    "interpreter) or torch (also on CUDA)")
 
 
 class MemoryConfig(BlockSizes):

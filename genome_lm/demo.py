@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
+from genome_lm.options import apply_override, validate
 from genome_lm.progress import minutes
-from genome_lm.utils import apply_override, parse_size, validate
+from genome_lm.sizes import parse_size
 
 log = logging.getLogger("genome_lm.demo")
 SOURCE_EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
@@ -148,11 +149,14 @@ class Timeline:
     def __init__(self, shares: dict[int, float] = SHARES, clock=time.perf_counter):
         self.shares, self.clock, self.t0 = shares, clock, clock()
         self.spent, self.left = 0.0, sum(shares.values())  # shares of the steps that ran / still to come
+        self.reused: list[int] = []  # steps whose output was already complete
 
     def done(self, step: int, ran: bool = True) -> str:
         """Step `step` is over (`ran`: it did its work, rather than reusing an output); the log line."""
         self.left -= self.shares[step]
         self.spent += self.shares[step] if ran else 0.0
+        if not ran:
+            self.reused.append(step)
         elapsed = self.clock() - self.t0
         ahead = self.spent > 0 and self.left > 1e-9
         left = f", about {minutes(elapsed / self.spent * self.left)} left" if ahead else ""
@@ -188,7 +192,7 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     """The long- and short-context fine-tune experiments of recipe `r` from checkpoint `init`: the
     short one (demo_shortctx.yaml, the base's context) takes window / seq_len sequences per step, so
     that both train on the same tokens per step for the same steps (and the same schedule)."""
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     window = parse_size(r.window)
     common = [*data, f"model.init={init}"]
@@ -262,12 +266,11 @@ NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.match
 
 
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    from genome_lm.eval import format_table, write_compare
-    from genome_lm.eval.text import replicate_lines
+    from genome_lm.eval import write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth_files import write_synthetic_fasta
     from genome_lm.genome.synth_params import make_params
-    from genome_lm.report import context_gain, format_ablation, format_context_gain, load_compare_dir, write_report
+    from genome_lm.report import context_gain, load_compare_dir, write_report
 
     r, tag = recipe(quick, overrides)
     check_writable(Path(root), "--root")
@@ -328,8 +331,20 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
                  overwrite=True, title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
     timeline.done(10)
+    _print_results(r, quick, time.perf_counter() - t0, timeline, manifest, gain, summaries, results, seeds, report)
+    return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
+            "compare": results[("base", "longctx")], "compares": results, "seeds": seeds, "gain": gain,
+            "report": str(report)}
 
-    elapsed = time.perf_counter() - t0
+
+def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest: dict, gain, summaries: dict,
+                   results: dict, seeds: dict, report: Path) -> None:
+    """What the demo found, on stdout: the shards, the context gain, the strands, leakage, the
+    long- vs short-context table (and the seeds pooled), the report's path."""
+    from genome_lm.eval import format_table
+    from genome_lm.eval.text import replicate_lines
+    from genome_lm.report import format_ablation, format_context_gain
+
     print()
     print(f"genome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
     for split, info in manifest["splits"].items():
@@ -353,8 +368,8 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
         print("\n".join(_seeds_lines(seeds, r.extra_seeds)))
         print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds}, pooled:")
         print("\n".join(replicate_lines(seeds[("shortctx", "longctx")]["replicates"], pooled_above=False)))
+    if timeline.reused:
+        print(f"  already complete, reused: step{'s' if len(timeline.reused) > 1 else ''} "
+              f"{', '.join(map(str, timeline.reused))} of 10")
     print(f"  report: {report}")
-    return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
-            "compare": results[("base", "longctx")], "compares": results, "seeds": seeds, "gain": gain,
-            "report": str(report)}
 

@@ -8,7 +8,6 @@ Light to import: torch, the model and the genome code are imported where a helpe
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -144,12 +143,6 @@ def write_experiment(path: Path, shards, *, micro_batch: int = 2, **sections) ->
     return str(path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
     from datetime import timedelta
 
@@ -169,6 +162,8 @@ def spawn(fn, world: int, *args, timeout: float = 300) -> None:
     """Run `fn(rank, world, *args)` on `world` fresh processes with a gloo group; fail on any
     error or after `timeout` seconds (the processes are killed)."""
     import torch.multiprocessing as mp
+
+    from genome_lm.parallel.launch import free_port
 
     ctx = mp.start_processes(_entry, args=(fn, world, free_port(), args), nprocs=world, join=False,
                              start_method="spawn")

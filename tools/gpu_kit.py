@@ -52,15 +52,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MIB = 60
 
 # Carried always. gpu_check imports genome_lm.config, .model, .parallel, .train.parallelize,
-# .eval.scoring and .utils; at module level these import torch, numpy, pyarrow, pyyaml, tqdm,
+# .eval.scoring and .tf32; at module level these import torch, numpy, pyarrow, pyyaml, tqdm,
 # safetensors, huggingface_hub (all on the image), transformers and pydantic. datasets, pyfaidx,
 # ray, wandb and megatron are imported only inside functions that the check does not call.
 CARRY = {
     "transformers": "genome_lm.model imports it (glm5_next); the image's 5.17.0 is older than pyproject allows",
     "fla-core": "fla's Triton kernels (fla.ops.kda, fla.modules): the kda check and KDA layers on CUDA",
     "flash-linear-attention": "fla's layers and models over fla-core, at the gpu extra's pinned version",
-    "pydantic": "genome_lm.config and genome_lm.utils import it; not on the image",
-    "pydantic-core": "pydantic pins it and genome_lm.utils imports it; not on the image",
+    "pydantic": "genome_lm.config and genome_lm.options import it; not on the image",
+    "pydantic-core": "pydantic pins it and genome_lm.options imports it; not on the image",
     "annotated-types": "pydantic requires it; not on the image",
     "typing-inspection": "pydantic requires it; not on the image",
     "typing-extensions": "pydantic and pydantic-core require >= 4.16; the image's version is unknown",

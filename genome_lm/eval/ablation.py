@@ -42,6 +42,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.eval.outputs import iter_windows, readable
 from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, ratio
 from genome_lm.eval.strata import masks, merged_strata, place, strata_of
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
 ABLATION_FILE = "context_ablation.parquet"
 TARGET_FRACTION = 8  # default targets: the last length // 8 tokens of each window
@@ -80,8 +81,8 @@ def plan(window_lengths: np.ndarray, lengths: list[int], targets: int | None, se
 
 
 def score_ablation(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, lengths: list[int], n: int,
-                   engine: str = "parallel", chunk_tokens: int = 4096, main_nll: np.ndarray | None = None
-                   ) -> np.ndarray:
+                   engine: str = "parallel", chunk_tokens: int = STREAMING_CHUNK_TOKENS,
+                   main_nll: np.ndarray | None = None) -> np.ndarray:
     """NLL float32 [n_L, n] of the last n tokens of a window (shard ids uint8 [T]) given exactly L
     preceding tokens, for each L of `lengths`. `main_nll` float32 [T], the window scored as one
     piece with the same engine, serves an L equal to T - n."""

@@ -23,7 +23,7 @@ def log2_edges(max_context: int) -> np.ndarray:
 
 def parse_edges(spec: str) -> np.ndarray:
     """'0,16,256,4096' -> int64 [K+1]; strictly increasing, non-negative integers (k/M allowed)."""
-    from genome_lm.utils import parse_size
+    from genome_lm.sizes import parse_size
 
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     try:

@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
-from genome_lm.utils import Size
+from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
+from genome_lm.sizes import Size
 
 DTYPES = ("float32", "bfloat16")
 Sizes = Annotated[list[Size], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]
@@ -39,7 +41,7 @@ class EvalConfig(BlockSizes):
                          "buckets, e.g. 0,16,256,4k")
     engine: Literal["parallel", "streaming"] = "parallel"
     parity: bool = Field(default=False, description="also score with the other engine; report |delta log-prob|")
-    chunk_tokens: Size = Field(default=4096, description="tokens per chunk of the streaming engine")
+    chunk_tokens: Size = Field(default=STREAMING_CHUNK_TOKENS, description="tokens per chunk of the streaming engine")
     dtype: str | None = Field(default=None, description="float32 or bfloat16 (default: float32 on CPU, "
                               "bfloat16 on CUDA)")
     device: str | None = Field(default=None, description="cuda / cpu (default: cuda if available)")
@@ -63,8 +65,8 @@ class EvalConfig(BlockSizes):
     ablation_targets: Size | None = Field(default=None, json_schema_extra={"metavar": "N"},
                                           description="target tokens per window of --context (default: the last "
                                           "1/8 of each window)")
-    resamples: int = Field(default=2000, gt=0, description="bootstrap replicates")
-    seed: int = Field(default=0, description="bootstrap seed")
+    resamples: int = Field(default=DEFAULT_RESAMPLES, gt=0, description="bootstrap replicates")
+    seed: int = Field(default=DEFAULT_SEED, description="bootstrap seed")
     overwrite: bool = False
 
     @field_validator("context")

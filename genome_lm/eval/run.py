@@ -37,11 +37,12 @@ from genome_lm.eval.scoring import ENGINES, score_window
 from genome_lm.eval.stats import StrataAccumulator, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
+from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import claim_output
 from genome_lm.progress import progress
-from genome_lm.utils import atomic_directory, set_tf32, sha256_file, write_json_atomic
+from genome_lm.tf32 import set_tf32
 
 log = logging.getLogger(__name__)
 HASH_WEIGHTS_UP_TO = 2 << 30  # hash checkpoint weights up to this size; larger ones by size/mtime
@@ -162,8 +163,6 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
-    from genome_lm.parallel import callbacks
-
     checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     out = Path(cfg.out)
@@ -177,18 +176,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     seq_len = int(cfg.seq_len or lengths.max())
     edges = bucket_edges(cfg.buckets, max_context=int(min(seq_len, lengths.max())) - 1)
     engines = [cfg.engine] + [e for e in ENGINES if cfg.parity and e != cfg.engine]  # --parity: both
-    key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
-           "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
-           "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
-           "tf32": par.device.type == "cuda" and cfg.tf32}
     targets = ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, par.cp) if cfg.context \
         else np.zeros(n, dtype=np.int64)  # [W] ablation targets per window, 0: none
-    if cfg.context:
-        key["context"], key["ablation_targets"] = cfg.context, targets.tolist()
-    if cfg.strands != "forward":
-        key["strands"] = cfg.strands
-    if cfg.window_pick != "first":  # the first N are the same rows whatever N; a spread sample is not
-        key["rows"] = rows.tolist()
+    key = _cache_key(cfg, ckpt, par, seq_len, engines, targets, rows)
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
     todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
@@ -197,38 +187,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
              "" if n == len(split) else f" of {len(split)} ({cfg.window_pick})", f"{int(lengths.sum()):,}", seq_len,
              cfg.engine, " + parity" if cfg.parity else "", cfg.dtype, par.world, "es" if par.world > 1 else "",
              par.dp, par.cp, n - len(todo))
-    scored_tokens, t_score = 0, time.perf_counter()
-    if todo:
-        from genome_lm.model import token_lut
-
-        model = sharded.build_model(cfg, ckpt["model_dir"], par).eval()
-        lut, n_known = token_lut(manifest["vocab"], ckpt["model_dir"]), len(manifest["vocab"])
-        passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
-        pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
-        with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"eval {out.name}", "tokens",
-                      disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
-            for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
-                i = rnd.windows[par.dp_rank]
-                scored = None
-                if i is not None:
-                    tokens = ds[i]["tokens"]
-                    arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
-                              for name, engine in zip(("nll", "nll_alt"), engines)}
-                    if cfg.strands == "both":
-                        arrays["nll_rc"] = score_window(model, reverse_complement(tokens), lut, n_known, seq_len,
-                                                        cfg.engine, cfg.chunk_tokens)
-                    if targets[i]:
-                        arrays["ablation"] = ablation.score_ablation(
-                            model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
-                            main_nll=arrays["nll"] if len(tokens) <= seq_len else None)
-                    scored = (i, arrays)
-                for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
-                    sharded.idle_forward(model, par.cp)
-                for j, arrays in sharded.gather_on_main(par, scored):
-                    cache.put(j, **arrays)
-                    scored_tokens += int(lengths[j])
-                    bar.update(int(lengths[j]))
-                callbacks.after_step(r + 1, par.rank)  # after each scoring round
+    t_score = time.perf_counter()
+    scored_tokens = _score(cfg, par, ckpt["model_dir"], manifest["vocab"], ds, lengths, targets, todo, seq_len,
+                           engines, cache, show_progress) if todo else 0
     t_score = time.perf_counter() - t_score
 
     extra = {
@@ -248,6 +209,62 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
     return summary
+
+
+def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str], targets: np.ndarray,
+               rows: np.ndarray) -> dict:
+    """What a cached window's scores depend on: another key starts the cache anew (`cache.py`)."""
+    key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
+           "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
+           "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
+           "tf32": par.device.type == "cuda" and cfg.tf32}
+    if cfg.context:
+        key["context"], key["ablation_targets"] = cfg.context, targets.tolist()
+    if cfg.strands != "forward":
+        key["strands"] = cfg.strands
+    if cfg.window_pick != "first":  # the first N are the same rows whatever N; a spread sample is not
+        key["rows"] = rows.tolist()
+    return key
+
+
+def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.ndarray, targets: np.ndarray,
+           todo: list[int], seq_len: int, engines: list[str], cache: WindowCache | None,
+           show_progress: bool | None) -> int:
+    """Score the windows `todo` in rounds of one window per dp replica, rank 0 putting each into
+    `cache`; returns the tokens scored."""
+    from genome_lm.model import token_lut
+    from genome_lm.parallel import callbacks
+
+    model = sharded.build_model(cfg, model_dir, par).eval()
+    lut, n_known = token_lut(vocab, model_dir), len(vocab)
+    passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
+    pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
+    scored_tokens = 0
+    with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"eval {Path(cfg.out).name}",
+                  "tokens", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
+        for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
+            i = rnd.windows[par.dp_rank]
+            scored = None
+            if i is not None:
+                tokens = ds[i]["tokens"]
+                arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
+                          for name, engine in zip(("nll", "nll_alt"), engines)}
+                if cfg.strands == "both":
+                    arrays["nll_rc"] = score_window(model, reverse_complement(tokens), lut, n_known, seq_len,
+                                                    cfg.engine, cfg.chunk_tokens)
+                if targets[i]:
+                    arrays["ablation"] = ablation.score_ablation(
+                        model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
+                        main_nll=arrays["nll"] if len(tokens) <= seq_len else None)
+                scored = (i, arrays)
+            for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
+                sharded.idle_forward(model, par.cp)
+            for j, arrays in sharded.gather_on_main(par, scored):
+                cache.put(j, **arrays)
+                scored_tokens += int(lengths[j])
+                bar.update(int(lengths[j]))
+            callbacks.after_step(r + 1, par.rank)  # after each scoring round
+    return scored_tokens
 
 
 def _forwards(length: int, seq_len: int, passes: int, context: list[int], targets: int) -> int:

@@ -23,6 +23,7 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
 ENGINES = ("parallel", "streaming")
 
@@ -43,7 +44,7 @@ def piece_inputs(piece: np.ndarray, lut: np.ndarray, n_known: int) -> tuple[torc
 
 @torch.no_grad()
 def score_piece(model, input_ids: torch.Tensor, labels: torch.Tensor, engine: str = "parallel",
-                chunk_tokens: int = 4096) -> np.ndarray:
+                chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> np.ndarray:
     """NLL float32 [T] of one piece (input_ids, labels [1, T]); NaN where not scored."""
     device = model.device
     input_ids = input_ids.to(device)
@@ -63,7 +64,7 @@ def score_piece(model, input_ids: torch.Tensor, labels: torch.Tensor, engine: st
 
 
 def score_window(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, seq_len: int,
-                 engine: str = "parallel", chunk_tokens: int = 4096) -> np.ndarray:
+                 engine: str = "parallel", chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> np.ndarray:
     """NLL float32 [L] of a window of shard ids uint8 [L], scored in pieces of `seq_len`."""
     out = np.empty(len(tokens), dtype=np.float32)
     for start in range(0, len(tokens), seq_len):

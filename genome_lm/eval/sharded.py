@@ -4,40 +4,38 @@
     genome-lm eval --checkpoint C --shards S --out O --ray [ADDRESS]       # Ray, one worker per GPU
 
 Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one process:
-the dp x cp layout (`--cp`, dp = W / cp), the model, the scoring rounds, the gather on rank 0 (which alone
-writes), and the launch. The streaming engine and `--parity` stay one-process. Why and how:
+the dp x cp layout (`--cp`, dp = W / cp), the model, the scoring rounds and the gather on rank 0 (which alone
+writes); `eval/launch.py` starts the processes. The streaming engine and `--parity` stay one-process. Why and how:
 docs/parallel.md, Distributed eval.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel.layout import LayoutWords, resolve_layout
 
 IDLE_TOKENS_PER_RANK = 8  # tokens per CP rank of an idle forward
+
+EVAL_WORDS = LayoutWords(
+    no_world="--nproc {world}: the number of processes must be >= 1",
+    too_few="--cp {cp} splits each window over {cp} processes, this eval has {world}; {nproc} {cp} (or a multiple "
+            "of {cp}), or lower --cp",
+    not_divisor="--cp {cp} does not divide the {world} processes of this eval (dp = processes / cp); use --nproc "
+                "{lower} or {upper}, or a --cp that divides {world}",
+    dp_mismatch="",  # dp is always processes / cp
+)
 
 
 def layout(cp: int, world: int) -> tuple[int, int]:
     """(dp, cp) of an eval with `--cp cp` on `world` processes; a one-line error naming the fix."""
-    if world < 1:
-        raise GenomeLMError(f"--nproc {world}: the number of processes must be >= 1")
-    if cp > world:
-        where = "add --nproc" if world == 1 else "launch with --nproc"
-        raise GenomeLMError(f"--cp {cp} splits each window over {cp} processes, this eval has {world}; "
-                            f"{where} {cp} (or a multiple of {cp}), or lower --cp")
-    if world % cp:
-        up = -(-world // cp) * cp
-        raise GenomeLMError(f"--cp {cp} does not divide the {world} processes of this eval (dp = processes / cp); "
-                            f"use --nproc {world - world % cp} or {up}, or a --cp that divides {world}")
-    return world // cp, cp
+    return resolve_layout(cp, "auto", world, EVAL_WORDS)
 
 
 def world_size() -> int:
@@ -146,44 +144,3 @@ def gather_on_main(par, item):
     box = [None] * par.world if par.is_main else None
     dist.gather_object(item if par.cp_rank == 0 else None, box, dst=0)
     return [x for x in box if x is not None] if par.is_main else []
-
-
-# ---------------------------------------------------------------------------------------------
-# launching (--nproc / --ray)
-
-
-def worker(cfg_json: dict, device=None) -> dict:
-    """Every process of a distributed eval (module level: the launchers pickle it)."""
-    from genome_lm.eval.config import EvalConfig
-    from genome_lm.eval.run import evaluate
-
-    return evaluate(EvalConfig(**cfg_json), device=device)
-
-
-def launch(cfg, nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> dict:
-    """Run the eval `cfg` on `nproc` local processes, or under Ray (`ray`: an address, "" or True
-    for a local instance), restarting the workers up to `max_restarts` times (a restart scores only
-    the windows the cache lacks); return the summary rank 0 wrote. The launch's Ray files and error
-    messages go to a hidden directory beside --out (removed afterwards)."""
-    from genome_lm.eval.cache import cache_dir_for
-    from genome_lm.eval.outputs import load_summary
-    from genome_lm.eval.run import check_inputs
-    from genome_lm.parallel.launch import Job, run_local, run_ray
-
-    check_engine(cfg)  # one-line errors before any process starts
-    if nproc is not None:
-        layout(cfg.cp, nproc)
-    check_inputs(cfg)
-    out = Path(cfg.out)
-    job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
-              describe=f"eval: cp={cfg.cp}, dp=processes/cp",
-              keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
-              work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
-    try:
-        if ray is None:
-            run_local(job, nproc or 1, max_restarts)
-        else:
-            run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc, max_restarts=max_restarts)
-    finally:
-        shutil.rmtree(job.work_dir, ignore_errors=True)
-    return load_summary(cfg.out)

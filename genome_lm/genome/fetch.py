@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
-from genome_lm.utils import Names
+from genome_lm.options import Names
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import MAX_K, KmerIndex
 from genome_lm.genome.shards import (
@@ -43,7 +44,8 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
-from genome_lm.utils import Names, Size, atomic_directory, format_size, sha256_file, validate, write_json_atomic
+from genome_lm.options import Names, validate
+from genome_lm.sizes import Size, format_size
 
 log = logging.getLogger(__name__)
 
@@ -272,99 +274,27 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     readers = [FastaReader(path, show_progress=show_progress) for path in params.fasta]
     if (existing := _check_output(out, overwrite, params, readers)) is not None:
         log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)", out)
-        print(f"{out}: already complete for these inputs and parameters; nothing to do")
         return existing
     known = {str(r.path): r.names() for r in readers}
     if all(v is not None for v in known.values()):
         _check_chroms_present(params, known)
-
     spec = WindowSpec(params.seq_len, params.stride, params.tail, params.min_len)
     splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
     for split in ("train", "eval"):
         if split not in splits:
             log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
                         split, split, split)
-    stats: dict[str, ChromStats] = {}
     index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
-    train_left = {chrom_match_key(c) for c in params.train_chroms}
-    held: list[Record] = []  # eval records read before the index was complete
     t0 = time.perf_counter()
     with atomic_directory(out, "shards", _input_files(params), overwrite=overwrite) as tmp:
         writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
         mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
-
-        def process(rec: Record, split: str) -> None:
-            leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
-            stats[rec.name] = _process_record(rec, split, spec, params, writers, mwriters, leak)
-
-        claimed: dict[str, str] = {}
-        for reader in readers:
-            for rec in reader.records(lambda name: params.split_of(name) is not None):
-                key = chrom_match_key(rec.name)
-                if key in claimed:
-                    raise GenomeLMError(
-                        f"chromosome {rec.name} appears in both {claimed[key]} and {rec.source}; "
-                        "pass each chromosome once"
-                    )
-                claimed[key] = rec.source
-                split = params.split_of(rec.name)
-                if split == "eval" and index is not None and not index.finalized:
-                    log.info("%s (eval): held in memory until the training chromosomes are indexed (%s to come)",
-                             rec.name, ", ".join(c for c in params.train_chroms if chrom_match_key(c) in train_left))
-                    held.append(rec)
-                    continue
-                process(rec, split)
-                if split == "train" and index is not None:
-                    index.add(rec.codes, rec.name)
-                    train_left.discard(key)
-                    if not train_left:
-                        index.finalize()
-                        while held:
-                            process(held.pop(0), "eval")
-                del rec
+        stats = _write_records(readers, params, spec, index, writers, mwriters)
         _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
         inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
-        manifest_splits = {}
-        for split in splits:
-            chrom_stats = {name: st for name, st in stats.items() if st.split == split}
-            n_windows = sum(st.windows + st.rc_windows for st in chrom_stats.values())
-            if n_windows == 0:
-                longest = max((st.longest_contig for st in chrom_stats.values()), default=0)
-                raise GenomeLMError(
-                    f"the {split} split has no windows: --seq-len {format_size(params.seq_len)} with --min-len "
-                    f"{params.min_len} and --tail {params.tail} leaves nothing (longest contig: {longest:,} bases, "
-                    f"--max-n-frac {params.max_n_frac}); lower --seq-len or --min-len"
-                    + (", or use --tail keep" if params.tail == "drop" else "")
-                )
-            for name, st in chrom_stats.items():
-                if st.windows == 0:
-                    log.warning("%s (%s) gives no window: %s", name, split, _why_no_windows(st, params))
-            fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})
-            files = writers[split].finalize(fp, split)
-            if split in mwriters:
-                mwriters[split].finalize()
-            manifest_splits[split] = {
-                "chroms": list(chrom_stats),
-                "windows": n_windows,
-                "tokens": sum(st.tokens for st in chrom_stats.values()),
-                "files": files,
-                "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
-                "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
-            }
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "genome_lm_version": __version__,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "inputs": inputs,
-            "parameters": params.recorded(),
-            "vocab": dict(VOCAB),
-            "token_dtype": np.dtype(TOKEN_DTYPE).name,
-            "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
-                            "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
-            "coordinates": "0-based, half-open, forward strand; "
-                           "strand '-' rows hold the reverse complement of [start, end)",
-            "splits": manifest_splits,
-        }
+        manifest_splits = {split: _finish_split(split, stats, params, inputs, writers, mwriters, tmp)
+                           for split in splits}
+        manifest = _manifest(params, inputs, manifest_splits)
         if index is not None:
             manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
         if mwriters:
@@ -376,3 +306,91 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     summary = ", ".join(f"{s}: {m['windows']} windows / {m['tokens']:,} tokens" for s, m in manifest_splits.items())
     log.info("wrote %s in %.1fs (%.0f MB/s of FASTA): %s", out, elapsed, total / 1e6 / max(elapsed, 1e-9), summary)
     return manifest
+
+
+def _write_records(readers: list[FastaReader], params: PrepareParams, spec: WindowSpec, index: KmerIndex | None,
+                   writers: dict, mwriters: dict) -> dict[str, ChromStats]:
+    """Every selected record of `readers` cut into windows and written, in input order, except that
+    with a leakage index an eval record waits until every training chromosome is indexed; returns
+    each chromosome's `ChromStats`."""
+    stats: dict[str, ChromStats] = {}
+    train_left = {chrom_match_key(c) for c in params.train_chroms}
+    held: list[Record] = []  # eval records read before the index was complete
+
+    def process(rec: Record, split: str) -> None:
+        leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
+        stats[rec.name] = _process_record(rec, split, spec, params, writers, mwriters, leak)
+
+    claimed: dict[str, str] = {}
+    for reader in readers:
+        for rec in reader.records(lambda name: params.split_of(name) is not None):
+            key = chrom_match_key(rec.name)
+            if key in claimed:
+                raise GenomeLMError(
+                    f"chromosome {rec.name} appears in both {claimed[key]} and {rec.source}; pass each chromosome once"
+                )
+            claimed[key] = rec.source
+            split = params.split_of(rec.name)
+            if split == "eval" and index is not None and not index.finalized:
+                log.info("%s (eval): held in memory until the training chromosomes are indexed (%s to come)",
+                         rec.name, ", ".join(c for c in params.train_chroms if chrom_match_key(c) in train_left))
+                held.append(rec)
+                continue
+            process(rec, split)
+            if split == "train" and index is not None:
+                index.add(rec.codes, rec.name)
+                train_left.discard(key)
+                if not train_left:
+                    index.finalize()
+                    while held:
+                        process(held.pop(0), "eval")
+            del rec
+    return stats
+
+
+def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParams, inputs: list[dict],
+                  writers: dict, mwriters: dict, tmp: Path) -> dict:
+    """Close `split`'s files and return its manifest entry; a split without windows is an error."""
+    chrom_stats = {name: st for name, st in stats.items() if st.split == split}
+    n_windows = sum(st.windows + st.rc_windows for st in chrom_stats.values())
+    if n_windows == 0:
+        longest = max((st.longest_contig for st in chrom_stats.values()), default=0)
+        raise GenomeLMError(
+            f"the {split} split has no windows: --seq-len {format_size(params.seq_len)} with --min-len "
+            f"{params.min_len} and --tail {params.tail} leaves nothing (longest contig: {longest:,} bases, "
+            f"--max-n-frac {params.max_n_frac}); lower --seq-len or --min-len"
+            + (", or use --tail keep" if params.tail == "drop" else "")
+        )
+    for name, st in chrom_stats.items():
+        if st.windows == 0:
+            log.warning("%s (%s) gives no window: %s", name, split, _why_no_windows(st, params))
+    fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})
+    files = writers[split].finalize(fp, split)
+    if split in mwriters:
+        mwriters[split].finalize()
+    return {
+        "chroms": list(chrom_stats),
+        "windows": n_windows,
+        "tokens": sum(st.tokens for st in chrom_stats.values()),
+        "files": files,
+        "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
+        "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
+    }
+
+
+def _manifest(params: PrepareParams, inputs: list[dict], splits: dict) -> dict:
+    """The manifest's common part: format, inputs, parameters, vocabulary, encodings, splits."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "genome_lm_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": inputs,
+        "parameters": params.recorded(),
+        "vocab": dict(VOCAB),
+        "token_dtype": np.dtype(TOKEN_DTYPE).name,
+        "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
+                        "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
+        "coordinates": "0-based, half-open, forward strand; "
+                       "strand '-' rows hold the reverse complement of [start, end)",
+        "splits": splits,
+    }

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from genome_lm.utils import validate
+from genome_lm.options import validate
 
 SPACER = 20  # at least this many bases between two repeat copies, or a copy and an N run
 

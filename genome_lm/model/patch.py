@@ -51,7 +51,8 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
                         "(genome_lm.train.parallelize applies them in order)")
     route_cpu_to_torch()
     classes = {
-        "kda": (LongKDA, {"chunk_size": settings.kda_chunk_size, "head_block": settings.kda_head_block}),
+        "kda": (LongKDA, {"chunk_size": settings.kda_chunk_size, "head_block": settings.kda_head_block,
+                          "backend": settings.kda_backend}),
         "dsa": (LongDSA, {"block_queries": settings.dsa_block_queries}),
         "moe": (BlockedGlm5NextTextMoE, {"block_tokens": settings.moe_block_tokens,
                                          "recompute": settings.moe_recompute}),

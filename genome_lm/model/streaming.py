@@ -32,10 +32,9 @@ from transformers import DynamicCache
 
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.loss import chunked_cross_entropy
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
-__all__ = ["StreamingCache", "StreamingScorer", "score_streaming", "DEFAULT_CHUNK_TOKENS"]
-
-DEFAULT_CHUNK_TOKENS = 4096
+__all__ = ["StreamingCache", "StreamingScorer", "score_streaming"]
 
 
 class StreamingCache(DynamicCache):
@@ -123,7 +122,7 @@ class StreamingScorer:
 
 @torch.no_grad()
 def score_streaming(model: nn.Module, input_ids: torch.Tensor,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+                    chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token NLL float32 [T] of one sequence `input_ids` [1, T], in chunks of `chunk_tokens`.
 
     Same convention as the parallel forward's `per_token_nll[0]`: element t = -log p(x_t | x_<t),

@@ -5,7 +5,7 @@
 
 A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
 launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
-genome_lm.eval.sharded), how its layout fits a number of processes, and where its workers leave
+genome_lm.eval.launch), how its layout fits a number of processes, and where its workers leave
 their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
 which must be on a filesystem every worker sees.
 
@@ -218,7 +218,8 @@ def _failed(launcher: str, rank: int, msg: str, keeps: str) -> GenomeLMError:
     return GenomeLMError(f"{launcher}: rank {rank} failed: {msg}. {keeps}")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the rendezvous of a local launch, gloo test groups)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -247,7 +248,7 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
     log_dir = tempfile.mkdtemp(prefix="genome_lm_elastic_")  # the launcher's (empty: nothing is redirected)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=max_restarts, monitor_interval=0.5,
+        rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=max_restarts, monitor_interval=0.5,
         start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", shutdown_timeout=int(job.grace_s),
     )
@@ -285,7 +286,8 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
+    for key in FORWARDED_ENV:  # the driver's view, also where it unset a variable
+        value = config["env"].get(key)
         if value is None:
             os.environ.pop(key, None)
         else:

@@ -27,26 +27,9 @@ import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.parallel.layout import resolve_layout
 
 log = logging.getLogger(__name__)
-
-
-def resolve_layout(cp: int, dp: int | str, world: int) -> tuple[int, int]:
-    """(dp, cp) for `world` processes from the config's `parallel: {cp, dp}`; GenomeLMError if they do not fit."""
-    if world < 1:
-        raise GenomeLMError(f"the number of processes must be >= 1, got {world}")
-    if cp > world:
-        raise GenomeLMError(f"parallel.cp={cp} needs at least {cp} processes, this launch has {world}; "
-                            f"launch with --nproc {cp} (or a multiple of it) or lower parallel.cp")
-    if world % cp:
-        raise GenomeLMError(f"parallel.cp={cp} does not divide the {world} processes of this launch; "
-                            f"use a number of processes that is a multiple of {cp}")
-    if dp == "auto":
-        return world // cp, cp
-    if dp * cp != world:
-        raise GenomeLMError(f"parallel.dp={dp} x parallel.cp={cp} = {dp * cp} processes, but this launch has "
-                            f"{world}; set parallel.dp: auto or launch {dp * cp} processes")
-    return int(dp), cp
 
 
 def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) -> tuple[int, int]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import apply_override, validate
+from genome_lm.options import apply_override, validate
+from genome_lm.settings import DEFAULTS, KDABackend
 
 
 def _share(default: float, why: str):
@@ -79,8 +79,8 @@ class Assumptions(BaseModel):
                                    "only while each GPU copies its shard to pinned host memory, which the staged "
                                    "copy holds until the background write ends; false: sync, training waits for "
                                    "the write. Taken from the experiment's train.checkpoint_mode unless given.")
-    kda_backend: Literal["auto", "fla", "torch"] = Field("auto", description="'fla' (Triton kernels, CUDA), "
-                                                         "'torch' (genome_lm's chunked op), or 'auto' (fla on GPUs).")
+    kda_backend: KDABackend = Field(DEFAULTS.kda_backend, description="'fla' (Triton kernels, CUDA), 'torch' "
+                                    "(genome_lm's chunked op), or 'auto' (fla on GPUs): memory.kda_backend.")
 
     def override(self, assignments: list[str] | tuple[str, ...]) -> "Assumptions":
         """Apply `key=value` overrides, or the `assume` object of a JSON file (what

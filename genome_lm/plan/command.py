@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import Size
+from genome_lm.sizes import Size
 
 
 class PlanParams(BaseModel):

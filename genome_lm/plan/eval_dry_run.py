@@ -89,11 +89,10 @@ def forward_tokens(cfg, lengths: np.ndarray) -> dict:
 
 def dry_run(cfg, world: int | None = None) -> dict:
     """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
-    from genome_lm.config import BlockSizes
+    from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.parallel.cp import slab_bounds
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
     from genome_lm.plan.inference import plan_forward
-    from genome_lm.plan.layout import hc_recompute_available
 
     world = world or cfg.cp
     dp, cp = sharded.check(cfg, world)
@@ -108,10 +107,11 @@ def dry_run(cfg, world: int | None = None) -> dict:
     piece = int(min(seq_len, lengths.max()))
     sharded.check_pieces(lengths, seq_len, cp)
     shape = model_shape(source, dtype)
-    layout = Layout(seq_len=piece, cp=cp, dp=dp, moe_recompute=True, hc_recompute=hc_recompute_available(),
-                    **cfg.model_dump(include=set(BlockSizes.model_fields)))  # the block sizes eval runs with
+    blocks = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)  # eval's
+    layout = Layout.from_memory(piece, blocks, cp=cp, dp=dp)
     assume = Assumptions()
-    plan = plan_forward(shape, layout, assume, backend="fla" if gpu else "torch")
+    fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
+    plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
     need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
     fits = [g for g in GPUS.values() if need <= g.memory_bytes]
     small = [g for g in GPUS.values() if need > g.memory_bytes]

@@ -151,17 +151,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     prefetch_bwd = 1 + layout.backward_prefetch
     red = layout.reduce_bytes / a
 
-    by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
-    for lay in m.layers:
-        key = (lay.attn, lay.mlp, lay.indexer)
-        if key not in by_kind:
-            by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
-    all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
-    on_device = layout.replace(offload=False)  # the last offload_keep_last layers are not offloaded
-    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.offload_keep_last else on_device, assume)
-             for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]
-    if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
-        keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]
+    all_ops, keeps = _layers(m, layout, assume, gpu, backend)
     outside = act.outside_layers(m, n)
     ids = outside["input_ids"] + n * 8  # input ids and labels on the device
     phases: list[tuple[str, dict[str, int]]] = []
@@ -209,7 +199,29 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
+    return _memory_plan(phases, m, all_ops, keeps, assume)
 
+
+def _layers(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool,
+            backend: str) -> tuple[list[list[Op]], list[tuple[int, int, int]]]:
+    """Each layer's ops, and what it keeps for backward: (device, host, pinned host) bytes."""
+    by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
+    for lay in m.layers:
+        key = (lay.attn, lay.mlp, lay.indexer)
+        if key not in by_kind:
+            by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
+    all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
+    on_device = layout.replace(offload=False)  # the last offload_keep_last layers are not offloaded
+    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.offload_keep_last else on_device, assume)
+             for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]
+    if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
+        keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]
+    return all_ops, keeps
+
+
+def _memory_plan(phases: list[tuple[str, dict[str, int]]], m: ModelShape, all_ops: list[list[Op]],
+                 keeps: list[tuple[int, int, int]], assume: Assumptions) -> MemoryPlan:
+    """The plan of the walked `phases`: the peak, where it is, and the per-layer-type terms."""
     name, parts = max(phases, key=lambda p: sum(p[1].values()))
     by_type_full: dict[str, int] = {}
     by_type_kept: dict[str, int] = {}

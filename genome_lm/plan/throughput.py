@@ -57,7 +57,19 @@ def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalan
 
 
 def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
-    gpu = cluster.gpu
+    parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
+    _communication_parts(parts, m, layout, assume, cluster, compute=sum(parts.values()))
+    step = sum(parts.values()) * layout.grad_accum
+    tokens = layout.dp * layout.micro_batch * layout.seq_len * layout.grad_accum
+    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
+    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
+                    parts_s={k: v * layout.grad_accum for k, v in parts.items()},
+                    flops_per_step=flops * layout.grad_accum, model_flops_per_token=6 * active)
+
+
+def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, backend: str) -> tuple[dict, float]:
+    """Seconds per micro-batch of each compute part (GEMMs, KDA core, DSA, memory-bound passes, loss,
+    optimizer; the communication parts at 0.0) and the FLOPs counted."""
     n, a, T = layout.tokens, m.act_bytes, layout.micro_batch * layout.seq_len
     gemm = gpu.bf16_flops * assume.matmul_efficiency
     attn = gpu.bf16_flops * assume.attention_efficiency
@@ -106,9 +118,16 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     F = shard_degree(layout, assume)
     # read and write the float32 master weights and the moments, read the gradient, a temporary
     parts["optimizer"] = (6 * MASTER_BYTES + 4 * layout.state_bytes + 2 * MASTER_BYTES) * m.param_count / F / hbm
-    compute = sum(parts.values())
+    return parts, flops
 
-    fsdp = 0.0
+
+def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster,
+                         compute: float) -> None:
+    """Fill in the seconds per micro-batch that communication adds beyond what overlaps `compute`
+    (FSDP2, CP, EP all-to-all, offload copies)."""
+    gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.micro_batch * layout.seq_len
+    layer_recompute = 1 if layout.recompute == "per-layer" else 0
+    F = shard_degree(layout, assume)
     if layout.gpus > 1:
         bw = _link(cluster, F, assume)
         per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
@@ -141,9 +160,3 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
         forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
         back = 0.0 if assume.offload_prefetch else copy
         parts["offload_exposed"] = back + max(0.0, copy - forward_compute)
-    step = sum(parts.values()) * layout.grad_accum
-    tokens = layout.dp * layout.micro_batch * layout.seq_len * layout.grad_accum
-    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
-    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
-                    parts_s={k: v * layout.grad_accum for k, v in parts.items()},
-                    flops_per_step=flops * layout.grad_accum, model_flops_per_token=6 * active)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_file
 from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import (
     CompareResult,
@@ -29,7 +30,6 @@ from genome_lm.report.data import (
     windows_text,
 )
 from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text
-from genome_lm.utils import atomic_file
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,8 @@ is switched atomically; only complete checkpoints ever carry a `step_*` name. Th
 
 Distributed runs: every rank writes its shards into `train_state/` (DCP, global shapes: a run
 resumes on any number of processes) and gathers `model/` one tensor at a time for rank 0 to
-stream (docs/parallel.md, checkpoints). A `train_state/` without the model (versions before the
-weights went into DCP) is refused with a one-line error. `model.init` reads a checkpoint's
-`model/` (`resolve_model_dir`).
+stream (docs/parallel.md, checkpoints). `model.init` reads a checkpoint's `model/`
+(`resolve_model_dir`).
 """
 
 from __future__ import annotations
@@ -45,8 +44,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import make_temp_dir
 from genome_lm.parallel.mesh import ParallelContext
-from genome_lm.utils import make_temp_dir
 
 log = logging.getLogger(__name__)
 STEP_RE = re.compile(r"^step_(\d{8})$")
@@ -185,14 +184,8 @@ def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, 
 
 
 def stored_state(state_dir: Path) -> dict:
-    """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored. A one-line error
-    for a checkpoint of an older version, whose `train_state/` has no model weights."""
-    stored = dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
-    if not any(key.startswith("model.") for key in stored):
-        raise GenomeLMError(f"{state_dir} holds no model weights (a checkpoint from an older version, which this "
-                            "version cannot resume or export); its model/ directory has them: start a new run "
-                            "from it with model.init")
-    return stored
+    """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored."""
+    return dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
 
 
 class DamagedCheckpoint(Exception):

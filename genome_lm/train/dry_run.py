@@ -17,7 +17,8 @@ from torch import nn
 from genome_lm.config import ExperimentConfig
 from genome_lm.parallel.cp import slab_bounds
 from genome_lm.parallel.fsdp import sharded_numel
-from genome_lm.parallel.mesh import check_layout, default_device, resolve_layout
+from genome_lm.parallel.layout import resolve_layout
+from genome_lm.parallel.mesh import check_layout, default_device
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
 
 

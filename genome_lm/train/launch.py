@@ -27,7 +27,7 @@ def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
 
 def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
     """`genome-lm train` as a Job: run directory `out` (default runs/NAME)."""
-    from genome_lm.parallel.mesh import resolve_layout
+    from genome_lm.parallel.layout import resolve_layout
 
     par = cfg.parallel
     return Job(

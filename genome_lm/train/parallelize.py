@@ -71,7 +71,7 @@ def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContex
 
     apply_long_context(model, dsa_block_queries=memory.dsa_block_queries, moe_block_tokens=memory.moe_block_tokens,
                        loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute,
-                       kda_head_block=memory.kda_head_block)
+                       kda_head_block=memory.kda_head_block, kda_backend=memory.kda_backend)
     if parallel is not None and parallel.cp > 1:
         apply_context_parallel(model, parallel.cp_group)
     ep_mesh = getattr(parallel, "ep_mesh", None)

@@ -192,18 +192,11 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run
     (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from genome_lm.model.ops.kda._fla import fla_stand_ins
-    from genome_lm.model.ops.kda.fake_fla import STAND_INS
-    from genome_lm.model.ops.moe.assumed import assume_routing
     from genome_lm.model.presets import preset_config
-    from genome_lm.parallel.fsdp import clip_grad_norm_
     from genome_lm.parallel.mesh import check_layout, init_parallel
     from genome_lm.progress import progress
-    from genome_lm.train.memory import host_copies_on
     from genome_lm.train.parallelize import parallelize
-    from genome_lm.train.schedule import make_optimizer, make_scheduler
     from genome_lm.train.trainer import build_model, compute_dtype
 
     if steps < 2:
@@ -213,19 +206,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     config = preset_config(cfg.model.name, **cfg.model.overrides)
     total_layers = config.num_hidden_layers
     mem = cfg.memory
-    reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
-    if layers is None:
-        layers = default_layers(config) if reducible else total_layers
-    if not 1 <= layers <= total_layers:
-        raise GenomeLMError(f"--layers {layers}: {cfg.model.name} has {total_layers} decoder layers; give 1 to "
-                            f"{total_layers}, or all")
-    if layers < total_layers and not reducible:
-        raise GenomeLMError(f"--layers {layers}: fewer layers scale up only with memory.recompute: per-layer and "
-                            "memory.offload_layer_inputs: true (then the omitted layers keep nothing on the device); "
-                            "rehearse all layers (--layers all)")
-    if layers < total_layers and mem.offload_keep_last >= layers:
-        raise GenomeLMError(f"--layers {layers}: memory.offload_keep_last={mem.offload_keep_last} keeps as many "
-                            "layers on the device; rehearse more layers")
+    layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
     check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
     cp = cfg.parallel.cp
@@ -254,38 +235,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         passes = steps * layers * (2 if recomputes else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
         hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model.to_empty(device=par.device)
-            model.train()
-            optimizer = make_optimizer(model, cfg.train)
-            scheduler = make_scheduler(optimizer, cfg.train)
-            B, T = cfg.train.micro_batch, cfg.data.seq_len
-            ids = torch.randint(0, config.vocab_size, (B, T), device=par.device)
-            batch = {"input_ids": ids, "labels": ids.clone()}
-            params = [p for p in model.parameters() if p.requires_grad]
-            clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
-            tracker = _tracker(model, optimizer, par.device)
-            tracker.track_inputs((ids,))
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(tracker)
-                stack.enter_context(assume_routing(imbalance))
-                stack.enter_context(fla_stand_ins(STAND_INS))
-                stack.enter_context(host_copies_on("meta"))
-                for step in range(steps):
-                    for _ in range(cfg.train.grad_accum):
-                        out = model(**batch)
-                        (out.loss / cfg.train.grad_accum).backward()
-                        del out
-                    tracker.in_optimizer = True
-                    clip_grad_norm_(params, clip)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    tracker.in_optimizer = False
-                    if step == 0:  # the first step has no optimizer state until its end
-                        tracker.where_peaks.clear()
-                        tracker.reset_mod_stats()
-            host = tracker.get_tracker_snapshot("peak").get(torch.device("meta"), {}).get("Total", 0)
+        tracker, host = _fake_steps(model, cfg, par.device, config.vocab_size, steps, imbalance)
         for h in hooks:
             h.remove()
         bar.close()
@@ -309,6 +259,74 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
                      "state and gradients; host memory scaled by the offloaded layers")
     return Rehearsal(experiment, gpus, gpu, par.describe(), "busiest" if imbalance > 1 else "uniform", layers,
                      total_layers, steps, peaks[0], host, plan, time.perf_counter() - t_start, notes, peaks)
+
+
+def _layers_to_run(cfg, config, layers: int | None) -> int:
+    """The decoder layers to rehearse (`layers`, or by default as many as the memory strategy lets
+    scale up); GenomeLMError for a number the strategy cannot scale up."""
+    total_layers, mem = config.num_hidden_layers, cfg.memory
+    reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
+    if layers is None:
+        layers = default_layers(config) if reducible else total_layers
+    if not 1 <= layers <= total_layers:
+        raise GenomeLMError(f"--layers {layers}: {cfg.model.name} has {total_layers} decoder layers; give 1 to "
+                            f"{total_layers}, or all")
+    if layers < total_layers and not reducible:
+        raise GenomeLMError(f"--layers {layers}: fewer layers scale up only with memory.recompute: per-layer and "
+                            "memory.offload_layer_inputs: true (then the omitted layers keep nothing on the device); "
+                            "rehearse all layers (--layers all)")
+    if layers < total_layers and mem.offload_keep_last >= layers:
+        raise GenomeLMError(f"--layers {layers}: memory.offload_keep_last={mem.offload_keep_last} keeps as many "
+                            "layers on the device; rehearse more layers")
+    return layers
+
+
+def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int, imbalance: float):
+    """`steps` training steps of the parallelized meta `model` on fake tensors, under the memory
+    tracker (the first step's peaks dropped: it has no optimizer state until its end); returns the
+    tracker and the peak bytes parked on the host."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from genome_lm.model.ops.kda._fla import fla_stand_ins
+    from genome_lm.model.ops.kda.fake_fla import STAND_INS
+    from genome_lm.model.ops.moe.assumed import assume_routing
+    from genome_lm.parallel.fsdp import clip_grad_norm_
+    from genome_lm.train.memory import host_copies_on
+    from genome_lm.train.schedule import make_optimizer, make_scheduler
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model.to_empty(device=device)
+        model.train()
+        optimizer = make_optimizer(model, cfg.train)
+        scheduler = make_scheduler(optimizer, cfg.train)
+        B, T = cfg.train.micro_batch, cfg.data.seq_len
+        ids = torch.randint(0, vocab_size, (B, T), device=device)
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        params = [p for p in model.parameters() if p.requires_grad]
+        clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
+        tracker = _tracker(model, optimizer, device)
+        tracker.track_inputs((ids,))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tracker)
+            stack.enter_context(assume_routing(imbalance))
+            stack.enter_context(fla_stand_ins(STAND_INS))
+            stack.enter_context(host_copies_on("meta"))
+            for step in range(steps):
+                for _ in range(cfg.train.grad_accum):
+                    out = model(**batch)
+                    (out.loss / cfg.train.grad_accum).backward()
+                    del out
+                tracker.in_optimizer = True
+                clip_grad_norm_(params, clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                tracker.in_optimizer = False
+                if step == 0:  # the first step has no optimizer state until its end
+                    tracker.where_peaks.clear()
+                    tracker.reset_mod_stats()
+        host = tracker.get_tracker_snapshot("peak").get(torch.device("meta"), {}).get("Total", 0)
+    return tracker, host
 
 
 def _lift(peaks: dict, omitted: int, rehearsed: int, layers: int, total_layers: int,

@@ -22,7 +22,7 @@ from typing import Any
 
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
-from genome_lm.utils import read_yaml
+from genome_lm.options import read_yaml
 
 log = logging.getLogger(__name__)
 

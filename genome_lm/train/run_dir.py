@@ -15,11 +15,11 @@ from pathlib import Path
 
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
+from genome_lm.options import read_yaml
 from genome_lm.outputs import read_marker, what_it_is, write_marker
 from genome_lm.train.checkpoint import clean_partials, latest_checkpoint
 from genome_lm.train.metrics import logged_steps
 from genome_lm.train.resume import accept_resume, record_resume
-from genome_lm.utils import read_yaml
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.progress import progress
+from genome_lm.tf32 import set_tf32
 from genome_lm.train.checkpoint import latest_checkpoint, load_newest_whole, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
@@ -53,7 +54,6 @@ from genome_lm.train.parallelize import parallelize
 from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
 from genome_lm.train.saver import Checkpointer
 from genome_lm.train.schedule import make_optimizer, make_scheduler
-from genome_lm.utils import set_tf32
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from genome_lm.cli import build_parser
 from genome_lm.config import MemoryConfig
 from genome_lm.eval.config import EvalConfig
-from genome_lm.utils import from_args
+from genome_lm.options import from_args
 
 BLOCKS = ("moe_block_tokens", "dsa_block_queries", "loss_chunk_tokens")
 

@@ -214,7 +214,7 @@ def test_without_the_flag_nothing_changes(tmp_path, leaky):
     assert "leakage_masked_tokens" not in manifest["splits"]["eval"]["per_chrom"]["chr22"]
 
 
-def test_prepare_flag_errors_and_cli(tmp_path, leaky, capsys):
+def test_prepare_flag_errors_and_cli(tmp_path, leaky, capsys, caplog):
     fa = write_fasta(tmp_path / "g.fa", leaky)
     with pytest.raises(GenomeLMError, match="1..32"):
         run_prepare([fa], tmp_path / "a", leakage_k=40)
@@ -227,6 +227,7 @@ def test_prepare_flag_errors_and_cli(tmp_path, leaky, capsys):
     assert "--leakage-k" in capsys.readouterr().err and not out.exists()
     assert main([*args, "--leakage-k", "32"]) == 0
     assert load_manifest(out)["leakage_mask"]["masked_tokens"] > 0
-    assert main([*args, "--leakage-k", "32"]) == 0  # a rerun is a no-op
-    assert "already complete" in capsys.readouterr().out
+    with caplog.at_level("INFO", logger="genome_lm.genome.prepare"):
+        assert main([*args, "--leakage-k", "32"]) == 0  # a rerun is a no-op
+    assert "already complete" in caplog.text
     assert main([*args, "--leakage-k", "24"]) == 2  # other parameters need --overwrite

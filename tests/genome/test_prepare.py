@@ -178,13 +178,14 @@ def test_same_input_same_bytes(tmp_path, genome):
     assert m1 == m2
 
 
-def test_rerun_is_a_no_op_and_overwrite_rebuilds(tmp_path, genome, capsys):
+def test_rerun_is_a_no_op_and_overwrite_rebuilds(tmp_path, genome, caplog):
     fa = write_fasta(tmp_path / "g.fa", genome)
     out = tmp_path / "out"
     run_prepare([fa], out)
     before = (out / "manifest.json").stat().st_mtime_ns
-    run_prepare([fa], out)
-    assert "already complete" in capsys.readouterr().out
+    with caplog.at_level("INFO", logger="genome_lm.genome.prepare"):
+        run_prepare([fa], out)
+    assert "already complete" in caplog.text
     assert (out / "manifest.json").stat().st_mtime_ns == before
     with pytest.raises(GenomeLMError, match="other inputs or parameters; pass --overwrite"):
         run_prepare([fa], out, seq_len=256)
@@ -194,9 +195,10 @@ def test_rerun_is_a_no_op_and_overwrite_rebuilds(tmp_path, genome, capsys):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove_split", "edit_manifest", "garble_manifest"])
-def test_damaged_shards_are_not_complete_and_reading_them_is_one_line(tmp_path, genome, capsys, damage):
+def test_damaged_shards_are_not_complete_and_reading_them_is_one_line(tmp_path, genome, caplog, damage):
     """A rerun over a truncated .arrow, a deleted split or an edited manifest is not "already
     complete"; loading such shards is one line naming the file and the rebuild."""
+    caplog.set_level("INFO", logger="genome_lm.genome.prepare")
     fa = write_fasta(tmp_path / "g.fa", genome)
     out = tmp_path / "out"
     run_prepare([fa], out)
@@ -217,7 +219,7 @@ def test_damaged_shards_are_not_complete_and_reading_them_is_one_line(tmp_path, 
     with pytest.raises(GenomeLMError, match=re.escape(expected)) as err:
         run_prepare([fa], out)
     assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
-    assert "already complete" not in capsys.readouterr().out
+    assert "already complete" not in caplog.text
     with pytest.raises(GenomeLMError, match=re.escape(expected)):
         load_shards(out, "eval")
     run_prepare([fa], out, overwrite=True)

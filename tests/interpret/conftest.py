@@ -29,10 +29,15 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", "ignore:Triton is not supported on current platform:UserWarning")
 
 
-@pytest.fixture(autouse=True)
-def kda_on_fla(monkeypatch):
-    """Every `chunk_kda` call of the test goes to fla (the env var reaches spawned workers)."""
-    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")
+def pytest_sessionstart(session):
+    """Every KDA call of the tier goes to fla: the default backend is read once, at import, from
+    GENOME_LM_KDA_BACKEND, which spawned workers inherit too."""
+    if INTERPRETING:
+        from genome_lm.settings import DEFAULTS
+
+        if DEFAULTS.kda_backend != "fla":
+            pytest.exit("tests/interpret: start pytest with GENOME_LM_KDA_BACKEND=fla (`make test-interpret` does)",
+                        returncode=2)
 
 
 @pytest.fixture

@@ -29,15 +29,15 @@ def _batch():
     return ids, labels
 
 
-def _step(cp: bool, head_block: int = 0) -> dict:
-    """One forward + backward of glm53-demo (long-context ops; CP over the world when `cp`)."""
+def _step(cp: bool, head_block: int = 0, backend: str = "fla") -> dict:
+    """One forward + backward of glm53-demo (long-context ops, KDA on `backend`; CP over the world when `cp`)."""
     from genome_lm.model import build
     from genome_lm.model.patch import apply_long_context
     from genome_lm.parallel import apply_context_parallel
 
     torch.manual_seed(0)
     model = apply_long_context(build("glm53-demo").model, dsa_block_queries=16, moe_block_tokens=64,
-                               loss_chunk_tokens=48, kda_head_block=head_block)
+                               loss_chunk_tokens=48, kda_head_block=head_block, kda_backend=backend)
     if cp:
         apply_context_parallel(model)
     ids, labels = _batch()
@@ -67,10 +67,8 @@ def _cp_worker(rank: int, world: int, out_dir: str, head_block: int) -> None:
 
 
 @pytest.mark.parametrize("head_block", [0, 1], ids=["all-heads", "head-blocks"])
-def test_cp_step_on_fla_matches_one_process(tmp_path, monkeypatch, head_block):
-    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "torch")
-    ref = _step(cp=False)
-    monkeypatch.setenv("GENOME_LM_KDA_BACKEND", "fla")  # inherited by the spawned ranks
+def test_cp_step_on_fla_matches_one_process(tmp_path, head_block):
+    ref = _step(cp=False, backend="torch")
     spawn(_cp_worker, 2, str(tmp_path), head_block, timeout=280)
     config = preset_config("glm53-demo")
     H, K = config.linear_num_heads, config.linear_head_dim

@@ -12,7 +12,8 @@ import copy
 
 import torch
 
-from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
+from genome_lm.model.ops.kda.layer import LongKDA
+from genome_lm.model.upstream import use_torch_fallbacks
 from tests.helpers import assert_close
 from tests.model.test_kda import cached_outputs, forward_backward, tiny_layer
 
@@ -27,7 +28,7 @@ def test_patched_layer_on_fla_matches_upstream(fla_calls, fla_lean_calls):
     x = torch.randn(1, T, 64, generator=torch.Generator().manual_seed(31))
     mask = torch.ones(1, T, dtype=torch.bool)
     mask[0, :9] = False  # left padding
-    with upstream_torch_fallbacks():
+    with use_torch_fallbacks():
         out_ref, dx_ref, grads_ref = forward_backward(upstream, x, 31, attention_mask=mask)
     out, dx, grads = forward_backward(patched, x, 31, attention_mask=mask)
     assert len(fla_calls) == 1 and fla_calls[0]["use_qk_l2norm_in_kernel"]

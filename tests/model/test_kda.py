@@ -1,7 +1,7 @@
 """KDA: chunked op vs fla's naive reference, and the patched upstream layer vs upstream.
 
 fla's `naive_recurrent_kda` is loaded from its source file (`load_fla_reference`): `import fla`
-pulls in Triton. Unpatched upstream runs inside `upstream_torch_fallbacks()`, which swaps
+pulls in Triton. Unpatched upstream runs inside `use_torch_fallbacks()`, which swaps
 transformers' kernel wrappers (they bind fla's Triton kernels at import whenever fla imports,
 even for CPU tensors) for the torch functions they wrap.
 """
@@ -15,8 +15,9 @@ from genome_lm.model.ops.kda import chunk as chunk_mod
 from genome_lm.model.ops.kda import chunk_kda, naive_recurrent_kda
 from genome_lm.model.ops.kda._fla import load_fla_reference
 from genome_lm.model.ops.kda.chunk import l2norm
-from genome_lm.model.ops.kda.layer import LongKDA, upstream_torch_fallbacks
+from genome_lm.model.ops.kda.layer import LongKDA
 from genome_lm.model.ops.kda.step import kda_layer_step
+from genome_lm.model.upstream import use_torch_fallbacks
 from tests.helpers import assert_close
 
 # fp32 tolerances, as max |Δ| / max(1, max |reference|), per tensor
@@ -238,7 +239,7 @@ def test_patched_layer_matches_upstream(seed, T, num_heads):
     x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(2, T, dtype=torch.bool)
     mask[1, : T // 3] = False  # left padding on the second row
-    with upstream_torch_fallbacks():
+    with use_torch_fallbacks():
         out_ref, dx_ref, grads_ref = forward_backward(upstream, x, seed, attention_mask=mask)
     out, dx, grads = forward_backward(patched, x, seed, attention_mask=mask)
     assert_close("out", out, out_ref, LAYER_TOL["out"])
@@ -266,7 +267,7 @@ def test_upstream_fallbacks_context_restores():
     from transformers.models.glm5_next import modeling_glm5_next as upstream
 
     before = upstream.chunk_kimi_delta_attention
-    with upstream_torch_fallbacks():
+    with use_torch_fallbacks():
         assert not hasattr(upstream.chunk_kimi_delta_attention, "__wrapped__")  # the plain torch function
     assert upstream.chunk_kimi_delta_attention is before
 
@@ -302,7 +303,7 @@ def cached_outputs(seed: int, T: int, bounds) -> dict[str, torch.Tensor]:
     outs = {}
     for name, layer in [("upstream", upstream), ("patched", patched)]:
         cache, pieces = DynamicCache(config=config), []
-        with torch.no_grad(), upstream_torch_fallbacks():
+        with torch.no_grad(), use_torch_fallbacks():
             for a, b in bounds:
                 pieces.append(layer(x[:, a:b], cache=cache))
         outs[name] = torch.cat(pieces, dim=1)
@@ -324,7 +325,7 @@ def test_patched_layer_counts_tokens_in_the_cache_as_upstream():
     counts = {}
     for name, layer in [("upstream", upstream), ("patched", patched)]:
         cache, seen = DynamicCache(config=config), []
-        with torch.no_grad(), upstream_torch_fallbacks():
+        with torch.no_grad(), use_torch_fallbacks():
             for a, b in [(0, 9), (9, 10), (10, 11), (11, 12)]:
                 layer(x[:, a:b], cache=cache)
                 seen.append(int(cache.get_seq_length(0)))
@@ -343,7 +344,7 @@ def test_patched_layer_keeps_recurrent_states_and_crops_as_upstream():
     outs, states = {}, {}
     for name, layer in [("upstream", upstream), ("patched", patched)]:
         cache, pieces = DynamicCache(config=config), []
-        with torch.no_grad(), upstream_torch_fallbacks():
+        with torch.no_grad(), use_torch_fallbacks():
             pieces.append(layer(x[:, :10], cache=cache))
             cache.activate_past_recording(recurrent_states_to_keep=4)
             pieces.append(layer(x[:, 10:15], cache=cache))  # 5 drafted tokens, the last 4 states kept

@@ -15,7 +15,7 @@ import torch
 from genome_lm.model import apply_long_context, build
 from genome_lm.model.patch import ALL_OPS
 from genome_lm.plan import activations
-from genome_lm.plan.layout import Layout, hc_recompute_available
+from genome_lm.plan.layout import Layout
 from genome_lm.plan.shapes import shape_of
 
 T = 1024
@@ -55,8 +55,6 @@ def saved_by_layer(model, T: int) -> dict[int, int]:
 @pytest.mark.parametrize("dtype, moe_recompute, hc_recompute", [
     ("float32", False, True), ("float32", True, False), ("bfloat16", False, False), ("bfloat16", True, True)])
 def test_saved_bytes_per_layer_match_autograd(dtype, moe_recompute, hc_recompute):
-    if hc_recompute and not hc_recompute_available():
-        pytest.skip("this checkout's apply_long_context does not recompute hyper-connections")
     torch.manual_seed(0)
     model = build("glm53-tiny", dtype=dtype).model
     # without "hc": upstream's hyper-connections, keeping their Sinkhorn intermediates

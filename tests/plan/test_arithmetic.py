@@ -12,7 +12,7 @@ from genome_lm.plan.memory import kept, pow2
 from genome_lm.plan.ops import layer_ops
 from genome_lm.plan.planner import make_plan
 from genome_lm.plan.shapes import model_shape
-from genome_lm.utils import parse_size
+from genome_lm.sizes import parse_size
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import pytest
 
 from genome_lm.config import MemoryConfig
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.layout import Layout, hc_recompute_available
+from genome_lm.plan.layout import Layout
 from genome_lm.plan.planner import make_plan
 from genome_lm.plan.shapes import model_shape
 
@@ -52,10 +52,7 @@ def measure(shards: Path, out: Path, cases: list[dict]) -> list[dict]:
 
 def predict(row: dict):
     mem = MemoryConfig(**row["memory"])
-    layout = Layout(seq_len=row["tokens"], recompute=mem.recompute, recompute_layers=tuple(mem.recompute_layers),
-                    offload=mem.offload_layer_inputs, moe_recompute=mem.moe_recompute,
-                    hc_recompute=hc_recompute_available(), moe_block_tokens=mem.moe_block_tokens,
-                    dsa_block_queries=mem.dsa_block_queries, loss_chunk_tokens=mem.loss_chunk_tokens)
+    layout = Layout.from_memory(row["tokens"], mem)
     return make_plan(model_shape("glm53-tiny", "float32", row.get("model_overrides")), layout, None, ASSUME,
                      process_baseline_bytes=row["baseline_bytes"])
 

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.files import atomic_directory, umask
 from genome_lm.model.weights.layout import TensorSpec, cast_tensor, model_tensors, to_disk_layout
-from genome_lm.utils import atomic_directory, umask
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30

@@ -1,14 +1,13 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-Backend of every KDA kernel (the recurrent op, the short convolution, the gated output norm), read
-at every call from the environment (so it reaches spawned worker processes):
+Backend of every KDA kernel (the recurrent op, the short convolution, the gated output norm): the
+`backend` argument each of them takes, as fla's layers take `mode` (`LongKDA` hands its
+`kda_backend` setting on; default `settings.DEFAULTS.kda_backend`):
 
-    GENOME_LM_KDA_BACKEND=auto   (default, or unset) CUDA tensors -> fla's Triton kernels,
-                                 every other device -> genome_lm's torch op
-    GENOME_LM_KDA_BACKEND=fla    every tensor -> fla; CPU tensors need Triton's interpreter
-                                 (TRITON_INTERPRET=1 before triton is imported): the test tier
-                                 `make test-interpret` runs fla's kernels this way
-    GENOME_LM_KDA_BACKEND=torch  every tensor -> genome_lm's torch op (also on CUDA)
+    auto   (default) CUDA tensors -> fla's Triton kernels, every other device -> genome_lm's torch op
+    fla    every tensor -> fla; CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before
+           triton is imported): the test tier `make test-interpret` runs fla's kernels this way
+    torch  every tensor -> genome_lm's torch op (also on CUDA)
 
 On CUDA fla is not optional: when it does not import (missing, or Triton broken), or is older than
 `MIN_FLA_CORE`, the call raises `GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a
@@ -37,11 +36,13 @@ from pathlib import Path
 from packaging.version import Version
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.settings import KDA_BACKENDS, KDABackend
 
-BACKEND_ENV = "GENOME_LM_KDA_BACKEND"
-BACKENDS = ("auto", "fla", "torch")
 GPU_EXTRA_FIX = "pip install -e '.[gpu]'"
+TORCH_FIX = "memory.kda_backend: torch (eval: --kda-backend torch; any command: GENOME_LM_KDA_BACKEND=torch)"
 MIN_FLA_CORE = "0.6.0"
+# Triton reads TRITON_INTERPRET when it is imported, and so does this module, once
+TRITON_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 _STAND_INS: dict[str, Callable] = {}  # "module.name" -> the function `fla_function` returns instead
@@ -59,32 +60,25 @@ def fla_stand_ins(functions: dict[str, Callable]) -> Iterator[None]:
         _STAND_INS.update(before)
 
 
-def kda_backend() -> str:
-    """The KDA backend asked for by `GENOME_LM_KDA_BACKEND`: "auto" (also when unset), "fla" or "torch"."""
-    raw = os.environ.get(BACKEND_ENV, "")
-    value = raw.strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise GenomeLMError(f"{BACKEND_ENV}={raw!r}: use one of {', '.join(BACKENDS)} (unset means auto)")
-    return value
+def use_fla(device_type: str, backend: KDABackend) -> bool:
+    """Whether a KDA call with `backend` ("auto", "fla", "torch") on tensors of this device type
+    ("cuda", "cpu", ...) goes to fla.
 
-
-def use_fla(device_type: str) -> bool:
-    """Whether a KDA call on tensors of this device type ("cuda", "cpu", ...) goes to fla.
-
-    Raises `GenomeLMError` for `GENOME_LM_KDA_BACKEND=fla` with CPU tensors outside Triton's
-    interpreter, where fla's kernels would fail with "0 active drivers".
+    Raises `GenomeLMError` for the fla backend with CPU tensors outside Triton's interpreter,
+    where fla's kernels would fail with "0 active drivers".
     """
+    if backend not in KDA_BACKENDS:
+        raise ValueError(f"kda backend {backend!r}: use one of {', '.join(KDA_BACKENDS)}")
     if _STAND_INS:
         return True
-    backend = kda_backend()
     if backend == "torch":
         return False
     if backend == "auto":
         return device_type == "cuda"
-    if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device_type == "cpu" and not TRITON_INTERPRETING:
         raise GenomeLMError(
-            f"{BACKEND_ENV}=fla with CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
-            f"triton is imported (as `make test-interpret` does), or unset {BACKEND_ENV}"
+            "kda_backend fla with CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+            "triton is imported (as `make test-interpret` does), or use kda_backend auto"
         )
     return True
 
@@ -108,7 +102,7 @@ def fla_function(module: str, name: str) -> Callable:
     if fn is None:
         raise GenomeLMError(
             f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
-            f"`{GPU_EXTRA_FIX}`, or set {BACKEND_ENV}=torch for genome_lm's slower torch ops"
+            f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops"
         )
     _check_fla_version()
     return fn

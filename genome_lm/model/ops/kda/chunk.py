@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.gate import kda_gate
+from genome_lm.settings import DEFAULTS, KDABackend
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
@@ -54,6 +55,7 @@ def chunk_kda(
     dt_bias: torch.Tensor | None = None,
     lower_bound: float | None = None,
     head_block: int = 0,
+    backend: KDABackend = DEFAULTS.kda_backend,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
 
@@ -75,18 +77,19 @@ def chunk_kda(
             its chunk intermediates and states for every head of a call at once; calls of
             `head_block` heads run their backwards one after another, so those transients shrink
             by HV / head_block (`fla_by_heads`). The torch path ignores it (its segments bound them).
+        backend: "auto", "fla" or "torch" (below; `_fla.py`), as fla's layers take `mode`.
 
     Returns:
         `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
 
-    Backend (`GENOME_LM_KDA_BACKEND`, read at each call; see `_fla`): by default CUDA tensors go
-    to `fla.ops.kda.chunk_kda` (same argument meaning, g pre-computed in log space; a missing fla
-    is a `GenomeLMError`) and CPU tensors to the torch path; `=fla` sends every tensor to fla
-    (CPU tensors under Triton's interpreter, for tests), `=torch` none. The torch path computes in
+    Backend (`backend`; see `_fla`): with auto CUDA tensors go to `fla.ops.kda.chunk_kda` (same
+    argument meaning, g pre-computed in log space; a missing fla is a `GenomeLMError`) and CPU
+    tensors to the torch path; fla sends every tensor to fla (CPU tensors under Triton's
+    interpreter, for tests), torch none. The torch path computes in
     fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
     gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
-    if use_fla(q.device.type):
+    if use_fla(q.device.type, backend):
         gate, kw = fla_options(gate, chunk_size, scale=scale, output_final_state=output_final_state,
                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32

@@ -9,7 +9,7 @@ code path, `naive.naive_short_conv`.
 `short_conv(x, weight, prev)` computes the same and keeps only x (and `prev`, the W-1 projections
 before x, `[B, C, W-1]`: a cache's conv state, or the tokens of the previous CP slab; None = zeros,
 the sequence start):
-  - CUDA (`GENOME_LM_KDA_BACKEND`, see `_fla`): fla's `causal_conv1d` (the kernel of
+  - CUDA (the `backend` setting, see `_fla`): fla's `causal_conv1d` (the kernel of
     `fla.modules.ShortConvolution`), `prev` as its initial state;
   - otherwise `ShortConvFunction`: forward and backward in blocks of `block_tokens` tokens, the
     float32 conv output recomputed in backward, so its temporaries are bounded by a block.
@@ -27,6 +27,7 @@ from torch import nn
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda._fla import fla_causal_conv1d, use_fla
 from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.settings import DEFAULTS, KDABackend
 
 __all__ = ["BLOCK_TOKENS", "KDAShortConv", "ShortConvFunction", "conv_tail", "short_conv"]
 
@@ -107,7 +108,7 @@ class ShortConvFunction(torch.autograd.Function):
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None, activation: str = "silu",
-               block_tokens: int = BLOCK_TOKENS) -> torch.Tensor:
+               block_tokens: int = BLOCK_TOKENS, backend: KDABackend = DEFAULTS.kda_backend) -> torch.Tensor:
     """silu(causal depthwise conv of [prev | x]) for the tokens of x.
 
     Args:
@@ -115,12 +116,13 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None 
         weight: `[C, 1, W]` the depthwise kernel (upstream's `conv1d.weight`, float32).
         prev: `[B, C, W-1]` the projections before x, or None (zeros: the sequence start).
         activation: "silu" (= "swish"), upstream's `hidden_act`.
+        backend: "auto", "fla" or "torch" (`_fla.py`): fla's `causal_conv1d` or the torch op.
     Returns:
         `[B, T, C]` in x's dtype, computed in the weight's dtype; differentiable w.r.t. x, weight, prev.
     """
     if activation not in ACTIVATIONS:
         raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
-    if use_fla(x.device.type):
+    if use_fla(x.device.type, backend):
         state = None if prev is None else F.pad(prev.to(x.dtype), (1, 0))  # fla reads the last W-1 of [B, C, W]
         y, _ = fla_causal_conv1d()(x=x, weight=weight[:, 0], initial_state=state, activation="silu")
         return y
@@ -141,14 +143,16 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 
     upstream = nn.Conv1d
     activation: str = "silu"
+    backend: KDABackend = DEFAULTS.kda_backend
 
-    def configure(self, activation: str = "silu") -> None:
+    def configure(self, activation: str = "silu", backend: KDABackend = DEFAULTS.kda_backend) -> None:
         if activation not in ACTIVATIONS:
             raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
         self.activation = activation
+        self.backend = backend
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, activation={self.activation}"
+        return f"{super().extra_repr()}, activation={self.activation}, backend={self.backend}"
 
     def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-        return short_conv(x, self.weight, prev, self.activation)
+        return short_conv(x, self.weight, prev, self.activation, backend=self.backend)

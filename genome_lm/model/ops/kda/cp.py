@@ -36,6 +36,7 @@ from genome_lm.model.cp import attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.model.ops.kda.step import KDAState, kda_layer_step
+from genome_lm.settings import DEFAULTS, KDABackend
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
@@ -49,15 +50,16 @@ def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
 
 
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, head_block: int = 0, **gate):
+                chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, head_block: int = 0,
+                backend: KDABackend = DEFAULTS.kda_backend, **gate):
     """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`
     (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
-    if use_fla(q.device.type) and len(set(cp.lengths)) == 1:
+    if use_fla(q.device.type, backend) and len(set(cp.lengths)) == 1:
         return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, head_block, **gate)
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, **gate)
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, backend=backend, **gate)
     Bsz, T, HV, V = v.shape
     K = q.shape[-1]
     o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]

@@ -2,8 +2,8 @@
 
 `LongKDA` is `Glm5NextTextLinearAttention` on the module's own parameters (names unchanged)
 calling `chunk_kda`, so activations stay O(T·H·K); `chunk_kda` picks fla or torch by device
-(`GENOME_LM_KDA_BACKEND`, see `chunk.py`), through `kda_layer_step` (`step.py`), the functional
-form: given the state after some prefix, process the next piece of tokens and return the new state.
+and the layer's `backend` setting (see `chunk.py`), through `kda_layer_step` (`step.py`), the
+functional form: given the state after some prefix, process the next piece of tokens and return the new state.
 `LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place.
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
@@ -27,14 +27,15 @@ from genome_lm.model.ops.kda.cp import cp_kda_forward
 from genome_lm.model.ops.kda.gate import KDAForgetGate
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.ops.kda.step import KDAState, conv_state_before, kda_layer_step, kda_projections, mask_padding
-from genome_lm.model.upstream import Glm5NextTextLinearAttention, use_torch_fallbacks
-from genome_lm.settings import DEFAULTS
+from genome_lm.model.upstream import Glm5NextTextLinearAttention
+from genome_lm.settings import DEFAULTS, KDABackend
 
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
-    Settings: `chunk_size` of `chunk_kda`; `cp`, a `CPContext` once `apply_context_parallel` ran
+    Settings: `chunk_size` and `head_block` of `chunk_kda`; `backend` of its kernels ("auto", "fla",
+    "torch"; shown on `conv1d` and `o_norm`); `cp`, a `CPContext` once `apply_context_parallel` ran
     (then the layer runs its rank's slab, `ops/kda/cp.py`). Installing it also installs its
     parts that keep only compute-dtype inputs for backward (same parameters and names):
     `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv reads
@@ -44,18 +45,21 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     upstream = Glm5NextTextLinearAttention
     chunk_size: int = DEFAULTS.kda_chunk_size
     head_block: int = DEFAULTS.kda_head_block
+    backend: KDABackend = DEFAULTS.kda_backend
     cp = None
 
-    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block) -> None:
+    def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
+                  backend: KDABackend = DEFAULTS.kda_backend) -> None:
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         if head_block < 0 or (head_block and self.num_heads % head_block):
             raise ValueError(f"kda head_block={head_block} must be 0 (all heads) or divide the {self.num_heads} heads")
         self.chunk_size = int(chunk_size)
         self.head_block = int(head_block)
-        KDAShortConv.install(self.conv1d, activation=self.activation)
+        self.backend = backend
+        KDAShortConv.install(self.conv1d, activation=self.activation, backend=backend)
         KDAForgetGate.install(self.forget_gate)
-        KDAOutputNorm.install(self.o_norm)
+        KDAOutputNorm.install(self.o_norm, backend=backend)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}, head_block={self.head_block}, cp={self.cp}"
@@ -110,9 +114,3 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
                 kept.append(state.recurrent_state.detach())
         cache.update_recurrent_state(kept if keep else state.recurrent_state.detach(), idx)
         return torch.cat(outs, dim=1)
-
-
-# Unpatched-upstream reference runs: upstream's own torch KDA/conv on every device. Upstream's
-# kernel wrappers bind fla's Triton kernels at import when fla imports, even for CPU tensors;
-# `use_torch_fallbacks` swaps the module globals for the torch functions they wrap.
-upstream_torch_fallbacks = use_torch_fallbacks

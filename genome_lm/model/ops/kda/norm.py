@@ -4,7 +4,7 @@ Upstream's `o_norm` (`Glm5NextTextRMSNormGated`, the reference: `upstream_gated_
 computes `weight · rmsnorm(o) · sigmoid(gate)` in float32 over each head's V channels and keeps
 four float32 [B, T, H, V] tensors for backward. `KDAOutputNorm` is that module (its `weight`
 unchanged) computing the same with the input o and the gate kept in the compute dtype:
-  - CUDA (`GENOME_LM_KDA_BACKEND`, see `_fla`): fla's `rms_norm_gated` with a sigmoid gate (the
+  - CUDA (the `backend` setting, see `_fla`): fla's `rms_norm_gated` with a sigmoid gate (the
     function of `fla.modules.FusedRMSNormGated`; it also keeps the per-row rstd, 4 bytes per head);
   - otherwise `ops.norm.gated_rms_norm` (torch, recomputes the row statistics in backward).
 """
@@ -17,6 +17,7 @@ from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda._fla import fla_rms_norm_gated, use_fla
 from genome_lm.model.ops.norm.rms import gated_rms_norm, upstream_gated_rms_norm
 from genome_lm.model.upstream import glm
+from genome_lm.settings import DEFAULTS, KDABackend
 
 __all__ = ["KDAOutputNorm", "upstream_gated_rms_norm"]
 
@@ -25,13 +26,18 @@ class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
     """`Glm5NextTextRMSNormGated`: forward(o [..., V], gate [..., V]) -> [..., V] in o's dtype."""
 
     upstream = glm.Glm5NextTextRMSNormGated
+    backend: KDABackend = DEFAULTS.kda_backend
 
-    def configure(self) -> None:
+    def configure(self, backend: KDABackend = DEFAULTS.kda_backend) -> None:
         if self.activation != "sigmoid":
             raise NotImplementedError(f"KDA output norm with a {self.activation!r} gate; only sigmoid")
+        self.backend = backend
+
+    def extra_repr(self) -> str:
+        return ", ".join(filter(None, [super().extra_repr(), f"backend={self.backend}"]))
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if use_fla(hidden_states.device.type):
+        if use_fla(hidden_states.device.type, self.backend):
             return fla_rms_norm_gated()(x=hidden_states, g=gate, weight=self.weight, bias=None, activation="sigmoid",
                                         eps=self.variance_epsilon)
         return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)

@@ -103,6 +103,7 @@ def kda_layer_step(
         dt_bias=dt_bias,
         lower_bound=module.forget_gate.safe_gate_lower_bound,
         head_block=module.head_block,
+        backend=module.backend,
     )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)

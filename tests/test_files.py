@@ -1,11 +1,11 @@
-"""`utils.atomic_file`: the one atomic-write helper (JSON, synthetic FASTA, eval cache, report)."""
+"""`files.atomic_file`: the one atomic-write helper (JSON, synthetic FASTA, eval cache, report)."""
 
 import os
 import stat
 
 import pytest
 
-from genome_lm.utils import atomic_file, write_json_atomic
+from genome_lm.files import atomic_file, write_json_atomic
 
 
 def test_atomic_file_renames_when_complete_with_plain_permissions(tmp_path):
@@ -28,16 +28,3 @@ def test_atomic_file_error_leaves_the_old_file_and_no_temporary(tmp_path):
         raise RuntimeError
     assert path.read_text() == '{\n  "a": 1\n}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
-
-
-def test_parse_size_has_one_meaning_of_g():
-    from genome_lm.errors import GenomeLMError
-    from genome_lm.utils import parse_size
-
-    assert parse_size("512k") == 2**19 and parse_size("1M") == 2**20 and parse_size(4096) == 4096
-    assert parse_size("5G") == parse_size("5GiB") == parse_size("5 gib") == 5 * 2**30  # bare G: GiB
-    assert parse_size("141GB") == 141 * 10**9 and parse_size("2TB") == 2 * 10**12  # GB, TB: powers of ten
-    assert parse_size("1.5GiB") == 3 * 2**29 and parse_size("1.5k") == 1536 and parse_size("7B") == 7
-    for bad in ("12q", "1.5", "0.1k", "-2TiB", "GiB", "3i", ""):
-        with pytest.raises(GenomeLMError, match="--x: cannot read"):
-            parse_size(bad, "--x")

@@ -1,72 +1,25 @@
-"""Small shared helpers: sizes, parameter models, atomic writes, hashing, float32 matmul precision.
-
-Parameters of every command are pydantic models (docs/config.md): `Size` reads `512k` / `1M`;
-`validate` turns a pydantic error into one GenomeLMError naming where the value came from (a file,
-`--set`, a flag) with a did-you-mean for unknown keys; `add_options` / `from_args` give a model's
-fields as flags, plus `--config FILE.yaml` and `--set KEY=VALUE` (prepare, synth, eval).
+"""Every command's parameters as a pydantic model (docs/config.md): `validate` turns a pydantic
+error into one GenomeLMError naming where the value came from (a file, `--set`, a flag) with a
+did-you-mean for unknown keys; `apply_override` applies a `--set KEY=VALUE`; `read_yaml` reads a
+`--config` or experiment file; `add_options` / `from_args` give a model's fields as flags, plus
+`--config FILE.yaml` and `--set KEY=VALUE` (prepare, synth, eval). `Names`: a list of names given
+as 'chr1,chr2' or a YAML list.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
-import hashlib
-import json
-import os
-import re
-import shutil
-import tempfile
-from fractions import Fraction
 from pathlib import Path
-from typing import IO, Annotated, Any, Iterable, Iterator, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 from pydantic_core import PydanticUndefined
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.sizes import format_size
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(value: str | int, what: str = "size") -> int:
-    """A size (tokens or bytes), with one meaning of the suffixes everywhere (docs/config.md):
-
-    a bare `k` / `M` / `G` / `T`, or `KiB` / `MiB` / `GiB` / `TiB`, is a power of two ('512k' -> 524288
-    = 2^19, '1M' -> 2^20, '5G' -> 5 x 2^30 bytes); `KB` / `MB` / `GB` / `TB` are powers of ten ('141GB'
-    -> 141 x 10^9). Case does not matter; a trailing `B` alone means bytes. Fractions are fine when the
-    result is whole ('1.5GiB'); a plain integer is taken as it is."""
-    if isinstance(value, int):
-        return value
-    m = _SIZE_RE.match(str(value))
-    unit, tail = (m.group(2).lower(), m.group(3).lower()) if m else ("", "i")
-    if tail != "i" and (unit or tail != "ib"):  # i, iB without k/M/G/T are not units
-        n = Fraction(m.group(1)) * (1000 if tail == "b" else 1024) ** ("kmgt".index(unit) + 1 if unit else 0)
-        if n.denominator == 1:
-            return int(n)
-    raise GenomeLMError(f"{what}: cannot read {value!r} as a size; use an integer or a suffix k/M/G "
-                        "(powers of two, e.g. 512k, 1M, 180GiB) or GB/TB (powers of ten, e.g. 141GB)")
-
-
-def format_size(n: int) -> str:
-    """Inverse of parse_size for exact powers: 524288 -> '512k'."""
-    for suffix, mult in (("G", 2**30), ("M", 2**20), ("k", 2**10)):
-        if n >= mult and n % mult == 0:
-            return f"{n // mult}{suffix}"
-    return str(n)
-
-
-def _size(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError("expected a size such as 4096, 64k or 1M")
-    try:
-        return parse_size(v)
-    except GenomeLMError as e:
-        raise ValueError(str(e).removeprefix("size: ")) from None
-
-
-Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
 Names = Annotated[list[str], BeforeValidator(lambda v: [c.strip() for c in (v.split(",") if isinstance(v, str) else v)
                                                         if str(c).strip()])]  # 'chr1,chr2' (a flag) or a YAML list
 
@@ -217,102 +170,3 @@ def from_args(model: type[BaseModel], args: argparse.Namespace):
     for assignment in args._set if files else ():
         origin[apply_override(raw, assignment)] = "--set"
     return validate(model, raw, "", origin)
-
-
-def umask() -> int:
-    """The process's file-mode creation mask (read without changing it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        buf = bytearray(bufsize)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
-    """Open a temporary file `.NAME.*.tmp` beside `path` for writing; when the block ends without
-    an error, give it the permissions a plain open would and rename it to `path` (readers never
-    see half a file). On any exception the temporary file is removed and `path` is untouched."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **open_kwargs) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
-    """Write JSON to a temporary name beside `path`, then rename: readers never see half a file."""
-    with atomic_file(path) as f:
-        json.dump(obj, f, indent=indent, sort_keys=False)
-        f.write("\n")
-
-
-def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
-    """A new hidden work directory in `parent`, with the permissions a plain mkdir would give
-    (mkdtemp makes 0700), so that renaming it into place yields a normal directory."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(tmp, 0o777 & ~umask())
-    return tmp
-
-
-@contextlib.contextmanager
-def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
-                     overwrite: bool = False) -> Iterator[Path]:
-    """Build output folder `final` of `kind` (`outputs.KINDS`) under a temporary name beside it;
-    mark it as that kind's output and rename it into place on success.
-
-    `outputs.claim_output` checks `final` first (an existing one needs `overwrite` and must be an
-    output of the same kind that holds none of `inputs`) and again before the rename. On any
-    exception (or KeyboardInterrupt) the temporary directory is removed, so nothing that looks
-    complete is ever left at `final`; an existing `final` is replaced only after the new one is
-    complete.
-    """
-    from genome_lm.outputs import claim_output, write_marker
-
-    inputs = [Path(i) for i in inputs]
-    final = Path(final)
-    claim_output(final, kind, inputs, overwrite)
-    parent = final.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(parent, f".{final.name}.partial-")
-    except OSError as e:
-        raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; "
-                            "choose a writable location with --out") from None
-    try:
-        yield tmp
-        write_marker(tmp, kind, inputs)
-        claim_output(final, kind, inputs, overwrite)
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
-            os.replace(final, old / "x")
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def set_tf32(enabled: bool) -> None:
-    """TF32 tensor cores for float32 matmuls and convolutions on CUDA (torch's float32 matmul
-    precision 'high'), or full float32 ('highest'). No effect on CPU arithmetic."""
-    import torch
-
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled

@@ -1,0 +1,49 @@
+"""`genome-lm eval --nproc N | --ray [ADDRESS]`: eval as a `Job` of `genome_lm.parallel.launch`.
+
+    launch(cfg, nproc=8)            # genome-lm eval ... --nproc 8 [--cp 2]
+    launch(cfg, None, ray=ADDRESS)  # genome-lm eval ... --ray [ADDRESS]
+
+Every worker runs `genome_lm.eval.run.evaluate(cfg)`, which joins the process group the launcher
+prepared and lays the ranks out as `--cp` says (`eval/sharded.py`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from genome_lm.eval.cache import cache_dir_for
+from genome_lm.eval.config import EvalConfig
+from genome_lm.eval.outputs import load_summary
+from genome_lm.eval.run import check_inputs, evaluate
+from genome_lm.eval.sharded import check_engine, layout
+from genome_lm.parallel.launch import Job, run_local, run_ray
+
+
+def worker(cfg_json: dict, device=None) -> dict:
+    """Every process of a distributed eval (module level: the launchers pickle it)."""
+    return evaluate(EvalConfig(**cfg_json), device=device)
+
+
+def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> dict:
+    """Run the eval `cfg` on `nproc` local processes, or under Ray (`ray`: an address, "" or True
+    for a local instance), restarting the workers up to `max_restarts` times (a restart scores only
+    the windows the cache lacks); return the summary rank 0 wrote. The launch's Ray files and error
+    messages go to a hidden directory beside --out (removed afterwards)."""
+    check_engine(cfg)  # one-line errors before any process starts
+    if nproc is not None:
+        layout(cfg.cp, nproc)
+    check_inputs(cfg)
+    out = Path(cfg.out)
+    job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
+              describe=f"eval: cp={cfg.cp}, dp=processes/cp",
+              keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
+              work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
+    try:
+        if ray is None:
+            run_local(job, nproc or 1, max_restarts)
+        else:
+            run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc, max_restarts=max_restarts)
+    finally:
+        shutil.rmtree(job.work_dir, ignore_errors=True)
+    return load_summary(cfg.out)
