@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup compiled lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint bench clean
+.PHONY: setup compiled lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint typecheck bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -106,6 +106,16 @@ $(VENV)/.ruff: | $(BIN)/python
 
 lint: $(VENV)/.ruff
 	$(BIN)/ruff check genome_lm tests benchmarks tools
+
+# mypy over genome_lm (configured in pyproject.toml: the pydantic plugin, the annotated functions
+# checked). It runs in the installed venv, so torch's, transformers' and pydantic's own types count.
+MYPY_SPEC ?= mypy==2.4.1
+$(VENV)/.mypy: | $(BIN)/python
+	$(PIP) install -q "$(MYPY_SPEC)"
+	touch $@
+
+typecheck: $(VENV)/.installed $(VENV)/.mypy
+	$(BIN)/mypy
 
 # Regenerate $(LOCK) from pyproject.toml with the newest releases inside its ranges (run
 # `make test-upstream` first to see what would move). uv resolves; pip installs.
