@@ -45,8 +45,8 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     key = ".".join(str(p) for p in e["loc"])
     # a file, --set, or the flag that gave the value (origin names a whole key or its section)
-    src = next((origin[k] for k in (key, *(".".join(e["loc"][:i]) for i in range(len(e["loc"]) - 1, 0, -1)))
-                if k in origin), source)
+    sections = (".".join(str(p) for p in e["loc"][:i]) for i in range(len(e["loc"]) - 1, 0, -1))
+    src = next((origin[k] for k in (key, *sections) if k in origin), source)
     if e["type"] == "extra_forbidden":
         near = difflib.get_close_matches(key, _known_keys(model), n=1)
         hint = f"; did you mean {near[0]}?" if near else "; remove it"
@@ -131,6 +131,7 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool
     `metavar` or `const` (the value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
+        assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"
         kw: dict[str, Any] = {"help": (f.description or "") + _default(f.default)}
         if "metavar" in extra:
             kw["metavar"] = extra["metavar"]

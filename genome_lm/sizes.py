@@ -27,7 +27,7 @@ def parse_size(value: str | int, what: str = "size") -> int:
         return value
     m = _SIZE_RE.match(str(value))
     unit, tail = (m.group(2).lower(), m.group(3).lower()) if m else ("", "i")
-    if tail != "i" and (unit or tail != "ib"):  # i, iB without k/M/G/T are not units
+    if m is not None and tail != "i" and (unit or tail != "ib"):  # i, iB without k/M/G/T are not units
         n = Fraction(m.group(1)) * (1000 if tail == "b" else 1024) ** ("kmgt".index(unit) + 1 if unit else 0)
         if n.denominator == 1:
             return int(n)

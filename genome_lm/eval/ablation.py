@@ -119,8 +119,8 @@ def _stream_targets(model, ids, labels, L: int, chunk_tokens: int) -> np.ndarray
             hidden = scorer.hidden_step(ids[:, c0:min(c0 + chunk_tokens, L)])
         scorer.last_hidden = hidden[:, -1:].clone()
         nll = torch.cat([scorer.step(ids[:, t:min(t + chunk_tokens, T)])[0] for t in range(L, T, chunk_tokens)])
-    nll = nll.float().cpu().numpy()
-    return np.where(labels[0, L:].numpy() != IGNORE_INDEX, nll, np.nan).astype(np.float32)
+    scored = nll.float().cpu().numpy()
+    return np.where(labels[0, L:].numpy() != IGNORE_INDEX, scored, np.nan).astype(np.float32)
 
 
 class AblationWriter(pq.ParquetWriter):
@@ -194,7 +194,10 @@ class AblationStats:
 
     def __init__(self, lengths: list[int], strata: list):
         self.lengths, self.strata = list(lengths), list(strata)
-        self.sums, self.counts, self.targets = [], [], []  # per window: [1 + 2 S, n_L], [1 + 2 S], n
+        # per window: [1 + 2 S, n_L], [1 + 2 S], n
+        self.sums: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.targets: list[int] = []
 
     def add(self, nll: np.ndarray, masks: list[np.ndarray]) -> None:
         """One window: `nll` [n_L, n], `masks` bool [n] per stratum (the targets' classes)."""
@@ -254,10 +257,11 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
             what = lambda r: "none" if r is None else f"window {r['window']} from token {r['target_start']}"  # noqa: E731
             raise GenomeLMError(f"{a} and {b} ablated different targets ({what(ra)} vs {what(rb)}); evaluate both "
                                 "with the same --ablation-targets, windows and largest --context")
-        wa, wb = next((w for w in windows if w[0]["window"] == ra["window"]), (None, None))
-        if wa is None:
+        found = next((w for w in windows if w[0]["window"] == ra["window"]), None)
+        if found is None:
             raise GenomeLMError(f"{a}: window {ra['window']} of {ABLATION_FILE} is not in tokens.parquet; "
                                 "evaluate again into an empty --out")
+        wa, wb = found
         rec = merged_strata(wa, wb)
         strata = strata_of(rec) if strata is None else strata
         xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]

@@ -55,7 +55,7 @@ class WindowCache:
             with atomic_file(self.dir / "key.json", "w") as f:
                 f.write(json.dumps(self.key, indent=2, sort_keys=True))
         with atomic_file(self._path(index), "wb") as f:  # .wNNNNNNN.npz.*.tmp until complete
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub: **arrays could fill allow_pickle
 
     def get(self, index: int) -> dict[str, np.ndarray]:
         with np.load(self._path(index)) as z:

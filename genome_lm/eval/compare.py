@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,7 @@ def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarr
         if strata is None:
             strata = strata_of(rec)
             acc_a, acc_b = (StrataAccumulator(n_windows, strata, edges) for _ in range(2))
+        assert acc_a is not None and acc_b is not None  # made with strata, on the first window
         both = ~(np.isnan(wa["nll"]) | np.isnan(wb["nll"]))
         contexts = contexts_of(len(wa["nll"]), seq_len)
         acc_a.add(i, rec, contexts, np.where(both, wa["nll"], np.nan))
@@ -133,7 +135,8 @@ def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resample
     lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
     if lacking:
         return {"absent": f"{lacking[0]} scored one strand only (eval --strands both)"}
-    W = len(_same_windows(*pairs[0], "reverse")["window"])
+    a0, b0 = pairs[0]
+    W = len(_same_windows(a0, b0, "reverse")["window"])
     rev = _pooled([paired_stats(a, b, W, seq_len, edges, "reverse") for a, b in pairs])
     avg = (fwd[0], merged(fwd[1], rev[1]), merged(fwd[2], rev[2]))
     out = {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
@@ -147,7 +150,7 @@ def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resample
     return out
 
 
-def _pooled(stats: list[tuple]) -> tuple:
+def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
     """`paired_stats` results of replicate pairs -> one (strata, acc_a, acc_b) whose window sums are the
     mean over the pairs: each token's NLL averaged over a group's replicates. Every pair must have
     scored the same tokens (same counts), so the counts are those of one pair."""
@@ -277,7 +280,7 @@ def check_sides(A: list[Path], B: list[Path]) -> None:
     given twice on one side is refused (replicates are evals of models trained with different seeds);
     the same eval(s) on both sides are compared, with a warning that every difference is 0."""
     for which, dirs in (("A", A), ("B", B)):
-        seen = {}
+        seen: dict[Path, Path] = {}
         for d in dirs:
             if d.resolve() in seen:
                 raise GenomeLMError(f"eval {which} lists {seen[d.resolve()]} twice ({d}); replicates are evals of "

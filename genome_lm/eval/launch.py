@@ -34,6 +34,7 @@ def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, ma
     if nproc is not None:
         layout(cfg.cp, nproc)
     check_inputs(cfg)
+    assert cfg.out is not None  # check_inputs requires it
     out = Path(cfg.out)
     job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
               describe=f"eval: cp={cfg.cp}, dp=processes/cp",

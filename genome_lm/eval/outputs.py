@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,7 @@ SCHEMA = pa.schema([
 ])
 
 
-def schema(leakage: bool = False, annotations: list[str] = (), strands: bool = False) -> pa.Schema:
+def schema(leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False) -> pa.Schema:
     """SCHEMA plus the optional columns an eval writes (see the module docstring)."""
     fields = list(SCHEMA)
     if leakage:
@@ -64,7 +64,7 @@ class TokensWriter(pq.ParquetWriter):
     """Writes `tokens.parquet` one window (row group) at a time; use as a context manager. The
     optional columns are written when the writer is made with them (`schema`)."""
 
-    def __init__(self, path: Path, leakage: bool = False, annotations: list[str] = (), strands: bool = False):
+    def __init__(self, path: Path, leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False):
         self.schema_ = schema(leakage, annotations, strands)
         super().__init__(str(path), self.schema_, compression="zstd", write_page_checksum=True)
 
@@ -158,7 +158,7 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
                 else None
             per_name = table.column("annotation_masks")[row].values if names else None  # list<list<uint8>> [A]
             rec["annotations"] = {n: unpack_mask(per_name[k].values.to_numpy(zero_copy_only=False), L)
-                                  for k, n in enumerate(names)}
+                                  for k, n in enumerate(names)} if per_name is not None else {}
             rec["rc"] = rc
             yield rec
 

@@ -82,14 +82,14 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
     spread to show, and a zero-width interval would claim a precision the data do not have."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
     W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
-    reps, rng, p = [], np.random.default_rng(seed), np.full(W, 1.0 / W)
+    reps: list[np.ndarray] = []
+    rng, p = np.random.default_rng(seed), np.full(W, 1.0 / W)
     with np.errstate(divide="ignore", invalid="ignore"):
         defined_by = np.isfinite(statistic(**arrays)).sum(axis=0)  # [S]: windows whose own statistic is finite
         for start in range(0, resamples, _BLOCK):  # weights [r, W]: how often each window is drawn
             w = rng.multinomial(W, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
             reps.append(statistic(**{k: w @ v for k, v in arrays.items()}))
-    reps = np.concatenate(reps)  # [R, S]
-    return _percentile_ci(reps, defined_by >= 2, level)
+    return _percentile_ci(np.concatenate(reps), defined_by >= 2, level)  # [R, S]
 
 
 def _percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):

@@ -32,7 +32,7 @@ from genome_lm.eval.buckets import assign
 from genome_lm.eval.stats import StrataAccumulator, bootstrap_ci, jfloat, ratio, summarize
 
 ORIENTATIONS = ("forward", "reverse")
-FLIP = {"+": "-", "-": "+"}
+FLIP: dict[str | None, str] = {"+": "-", "-": "+"}
 _MOMENTS = 7  # n, sum f, sum r, sum f^2, sum r^2, sum f r, sum |f - r|
 
 

@@ -82,6 +82,7 @@ class _HashingReader:
     def hexdigest(self) -> str:
         while self.read(BLOCK_BYTES):
             pass
+        assert self._pending is not None  # every read hands its data to the hashing thread
         self._pending.result()
         return self._sha.hexdigest()
 
@@ -184,7 +185,8 @@ class FastaReader:
             raise GenomeLMError(f"{self.path}: corrupt gzip data ({e}); re-download the file") from None
 
     def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
-        stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")
+        # typeshed asks GzipFile's file object for seek(), which reading forward never calls
+        stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
         parser = _RecordParser(self.path, wanted)
         if not (block := self._read_block(stream)):
             raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
@@ -211,6 +213,7 @@ class FastaReader:
                     piece = self._index.fetch(name, s + 1, min(s + BLOCK_BYTES, rec.rlen))
                     parser.add_sequence(str(piece).encode("ascii"))
             record = parser.end()
+            assert record is not None  # a wanted record
             if len(record.codes) != rec.rlen:
                 raise GenomeLMError(
                     f"{self.path}.fai does not match {self.path} (record {name}: index says {rec.rlen} bases, "
@@ -250,7 +253,8 @@ class _RecordParser:
 
     def end(self) -> Record | None:
         """The current record if it is wanted (else None); no record is current afterwards."""
-        record = None if self._buf is None else Record(self._name, np.frombuffer(self._buf, np.uint8), str(self.path))
+        record = None if self._buf is None or self._name is None else \
+            Record(self._name, np.frombuffer(self._buf, np.uint8), str(self.path))
         self._name, self._buf = None, None
         return record
 

@@ -55,6 +55,7 @@ def _forward_codes(v: np.ndarray, k: int) -> np.ndarray:
                 olen += plen
         bits >>= 1
         if not bits:
+            assert out is not None  # k >= 1: the lowest set bit of k filled it
             return out
         p = (p[:-plen] << np.uint64(2 * plen)) | p[plen:]
         plen *= 2

@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +62,10 @@ def features(leakage: bool = False) -> dict:
 def arrow_schema(leakage: bool = False) -> pa.Schema:
     """Arrow schema of a split (the types of `features`), with the `huggingface` metadata `datasets` reads back."""
     feats = features(leakage)
-    arrow = lambda f: pa.list_(arrow(f["feature"])) if f["_type"] == "List" else pa.type_for_alias(f["dtype"])  # noqa: E731
+
+    def arrow(f: dict) -> pa.DataType:
+        return pa.list_(arrow(f["feature"])) if f["_type"] == "List" else pa.type_for_alias(f["dtype"])
+
     schema = pa.schema([(name, arrow(f)) for name, f in feats.items()])
     return schema.with_metadata({"huggingface": json.dumps({"info": {"features": feats}})})
 
@@ -100,8 +104,8 @@ class SplitWriter:
         self.leakage = leakage
         self.schema = arrow_schema(leakage)
         self.shards: list[Path] = []
-        self._sink = None
-        self._writer = None
+        self._sink: Any = None  # pyarrow's file and stream writer (pyarrow ships no types)
+        self._writer: Any = None
         self._batch: list[tuple] = []
         self._batch_tokens = 0
         # Arrow writes release the GIL: one batch is written on a helper thread while the
@@ -164,7 +168,7 @@ class SplitWriter:
         names = [f"data-{i:05d}-of-{len(self.shards):05d}.arrow" for i in range(len(self.shards))]
         for path, name in zip(self.shards, names):
             os.replace(path, self.dir / name)
-        state = {
+        state: dict[str, Any] = {
             "_data_files": [{"filename": name} for name in names],
             "_fingerprint": fingerprint,
             "_format_columns": None,

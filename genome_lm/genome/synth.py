@@ -136,7 +136,9 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     if not total or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = make_families(np.random.default_rng([seed, 0]), params)
-    sequences, copies, segdups = {}, [], []
+    sequences: dict[str, bytes] = {}
+    copies: list[RepeatCopy] = []
+    segdups: list[SegDup] = []
     for i, spec in enumerate(params.chroms):
         seq, chrom_copies, chrom_segdups = _chromosome(seed, i, spec, scale, params, families, dict(sequences))
         sequences[spec.name] = seq.tobytes()

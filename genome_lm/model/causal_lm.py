@@ -30,7 +30,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.cp import all_reduce_sum, gather_seq
+from genome_lm.model.cp import CPContext, all_reduce_sum, gather_seq
 from genome_lm.model.ops.loss import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, chunked_cross_entropy
 from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
@@ -66,7 +66,7 @@ class Glm5NextCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_chunk_tokens = DEFAULT_CHUNK_TOKENS
-        self.cp = None  # a CPContext under context parallelism (`apply_context_parallel`)
+        self.cp: CPContext | None = None  # a CPContext under context parallelism (`apply_context_parallel`)
 
     @property
     def device(self) -> torch.device:

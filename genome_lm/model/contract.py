@@ -166,7 +166,7 @@ def symbol_problems() -> list[str]:
         from transformers import DynamicCache
     except ImportError as e:
         return [f"{MODULE} cannot be imported ({e})"]
-    problems = [f"{MODULE} has no {name}" for name in SYMBOLS if not hasattr(glm, name)]
+    problems: list[str | None] = [f"{MODULE} has no {name}" for name in SYMBOLS if not hasattr(glm, name)]
     for where, expected in SIGNATURES.items():
         cls_name, method_name = where.split(".")
         if not hasattr(glm, cls_name):

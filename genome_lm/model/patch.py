@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
+from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
@@ -50,7 +52,7 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
         raise TypeError("apply_long_context: install the long-context classes before recompute and FSDP2 "
                         "(genome_lm.train.parallelize applies them in order)")
     route_cpu_to_torch()
-    classes = {
+    classes: dict[str, tuple[type[LongContextModule], dict[str, Any]]] = {
         "kda": (LongKDA, {"chunk_size": settings.kda_chunk_size, "head_block": settings.kda_head_block,
                           "backend": settings.kda_backend}),
         "dsa": (LongDSA, {"block_queries": settings.dsa_block_queries}),
@@ -70,6 +72,6 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
                 if isinstance(m, cls.upstream):
                     cls.install(m, **kwargs)
     if "loss" in settings.ops and hasattr(model, "loss_chunk_tokens"):
-        model.loss_chunk_tokens = int(settings.loss_chunk_tokens)
+        setattr(model, "loss_chunk_tokens", int(settings.loss_chunk_tokens))  # the causal LM's, not a submodule
     log.info("long context: %s", settings)
     return model

@@ -53,7 +53,7 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
     ids = sorted(shard_vocab.values())
     if ids != list(range(len(ids))):
         raise GenomeLMError(f"token map: shard vocabulary ids must be 0..{len(ids) - 1}, got {shard_vocab}")
-    symbols = sorted(shard_vocab, key=shard_vocab.get)
+    symbols = sorted(shard_vocab, key=shard_vocab.__getitem__)
     source = Path(str(model_source))
     if is_preset(str(model_source)):
         mapping = list(range(len(symbols)))
@@ -65,7 +65,7 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
                 f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
                 "use a GLM tokenizer or a model trained on shard ids"
             )
-        mapping = found
+        mapping = [i for i in found if i is not None]  # all of them: none is missing
     elif source.is_dir():
         vocab_size = vocab_size or _vocab_size(source)
         if vocab_size is None or vocab_size >= SMALL_VOCAB:

@@ -104,7 +104,7 @@ def _cpu_to_torch(kernel_fn: Callable) -> Callable:
             return fallback(*args, **kwargs)
         return kernel_fn(*args, **kwargs)
 
-    dispatch._genome_lm_dispatch = True
+    setattr(dispatch, "_genome_lm_dispatch", True)  # a mark on the function object
     return dispatch
 
 

@@ -21,8 +21,8 @@ No padding: results equal one process for any T.
 from __future__ import annotations
 
 import torch.distributed as dist
-from torch import nn
 
+from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.cp import CPContext, slab_bounds
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.kda import LongKDA
@@ -31,7 +31,7 @@ from genome_lm.model.upstream import Glm5NextTextAttention, Glm5NextTextLinearAt
 __all__ = ["CPContext", "apply_context_parallel", "slab_bounds"]
 
 
-def apply_context_parallel(model: nn.Module, group=None) -> CPContext | None:
+def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> CPContext | None:
     """Split every sequence over the ranks of `group` (default: the world), in place.
 
     `model` is the causal LM from `genome_lm.model.build` with `apply_long_context` applied. A
@@ -47,6 +47,8 @@ def apply_context_parallel(model: nn.Module, group=None) -> CPContext | None:
     if size == 1:
         return None
     cp = CPContext(group=group, rank=dist.get_rank(group), size=size)
-    for m in [model, *(m for m in model.modules() if isinstance(m, (LongKDA, LongDSA)))]:
-        m.cp = cp
+    model.cp = cp
+    for m in model.modules():
+        if isinstance(m, (LongKDA, LongDSA)):
+            m.cp = cp
     return cp

@@ -30,6 +30,7 @@ import math
 import torch
 from torch import nn
 
+from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.weights.layout import keep_fp32
 
 
@@ -85,7 +86,7 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None,
         fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
 
 
-def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
+def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
                expert_mesh=None, reduce_dtype: torch.dtype = torch.float32, backward_prefetch: int = 1) -> nn.Module:
     """Shard `model` (the causal LM, after long-context ops, CP, EP and recompute) in place.
 
@@ -103,17 +104,17 @@ def apply_fsdp(model: nn.Module, mesh, device: torch.device, compute_dtype: torc
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
     grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
     policy = _policy(param_dtype, reduce_dtype=reduce_dtype)
+    layers = []  # the decoder layers, now FSDP modules
     for layer in model.model.layers:
         if expert_mesh is not None and getattr(layer.mlp, "ep", None) is not None:
-            fully_shard(layer.mlp.experts, mesh=expert_mesh, mp_policy=policy)
+            fully_shard(layer.get_submodule("mlp.experts"), mesh=expert_mesh, mp_policy=policy)
         if grouped:
             _shard_fp32_modules(layer, mesh, param_dtype, reduce_dtype)
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        layers.append(fully_shard(layer, mesh=mesh, mp_policy=policy))
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    layers = list(model.model.layers)
     if backward_prefetch != 1:  # backward runs the layers in reverse: layer i prefetches i-1, i-2, ...
-        for i, layer in enumerate(layers):
-            layer.set_modules_to_backward_prefetch(layers[max(0, i - backward_prefetch):i][::-1] or [layer])
+        for i, sharded in enumerate(layers):
+            sharded.set_modules_to_backward_prefetch(layers[max(0, i - backward_prefetch):i][::-1] or [sharded])
     for m in model.modules():
         if isinstance(m, FSDPModule):  # plain SUM (gloo has no PREMUL_SUM / AVG)
             m.set_gradient_divide_factor(1.0)
@@ -139,7 +140,7 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
         return torch.zeros(())
     norms = []
     for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group if p.grad is not None])  # all of them
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
     if math.isfinite(max_norm):

@@ -263,11 +263,13 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
                                                          max_restarts)
     except (ChildFailedError, SignalException) as e:
         err = _worker_error(error_dir, nproc, f"--nproc {nproc}", job.keeps)
-        if err is None and isinstance(e, SignalException):
-            err = Preempted(f"the launcher got {signal.Signals(e.sigval).name} before the workers started training")
         if err is None:
-            rank, failure = min(e.failures.items())
-            err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}", job.keeps)
+            if isinstance(e, SignalException):
+                err = Preempted(f"the launcher got {signal.Signals(e.sigval).name} before the workers started "
+                                "training")
+            else:
+                rank, failure = min(e.failures.items())
+                err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}", job.keeps)
         raise err from None
     finally:
         elastic_log.setLevel(level)

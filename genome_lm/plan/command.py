@@ -113,8 +113,8 @@ def build(args):
     return shape, layout, cluster, assume, ep_choices
 
 
-def _ep_choices(ep: int | str, cluster) -> tuple[int, ...]:
-    if ep == "auto":  # powers of two up to a node
+def _ep_choices(ep: int | Literal["auto"], cluster) -> tuple[int, ...]:
+    if isinstance(ep, str):  # powers of two up to a node
         return tuple(2**i for i in range(min(cluster.gpus, cluster.gpus_per_node).bit_length()))
     if ep < 1 or cluster.gpus % ep:
         raise GenomeLMError(f"--ep {ep} must be a positive divisor of --gpus {cluster.gpus}")

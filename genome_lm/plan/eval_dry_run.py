@@ -118,9 +118,10 @@ def dry_run(cfg, world: int | None = None) -> dict:
     slabs = slab_bounds(piece, cp)
     counts = Counter(b - a for a, b in zip(slabs, slabs[1:]))
     pieces = sum(sharded.n_pieces(n, seq_len) for n in lengths)
+    rounds = -(-len(lengths) // dp)
     summary = {"model": source, "dtype": dtype, "world": world, "dp": dp, "cp": cp, "device": device.type,
                "windows": len(lengths), "tokens": int(lengths.sum()), "pieces": pieces, "piece_tokens": piece,
-               "slab_tokens": sorted(counts), "rounds": -(-len(lengths) // dp), "parameter_bytes": shape.param_bytes,
+               "slab_tokens": sorted(counts), "rounds": rounds, "parameter_bytes": shape.param_bytes,
                "peak_bytes_per_rank": plan.peak_bytes, "peak_where": plan.peak_where, "breakdown": plan.breakdown,
                "fits": [g.name for g in fits]}
     kind = "GPUs" if gpu else "CPU processes"
@@ -128,7 +129,7 @@ def dry_run(cfg, world: int | None = None) -> dict:
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
           f"{_n(pieces, 'piece')} of up to {piece:,} tokens")
     print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
-          f"({_n(summary['rounds'], 'round')}); "
+          f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     work = forward_tokens(cfg, lengths)
     summary["forward_tokens"] = work

@@ -128,7 +128,7 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
     gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
     fwd = max(gather, F32 * rows + 3 * F32 * nb * H * W)
     bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + n * a * H * R
-    attn_saved = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
+    attn_saved: dict[str, int] = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
     attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
     return [proj, attn]
 

@@ -101,14 +101,14 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
     if cluster is not None:
         plan.checkpoint = plan_checkpoint(model, layout, assume, cluster)
-        plan.problems = limits(plan)
-        plan.notes = notes(plan)
+        plan.problems = limits(plan, cluster)
+        plan.notes = notes(plan, cluster)
     return plan
 
 
-def limits(plan: Plan) -> list[str]:
-    """Reasons the plan does not fit its cluster (empty when it fits)."""
-    c, a, lay = plan.cluster, plan.assume, plan.layout
+def limits(plan: Plan, c: Cluster) -> list[str]:
+    """Reasons the plan does not fit its cluster `c` (empty when it fits)."""
+    a, lay = plan.assume, plan.layout
     out = []
     need = plan.needed_gpu_bytes
     if need > c.gpu.memory_bytes:
@@ -126,11 +126,11 @@ def limits(plan: Plan) -> list[str]:
     return out
 
 
-def notes(plan: Plan) -> list[str]:
+def notes(plan: Plan, cluster: Cluster) -> list[str]:
     out = []
     if plan.layout.ep > 1:
         out.append(f"ep={plan.layout.ep}: the busiest expert rank is assumed {plan.assume.expert_imbalance:g}x the "
                    "mean (the trainer logs it per step: ep_rank_imbalance)")
-    if plan.layout.cp > plan.cluster.gpus_per_node:
+    if plan.layout.cp > cluster.gpus_per_node:
         out.append(f"cp={plan.layout.cp} spans nodes: CP all-gathers go over the network")
     return out

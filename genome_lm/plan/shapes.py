@@ -12,10 +12,12 @@ q/kv LoRA ranks, DN/DV MLA head dims, HI/DI indexer heads/dim, E experts, k top-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from genome_lm.model.params import count_parameters, parameter_group
+
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
 
 
 @dataclass(frozen=True)
@@ -97,20 +99,22 @@ def model_shape(name: str, dtype: str = "bfloat16", overrides: dict | None = Non
     return shape_of(model, name=str(name), dtype=dtype)
 
 
-def shape_of(model: torch.nn.Module, name: str = "model", dtype: str = "bfloat16") -> ModelShape:
+def shape_of(model: Glm5NextCausalLM, name: str = "model", dtype: str = "bfloat16") -> ModelShape:
     """Describe an already built causal LM (any device; meta is fine)."""
     c = model.config
+    layer_types, indexer_types, mlp_types = c.layer_types, c.indexer_types, c.mlp_layer_types
+    assert layer_types is not None and indexer_types is not None and mlp_types is not None  # the config fills them
     counts = count_parameters(model)
     layers = []
     for i, layer in enumerate(model.model.layers):
         params = list(layer.named_parameters())
         total = sum(p.numel() * p.element_size() for _, p in params)
-        routed = [p for n, p in params if parameter_group(f"model.layers.{i}.{n}", c.layer_types) == "routed_experts"]
+        routed = [p for n, p in params if parameter_group(f"model.layers.{i}.{n}", layer_types) == "routed_experts"]
         experts = sum(p.numel() * p.element_size() for p in routed)
-        attn = "kda" if c.layer_types[i] == "linear_attention" else "dsa"
-        indexer = None if attn == "kda" else c.indexer_types[i]
+        attn = "kda" if layer_types[i] == "linear_attention" else "dsa"
+        indexer = None if attn == "kda" else indexer_types[i]
         keeps = attn == "dsa" and indexer == "full" and bool(getattr(layer.self_attn, "next_skip_topk", False))
-        layers.append(LayerShape(i, attn, "moe" if c.mlp_layer_types[i] == "sparse" else "dense", indexer, keeps,
+        layers.append(LayerShape(i, attn, "moe" if mlp_types[i] == "sparse" else "dense", indexer, keeps,
                                  total, experts, sum(p.numel() for _, p in params), sum(p.numel() for p in routed)))
     all_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layer_bytes = sum(lay.param_bytes for lay in layers)

@@ -10,6 +10,7 @@ shards them (dim 0 over all dp x cp ranks, padded).
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,12 +22,15 @@ from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import check_layout, default_device
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
 
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
+
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
-def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
+def layout_lines(model: Glm5NextCausalLM, cfg, world: int) -> list[str]:
     """The per-rank shapes of `cfg`'s layout on `world` processes, as report lines."""
     dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, world)
     c, B, T = model.config, cfg.train.micro_batch, cfg.data.seq_len
@@ -34,6 +38,7 @@ def layout_lines(model: nn.Module, cfg, world: int) -> list[str]:
     lengths = [b1 - b0 for b0, b1 in zip(bounds, bounds[1:])]
     slabs = ", ".join(f"{n:,} tokens x {k}" for n, k in Counter(lengths).items())
     total, per_rank, itemsize = _parameters(model, world)
+    assert c.layer_types is not None  # the config fills it
     n_kda = c.layer_types.count("linear_attention")
     K, H = c.linear_head_dim, c.linear_num_heads
     ep, E, k = cfg.parallel.ep, c.n_routed_experts, c.num_experts_per_tok
@@ -82,11 +87,12 @@ def dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: in
     lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     stream = make_stream(cfg, lut)
     assumed = world is None
-    if assumed:
+    if world is None:
         world = cfg.parallel.cp * (1 if cfg.parallel.dp == "auto" else int(cfg.parallel.dp))
     check_layout(cfg.parallel, world, model.config.n_routed_experts)
     B, T, c, m = cfg.train.micro_batch, cfg.data.seq_len, model.config, cfg.memory
     token_map = {sym: int(lut[i]) for sym, i in manifest["vocab"].items()}
+    assert c.layer_types is not None  # the config fills it
     layers = {t: c.layer_types.count(t) for t in sorted(set(c.layer_types))}
     print("\n".join([
         f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), "

@@ -20,6 +20,8 @@ import statistics
 import sys
 import threading
 import time
+from types import FrameType
+from typing import Any, Callable
 
 from genome_lm.errors import EXIT_PREEMPTED, Preempted
 from genome_lm.parallel.launch import stop_file
@@ -38,7 +40,7 @@ class Preemption:
 
     def __init__(self, signals: list[str]):
         self.received: str | None = None
-        self._old: dict[int, object] = {}
+        self._old: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         if threading.current_thread() is not threading.main_thread():
             return
         for name in signals:
@@ -95,6 +97,7 @@ class Watchdog:
 
     def _get(self, what: str, rank: int) -> str | None:
         key = f"{self.prefix}/{what}/{rank}"
+        assert self.store is not None  # a run of one process asks nothing
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def begin(self, step: int) -> None:

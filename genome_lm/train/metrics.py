@@ -12,6 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -82,7 +83,8 @@ def logged_steps(path: Path) -> tuple[list[tuple[int, str]], list[int]]:
 class MetricsLog:
     """Appends one JSON object per optimizer step to `metrics.jsonl`, mirrors it to wandb."""
 
-    def __init__(self, run_dir: Path, wandb_mode: str, project: str, name: str, config: dict, resume_step: int = 0):
+    def __init__(self, run_dir: Path, wandb_mode: Literal["offline", "online", "disabled"], project: str,
+                 name: str, config: dict, resume_step: int = 0):
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():  # keep only the history up to the checkpoint we resume from
             records, damaged = logged_steps(self.path)

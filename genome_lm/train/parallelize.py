@@ -25,13 +25,14 @@ import torch
 from torch import nn
 
 from genome_lm.config import MemoryConfig
+from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.memory import recompute
 
 log = logging.getLogger(__name__)
 
 
-def apply_recompute(model: nn.Module, memory: MemoryConfig) -> list[str]:
+def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
     """Recompute decoder layers (per-layer) or their attention / MLP sub-modules (selective);
     returns the names of the modules wrapped."""
     from torch.distributed.fsdp import FSDPModule
@@ -48,15 +49,15 @@ def apply_recompute(model: nn.Module, memory: MemoryConfig) -> list[str]:
         attn = "kda" if layer.block_type == "linear_attention" else "dsa"
         mlp = "moe" if hasattr(layer.mlp, "experts") else "dense"
         if attn in memory.recompute_layers:
-            targets[f"layers.{i}.self_attn"] = (i, layer.self_attn)
+            targets[f"layers.{i}.self_attn"] = (i, layer.get_submodule("self_attn"))
         if mlp in memory.recompute_layers:
-            targets[f"layers.{i}.mlp"] = (i, layer.mlp)
+            targets[f"layers.{i}.mlp"] = (i, layer.get_submodule("mlp"))
     for i, module in targets.values():  # the last offload_keep_last layers keep their inputs on the device
         recompute(module, offload=memory.offload_layer_inputs and i < len(layers) - memory.offload_keep_last)
     return list(targets)
 
 
-def parallelize(model: nn.Module, memory: MemoryConfig, parallel: ParallelContext | None = None,
+def parallelize(model: Glm5NextCausalLM, memory: MemoryConfig, parallel: ParallelContext | None = None,
                 compute_dtype: torch.dtype | None = None) -> nn.Module:
     """`model` made ready to train, in place (see the module docstring for the order).
     `compute_dtype`: bf16 for a bf16 model (needs a sharded `parallel`), None to compute in the

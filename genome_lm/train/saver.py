@@ -30,6 +30,7 @@ import logging
 import shutil
 import time
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +86,7 @@ class _Pending:
     final: Path
     step: int
     info: dict
-    future: object  # concurrent.futures.Future
+    future: Future
     started: float
     finished: float | None = None
 
@@ -97,7 +98,7 @@ class Checkpointer:
         self.tokenizer_from = tokenizer_from  # the directory the model was built from (its tokenizer files)
         self.async_ = mode == "async"
         self.pending: _Pending | None = None
-        self.staging = None  # CUDA: the staged copy's future
+        self.staging: Future | None = None  # CUDA: the staged copy's future
         self.pg, self.stager = None, None
         if self.async_:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -146,9 +147,10 @@ class Checkpointer:
         with warnings.catch_warnings(action="ignore"):
             response = dcp.async_save(state, checkpoint_id=str(tmp / "train_state"), process_group=self.pg,
                                       async_stager=self.stager, no_dist=not dist.is_initialized())
-        future = response
         if isinstance(response, AsyncSaveResponse):
             self.staging, future = response.staging_completion, response.upload_completion
+        else:
+            future = response
         pending = _Pending(tmp, final, step, info, future, time.perf_counter())
         future.add_done_callback(lambda _: setattr(pending, "finished", time.perf_counter()))
         self.pending = pending

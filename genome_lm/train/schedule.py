@@ -33,7 +33,9 @@ def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
     parallelism they are DTensors on another mesh, which one foreach update cannot mix.
     `train_cfg.optimizer_state_dtype`: float32 -> torch's AdamW; bfloat16 -> `optim.AdamW` with
     bf16 moments (same update arithmetic)."""
-    decay, no_decay, experts = [], [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    experts: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             routed = name.endswith(("experts.gate_up_proj", "experts.down_proj"))

@@ -11,6 +11,8 @@ FSDP classes the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 
@@ -28,7 +30,7 @@ class LongContextModule:
 
     upstream: type[nn.Module]
 
-    def configure(self, **settings) -> None:
+    def configure(self, *args: Any, **settings: Any) -> None:  # each subclass names its own settings
         raise NotImplementedError
 
     @classmethod
@@ -41,5 +43,6 @@ class LongContextModule:
                 raise TypeError(f"{cls.__name__}.install expects a {cls.upstream.__name__}, "
                                 f"got {type(module).__name__}{hint}")
             swap_class(module, cls)
+        assert isinstance(module, cls)
         module.configure(**settings)
         return module

@@ -20,12 +20,14 @@ LM's (vision and MTP skipped); `model_tensors` is what is read and written, in w
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 import torch
-from torch import nn
 
 from genome_lm.model.upstream import KEEP_IN_FP32
+
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
 
 TensorSpec = tuple[str, tuple[int, ...], torch.dtype]  # upstream name, full shape, dtype
 
@@ -123,7 +125,8 @@ def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> t
     return tensor.to(dtype)
 
 
-def model_tensors(model: nn.Module, state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def model_tensors(model: Glm5NextCausalLM,
+                  state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The tensors read and written, under upstream names, in writing order: `model.state_dict()`
     (or `state_dict`) without a tied `lm_head.weight`. Sharded (DTensor) entries stay sharded."""
     state = dict(model.state_dict() if state_dict is None else state_dict)

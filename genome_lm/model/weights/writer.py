@@ -10,25 +10,30 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
-from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_directory, umask
 from genome_lm.model.weights.layout import TensorSpec, cast_tensor, model_tensors, to_disk_layout
 
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
+
+Item = TypeVar("Item")
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
-def byte_batches(items: Iterable, nbytes: Callable[[object], int], max_bytes: int) -> Iterator[list]:
+def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes: int) -> Iterator[list[Item]]:
     """`items` in order, in consecutive batches: a batch is closed when the next item would take it
     past `max_bytes` (a single larger item gets a batch of its own)."""
-    batch, size = [], 0
+    batch: list[Item] = []
+    size = 0
     for item in items:
         if batch and size + nbytes(item) > max_bytes:
             yield batch
@@ -106,7 +111,7 @@ class ShardWriter:
             (self.directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = False,
+def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                     state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
                     dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
@@ -149,7 +154,7 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, overwrite: bool = 
                            tokenizer_from=tokenizer_from)
 
 
-def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpec],
+def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: list[TensorSpec],
                     tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
                     tokenizer_from: str | Path | None = None) -> Path:
@@ -168,6 +173,8 @@ def write_model_dir(model: nn.Module, out_dir: str | Path, specs: list[TensorSpe
     with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         writer = ShardWriter(tmp, plan)
+        tensor: torch.Tensor | None
+        part: torch.Tensor | None
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
             if got != name or tuple(tensor.shape) != shape:
                 raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")

@@ -53,7 +53,13 @@ class DSASelection:
 
     @property
     def num_queries(self) -> int:
-        return (self.pools if self.pools is not None else self.token_indices).shape[1]
+        return (self.pools if self.pools is not None else self._raw).shape[1]
+
+    @property
+    def _raw(self) -> torch.Tensor:
+        """`token_indices`, which a selection without pools has."""
+        assert self.token_indices is not None
+        return self.token_indices
 
     def block(self, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries t0..t1-1 -> (pool ids int64 [B, n, S], single tokens int64 [B, n, WT]), -1 = empty.
@@ -62,7 +68,7 @@ class DSASelection:
         (or every token, for a selection given as raw token indices).
         """
         if self.pools is None:
-            tok = self.token_indices[:, t0:t1].long()
+            tok = self._raw[:, t0:t1].long()
             return tok.new_empty(*tok.shape[:2], 0), tok
         pools = self.pools[:, t0:t1].long()  # [B, n, S]
         if not self.tail or self.kpool == 1:
@@ -84,7 +90,7 @@ class DSASelection:
     def to_token_indices(self, topk: int) -> torch.Tensor:
         """Upstream's format: int32 [B, T, topk (+ kpool - 1 with tail)], -1 = empty slot."""
         if self.pools is None:
-            return self.token_indices
+            return self._raw
         tok = self.tokens(0, self.num_queries)  # [pool tokens, tail], then -1 padding
         width = topk + (self.kpool - 1 if self.tail else 0)
         return F.pad(tok, (0, width - tok.shape[-1]), value=-1).to(torch.int32)

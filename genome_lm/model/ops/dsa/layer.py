@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.cp import gather_seq
+from genome_lm.model.cp import CPContext, gather_seq
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
 from genome_lm.model.values import has_values
@@ -79,7 +79,7 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
 
     upstream = Glm5NextTextAttention
     block_queries: int = DEFAULTS.dsa_block_queries
-    cp = None
+    cp: CPContext | None = None
 
     def configure(self, block_queries: int = DEFAULTS.dsa_block_queries) -> None:
         if block_queries < 1:
@@ -121,7 +121,7 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                     if cache is not None:  # upstream packs [keys | gate | valid]
                         both = cache.update_indexer(torch.cat([both, both.new_ones(*both.shape[:2], 1)], -1),
                                                     self.layer_idx)[..., :-1]
-                    else:
+                    elif cp is not None:
                         both = gather_seq(both, cp.lengths, cp.group)
                     keys, gate = both[..., : keys.shape[-1]], both[..., keys.shape[-1]:].to(gate.dtype)
                 pools = kpool_keys(keys, gate, ix.index_kpool_compress_ape, ix.index_kpool)  # [B, S // kpool, DI]

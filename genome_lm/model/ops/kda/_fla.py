@@ -150,6 +150,7 @@ def load_fla_reference(relpath: str, name: str) -> Callable | None:
         return None
     mod_name = "_genome_lm_fla_ref_" + relpath.replace("/", "_").removesuffix(".py")
     mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert mod_spec is not None and mod_spec.loader is not None  # a .py file that exists
     module = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(module)
     return getattr(module, name, None)

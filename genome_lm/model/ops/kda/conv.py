@@ -103,8 +103,8 @@ class ShortConvFunction(torch.autograd.Function):
             carry = dwin[:, n:]
         if carry is not None:
             put(T - W1, carry)
-        dprev = None if prev is None else dprev.to(x.dtype).to(prev.dtype).transpose(1, 2)
-        return dx, dw.view_as(weight).to(weight.dtype), dprev, None
+        dprev_out = None if prev is None else dprev.to(x.dtype).to(prev.dtype).transpose(1, 2)
+        return dx, dw.view_as(weight).to(weight.dtype), dprev_out, None
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None, activation: str = "silu",

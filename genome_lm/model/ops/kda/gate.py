@@ -99,7 +99,8 @@ class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
     def configure(self) -> None:
         pass
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # upstream's gate returns one tensor; this one returns its parts, which LongKDA (its only caller) combines
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         raw = self.f_b_proj(self.f_a_proj(hidden_states))  # [B, T, H·K]
         # copies made last: their backward runs first, before FSDP2's post-backward of this module
         return raw, self.A_log.float().clone(), self.dt_bias.float().clone()

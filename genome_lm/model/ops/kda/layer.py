@@ -21,6 +21,7 @@ gate is applied inside the recurrent op as fla's `use_gate_in_kernel` does.
 
 import torch
 
+from genome_lm.model.cp import CPContext
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.cp import cp_kda_forward
@@ -46,7 +47,7 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     chunk_size: int = DEFAULTS.kda_chunk_size
     head_block: int = DEFAULTS.kda_head_block
     backend: KDABackend = DEFAULTS.kda_backend
-    cp = None
+    cp: CPContext | None = None
 
     def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
                   backend: KDABackend = DEFAULTS.kda_backend) -> None:

@@ -40,4 +40,5 @@ class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
         if use_fla(hidden_states.device.type, self.backend):
             return fla_rms_norm_gated()(x=hidden_states, g=gate, weight=self.weight, bias=None, activation="sigmoid",
                                         eps=self.variance_epsilon)
+        assert gate is not None  # LongKDA passes its output gate
         return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)

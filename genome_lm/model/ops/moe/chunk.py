@@ -26,24 +26,25 @@ block's all-to-alls.
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.moe.assumed import assumed_routing
 from genome_lm.model.ops.moe.ep import EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
-from genome_lm.model.upstream import Glm5NextTextMoE
+from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
 
 
-def _experts(experts: nn.Module, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
+def _experts(experts: Glm5NextTextExperts, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
     """Upstream's experts on x [M, D]: the implementation the config names (`grouped_mm` by
     default), except float32 on CUDA, where torch's grouped_mm takes bf16 only: there upstream's
     eager loop over the experts hit (the same arithmetic)."""
+    # upstream's class decorator `use_experts_implementation` sets `config` and wraps `forward` (`__wrapped__`),
+    # which its annotations do not show
     if getattr(experts, "ep", None) is None and x.is_cuda and x.dtype == torch.float32 and \
-            experts.config._experts_implementation == "grouped_mm":
-        return type(experts).forward.__wrapped__(experts, x, topk_indices, topk_weights)
+            experts.config._experts_implementation == "grouped_mm":  # type: ignore[union-attr]
+        return type(experts).forward.__wrapped__(experts, x, topk_indices, topk_weights)  # type: ignore[attr-defined]
     return experts(x, topk_indices, topk_weights)
 
 
@@ -76,9 +77,10 @@ def blocked_moe_forward(
     counts = torch.zeros(module.gate.num_experts, dtype=torch.long, device=x.device)
     use_ckpt = recompute and torch.is_grad_enabled() and n > 0
     assumed = assumed_routing()
-    if getattr(module, "ep", None) is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
+    ep = getattr(module, "ep", None)
+    if ep is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
         blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
-        torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=module.ep.group)
+        torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=ep.group)
         block_tokens = max(1, -(-n // int(blocks)))
     elif n <= block_tokens and not use_ckpt:
         out, idx = _moe_block(module, x)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.moe.assumed import assumed_routing
@@ -99,7 +98,7 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
     return send, recv, per_expert, expert_of_row
 
 
-def ep_experts(experts: nn.Module, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                ep: EPContext) -> torch.Tensor:
     """Routed experts over the EP group: x [M, D], idx [M, k] global expert ids, w [M, k] routing
     weights -> [M, D] (upstream `Glm5NextTextExperts.forward` on all E experts)."""
