@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup compiled lock demo test test-interpret test-gpu test-browser chromium test-all test-upstream gpu-kit lint typecheck bench clean
+.PHONY: setup compiled lock demo test test-interpret test-faults test-gpu test-browser chromium test-all test-upstream gpu-kit lint typecheck bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -94,6 +94,11 @@ chromium:
 
 test-browser: compiled chromium
 	GENOME_LM_TEST_BROWSER=1 GENOME_LM_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -m browser $(PYTEST_ARGS)
+
+# A worker killed under Ray Train on a local Ray instance, restarted by --max-restarts (about a
+# minute; docs/long-runs.md)
+test-faults: compiled
+	$(BIN)/python -m pytest -m ray_faults $(PYTEST_ARGS)
 
 test-all: compiled
 	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)

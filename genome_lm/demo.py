@@ -140,7 +140,7 @@ DEMO_GENOME = dict(
 
 # Each step's share of the full recipe's time on 2 CPU cores (docs/demo.md has the measurement); the
 # time left after a step is the time spent so far scaled by the shares still to run.
-SHARES = {1: 0.003, 2: 0.001, 3: 0.266, 4: 0.114, 5: 0.251, 6: 0.11, 7: 0.136, 8: 0.113, 9: 0.005, 10: 0.001}
+SHARES = {1: 0.003, 2: 0.001, 3: 0.215, 4: 0.127, 5: 0.279, 6: 0.114, 7: 0.132, 8: 0.121, 9: 0.003, 10: 0.003}
 
 
 class Timeline:

@@ -165,7 +165,7 @@ def _run_cli(argv: list[str]) -> None:
     args.func(args)
 
 
-@pytest.mark.slow
+@pytest.mark.ray_faults
 def test_ray_train_worker_killed_restarts_and_finishes(dp2_run, tmp_path, step_callbacks):
     """Ray Train, 2 CPU workers: kill -9 of rank 1 after step 3 with --max-restarts 1: Ray restarts the
     worker group, which resumes from checkpoint 2 and finishes with the losses of the --nproc run."""
