@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
@@ -24,8 +25,8 @@ STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "di
                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
                   errno.EPERM: "operation not permitted"}
 EXIT_INTERRUPTED = 130
-POSITIONAL = {"positional": True}
-SET = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
+POSITIONAL: JsonDict = {"positional": True}
+SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
 
 
 class Params(BaseModel):
@@ -156,6 +157,7 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
     from genome_lm.plan.planner import make_plan
 
     plan = make_plan(*build(PlanParams(experiment=p.experiment, overrides=p.overrides, gpus=world))[:4])
+    assert plan.cluster is not None, "build() always makes a cluster"
     gib = 2**30
     print(f"planner ({plan.cluster.gpus} x {plan.device}): peak {plan.peak_gpu_bytes / gib:,.1f} GiB per GPU at "
           f"{plan.memory.peak_where} (needs {plan.needed_gpu_bytes / gib:,.1f} GiB with the allocator and runtime "
@@ -230,6 +232,7 @@ def storage_message(e: OSError, out: str | None = None) -> str:
     """One line for a storage failure: what happened, where (the file, else the command's `out`), and
     what to do. Outputs are written under temporary names and renamed when complete, so a failed write
     leaves no output that looks whole."""
+    assert e.errno is not None, "the caller passes only errors whose errno is in STORAGE_ERRORS"
     where = f" writing {e.filename}" if e.filename else f" writing under --out {out}" if out else ""
     fix = ("free space there or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT)
            else "choose a writable --out")

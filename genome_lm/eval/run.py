@@ -20,7 +20,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -54,7 +54,8 @@ def checkpoint_record(checkpoint: str) -> dict:
 
     model_dir = resolve_model_dir(checkpoint).resolve()
     weights = sorted(model_dir.glob("*.safetensors"))
-    stats = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in weights]
+    stats: list[dict[str, Any]] = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+                                   for p in weights]
     record = {"path": str(checkpoint), "model_dir": str(model_dir),
               "config_sha256": sha256_file(model_dir / "config.json"), "weights": stats}
     if sum(s["size"] for s in stats) <= HASH_WEIGHTS_UP_TO:  # sha256 of the files' hex digests, in name order
@@ -117,9 +118,11 @@ def eval_inputs(cfg: EvalConfig) -> list[Path]:
     return [Path(cfg.checkpoint), *([Path(cfg.shards)] if cfg.shards else []), *beds]
 
 
-def _inputs(cfg: EvalConfig) -> tuple[dict, object]:
+def _inputs(cfg: EvalConfig) -> tuple[dict, Any]:
+    """The shard directory's manifest and the split to score (a `datasets.Dataset`)."""
     from genome_lm.genome.shards import load_manifest, load_shards
 
+    assert cfg.shards is not None, "every caller refuses an eval without --shards first"
     manifest = load_manifest(cfg.shards)
     ds = load_shards(cfg.shards, cfg.split)
     if len(ds) == 0:
@@ -163,8 +166,9 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
-    checked = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
+    checked: dict[str, list] = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
+    assert cfg.out is not None, "check_inputs refuses an eval without --out, on every rank (on_main)"
     out = Path(cfg.out)
     manifest, split = _inputs(cfg)
     ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
@@ -181,7 +185,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     key = _cache_key(cfg, ckpt, par, seq_len, engines, targets, rows)
     cache = WindowCache(out, key) if par.is_main else None  # rank 0's: it alone writes
 
-    todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if par.is_main else None)
+    todo = par.broadcast_object([i for i in range(n) if not cache.has(i)] if cache is not None else None)
     log.info("eval %s on %s/%s: %d windows%s (%s tokens), seq_len %d, engine %s%s, %s on %d process%s (dp %d x cp %d); "
              "%d already cached", ckpt["model_dir"], cfg.shards, cfg.split, n,
              "" if n == len(split) else f" of {len(split)} ({cfg.window_pick})", f"{int(lengths.sum()):,}", seq_len,
@@ -203,8 +207,12 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
 
-    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra,
-                                                 checked["annotations"], targets))
+    def write_outputs() -> dict:
+        assert cache is not None, "on_main runs this on rank 0, which holds the cache"
+        return _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra, checked["annotations"],
+                              targets)
+
+    summary = par.on_main(write_outputs)
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
@@ -214,6 +222,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
 def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str], targets: np.ndarray,
                rows: np.ndarray) -> dict:
     """What a cached window's scores depend on: another key starts the cache anew (`cache.py`)."""
+    assert cfg.shards is not None, "check_inputs refuses an eval without --shards"
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
            "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
@@ -235,6 +244,7 @@ def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.nd
     from genome_lm.model import token_lut
     from genome_lm.parallel import callbacks
 
+    assert cfg.out is not None, "check_inputs refuses an eval without --out"
     model = sharded.build_model(cfg, model_dir, par).eval()
     lut, n_known = token_lut(vocab, model_dir), len(vocab)
     passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
@@ -260,6 +270,7 @@ def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.nd
             for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
                 sharded.idle_forward(model, par.cp)
             for j, arrays in sharded.gather_on_main(par, scored):
+                assert cache is not None, "gather_on_main yields windows on rank 0 only, which holds the cache"
                 cache.put(j, **arrays)
                 scored_tokens += int(lengths[j])
                 bar.update(int(lengths[j]))
@@ -275,7 +286,7 @@ def _forwards(length: int, seq_len: int, passes: int, context: list[int], target
     return pieces * passes + extra
 
 
-def _write_row(writer: TokensWriter, i: int, where: tuple, rec: dict, rc: bool) -> None:
+def _write_row(writer: TokensWriter, i: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
     """One tokens.parquet row from a window record (masks bool [L] packed again); `rc`: the row scored
     the reverse complement (a column only with --strands both)."""
     writer.add(i, *where, rec["nll"], np.packbits(rec["repeat"]),
@@ -316,12 +327,13 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
                 _write_row(writer, row_id, where, rec, False)
-                if both:
+                if acc_rc is not None and agree is not None:  # --strands both
                     rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
                     agree.add(i, nll, rc["nll"], contexts, contexts)
                     _write_row(writer, row_id, (*where[:3], rc["strand"]), rc, True)
                 if targets[i]:
+                    assert abl is not None and abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])
                     abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
                     abl_writer.add(row_id, *where, t0, arrays["ablation"])
@@ -342,7 +354,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                                                    "(prepare without --leakage-k, or older shards)"}
         summary["bootstrap"] = {"unit": "window", "resamples": cfg.resamples, "seed": cfg.seed, "level": 0.95,
                                 "method": "percentile"}
-        if both:
+        if acc_rc is not None and agree is not None:  # --strands both
             summary["strands"] = strands.strand_tables(acc, acc_rc, agree, cfg.resamples, cfg.seed)
         if abl is not None:
             summary["context_ablation"] = abl.result(cfg.ablation_targets, n, cfg.engine, cfg.resamples, cfg.seed)

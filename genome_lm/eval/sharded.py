@@ -108,7 +108,8 @@ def build_model(cfg, model_dir: str, par):
     if not par.distributed:
         return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device).model, memory, par)
     built = build(model_dir, dtype=cfg.dtype, meta=True)
-    model = parallelize(built.model, memory, par)
+    model = built.model
+    parallelize(model, memory, par)  # in place
     load_weights_(model, model_dir, par.device, dtype=built.dtype)
     return model
 
@@ -141,6 +142,6 @@ def gather_on_main(par, item):
     """Rank 0: the non-None `item`s of every replica's first CP rank, in dp order; other ranks: []."""
     if not par.distributed:
         return [] if item is None else [item]
-    box = [None] * par.world if par.is_main else None
+    box: list | None = [None] * par.world if par.is_main else None  # the gather's list, on rank 0 only
     dist.gather_object(item if par.cp_rank == 0 else None, box, dst=0)
-    return [x for x in box if x is not None] if par.is_main else []
+    return [x for x in box if x is not None] if box is not None else []

@@ -203,6 +203,7 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
         leak_packed = None
         if leak is not None:
             window = leak[s:e] if strand == "+" else leak[s:e][::-1]
+            assert stats.leakage_masked_tokens is not None, "set to 0 above whenever `leak` is given"
             stats.leakage_masked_tokens += int(np.count_nonzero(window))
             leak_packed = np.packbits(window)
         writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
@@ -252,7 +253,8 @@ def _why_no_windows(st: ChromStats, params: PrepareParams) -> str:
 
 def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, ChromStats]) -> dict:
     """The manifest's `leakage_mask` section: what the column means and how much of eval it marks."""
-    def counts(tokens: int, masked: int) -> dict:
+    def counts(tokens: int, masked: int | None) -> dict:
+        assert masked is not None, "every eval record is written with a leakage mask while the index is on"
         return {"tokens": tokens, "masked_tokens": masked, "fraction": masked / tokens if tokens else 0.0}
 
     per_chrom = {name: counts(stats[name].tokens, stats[name].leakage_masked_tokens) for name in eval_split["chroms"]}
@@ -276,8 +278,10 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
         log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)", out)
         return existing
     known = {str(r.path): r.names() for r in readers}
-    if all(v is not None for v in known.values()):
-        _check_chroms_present(params, known)
+    indexed = {f: names for f, names in known.items() if names is not None}
+    if len(indexed) == len(known):
+        _check_chroms_present(params, indexed)
+    assert params.stride is not None and params.min_len is not None, "PrepareParams._check fills them in"
     spec = WindowSpec(params.seq_len, params.stride, params.tail, params.min_len)
     splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
     for split in ("train", "eval"):
@@ -331,6 +335,7 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, spec: Wind
                 )
             claimed[key] = rec.source
             split = params.split_of(rec.name)
+            assert split is not None, "records() yields only the records split_of places"
             if split == "eval" and index is not None and not index.finalized:
                 log.info("%s (eval): held in memory until the training chromosomes are indexed (%s to come)",
                          rec.name, ", ".join(c for c in params.train_chroms if chrom_match_key(c) in train_left))

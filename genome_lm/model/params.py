@@ -20,8 +20,11 @@ counted at k / E).
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
+    from genome_lm.model.upstream import Glm5NextTextModel
 
 GROUPS = (
     "embeddings",
@@ -62,9 +65,11 @@ def parameter_group(name: str, layer_types: list[str]) -> str:
     return "other"
 
 
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Parameter counts by group (see module doc) plus `total` and `active`; shared tensors once."""
+def count_parameters(model: Glm5NextCausalLM | Glm5NextTextModel) -> dict[str, int]:
+    """Parameter counts by group (see module doc) plus `total` and `active`; shared tensors once.
+    `model`: the causal LM or a bare text model."""
     config = model.config
+    assert config.layer_types is not None  # the config fills it
     counts = dict.fromkeys(GROUPS, 0)
     for name, param in model.named_parameters():  # tied parameters are yielded once
         counts[parameter_group(name, config.layer_types)] += param.numel()

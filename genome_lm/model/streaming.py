@@ -26,13 +26,17 @@ O(chunk). Shapes: B batch, T tokens, n chunk tokens, D model dim.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import nn
 from transformers import DynamicCache
 
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.loss import chunked_cross_entropy
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
+
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
 
 __all__ = ["StreamingCache", "StreamingScorer", "score_streaming"]
 
@@ -60,7 +64,7 @@ class StreamingScorer:
         loss_chunk_tokens: tokens per LM-head chunk (default `model.loss_chunk_tokens`).
     """
 
-    def __init__(self, model: nn.Module, total_len: int | None = None, loss_chunk_tokens: int | None = None):
+    def __init__(self, model: Glm5NextCausalLM, total_len: int | None = None, loss_chunk_tokens: int | None = None):
         if not hasattr(model, "lm_head") or not hasattr(model, "model"):
             raise TypeError("StreamingScorer needs the causal LM from genome_lm.model.build (with lm_head)")
         if not any(isinstance(m, LongDSA) for m in model.modules()):
@@ -69,7 +73,8 @@ class StreamingScorer:
             apply_long_context(model, ops=("kda", "dsa"))
         self.model = model
         self.total_len = total_len
-        self.loss_chunk_tokens = loss_chunk_tokens or getattr(model, "loss_chunk_tokens", 2048)
+        model_chunk_tokens: int = getattr(model, "loss_chunk_tokens", 2048)
+        self.loss_chunk_tokens = loss_chunk_tokens or model_chunk_tokens
         self.cache = StreamingCache(model.config, total_len)
         self.length = 0
         self.last_hidden: torch.Tensor | None = None  # [B, 1, D]: scores the next chunk's first token
@@ -77,6 +82,7 @@ class StreamingScorer:
     def cache_bytes(self) -> dict[str, int]:
         """Bytes held by the carried state: {"kda": ..., "dsa": ...}."""
         out = {"kda": 0, "dsa": 0}
+        assert self.model.config.layer_types is not None  # the config fills it
         for layer, kind in zip(self.cache.layers, self.model.config.layer_types):
             values = [v for a in vars(layer).values() for v in (a.values() if isinstance(a, dict) else [a])]
             tensors = [t for t in values if isinstance(t, torch.Tensor)]  # KDA states sit in dicts
@@ -107,6 +113,7 @@ class StreamingScorer:
         if first:  # nothing precedes token 0; hidden[:, t] scores token t + 1
             scoring, targets = hidden[:, :-1], input_ids[:, 1:]
         else:
+            assert self.last_hidden is not None  # set by the previous step
             scoring, targets = torch.cat([self.last_hidden, hidden[:, :-1]], dim=1), input_ids
         self.last_hidden = hidden[:, -1:].clone()
         nll = torch.zeros(B, n, dtype=torch.float32, device=hidden.device)
@@ -121,7 +128,7 @@ class StreamingScorer:
 
 
 @torch.no_grad()
-def score_streaming(model: nn.Module, input_ids: torch.Tensor,
+def score_streaming(model: Glm5NextCausalLM, input_ids: torch.Tensor,
                     chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token NLL float32 [T] of one sequence `input_ids` [1, T], in chunks of `chunk_tokens`.
 

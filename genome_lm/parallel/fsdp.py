@@ -26,6 +26,7 @@ of a bf16 model, gathered as built). `clip_grad_norm` handles sharded (DTensor) 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -122,13 +123,13 @@ def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtyp
     return model
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
     """Clip gradients to `max_norm` (inf: measure only); return the total norm before clipping.
     Works for plain and sharded (DTensor) parameters alike: the norm is the global one."""
     return float(clip_grad_norm_(params, max_norm))
 
 
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """`clip_grad_norm` without reading the norm's value: the total norm as a tensor (0-dim)."""
     from torch.distributed.tensor import DTensor
 

@@ -168,7 +168,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         kept_before += keeps[i][0]
     final = outside["final_norm"] + outside["final_hidden"] + outside["loss_targets"]
     lf, lb = loss_transients(m, layout)
-    root = m.lm_head_bytes * (1 + red) if fsdp else 0
+    root = m.lm_head_bytes + int(m.lm_head_bytes * red) if fsdp else 0
     phase("loss forward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lf)
     phase("loss backward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lb,
           gradients=root_grads, fsdp_buffers=root)

@@ -15,6 +15,7 @@ import base64
 import html
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
@@ -84,7 +85,8 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             if ev is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
-        return context_gain(*picked, compares=compares)
+        base, short, long = picked
+        return context_gain(base, short, long, compares=compares)
     roles = find_roles(evals) if len(evals) >= 3 else None
     if roles is None:
         return None
@@ -114,11 +116,11 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
               f"bootstrap over windows); each difference on the tokens both models scored "
               f"({gain.pair('long', 'short').result['overall']['n_tokens']:,}), with a paired bootstrap over the same "
               "windows.")
-    t = gain.training
-    if t.get("short") and t.get("long"):
-        tokens += (f" The short-context fine-tune trained on {t['short'].tokens:,} tokens ({t['short'].steps:,} steps "
-                   f"at context {t['short'].seq_len:,}), the long-context one on {t['long'].tokens:,} "
-                   f"({t['long'].steps:,} steps at context {t['long'].seq_len:,}).")
+    short, long = gain.training.get("short"), gain.training.get("long")
+    if short and long:
+        tokens += (f" The short-context fine-tune trained on {short.tokens:,} tokens ({short.steps:,} steps "
+                   f"at context {short.seq_len:,}), the long-context one on {long.tokens:,} "
+                   f"({long.steps:,} steps at context {long.seq_len:,}).")
     return ["<h2>Is the gain from context, or from more training?</h2>",
             f'<p class="headline">{html.escape(reading(gain, seeds))}</p>',
             "<p>The long-context fine-tune also trained on more tokens than the base. The control is the same base "
@@ -166,7 +168,7 @@ def _questions_sections(evals: list[EvalResult]) -> list[str]:
     return out
 
 
-def build_report(dirs: list[str | Path], runs: list[str | Path] = (),
+def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
     section on context vs more training (see the module docstring)."""
@@ -239,7 +241,7 @@ def claim_report(out: Path, overwrite: bool) -> None:
                             "replaces only a report or an HTML page: choose an .html path for --out")
 
 
-def write_report(dirs: list[str | Path], out: str | Path, runs: list[str | Path] = (), overwrite: bool = False,
+def write_report(dirs: Sequence[str | Path], out: str | Path, runs: Sequence[str | Path] = (), overwrite: bool = False,
                  **kwargs) -> Path:
     """build_report(...) -> `out`, written to a temporary name and renamed. An existing `out` needs
     `overwrite` and must be a report or an HTML page (`claim_report`), checked before the build."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def _find_pair(compares: list[CompareResult], a: EvalResult, b: EvalResult) -> C
 
 
 def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, long: EvalResult | str | Path,
-                 compares: list[CompareResult] = (), **compare_kwargs) -> ContextGain:
+                 compares: Sequence[CompareResult] = (), **compare_kwargs) -> ContextGain:
     """The three evals (EvalResult or eval directories) and their three paired comparisons."""
     evals = {role: ev if isinstance(ev, EvalResult) else load_eval(ev)
              for role, ev in (("base", base), ("short", short), ("long", long))}
@@ -125,12 +126,12 @@ def _init_is(init: str | None, model_dir: Path) -> bool:
 def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalResult] | None:
     """(base, short, long) among `evals`: one eval whose checkpoint two others' runs started from
     (`model.init`), the one trained at the shorter context being `short`; None if there is none."""
-    runs = {id(ev): training_of(ev) for ev in evals}
+    runs = {id(ev): t for ev in evals if (t := training_of(ev)) is not None}  # the evals whose run is readable
     for base in evals:
         model_dir = _model_dir(base)
         if model_dir is None:
             continue
-        tuned = [ev for ev in evals if ev is not base and runs[id(ev)] and _init_is(runs[id(ev)].init, model_dir)]
+        tuned = [ev for ev in evals if ev is not base and id(ev) in runs and _init_is(runs[id(ev)].init, model_dir)]
         if len(tuned) == 2 and runs[id(tuned[0])].seq_len != runs[id(tuned[1])].seq_len:
             short, long = sorted(tuned, key=lambda ev: runs[id(ev)].seq_len)
             return base, short, long
@@ -234,8 +235,9 @@ def format_ablation(gain: ContextGain) -> str | None:
     """The three models' context ablations side by side as fixed-width text (printed by `make demo`):
     per L, bits/base of the same target tokens and the paired change from the previous L [95% CI];
     then the change from the shortest to the longest L. None when an eval has no ablation."""
-    abl = {role: gain.evals[role].summary.get("context_ablation") for role in ROLES}
-    if any(not isinstance(a, dict) or "by_length" not in a for a in abl.values()):
+    found = {role: gain.evals[role].summary.get("context_ablation") for role in ROLES}
+    abl = {role: a for role, a in found.items() if isinstance(a, dict) and "by_length" in a}
+    if len(abl) != len(found):
         return None
     first = abl["base"]
     head = (f"Does the model read distant sequence? Context ablation: the same {first['target_tokens']:,} target "
@@ -250,8 +252,8 @@ def format_ablation(gain: ContextGain) -> str | None:
             row = abl[r]["by_length"][j]
             cells.append(f" {_bits(row['mean_nll']):>8} {_step(steps[r].get(e['L'])):>33}")
         lines.append((f"  {e['L']:>7,}" + "".join(cells)).rstrip())
-    spans = {r: abl[r].get("span") for r in ROLES}
-    if all(spans.values()):
+    spans = {r: span for r in ROLES if (span := abl[r].get("span"))}
+    if len(spans) == len(ROLES):
         s = spans["base"]
         text = f"From L = {s['from']:,} to {s['to']:,}: " + "; ".join(
             f"{ROLES[r]} {_step(d)} bits/base ({change_in_words(d['ci_low'], d['ci_high'])})"

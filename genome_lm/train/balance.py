@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from genome_lm.model.cp import all_reduce_sum
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 
 __all__ = ["ExpertBalancer"]
 
@@ -36,8 +37,9 @@ class ExpertBalancer:
     def __init__(self, model: nn.Module, rate: float, ep: int = 1):
         if rate < 0:
             raise ValueError(f"bias update rate must be >= 0, got {rate}")
-        self.rate, self.ep, self.rank_imbalance = float(rate), ep, None
-        self.layers = [m for m in model.modules() if hasattr(m, "last_expert_counts") and hasattr(m, "gate")]
+        self.rate, self.ep = float(rate), ep
+        self.rank_imbalance: float | None = None
+        self.layers = [m for m in model.modules() if isinstance(m, BlockedGlm5NextTextMoE)]
         self._counts: list[torch.Tensor | None] = [None] * len(self.layers)
         self.active = (self.rate > 0 or ep > 1) and bool(self.layers)
 
@@ -47,8 +49,8 @@ class ExpertBalancer:
             return
         for i, m in enumerate(self.layers):
             if m.last_expert_counts is not None:
-                c = m.last_expert_counts.detach()
-                self._counts[i] = c if self._counts[i] is None else self._counts[i] + c
+                c, before = m.last_expert_counts.detach(), self._counts[i]
+                self._counts[i] = c if before is None else before + c
 
     @torch.no_grad()
     def step(self, update: bool = True) -> float | None:
@@ -61,13 +63,14 @@ class ExpertBalancer:
             return None
         counts, self._counts = self._counts, [None] * len(self.layers)
         present = [i for i, c in enumerate(counts) if c is not None]
-        loads = all_reduce_sum(torch.stack([counts[i] for i in present]).double()) if present else None  # [L, E]
+        counted = [c for c in counts if c is not None]  # the counts of `present`, in its order
+        loads = all_reduce_sum(torch.stack(counted).double()) if counted else None  # [L, E]
         if self.ep > 1 and loads is not None:
             per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
             self.rank_imbalance = float((per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max())
         if self.rate == 0:
             return None
-        if update and present:
+        if update and loads is not None:
             delta = self.rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
             for row, i in enumerate(present):
                 bias = self.layers[i].gate.e_score_correction_bias

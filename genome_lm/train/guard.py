@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from genome_lm.errors import EXIT_PREEMPTED, Preempted
 from genome_lm.parallel.launch import stop_file
@@ -38,7 +38,7 @@ class Preemption:
     launcher's stop file, into one decision. Handlers are installed only from the main thread (Ray Train
     runs the training function in a thread: there the launcher's stop file is the way in)."""
 
-    def __init__(self, signals: list[str]):
+    def __init__(self, signals: Sequence[str]):
         self.received: str | None = None
         self._old: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         if threading.current_thread() is not threading.main_thread():

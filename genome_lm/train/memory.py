@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from torch import nn
@@ -39,8 +39,11 @@ class _HostCopy:
     peak = 0
 
     def __init__(self, t: torch.Tensor, stream: torch.cuda.Stream | None):
-        self.device, self.stream, self.nbytes, self.on_device = t.device, stream, t.nbytes, None
+        self.device, self.stream, self.nbytes = t.device, stream, t.nbytes
+        self.on_device: torch.Tensor | None = None
+        self.host: torch.Tensor | None  # None once `back` has handed the tensor back
         if t.is_cuda:
+            assert stream is not None  # `_stream_for` gives every CUDA device its stream
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             stream.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(stream):
@@ -59,20 +62,24 @@ class _HostCopy:
         """Start the copy back to the device (once)."""
         if self.on_device is not None:
             return
+        host = self.host
+        assert host is not None  # the host copy goes only in `back`, after the copy back
         if self.device.type != "cuda":
-            self.on_device = self.host if self.host.device == self.device else torch.empty_like(self.host,
-                                                                                                  device=self.device)
+            self.on_device = host if host.device == self.device else torch.empty_like(host, device=self.device)
             return
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_event(self.copied_out)
-            self.on_device = self.host.to(self.device, non_blocking=True)
+        stream = self.stream
+        assert stream is not None  # set for every CUDA tensor
+        with torch.cuda.stream(stream):
+            stream.wait_event(self.copied_out)
+            self.on_device = host.to(self.device, non_blocking=True)
             self.copied_in = torch.cuda.Event()
-            self.copied_in.record(self.stream)
+            self.copied_in.record(stream)
 
     def back(self) -> torch.Tensor:
         """The tensor on its device, usable on the current stream; the host copy is released."""
         self.prefetch()
         t = self.on_device
+        assert t is not None  # `prefetch` has set it
         if self.device.type == "cuda":
             current = torch.cuda.current_stream(self.device)
             current.wait_event(self.copied_in)
@@ -184,7 +191,13 @@ class _Recompute(torch.autograd.Function):
         return (None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
 
 
-class _OffloadedRecompute:
+if TYPE_CHECKING:
+    _ModuleMixin = nn.Module  # what the mixin is combined with (`recompute`): `super()` is a module
+else:
+    _ModuleMixin = object
+
+
+class _OffloadedRecompute(_ModuleMixin):
     """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory."""
 
     def extra_repr(self) -> str:

@@ -37,11 +37,17 @@ import logging
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from genome_lm.errors import GenomeLMError
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    from genome_lm.plan.planner import Plan
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class Rehearsal:
     steps: int
     peak: Peak  # with the omitted layers' bytes added
     host_bytes: int  # parked layer inputs at their most (scaled to all layers)
-    plan: object  # genome_lm.plan.planner.Plan for the same run
+    plan: Plan | None  # the planner's Plan for the same run
     wall_s: float
     notes: list[str] = field(default_factory=list)
     peaks: list[Peak] = field(default_factory=list)  # the highest of each (phase, module), highest first
@@ -104,12 +110,23 @@ class Rehearsal:
 
     @property
     def difference(self) -> float:
-        """(rehearsal - planner) / rehearsal."""
+        """(rehearsal - planner) / rehearsal; for a rehearsal with a `plan`."""
+        assert self.plan is not None, "no planner figure to compare with"
         return (self.peak.total - self.plan.peak_gpu_bytes) / self.peak.total
 
 
 class _WhereTracker:
     """Mixin for `FSDPMemTracker`: the highest total seen in each (phase, innermost module)."""
+
+    # the tracker's state it reads and updates, set by `MemTracker.__init__`
+    _curr_mem_snap: dict[torch.device, dict[str, int]]
+    _peak_mem: dict[torch.device, int]
+    _peak_mem_snap: dict[torch.device, dict[str, int]]
+    _mod_tracker: ModTracker
+    # its own, set by `_init_where`
+    where_device: torch.device
+    where_peaks: dict[tuple[str, str], dict[str, int]]  # (phase, module) -> the snapshot at its peak
+    in_optimizer: bool
 
     def _init_where(self, device: torch.device) -> None:
         self.where_device, self.where_peaks, self.in_optimizer = device, {}, False
@@ -144,9 +161,9 @@ def _tracker(model: nn.Module, optimizer, device: torch.device):
     return tracker
 
 
-def reduced_overrides(config, layers: int) -> dict:
+def reduced_overrides(config, layers: int) -> dict[str, int | list]:
     """`model.overrides` for the first `layers` decoder layers of `config` (per-layer lists cut)."""
-    out = {"num_hidden_layers": layers}
+    out: dict[str, int | list] = {"num_hidden_layers": layers}
     for key in ("layer_types", "indexer_types", "mlp_layer_types"):
         value = getattr(config, key, None)
         if isinstance(value, list):
@@ -187,7 +204,8 @@ def _fake_pg(gpus: int, rank: int):
 
 
 def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers: int | None = None,
-             steps: int = 2, experiment: str = "", show_progress: bool | None = None, plan=None) -> Rehearsal:
+             steps: int = 2, experiment: str = "", show_progress: bool | None = None,
+             plan: Plan | None = None) -> Rehearsal:
     """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
     receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run
     (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""

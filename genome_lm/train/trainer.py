@@ -30,6 +30,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -54,6 +55,9 @@ from genome_lm.train.parallelize import parallelize
 from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
 from genome_lm.train.saver import Checkpointer
 from genome_lm.train.schedule import make_optimizer, make_scheduler
+
+if TYPE_CHECKING:
+    from genome_lm.train.balance import ExpertBalancer
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +165,14 @@ def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, par: ParallelC
             for _ in range(cfg.train.grad_accum)]
 
 
+class ProgressBar(Protocol):
+    """What the loop uses of `genome_lm.progress.progress`'s bar."""
+
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **values: str) -> None: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class Run:
     """What the loop works with, built once by `start_run`."""
@@ -170,16 +182,16 @@ class Run:
     rd: RunDir
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     stream: SequenceStream
     metrics: MetricsLog | NullMetrics
     checkpoints: Checkpointer
     start: int  # the step resumed from (0: a fresh run)
-    memory: PeakMemory = None
-    balancer: object = None
-    params: list = None
+    memory: PeakMemory
+    balancer: ExpertBalancer
+    params: list[torch.nn.Parameter]  # the trained ones (requires_grad)
+    bar: ProgressBar
     clip: float = math.inf
-    bar: object = None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -248,9 +260,9 @@ def train_step(run: Run, step: int) -> dict:
         (out.loss * (n / total_targets)).backward()
         run.balancer.accumulate()
         loss_sum += float(out.loss.detach()) * n
-    tokens = sum(int(b["input_ids"].numel()) for b in batches)
+    local_tokens = sum(int(b["input_ids"].numel()) for b in batches)
     seq_tokens = int(par.max_all(max(int(b["input_ids"].shape[1]) for b in batches)))  # longest sequence
-    loss_sum, tokens = par.sum_dp(loss_sum, tokens)
+    loss_sum, tokens = par.sum_dp(loss_sum, local_tokens)
     loss = loss_sum / total_targets
     grad_norm = clip_grad_norm(run.params, run.clip)
     lr = run.scheduler.get_last_lr()[0]

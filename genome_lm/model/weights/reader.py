@@ -22,18 +22,21 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping, NoReturn
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
-from torch import nn
 from tqdm import tqdm
+from transformers import PreTrainedConfig
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.presets import check_overrides
 from genome_lm.model.upstream import Glm5NextConfig, Glm5NextTextConfig
 from genome_lm.model.weights.layout import cast_tensor, model_tensors, read_rows, text_key
+
+if TYPE_CHECKING:
+    from genome_lm.model.causal_lm import Glm5NextCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,9 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
     try:
         if model_type == "glm5_next":
             raw.pop("model_type")
-            text = Glm5NextConfig.from_dict(raw).text_config.to_dict()
+            text_config = Glm5NextConfig.from_dict(raw).text_config
+            assert isinstance(text_config, PreTrainedConfig)  # the config builds its text config from the dict
+            text = text_config.to_dict()
         elif model_type == "glm5_next_text":
             text = raw
         else:
@@ -206,7 +211,7 @@ class CheckpointReader:
             self._missing(missing)
         return stored, sorted(set(self._where) - needed)
 
-    def _missing(self, keys: list[str]):
+    def _missing(self, keys: list[str]) -> NoReturn:
         raise GenomeLMError(
             f"model: {self.dir} lacks {len(keys)} weight(s) of the text model, e.g. {keys[:5]}; is it a GLM-5.3-Flash "
             "checkpoint matching its config.json (and the config overrides), with all its weights files?"
@@ -230,13 +235,14 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     rows, offset = tensor.shape[0], 0
     shards = [i for i, p in enumerate(placements) if isinstance(p, Shard)]
     for i in shards + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]:  # strided: applied last
+        assert coordinate is not None  # the tensor is sharded over a mesh that holds this rank
         chunk = -(-rows // tensor.device_mesh.size(i))
         offset += coordinate[i] * chunk
         rows = max(0, min(chunk, rows - coordinate[i] * chunk))
     return tensor.to_local(), offset
 
 
-def _allocate_(model: nn.Module, device: str | torch.device) -> None:
+def _allocate_(model: Glm5NextCausalLM, device: str | torch.device) -> None:
     """`to_empty`: every tensor is filled afterwards from the state dict, so a non-persistent buffer
     would be lost (the model has none; refused). `to_empty` unties a plain model's tied `lm_head`."""
     from torch.distributed.tensor import DTensor
@@ -255,7 +261,7 @@ def _allocate_(model: nn.Module, device: str | torch.device) -> None:
 
 
 @torch.no_grad()
-def load_weights_(model: nn.Module, source: str | Path | Mapping[str, torch.Tensor],
+def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, torch.Tensor],
                   device: str | torch.device | None = None, *, dtype: torch.dtype | None,
                   stored_dtypes: bool = False) -> LoadReport:
     """Fill the tensors of `model.state_dict()` (a tied `lm_head.weight` is the embedding) from
@@ -271,6 +277,8 @@ def load_weights_(model: nn.Module, source: str | Path | Mapping[str, torch.Tens
         tensor keeps its dtype.
     Missing weights and shapes that do not match are GenomeLMErrors, found before anything is read.
     Returns the `LoadReport`: checkpoint weights the model has no place for (also logged)."""
+    unused: list[str]
+    progress: str | bool  # the progress bar's description, or False: none
     with contextlib.ExitStack() as stack:
         if isinstance(source, Mapping):
             stored, unused, progress = source, [], False

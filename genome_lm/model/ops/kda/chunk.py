@@ -25,6 +25,8 @@ first token of the second half, so both factors are <= 1; the diagonal blocks re
 to single tokens. Underflow only hits products whose true value is below fp32's range too.
 """
 
+from typing import TypedDict
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -88,15 +90,16 @@ def chunk_kda(
     interpreter, for tests), torch none. The torch path computes in
     fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
-    gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if use_fla(q.device.type, backend):
+        gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
         gate, kw = fla_options(gate, chunk_size, scale=scale, output_final_state=output_final_state,
                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32
         o, S = fla_by_heads(fla_chunk_kda(), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
         return o.to(q.dtype), (S.float() if S is not None else None)
     return chunk_kda_torch(
-        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel, **gate
+        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
     )
 
 
@@ -165,8 +168,9 @@ def chunk_kda_torch(
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
-    opts = dict(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size, l2norm_qk=use_qk_l2norm_in_kernel,
-                gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
+    opts = _SegmentOptions(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
+                           l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel,
+                           lower_bound=lower_bound)
     gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     if T == 0:
@@ -178,14 +182,24 @@ def chunk_kda_torch(
     step = segment_chunks * chunk_size
     outs = []
     # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
-    for piece in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
+    for q_i, k_i, v_i, g_i, beta_i in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
         if recompute:
-            o, S = checkpoint(_kda_segment, *piece, S, *gate_params, use_reentrant=False, **opts)
+            o, S = checkpoint(_kda_segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False, **opts)
         else:
-            o, S = _kda_segment(*piece, S, *gate_params, **opts)
+            o, S = _kda_segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params, **opts)
         outs.append(o)
     o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
     return o, (S if output_final_state else None)
+
+
+class _SegmentOptions(TypedDict):
+    """`_kda_segment`'s keyword arguments, the same for every segment."""
+
+    scale: float
+    chunk_size: int
+    l2norm_qk: bool
+    gate_in_kernel: bool
+    lower_bound: float | None
 
 
 def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: int, l2norm_qk: bool,

@@ -29,14 +29,18 @@ Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv w
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from genome_lm.model.cp import attach, gather_seq
+import torch
+
+from genome_lm.model.cp import CPContext, attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.model.ops.kda.step import KDAState, kda_layer_step
 from genome_lm.settings import DEFAULTS, KDABackend
+
+if TYPE_CHECKING:
+    from genome_lm.model.ops.kda.layer import LongKDA
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
@@ -66,6 +70,7 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(Bsz, HV, K, K)
     # [B, T, HV, K], [B, HV, K, K]
     o_m, M_r = chunk_kda(q, k, v.new_zeros(Bsz, T, HV, K), g, beta, initial_state=eye, **kw)
+    assert B_r is not None and M_r is not None  # output_final_state=True
     mine = torch.cat([M_r.float(), B_r.float()], dim=-1)[:, None]  # [B, 1, HV, K, K + V]
     maps = gather_seq(mine, [1] * cp.size, cp.group)  # [B, R, HV, K, K + V]
     s_in = _compose_incoming(maps, cp.rank, V)  # [B, HV, K, V]
@@ -91,7 +96,7 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
     return torch.cat(outs).to(q.dtype), None
 
 
-def _conv_prefix(module: nn.Module, hidden_states: torch.Tensor, cp) -> torch.Tensor:
+def _conv_prefix(module: LongKDA, hidden_states: torch.Tensor, cp: CPContext) -> torch.Tensor:
     """The W-1 pre-conv projections [B, C3, W-1] before this rank's slab (zeros at sequence start)."""
     W1 = module.conv_kernel_size - 1
     lengths = [min(W1, n) for n in cp.lengths]
@@ -103,10 +108,11 @@ def _conv_prefix(module: nn.Module, hidden_states: torch.Tensor, cp) -> torch.Te
     return padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
 
 
-def cp_kda_forward(module: nn.Module, hidden_states: torch.Tensor,
+def cp_kda_forward(module: LongKDA, hidden_states: torch.Tensor,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """A `LongKDA` over this rank's slab [B, T, D] -> [B, T, D] (its `cp` holds the split)."""
     cp = module.cp
+    assert cp is not None  # LongKDA.forward takes this path only with a cp
     cp.check_local(hidden_states.shape[1])
     if attention_mask is not None:
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)

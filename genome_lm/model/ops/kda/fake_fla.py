@@ -22,6 +22,8 @@ Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C ch
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 F32 = torch.float32
@@ -132,7 +134,7 @@ def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 
-STAND_INS = {
+STAND_INS: dict[str, Callable[..., Any]] = {
     "fla.ops.kda.chunk_kda": chunk_kda,
     "fla.modules.causal_conv1d.causal_conv1d": causal_conv1d,
     "fla.modules.norm.fused_norm_gate.rms_norm_gated": rms_norm_gated,

@@ -48,6 +48,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     head_block: int = DEFAULTS.kda_head_block
     backend: KDABackend = DEFAULTS.kda_backend
     cp: CPContext | None = None
+    # the parts `configure` installs
+    conv1d: KDAShortConv
+    forget_gate: KDAForgetGate
+    o_norm: KDAOutputNorm
 
     def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
                   backend: KDABackend = DEFAULTS.kda_backend) -> None:
@@ -110,8 +114,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         outs, kept = [], []
         for start, end in zip(bounds[:-1], bounds[1:]):
             out, state = kda_layer_step(self, hidden_states[:, start:end], state, mixed=mixed[:, start:end])
+            assert state.recurrent_state is not None  # the default core, chunk_kda, returns the final state
+            final = state.recurrent_state.detach()
             outs.append(out)
             if start >= T - keep:
-                kept.append(state.recurrent_state.detach())
-        cache.update_recurrent_state(kept if keep else state.recurrent_state.detach(), idx)
+                kept.append(final)
+        cache.update_recurrent_state(kept if keep else final, idx)
         return torch.cat(outs, dim=1)

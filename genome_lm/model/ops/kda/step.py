@@ -9,15 +9,22 @@ state across ranks.
 Shapes: B batch, T tokens, D model dim, H heads, K = V head dim, W conv width.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
+
+if TYPE_CHECKING:
+    from genome_lm.model.ops.kda.layer import LongKDA
+
+KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""A recurrent core called like `chunk_kda`: `(o, final state or None)`."""
 
 
 @dataclass
@@ -25,23 +32,25 @@ class KDAState:
     """What one KDA layer carries from one piece of a sequence to the next.
 
     conv_state: `[B, 3·H·K, W-1]` the last W-1 pre-conv projections `[q | k | v]` (dtype of x).
-    recurrent_state: `[B, H, K, V]` float32 delta-rule state.
+    recurrent_state: `[B, H, K, V]` float32 delta-rule state; None for a zero state coming in, and
+        going out from a core that gives no final state (fla's context parallelism, `cp.py`).
     """
 
     conv_state: torch.Tensor
-    recurrent_state: torch.Tensor
+    recurrent_state: torch.Tensor | None
 
-    def detach(self) -> "KDAState":
-        return KDAState(self.conv_state.detach(), self.recurrent_state.detach())
+    def detach(self) -> KDAState:
+        recurrent = None if self.recurrent_state is None else self.recurrent_state.detach()
+        return KDAState(self.conv_state.detach(), recurrent)
 
 
 def kda_layer_step(
-    module: nn.Module,
+    module: LongKDA,
     hidden_states: torch.Tensor,
     state: KDAState | None = None,
     attention_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
-    kda_core: Callable | None = None,
+    kda_core: KDACore | None = None,
     mixed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, KDAState]:
     """Run one KDA layer over the next piece of a sequence.
@@ -118,7 +127,7 @@ def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
     return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
 
 
-def kda_projections(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+def kda_projections(module: LongKDA, hidden_states: torch.Tensor) -> torch.Tensor:
     """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
     return torch.cat(
         [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1

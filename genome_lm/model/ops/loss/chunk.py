@@ -64,12 +64,12 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             dlogits = torch.exp_(logits.sub_(lse[start:end, None]))  # softmax, in place
             dlogits.mul_(g[:, None])
             dlogits.scatter_add_(1, torch.where(valid, tgt, 0)[:, None], -g[:, None])
-            if need_h:
+            if grad_h is not None:
                 grad_h[start:end] = (dlogits.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
+            if grad_w is not None:
                 grad_w.addmm_(dlogits.t(), h.float())
             del logits, dlogits
-        if need_w:
+        if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None
 
