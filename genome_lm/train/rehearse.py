@@ -37,7 +37,7 @@ import logging
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -47,9 +47,37 @@ from genome_lm.errors import GenomeLMError
 if TYPE_CHECKING:
     from torch.distributed._tools.mod_tracker import ModTracker
 
-    from genome_lm.plan.planner import Plan
-
 log = logging.getLogger(__name__)
+
+
+class _PlannedMemory(Protocol):
+    @property
+    def peak_where(self) -> str: ...
+
+    @property
+    def breakdown(self) -> dict[str, int]: ...
+
+
+class _PlannedAssumptions(Protocol):
+    @property
+    def expert_imbalance(self) -> float: ...
+
+
+class Plan(Protocol):
+    """What the rehearsal reads of the planner's `genome_lm.plan.planner.Plan` for the same run (the
+    plan layer calls this one, so the type is described here rather than imported)."""
+
+    @property
+    def peak_gpu_bytes(self) -> int: ...
+
+    @property
+    def host_bytes_per_gpu(self) -> int: ...
+
+    @property
+    def memory(self) -> _PlannedMemory: ...
+
+    @property
+    def assume(self) -> _PlannedAssumptions: ...
 
 KINDS = {  # the report's groups of the tracker's kinds
     "parameters (sharded, float32)": ("Sharded Param", "Buffer"),

@@ -29,18 +29,13 @@ Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from genome_lm.model.cp import CPContext, attach, gather_seq
 from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.step import KDAState, kda_layer_step
+from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step
 from genome_lm.settings import DEFAULTS, KDABackend
-
-if TYPE_CHECKING:
-    from genome_lm.model.ops.kda.layer import LongKDA
 
 
 def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
@@ -96,7 +91,7 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
     return torch.cat(outs).to(q.dtype), None
 
 
-def _conv_prefix(module: LongKDA, hidden_states: torch.Tensor, cp: CPContext) -> torch.Tensor:
+def _conv_prefix(module: KDAModule, hidden_states: torch.Tensor, cp: CPContext) -> torch.Tensor:
     """The W-1 pre-conv projections [B, C3, W-1] before this rank's slab (zeros at sequence start)."""
     W1 = module.conv_kernel_size - 1
     lengths = [min(W1, n) for n in cp.lengths]
@@ -108,7 +103,7 @@ def _conv_prefix(module: LongKDA, hidden_states: torch.Tensor, cp: CPContext) ->
     return padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
 
 
-def cp_kda_forward(module: LongKDA, hidden_states: torch.Tensor,
+def cp_kda_forward(module: KDAModule, hidden_states: torch.Tensor,
                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """A `LongKDA` over this rank's slab [B, T, D] -> [B, T, D] (its `cp` holds the split)."""
     cp = module.cp

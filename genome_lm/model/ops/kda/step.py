@@ -12,16 +12,41 @@ Shapes: B batch, T tokens, D model dim, H heads, K = V head dim, W conv width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from genome_lm.model.cp import CPContext
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
+from genome_lm.model.ops.kda.gate import KDAForgetGate
+from genome_lm.model.ops.kda.norm import KDAOutputNorm
+from genome_lm.settings import KDABackend
 
-if TYPE_CHECKING:
-    from genome_lm.model.ops.kda.layer import LongKDA
+
+class KDAModule(Protocol):
+    """What a KDA step reads of its layer (`layer.LongKDA`): upstream's projections and sizes,
+    the parts `LongKDA.configure` installs, and its settings."""
+
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    b_proj: nn.Linear
+    g_a_proj: nn.Linear
+    g_b_proj: nn.Linear
+    o_proj: nn.Linear
+    head_dim: int
+    qkv_dim: int
+    conv_kernel_size: int
+    conv1d: KDAShortConv
+    forget_gate: KDAForgetGate
+    o_norm: KDAOutputNorm
+    chunk_size: int
+    head_block: int
+    backend: KDABackend
+    cp: CPContext | None
 
 KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 """A recurrent core called like `chunk_kda`: `(o, final state or None)`."""
@@ -45,7 +70,7 @@ class KDAState:
 
 
 def kda_layer_step(
-    module: LongKDA,
+    module: KDAModule,
     hidden_states: torch.Tensor,
     state: KDAState | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -127,7 +152,7 @@ def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
     return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
 
 
-def kda_projections(module: LongKDA, hidden_states: torch.Tensor) -> torch.Tensor:
+def kda_projections(module: KDAModule, hidden_states: torch.Tensor) -> torch.Tensor:
     """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
     return torch.cat(
         [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
