@@ -29,7 +29,9 @@ activation dtype bytes, float32 where the code computes in float32):
   float32) and float32 [block, H, W] scores; backward adds float32 row gradients (two matmuls
   and their sum) and the float32 [T, R] latent gradient accumulator.
 - MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
-  block's activations live while it runs; backward adds row gradients rows·a·(2·D + 3·I).
+  block's activations live while it runs; backward adds row gradients rows·a·(2·D + 3·I) and, with
+  more than one block, the block's new gradient of the rank's largest routed-expert weight
+  (E/ep·2I·D·a) before it is added to the gradient accumulated so far.
 - dense MLP (ops/mlp): per block of 8,192 rows four a·I temporaries forward (clamps, silu,
   product), eight backward (those, the product's gradient, the sigmoid, the two projection
   gradients), three float32 weight-gradient accumulators [I, D] and the input gradient a·D.
@@ -144,7 +146,12 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
     rows = max(1, rows_n * M // n)
     block_saved = sum(act.moe(m, M, False, rows).values())
     fwd = 2 * rows * a * D + M * a * D + (block_saved if layout.moe_recompute else 0)
-    bwd = rows * a * (2 * D + 3 * m.moe_width) + 2 * M * a * D + (block_saved if layout.moe_recompute else 0)
+    # each block's backward makes a new gradient of this rank's routed-expert weights (the larger
+    # of gate_up [E/ep, 2I, D] and down [E/ep, D, I], in the gathered dtype) before it is added to
+    # the gradient of the blocks before (one copy, counted with the layer's unsharded gradients)
+    weight_grad = -(-m.experts // layout.ep) * 2 * m.moe_width * D * a if n > M else 0
+    bwd = (rows * a * (2 * D + 3 * m.moe_width) + 2 * M * a * D + (block_saved if layout.moe_recompute else 0)
+           + weight_grad)
     return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
 
 
