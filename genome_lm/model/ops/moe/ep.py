@@ -14,8 +14,7 @@ same parameters, which become DTensors sharded over the EP group) computes upstr
   3. rows sent (`all_to_all_single_autograd`: its backward is the reverse all-to-all), received
      ordered by source rank, then by expert;
   4. each local expert runs upstream's SwiGLU (`_apply_gate`) on its rows, eagerly, as upstream's
-     loop does (`expert_linear`: the same matmuls, with one weight gradient per call); outputs go
-     back by the reverse all-to-all;
+     loop does; outputs go back by the reverse all-to-all;
   5. each output times its routing weight, added into its token in expert order: the sums of
      upstream's loop (`index_add_` in expert order), so one rank with P = 1 gives upstream's bits.
 The router and the shared experts stay replicated and run on each rank's own tokens.
@@ -78,37 +77,6 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep)
 
 
-class _ExpertLinear(torch.autograd.Function):
-    """`expert_linear`'s forward and backward (the matmuls autograd runs for `F.linear`)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.counts = counts
-        return torch.cat([F.linear(part, weight[e]) for e, part in enumerate(torch.split(x, counts))])
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        grads, parts = torch.split(grad, ctx.counts), torch.split(x, ctx.counts)
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.cat([g.mm(weight[e]) for e, g in enumerate(grads)])
-        if ctx.needs_input_grad[1]:
-            grad_w = torch.empty_like(weight)
-            for e, (g, part) in enumerate(zip(grads, parts)):
-                torch.mm(g.t(), part, out=grad_w[e])
-        return grad_x, grad_w, None
-
-
-def expert_linear(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e, in order), weight [El, O, I]
-    -> [R, O]: `F.linear(rows of e, weight[e])` for each expert, bit for bit, and the same input
-    gradient. The weight's gradient is one [El, O, I] tensor written expert by expert; autograd
-    through `weight[e]` instead makes a zero-filled [El, O, I] tensor per expert and adds them."""
-    return _ExpertLinear.apply(x, weight, counts)
-
-
 def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
     """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
     local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
@@ -144,9 +112,9 @@ def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor,
     send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep)
     rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
     by_expert = torch.argsort(expert_of_row, stable=True)
-    up = expert_linear(rows[by_expert], gate_up, per_expert)  # [R, 2I]; every rank has expert gradients
-    h = torch.cat([experts._apply_gate(part) for part in torch.split(up, per_expert)])  # [R, I]
-    done = torch.empty_like(rows).index_copy(0, by_expert, expert_linear(h, down, per_expert))
+    outs = [F.linear(experts._apply_gate(F.linear(part, gate_up[e])), down[e])  # also with 0 rows: every
+            for e, part in enumerate(torch.split(rows[by_expert], per_expert))]  # rank has expert gradients
+    done = torch.empty_like(rows).index_copy(0, by_expert, torch.cat(outs))
     back = _all_to_all(done, send, recv, ep.group)  # [M*k, D] in `order`
     final = torch.zeros_like(x)
     return final.index_add(0, token, (back * w.reshape(-1)[order, None]).to(final.dtype))
