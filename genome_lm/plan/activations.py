@@ -109,16 +109,21 @@ def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
     return {"mlp_input": n * a * m.D, "mlp_act": n * 2 * a * m.dense_width}
 
 
-def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None) -> dict[str, int]:
-    """`rows`: token-expert pairs on this rank (n·k, times the imbalance under expert parallelism)."""
-    a, D, E, k = m.act_bytes, m.D, m.experts, m.top_k
+def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None, ep: bool = False) -> dict[str, int]:
+    """`rows`: token-expert pairs on this rank (n·k, times the imbalance under expert parallelism).
+    `ep`: the experts run as `model/ops/moe/ep.py` runs them (expert parallelism)."""
+    a, D, E, k, W = m.act_bytes, m.D, m.experts, m.top_k, m.moe_width
     terms = {"moe_input": n * a * D}
     if recompute:
         return terms
     rows = n * k if rows is None else rows
     router = (F32 * D if a != F32 else 0) + F32 * E + 16 * m.n_group + 8 * m.topk_group + E + 8 * k + F32 + F32 * k
     terms["moe_router"] = n * router
-    terms["moe_experts"] = rows * (2 * a * D + 6 * a * m.moe_width + 28)
+    if ep:  # per row received: the rows sorted by expert, the SwiGLU's five a·I and the down input, two
+        # int64 permutations; per (token, expert) pair of the rank: the returned row, its weight, two int64 indices
+        terms["moe_experts"] = rows * (a * D + 6 * a * W + 16) + n * k * (a * D + F32 + 16)
+    else:
+        terms["moe_experts"] = rows * (2 * a * D + 6 * a * W + 28)
     terms["moe_shared"] = n * 6 * a * m.shared_width
     return terms
 
@@ -140,7 +145,7 @@ def mlp(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> d
     n = layout.tokens
     if layer.mlp == "dense":
         return dense_mlp(m, n)
-    return moe(m, n, layout.moe_recompute, moe_rows(m, n, layout, imbalance))
+    return moe(m, n, layout.moe_recompute, moe_rows(m, n, layout, imbalance), layout.ep > 1)
 
 
 def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:

@@ -20,6 +20,7 @@ baseline (measured, not modelled); the step adds gradients, activations and tran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genome_lm.plan import activations as act
@@ -113,13 +114,14 @@ def _walk_forward(ops: list[Op]) -> tuple[int, int, str]:
     return best
 
 
-def _walk_backward(ops: list[Op]) -> tuple[int, int, str]:
-    """(saved bytes still alive, transient bytes, op) at the backward peak of a layer."""
-    best = (0, 0, "")
+def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, int, str]:
+    """(saved bytes still alive, transient bytes, FSDP2 buffers, op) at the backward peak of a layer;
+    `comm(op)`: the FSDP2 buffers live during `op`'s backward."""
+    best = (0, 0, 0, "")
     remaining = sum(op.saved_bytes for op in ops)
     for op in reversed(ops):
-        if remaining + op.bwd > sum(best[:2]):
-            best = (remaining, op.bwd, op.name)
+        if remaining + op.bwd + comm(op) > sum(best[:3]):
+            best = (remaining, op.bwd, comm(op), op.name)
         remaining -= op.saved_bytes
     return best
 
@@ -173,29 +175,40 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     phase("loss backward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lb,
           gradients=root_grads, fsdp_buffers=root)
     grads = root_grads
+    # the LM head's unsharded gradient, made in the loss backward, waits for the root's reduce-scatter at
+    # the end of the backward (the embeddings' gradient comes last)
+    head_grad = m.lm_head_bytes if fsdp else 0
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
         U = unsharded_layer_bytes(lay, layout)
-        # during the layer's backward: its gathered parameters and its unsharded gradients; its sharded
-        # gradients come from the reduce-scatter after it (the phase below)
-        comm = (prefetch_bwd * U + U) if fsdp else 0
+        # under expert parallelism a layer's routed experts are an FSDP2 group of their own
+        # (parallel/fsdp.py): gathered for the MoE's backward, then resharded and their gradients
+        # reduce-scattered before the rest of the layer runs its backward
+        rest = U - lay.expert_bytes // layout.ep if layout.ep > 1 else U
+
+        def buffers_during(op: Op) -> int:
+            """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
+            layers prefetched; its sharded gradients come from the reduce-scatter after it (below)."""
+            own = U if op.part == "moe" else rest
+            return (prefetch_bwd - 1) * U + 2 * own + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
         # (train/memory.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
-        saved, transient, op = _walk_backward(ops)
+        saved, transient, buffers, op = _walk_backward(ops, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,
-              op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=comm, gradients=grads,
+              op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=buffers, gradients=grads,
               inputs=ids)
         grads += layer_grads[i]
         if fsdp:
             phase(f"reduce-scatter of layer {i} ({lay.kind})", kept_activations=kept_before + ahead,
-                  grad_streams=act.layer_input(m, n), fsdp_buffers=U + int(U * red), gradients=grads, inputs=ids)
+                  grad_streams=act.layer_input(m, n), fsdp_buffers=U + int(U * red) + head_grad, gradients=grads,
+                  inputs=ids)
         if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
             saved, transient, op = _walk_forward(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
-                  fsdp_buffers=prefetch * U if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
+                  fsdp_buffers=prefetch * U + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))

@@ -29,9 +29,12 @@ activation dtype bytes, float32 where the code computes in float32):
   float32) and float32 [block, H, W] scores; backward adds float32 row gradients (two matmuls
   and their sum) and the float32 [T, R] latent gradient accumulator.
 - MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
-  block's activations live while it runs; backward adds row gradients rows·a·(2·D + 3·I) and, with
-  more than one block, the block's new gradient of the rank's largest routed-expert weight
-  (E/ep·2I·D·a) before it is added to the gradient accumulated so far.
+  block's activations live while it runs. Upstream's experts (no expert parallelism): backward adds
+  row gradients rows·a·(2·D + 3·I) and, with more than one block, the block's new gradient of the
+  larger routed-expert weight (E·2I·D·a) before it is added to the gradient accumulated so far.
+  Expert parallelism (ops/moe/ep.py): backward peaks in the down projection's backward, with the
+  rows' output and input gradients rows·a·(D + I) and, past the first block, the block's new down
+  gradient (E/ep·D·I·a); both add the MoE output's gradient and the blocks' input gradients (2·n·a·D).
 - dense MLP (ops/mlp): per block of 8,192 rows four a·I temporaries forward (clamps, silu,
   product), eight backward (those, the product's gradient, the sigmoid, the two projection
   gradients), three float32 weight-gradient accumulators [I, D] and the input gradient a·D.
@@ -129,7 +132,7 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
     rows = nb * W * R
     gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
     fwd = max(gather, F32 * rows + 3 * F32 * nb * H * W)
-    bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + n * a * H * R
+    bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + 2 * n * a * H * R
     attn_saved: dict[str, int] = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
     attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
     return [proj, attn]
@@ -141,18 +144,32 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
         t, blk, width = act.dense_mlp(m, n), min(n, MLP_BLOCK), m.dense_width
         return [Op("dense_mlp", t, fwd=blk * 4 * a * width, bwd=blk * 8 * a * width + 3 * F32 * width * D + n * a * D,
                    part="dense")]
-    M = min(layout.moe_block_tokens, n)
+    M, ep, W = min(layout.moe_block_tokens, n), layout.ep > 1, m.moe_width
     rows_n = act.moe_rows(m, n, layout, imbalance)
     rows = max(1, rows_n * M // n)
-    block_saved = sum(act.moe(m, M, False, rows).values())
-    fwd = 2 * rows * a * D + M * a * D + (block_saved if layout.moe_recompute else 0)
-    # each block's backward makes a new gradient of this rank's routed-expert weights (the larger
-    # of gate_up [E/ep, 2I, D] and down [E/ep, D, I], in the gathered dtype) before it is added to
-    # the gradient of the blocks before (one copy, counted with the layer's unsharded gradients)
-    weight_grad = -(-m.experts // layout.ep) * 2 * m.moe_width * D * a if n > M else 0
-    bwd = (rows * a * (2 * D + 3 * m.moe_width) + 2 * M * a * D + (block_saved if layout.moe_recompute else 0)
-           + weight_grad)
-    return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
+    block_saved = sum(act.moe(m, M, False, rows, ep).values())
+    again = block_saved if layout.moe_recompute else 0  # the block rebuilt inside the backward
+    fwd = 2 * rows * a * D + M * a * D + again
+    if ep and again:  # a block's checkpointed forward keeps nothing: its largest live tensors are the sorted
+        # rows and the gate_up output, made per expert and joined, beside the layer's output [n, D]
+        fwd = rows * a * (D + 4 * W) + n * a * D
+    if not ep:
+        # each block's backward makes a new gradient of the routed-expert weights (the larger of gate_up
+        # [E, 2I, D] and down [E, D, I]) before it is added to the gradient of the blocks before
+        weight_grad = m.experts * 2 * W * D * a if n > M else 0
+        bwd = rows * a * (2 * D + 3 * W) + 2 * M * a * D + again + weight_grad
+        return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
+    # expert parallelism (ops/moe/ep.py): the block's rebuilt forward ends with the routed output before
+    # and after un-permuting; its backward peaks in the down projection's, with the rows' output and
+    # input gradients and, past the first block, the block's down-weight gradient [E/ep, D, I] beside
+    # the sum of the blocks before (counted with the layer's unsharded gradients)
+    local = -(-m.experts // layout.ep)
+    grads = rows * a * (D + W) + (local * D * W * a if n > M else 0)
+    # with one block, the layer's unsharded gradients (counted whole) hold no gate_up gradient yet
+    early = local * 2 * W * D * a if n <= M else 0
+    # the gradient arriving at the layer's MoE output [n, D] and the blocks' input gradients, joined once
+    bwd = (max(2 * rows * a * D, grads) if again else grads) + 2 * n * a * D + again - early
+    return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n, ep), fwd=fwd, bwd=bwd, part="moe")]
 
 
 def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> list[Op]:

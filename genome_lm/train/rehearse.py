@@ -155,9 +155,29 @@ class _WhereTracker:
     where_device: torch.device
     where_peaks: dict[tuple[str, str], dict[str, int]]  # (phase, module) -> the snapshot at its peak
     in_optimizer: bool
+    where_entered: list[str | None]  # modules in the order their forward or backward began
 
     def _init_where(self, device: torch.device) -> None:
         self.where_device, self.where_peaks, self.in_optimizer = device, {}, False
+        self.where_entered = []
+
+        # ModTracker's `parents` is a set, and in a backward with recompute it keeps modules whose
+        # backward hooks never fire (their recomputed outputs take the gradient): the module an op runs
+        # in is the one entered last (forward or backward) that is still among the parents
+        self._mod_tracker.register_user_hooks(pre_fw_hook=lambda module, _: self._entered(module),
+                                              pre_bw_hook=lambda module, _: self._entered(module))
+
+    def _entered(self, module: nn.Module) -> None:
+        self.where_entered.append(self._mod_tracker.get_known_fqn(module))
+        if len(self.where_entered) > 4096:
+            del self.where_entered[:2048]
+
+    def _innermost(self) -> str:
+        parents = self._mod_tracker.parents
+        for name in reversed(self.where_entered):
+            if name in parents:
+                return name
+        return max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
 
     def _update_peak_stats(self, peak_state) -> None:
         # Replaces MemTracker's, which also walks every tracked module after every op (a third of
@@ -172,9 +192,7 @@ class _WhereTracker:
         if self.in_optimizer:
             key = (OPTIMIZER, "")
         else:
-            parents = self._mod_tracker.parents
-            inner = max(parents, key=lambda n: (n.count("."), len(n))) if parents else ""
-            key = ("backward" if self._mod_tracker.is_bw else "forward", inner)
+            key = ("backward" if self._mod_tracker.is_bw else "forward", self._innermost())
         best = self.where_peaks.get(key)
         if best is None or snap["Total"] > best["Total"]:
             self.where_peaks[key] = deepcopy(snap)

@@ -4,11 +4,12 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from genome_lm.model import preset_config
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE, expert_load, naive_moe_forward
 from genome_lm.model.upstream import Glm5NextTextMoE, glm
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_benchmark
 
 install = BlockedGlm5NextTextMoE.install
 
@@ -112,3 +113,49 @@ def test_eager_experts_equal_grouped_mm():
     _, weights, indices = module.gate(x)
     eager = type(module.experts).forward.__wrapped__(module.experts, x, indices, weights)
     assert_close("experts", eager, _experts(module.experts, x, indices, weights), TOL, floor=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expert_linear_is_per_expert_linear_with_one_weight_gradient(dtype):
+    """Expert parallelism's matmuls: `F.linear` per expert, bit for bit, forward and backward (an
+    expert with no rows included), and the backward makes one weight-sized tensor where autograd
+    through `weight[e]` makes one per expert plus the sums (`benchmarks/bench_expert_grad.py` times both)."""
+    from genome_lm.model.ops.moe.ep import expert_linear
+
+    WeightSized = load_benchmark("bench_expert_grad").WeightSized  # counts tensors of the weight's size
+    torch.manual_seed(0)
+    counts = [3, 0, 5, 1, 7, 2]
+    w = torch.randn(len(counts), 12, 8, dtype=dtype, requires_grad=True)
+    x = torch.randn(sum(counts), 8, dtype=dtype, requires_grad=True)
+    g = torch.randn(sum(counts), 12, dtype=dtype)
+    ref = torch.cat([F.linear(part, w[e]) for e, part in enumerate(torch.split(x, counts))])
+    with WeightSized(w.numel()) as upstream:
+        ref_gx, ref_gw = torch.autograd.grad(ref, (x, w), g)
+    out = expert_linear(x, w, counts)
+    with WeightSized(w.numel()) as ours:
+        gx, gw = torch.autograd.grad(out, (x, w), g)
+    assert torch.equal(out, ref) and torch.equal(gx, ref_gx) and torch.equal(gw, ref_gw)
+    assert (ours.made, upstream.made) == (1, 2 * len(counts) - 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_permute_rows_and_add_rows_are_indexing_bit_for_bit(dtype):
+    """Expert parallelism's reorderings: `permute_rows` is x[index] and `add_rows` is `index_add`, in
+    forward and backward bit for bit; neither keeps its input for backward."""
+    from genome_lm.model.ops.moe.ep import add_rows, permute_rows
+
+    torch.manual_seed(0)
+    x = torch.randn(10, 6, dtype=dtype, requires_grad=True)
+    index = torch.randperm(10)
+    inverse = torch.empty_like(index).index_copy_(0, index, torch.arange(10))
+    g = torch.randn(10, 6, dtype=dtype)
+    out = permute_rows(x, index, inverse)
+    assert torch.equal(out, x[index]) and out.grad_fn.saved_tensors == (inverse,)
+    assert torch.equal(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(x[index], x, g)[0])
+    token = torch.tensor([3, 0, 3, 1, 2, 0, 3, 1, 2, 2])  # rows added into 4 tokens, several per token
+    like = torch.zeros(4, 6, dtype=dtype)
+    out = add_rows(like, token, x)
+    ref = torch.zeros_like(like).index_add(0, token, x)
+    assert torch.equal(out, ref) and out.grad_fn.saved_tensors == (token,)
+    h = torch.randn(4, 6, dtype=dtype)
+    assert torch.equal(torch.autograd.grad(out, x, h)[0], torch.autograd.grad(ref, x, h)[0])

@@ -27,9 +27,9 @@ def test_json_has_the_promised_fields(capsys):
     assert sum(plan["breakdown"].values()) == plan["peak_gpu_bytes"]
     assert plan["layout"]["cp"] == 8 and plan["layout"]["dp"] == 8 and plan["layout"]["offload"] is True
     assert 175 * GiB < plan["host_bytes_per_gpu"] < 177 * GiB  # 44 x 4 GiB layer inputs (the last stays)
-    # the reference layout fits with the margins (136 GiB: FSDP2 pads each rank's 36 experts over 8 ranks to 5
-    # per rank), in <= 190 GB of host memory
-    assert plan["fits"] and plan["needed_gpu_gib"] <= 140 and plan["host_bytes_per_gpu"] <= 190e9
+    # the reference layout fits a B200 (179 GiB) with the margins (about 141 GiB: the peak is layer 3's DSA
+    # backward, which the full-size rehearsal measures within 1%), in <= 190 GB of host memory
+    assert plan["fits"] and plan["needed_gpu_gib"] <= 145 and plan["host_bytes_per_gpu"] <= 190e9
     assert plan["assumptions"]["expert_imbalance"] == 4.0
 
 

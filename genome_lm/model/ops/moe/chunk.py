@@ -87,8 +87,9 @@ def blocked_moe_forward(
         return out.view(shape), counts + _counts(idx, counts.numel(), assumed)
 
     out = x.new_empty(x.shape)  # [N, D]; block outputs are copied in, not concatenated
-    for start in range(0, n, block_tokens):
-        xb = x[start : start + block_tokens]  # [M, D]
+    # split, not sliced: backward joins the blocks' input gradients once, where each slice's backward
+    # would make a zero-filled [N, D] gradient and add it to the sum
+    for start, xb in zip(range(0, n, block_tokens), torch.split(x, block_tokens)):  # xb [M, D]
         if use_ckpt:
             yb, idx = checkpoint(_moe_block, module, xb, use_reentrant=False)
         else:

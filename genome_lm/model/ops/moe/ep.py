@@ -14,7 +14,8 @@ same parameters, which become DTensors sharded over the EP group) computes upstr
   3. rows sent (`all_to_all_single_autograd`: its backward is the reverse all-to-all), received
      ordered by source rank, then by expert;
   4. each local expert runs upstream's SwiGLU (`_apply_gate`) on its rows, eagerly, as upstream's
-     loop does; outputs go back by the reverse all-to-all;
+     loop does (`expert_linear`: the same matmuls, with one weight gradient per call); outputs go
+     back by the reverse all-to-all;
   5. each output times its routing weight, added into its token in expert order: the sums of
      upstream's loop (`index_add_` in expert order), so one rank with P = 1 gives upstream's bits.
 The router and the shared experts stay replicated and run on each rank's own tokens.
@@ -77,6 +78,78 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep)
 
 
+class _ExpertLinear(torch.autograd.Function):
+    """`expert_linear`'s forward and backward (the matmuls autograd runs for `F.linear`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.counts = counts
+        return torch.cat([F.linear(part, weight[e]) for e, part in enumerate(torch.split(x, counts))])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grads, parts = torch.split(grad, ctx.counts), torch.split(x, ctx.counts)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.cat([g.mm(weight[e]) for e, g in enumerate(grads)])
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.empty_like(weight)
+            for e, (g, part) in enumerate(zip(grads, parts)):
+                torch.mm(g.t(), part, out=grad_w[e])
+        return grad_x, grad_w, None
+
+
+def expert_linear(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e, in order), weight [El, O, I]
+    -> [R, O]: `F.linear(rows of e, weight[e])` for each expert, bit for bit, and the same input
+    gradient. The weight's gradient is one [El, O, I] tensor written expert by expert; autograd
+    through `weight[e]` instead makes a zero-filled [El, O, I] tensor per expert and adds them."""
+    return _ExpertLinear.apply(x, weight, counts)
+
+
+class _PermuteRows(torch.autograd.Function):
+    """`permute_rows`' forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad[inverse], None, None
+
+
+def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """x [R, ...] -> x[index] for a permutation `index` [R] whose inverse is `inverse`. Autograd keeps
+    only `inverse`, and the backward is one gather, grad[inverse]; indexing instead scatters the
+    gradient into a zero-filled copy (and `index_copy` keeps its source for backward)."""
+    return _PermuteRows.apply(x, index, inverse)
+
+
+class _AddRows(torch.autograd.Function):
+    """`add_rows`' forward and backward."""
+
+    @staticmethod
+    def forward(ctx, like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        return torch.zeros_like(like).index_add_(0, index, src)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return None, None, grad.index_select(0, index)
+
+
+def add_rows(like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """zeros_like(like) [N, D] with each row src[j] [J, D] added into row index[j], in order of j:
+    `index_add`, bit for bit, whose autograd keeps only `index` (`index_add` keeps `src` too)."""
+    return _AddRows.apply(like, index, src)
+
+
 def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
     """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
     local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
@@ -111,10 +184,13 @@ def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor,
     token = order // k
     send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep)
     rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
-    by_expert = torch.argsort(expert_of_row, stable=True)
-    outs = [F.linear(experts._apply_gate(F.linear(part, gate_up[e])), down[e])  # also with 0 rows: every
-            for e, part in enumerate(torch.split(rows[by_expert], per_expert))]  # rank has expert gradients
-    done = torch.empty_like(rows).index_copy(0, by_expert, torch.cat(outs))
+    by_expert = torch.argsort(expert_of_row, stable=True)  # [R]: received row of each expert row
+    received = torch.empty_like(by_expert).index_copy_(0, by_expert, torch.arange(len(by_expert), device=x.device))
+    rows = permute_rows(rows, by_expert, received)  # [R, D] by local expert
+    up = expert_linear(rows, gate_up, per_expert)  # [R, 2I]; every rank has expert gradients
+    h = torch.cat([experts._apply_gate(part) for part in torch.split(up, per_expert)])  # [R, I]
+    del rows, up
+    done = permute_rows(expert_linear(h, down, per_expert), received, by_expert)  # [R, D] by source rank
     back = _all_to_all(done, send, recv, ep.group)  # [M*k, D] in `order`
-    final = torch.zeros_like(x)
-    return final.index_add(0, token, (back * w.reshape(-1)[order, None]).to(final.dtype))
+    del done
+    return add_rows(x, token, (back * w.reshape(-1)[order, None]).to(x.dtype))
