@@ -126,6 +126,15 @@ def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, 
     return best
 
 
+def _gathered_for(op: Op, layer: LayerShape, layout: Layout) -> int:
+    """The layer's parameters FSDP2 holds gathered while `op` runs its backward. Under expert parallelism
+    the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered for the MoE's
+    backward, then resharded and their gradients reduce-scattered before the rest of the layer runs
+    its backward."""
+    U = unsharded_layer_bytes(layer, layout)
+    return U if op.part == "moe" or layout.ep == 1 else U - layer.expert_bytes // layout.ep
+
+
 def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
     """Forward of a wrapped layer (no autograd): its streams plus one op's tensors at a time."""
     op = max(ops, key=lambda o: o.saved_bytes + o.fwd)
@@ -182,16 +191,11 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
         U = unsharded_layer_bytes(lay, layout)
-        # under expert parallelism a layer's routed experts are an FSDP2 group of their own
-        # (parallel/fsdp.py): gathered for the MoE's backward, then resharded and their gradients
-        # reduce-scattered before the rest of the layer runs its backward
-        rest = U - lay.expert_bytes // layout.ep if layout.ep > 1 else U
 
         def buffers_during(op: Op) -> int:
             """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
             layers prefetched; its sharded gradients come from the reduce-scatter after it (below)."""
-            own = U if op.part == "moe" else rest
-            return (prefetch_bwd - 1) * U + 2 * own + head_grad if fsdp else 0
+            return (prefetch_bwd - 1) * U + 2 * _gathered_for(op, lay, layout) + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
         # (train/memory.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
