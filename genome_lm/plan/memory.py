@@ -120,19 +120,19 @@ def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, 
     best = (0, 0, 0, "")
     remaining = sum(op.saved_bytes for op in ops)
     for op in reversed(ops):
-        if remaining + op.bwd + comm(op) > sum(best[:3]):
-            best = (remaining, op.bwd, comm(op), op.name)
+        buffers = comm(op)
+        if remaining + op.bwd + buffers > sum(best[:3]):
+            best = (remaining, op.bwd, buffers, op.name)
         remaining -= op.saved_bytes
     return best
 
 
-def _gathered_for(op: Op, layer: LayerShape, layout: Layout) -> int:
-    """The layer's parameters FSDP2 holds gathered while `op` runs its backward. Under expert parallelism
-    the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered for the MoE's
-    backward, then resharded and their gradients reduce-scattered before the rest of the layer runs
-    its backward."""
-    U = unsharded_layer_bytes(layer, layout)
-    return U if op.part == "moe" or layout.ep == 1 else U - layer.expert_bytes // layout.ep
+def _experts_apart(op: Op, layer: LayerShape, layout: Layout) -> int:
+    """Bytes of the layer's gathered parameters FSDP2 does not hold while `op` runs its backward. Under
+    expert parallelism the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered
+    for the MoE's backward, then resharded and their gradients reduce-scattered before the rest of the
+    layer runs its backward."""
+    return 0 if op.part == "moe" or layout.ep == 1 else layer.expert_bytes // layout.ep
 
 
 def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
@@ -195,7 +195,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         def buffers_during(op: Op) -> int:
             """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
             layers prefetched; its sharded gradients come from the reduce-scatter after it (below)."""
-            return (prefetch_bwd - 1) * U + 2 * _gathered_for(op, lay, layout) + head_grad if fsdp else 0
+            return (prefetch_bwd - 1) * U + 2 * (U - _experts_apart(op, lay, layout)) + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
         # (train/memory.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0

@@ -149,10 +149,11 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
     rows = max(1, rows_n * M // n)
     block_saved = sum(act.moe(m, M, False, rows, ep).values())
     again = block_saved if layout.moe_recompute else 0  # the block rebuilt inside the backward
-    fwd = 2 * rows * a * D + M * a * D + again
     if ep and again:  # a block's checkpointed forward keeps nothing: its largest live tensors are the sorted
         # rows and the gate_up output, made per expert and joined, beside the layer's output [n, D]
         fwd = rows * a * (D + 4 * W) + n * a * D
+    else:
+        fwd = 2 * rows * a * D + M * a * D + again
     if not ep:
         # each block's backward makes a new gradient of the routed-expert weights (the larger of gate_up
         # [E, 2I, D] and down [E, D, I]) before it is added to the gradient of the blocks before
