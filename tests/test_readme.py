@@ -243,9 +243,12 @@ def test_a_recipe_that_reads_what_nothing_wrote_fails(env, mirror, flash_dir, tm
 
 
 def test_the_readme_is_short_and_in_the_documented_order():
-    """At most 10,000 characters, sections in reading order, and every docs/ page in its index."""
+    """At most 10,000 characters, sections in reading order, every docs/ page in its index, and README plus
+    docs/*.md at most 120,000 bytes (`wc -c README.md docs/*.md`)."""
     text = README.read_text()
     assert len(text) <= 10_000, f"README.md has {len(text):,} characters"
+    sizes = {p.name: p.stat().st_size for p in [README, *(README.parent / "docs").glob("*.md")]}
+    assert sum(sizes.values()) <= 120_000, f"README.md and docs/*.md have {sum(sizes.values()):,} bytes: {sizes}"
     sections = re.findall(r"^## (.+)$", text, flags=re.M)
     assert sections == ["Install", "Quick start", "Real data on hg38", "On a GPU cluster", "Commands", "Documentation"]
     docs = README.parent / "docs"
