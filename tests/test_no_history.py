@@ -11,7 +11,12 @@ only) and reports each line that narrates history as `path:line: text`:
   like, or a bare 7-12 hex-digit token with letters and digits in prose (not in lock files or JSON
   data, whose checksums and ids are data);
 - phrases that date the text: "until recently", "an earlier version", "in a previous session",
-  "as of this commit", "no GPU was available", "now fixed", "used to", ...
+  "as of this commit", "no GPU was available", "now fixed", ...;
+- narration of a change, matched by its grammar rather than a list of sentences: "before this change",
+  "since the fix", "the planner used to", "no longer counts", "is now", "it is float32 now", "now uses",
+  "was renamed", "we moved", "originally", "for now". What data or a run does at run time is not
+  history: "a manifest that no longer matches its checksum", "the value is used to scale",
+  "manifest.json was changed after prepare wrote it" pass.
 
 A finding is written as a result with the command that reproduces it; a change is described in its
 commit message.
@@ -55,6 +60,25 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
         r"\bwas fixed\b|\bhas been fixed\b|\bused to (?:be|point|read|run|say|keep|have)\b|"
         r"\bpreviously\b|\bformerly\b|\bthe old behaviou?r\b|\banother engineer\b|\bthe demo before this\b|"
         r"\bthe issue's\b|\b(?:between|across) the sessions\b",
+        re.I)),
+    # a change to the software, by grammar: "<before|since...> <this|the...> <change|fix...>"
+    ("narrated change", re.compile(
+        r"\b(?:before|until|since|after|till|prior to) (?:this|the|that|these|those|a recent|the last) "
+        r"(?:changes?|fix(?:es)?|commits?|refactors?|refactoring|rewrites?|patch(?:es)?|reverts?|PRs?|merges?)\b|"
+        r"(?<!\bis )(?<!\bare )(?<!\bbe )(?<!\bbeen )(?<!\bbeing )(?<!\bwas )(?<!\bwere )(?<!\bget )(?<!\bgets )"
+        r"\bused to\b|"  # "the planner used to count" (the passive "is used to scale" is not history)
+        r"(?<!\bor )\bno longer\b(?! (?:matches|match|validates|validate|fits|fit|exists|exist)\b)|"  # run-time state
+        r"\banymore\b|\bany more\b|"
+        r"\b(?:is|are|was|were) now\b|\bnow (?:is|are|uses?|has|have|does|keeps|counts|takes|holds|reads|writes|runs|"
+        r"lives|sits|goes|returns|prints|calls|passes|fails|refuses|accepts|matches|works|gives|needs|checks|loads|saves)\b|"
+        r"\b(?:they|it|these|this|those)(?:'re|'s| are| is) (?:\w+ ){0,2}now\b|"  # "they are float32 now"
+        r"\b(?:was|were|has been|have been|had been) (?:changed|renamed|moved|replaced|reverted|rewritten|refactored|"
+        r"retuned|reworked|redesigned)\b(?! after \w+ wrote)|"
+        r"\b(?:first|later|since|subsequently|eventually) (?:reverted|rewritten|renamed|replaced|removed|fixed)\b|"
+        r"\bchanged (?:in|to) the (?:planner|code|trainer|model|rehearsal|docs?|tests?|CLI|config)\b|"
+        r"\b(?:we|I) (?:changed|fixed|moved|removed|added|renamed|replaced|reverted|rewrote|dropped|switched)\b|"
+        r"\b(?:originally|historically|nowadays|lately|recently)\b|\bfor now\b|\bfrom now on\b|\bgoing forward\b|"
+        r"\bin the past\b|\bat the time of writing\b",
         re.I)),
 ]
 BARE_HASH = re.compile(rf"(?<![\w/.:#=-])(?!\d+e\d+\b){HEX_ID}{{7,12}}(?![\w/.-])")  # not 2250e12
@@ -118,6 +142,22 @@ def history_lines(rel: str, lines: list[str]) -> list[str]:
     ("What used to point up moved to train/", "dated"),
     ("The issue's bar: T = 8k", "dated"),
     ("so it cannot rot between the sessions that have a GPU", "dated"),
+    ("180G read 180 x 10^9 (until this change, it read GiB)", "change"),
+    ("away (before this change: glm53-tiny, 40 steps)", "change"),
+    ("Since the fix the loader keeps one copy.", "change"),
+    ("after that refactor the trainer owns it", "change"),
+    ("The planner used to count the buffer twice.", "change"),
+    ("it no longer counts the buffer twice", "change"),
+    ("the flag is not needed anymore", "change"),
+    ("The default is now 4.", "change"),
+    ("the planner now uses the measured size", "change"),
+    ("ignore `.data` assignment); they are float32 now (`to_master_dtype_`)", "change"),
+    ("What the rehearsal changed in the planner:", "change"),
+    ("train/saver.py was renamed", "change"),
+    ("the expert backward was first reverted", "change"),
+    ("We moved the check to the loader.", "change"),
+    ("Originally the planner had no offload.", "change"),
+    ("this is a stand-in for now", "change"),
 ])
 def test_the_patterns_catch_history(line, what):
     assert history_lines("docs/x.md", [line]), f"{what}: {line!r} not caught"
@@ -138,6 +178,19 @@ def test_the_patterns_catch_history(line, what):
     "a checkpoint from an older version is refused",
     "the previous complete checkpoint is used",
     'BF16_PEAK = {"B200": 2250e12}',
+    "the value is used to scale the loss",
+    "the seed that was used to draw windows",
+    "no longer matches its own checksum.",
+    "the YAML itself if it no longer validates",
+    "{name} is not (or no longer) expected by the plan",
+    "S/manifest.json was changed after prepare wrote it (its checksum does not match)",
+    "A TCP port on 127.0.0.1 that is free now",
+    "After a change that is meant to move them, regenerate it",
+    "1k -> 7k is the change in loss, negative when it falls",
+    "one line naming the problem and the fix",
+    "its checkpoints were removed, and starting over would replace them",
+    "15.3% of the bf16 weights changed at each step",
+    "the temporary file is written, then renamed",
 ])
 def test_the_patterns_pass_plain_text(line):
     assert history_lines("docs/x.md", [line]) == []
