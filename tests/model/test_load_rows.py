@@ -86,6 +86,10 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
         load_weights_(tiny_model(router_bias=0.05), wrong, dtype=None)
+    twice = variant("twice", lambda t: t)
+    save_file({"model.norm.weight": tensors["model.norm.weight"]}, str(twice / "model-copy.safetensors"))
+    with pytest.raises(GenomeLMError, match=r"holds model.norm.weight \(and 0 more\) in more than one"):
+        load_weights_(tiny_model(router_bias=0.05), twice, dtype=None)
     reader = CheckpointReader(ckpt, tiny_model(router_bias=0.05).config)
     rows = torch.zeros(2, 64, 64)
     reader.read_("model.layers.1.mlp.experts.gate_up_proj", rows, 3, 8, None)

@@ -152,9 +152,10 @@ class CheckpointReader:
         reader.read_("model.layers.1.mlp.experts.down_proj", local, 3, 8, dtype)  # experts 3..5 into local
 
     A tensor stored under its upstream name is read directly; otherwise from the on-disk tensors
-    behind its rows (`to_disk_layout`). Vision and MTP weights, and layers beyond
-    `config.num_hidden_layers`, are not indexed. GenomeLMError on missing tensors (all listed at
-    once by `check`) or a shape that does not match the config."""
+    behind its rows (`to_disk_layout`). Every `*.safetensors` file of the directory is indexed
+    (DCP's reader does not read the index json); vision and MTP weights, and layers beyond
+    `config.num_hidden_layers`, are skipped. GenomeLMError on a tensor stored twice, on missing
+    tensors (all listed at once by `check`) or a shape that does not match the config."""
 
     def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
         self.dir = Path(ckpt_dir)
@@ -165,6 +166,9 @@ class CheckpointReader:
         self.storage.set_up_storage_reader(self.metadata, True)
         stored = self.metadata.state_dict_metadata
         self.keys = {name: key for key in stored if (name := text_key(key, config.num_hidden_layers)) is not None}
+        if twice := [key for key in self.keys.values() if len(self._stored(key).chunks) > 1]:
+            raise GenomeLMError(f"model: {self.dir} holds {twice[0]} (and {len(twice) - 1} more) in more than one "
+                                "*.safetensors file; remove the stray copies (every *.safetensors file there is read)")
 
     def _disk(self, name: str, tensor: torch.Tensor, start: int = 0,
               rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
