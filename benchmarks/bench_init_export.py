@@ -84,7 +84,7 @@ def _whole_export(model, out: Path, par) -> None:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if par.is_main:
-        disk = {n: p.contiguous() for name, t in full.items() for n, p in to_disk_layout(name, t)}
+        disk = {n: p.contiguous() for name, t in full.items() for n, _, p in to_disk_layout(name, t)}
         out.mkdir()
         save_file(disk, str(out / "model.safetensors"))
 

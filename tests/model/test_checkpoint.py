@@ -106,6 +106,9 @@ def test_loads_text_tower_of_a_full_glm_checkpoint(glm_checkpoint):
     built = build(path)
     assert built.load_report == LoadReport()  # vision and MTP weights are skipped, not unexpected
     model = built.model
+    want = upstream.state_dict()  # its text tensors: model.language_model.* and lm_head.weight
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, want[name.replace("model.", "model.language_model.", 1)]), name
     x = torch.randint(0, 5, (1, 40))
     with torch.no_grad(), use_torch_fallbacks():
         assert torch.equal(model.logits(x), upstream(input_ids=x).logits.float())

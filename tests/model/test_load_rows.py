@@ -1,4 +1,4 @@
-"""Reading weights a slice at a time: `read_rows` inverts `to_disk_layout` for any rows,
+"""Reading weights a slice at a time: `to_disk_layout` of any rows points into the on-disk tensors,
 `CheckpointReader` reads them from safetensors, `load_weights_` fills a model in place (no second
 model), and a checkpoint that does not fit is a GenomeLMError naming the key."""
 
@@ -14,38 +14,31 @@ from safetensors.torch import save_file
 import genome_lm.model as model_pkg
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build, save_pretrained
-from genome_lm.model.weights.layout import read_rows, to_disk_layout
+from genome_lm.model.weights.layout import to_disk_layout
 from genome_lm.model.weights.reader import CheckpointReader, LoadReport, load_weights_
 from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_read_rows_inverts_to_disk_layout():
+def test_to_disk_layout_of_any_rows_points_into_the_whole_layout():
     model = tiny_model(router_bias=0.05)
-    asked = []
     for name, tensor in model.state_dict().items():
-        disk = dict(to_disk_layout(name, tensor))
-
-        def get(key, start, stop, shape):
-            assert tuple(disk[key].shape) == shape
-            asked.append(key)
-            return disk[key][start:stop]
-
+        whole = {key: part for key, row, part in to_disk_layout(name, tensor)}
         n = tensor.shape[0]
-        for start, stop in ((0, n), (0, 1), (n // 3, n - n // 3), (n - 1, n)):
-            if stop > start:
-                assert torch.equal(read_rows(name, tuple(tensor.shape), start, stop, get), tensor[start:stop]), name
+        for start, stop in ((0, n), (0, 1), (n // 3, n - n // 3), (max(0, n // 3 - 1), n // 3 + 2), (n - 1, n)):
+            if n >= stop > start:
+                got = list(to_disk_layout(name, tensor[start:stop], start, n))
+                assert torch.cat([view.reshape(-1) for _, _, view in got]).equal(tensor[start:stop].reshape(-1)), name
+                for key, row, view in got:
+                    assert torch.equal(view, whole[key][row:row + len(view)]), (name, key)
     # rows of the middle third of a conv weight come from the k piece only; experts 2..5 only from theirs
-    asked.clear()
     conv = model.model.layers[0].self_attn.conv1d.weight
-    read_rows("model.layers.0.self_attn.conv1d.weight", tuple(conv.shape), 64, 128,
-              lambda k, a, b, s: dict(to_disk_layout("model.layers.0.self_attn.conv1d.weight", conv))[k][a:b])
+    assert [(k, r) for k, r, _ in to_disk_layout("model.layers.0.self_attn.conv1d.weight", conv[70:128], 70, 192)] == [
+        ("model.layers.0.self_attn.k_conv1d.weight", 6)]
     down = model.model.layers[1].mlp.experts.down_proj
-    disk = dict(to_disk_layout("model.layers.1.mlp.experts.down_proj", down))
-    read_rows("model.layers.1.mlp.experts.down_proj", tuple(down.shape), 2, 6,
-              lambda k, a, b, s: asked.append(k) or disk[k][a:b])
-    assert asked == [f"model.layers.1.mlp.experts.{e}.down_proj.weight" for e in range(2, 6)]
+    assert [k for k, _, _ in to_disk_layout("model.layers.1.mlp.experts.down_proj", down[2:6], 2)] == [
+        f"model.layers.1.mlp.experts.{e}.down_proj.weight" for e in range(2, 6)]
 
 
 def test_load_weights_in_place_without_a_second_model(tmp_path, monkeypatch):
@@ -93,12 +86,18 @@ def test_checkpoint_that_does_not_fit_names_the_key(tmp_path):
     wrong = variant("wrong", lambda t: {**t, "model.norm.weight": torch.zeros(65)})
     with pytest.raises(GenomeLMError, match=r"model.safetensors: model.norm.weight has shape \(65,\).*\(64,\)"):
         load_weights_(tiny_model(router_bias=0.05), wrong, dtype=None)
-    with CheckpointReader(ckpt, tiny_model(router_bias=0.05).config) as reader:
-        assert reader.rows("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64), 3, 5).shape == (2, 64, 64)
-        # unused: what none of the given tensors needs (whatever this reader happened to read)
-        _, unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
-        assert "model.layers.1.mlp.experts.7.up_proj.weight" not in unused and "model.norm.weight" not in unused
-        assert {"lm_head.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= set(unused)
+    twice = variant("twice", lambda t: t)
+    save_file({"model.norm.weight": tensors["model.norm.weight"]}, str(twice / "model-copy.safetensors"))
+    with pytest.raises(GenomeLMError, match=r"holds model.norm.weight \(and 0 more\) in more than one"):
+        load_weights_(tiny_model(router_bias=0.05), twice, dtype=None)
+    reader = CheckpointReader(ckpt, tiny_model(router_bias=0.05).config)
+    rows = torch.zeros(2, 64, 64)
+    reader.read_("model.layers.1.mlp.experts.gate_up_proj", rows, 3, 8, None)
+    assert torch.equal(rows, tiny_model(1, router_bias=0.05).model.layers[1].mlp.experts.gate_up_proj[3:5])
+    # unused: what none of the given tensors needs
+    _, unused = reader.check({"model.layers.1.mlp.experts.gate_up_proj": (8, 64, 64), "model.norm.weight": (64,)})
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" not in unused and "model.norm.weight" not in unused
+    assert {"lm_head.weight", "model.layers.1.mlp.experts.7.down_proj.weight"} <= set(unused)
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "config.json").write_text(json.dumps({"model_type": "glm5_next_text"}))
     with pytest.raises(GenomeLMError, match="no \\*.safetensors"):

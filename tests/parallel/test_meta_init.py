@@ -1,5 +1,6 @@
-"""Full-size path on glm53-tiny: distributed meta-device init with sharded loading, and the
-streamed export of the Hugging Face-style `model/` directory, against one process.
+"""Full-size path on glm53-tiny: distributed meta-device init with sharded loading (each rank reads
+only its rows), and the streamed export of the Hugging Face-style `model/` directory, against one
+process.
 
 One launch of 3 processes (gloo; FSDP2 over 3 ranks, so some ranks hold 0 rows of the shortest
 tensors and the q/k/v conv and expert boundaries fall inside shards) does everything; the tests
@@ -9,6 +10,7 @@ check what it left.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -28,21 +30,32 @@ def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
     """Every rank: meta build -> parallelize -> load_weights_ from each source; gather the weights;
     export streamed with small and default shard sizes, recording what the writer held."""
     from genome_lm.config import MemoryConfig, ParallelConfig
-    from genome_lm.model.weights.reader import load_weights_
+    from genome_lm.model.weights.reader import _RowsPlanner, load_weights_
     from genome_lm.model.weights.writer import ShardWriter
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.parallelize import parallelize
 
     out = Path(out)
     par = init_parallel(ParallelConfig())
+    read = [0]  # bytes DCP read from the files (float32): the size of every slice it copies into the model
+    resolve = _RowsPlanner.resolve_tensor
+
+    def counting_resolve(self, req):
+        read[0] += 4 * math.prod(req.lengths)
+        return resolve(self, req)
+
+    _RowsPlanner.resolve_tensor = counting_resolve
     for label, source in sources.items():
         built = build("glm53-tiny", meta=True)
         model = built.model
         parallelize(model, MemoryConfig(recompute="per-layer"), par)
+        read[0] = 0
         load_weights_(model, source, par.device, dtype=built.dtype)
         local = {n: t.to_local().clone() for n, t in model.state_dict().items() if hasattr(t, "to_local")}
         full = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in model.state_dict().items()}
-        torch.save({"full": full, "local_numel": sum(t.numel() for t in local.values())}, out / f"{label}.r{rank}.pt")
+        held = sum(t.to_local().numel() if hasattr(t, "to_local") else t.numel() for t in model.state_dict().values())
+        torch.save({"full": full, "local_numel": sum(t.numel() for t in local.values()), "read": read[0],
+                    "held": held}, out / f"{label}.r{rank}.pt")
 
     flushes, peaks = [], []
     flush, finish = ShardWriter._flush, ShardWriter.finish
@@ -91,6 +104,8 @@ def test_sharded_load_equals_one_process(launched):
         # each rank held only its shards: together, every parameter once (plus FSDP padding: none kept)
         total = sum(p.numel() for p in build("glm53-tiny", meta=True).model.parameters())
         assert sum(r["local_numel"] for r in got) == total
+        # and read from the files (float32) only what it holds: its shards and the unsharded buffers
+        assert [r["read"] for r in got] == [4 * r["held"] for r in got]
 
 
 def test_streamed_export_is_identical_to_one_process(launched, tmp_path):

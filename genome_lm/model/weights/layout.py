@@ -11,16 +11,17 @@ read); upstream converts at load time (`transformers.conversion_mapping`, "glm5_
     mlp.experts.{e}.{gate,up}_proj.weight [I, D] mlp.experts.gate_up_proj [E, 2I, D] (stack, cat)
     mlp.experts.{e}.down_proj.weight [D, I]      mlp.experts.down_proj [E, D, I] (stack)
 
-`to_disk_layout` maps an upstream tensor to its on-disk tensors (writing); `read_rows` assembles
-any dim-0 slice of one from them (reading). `text_key` maps a full checkpoint's keys to the causal
-LM's (vision and MTP skipped); `model_tensors` is what is read and written, in writing order;
-`keep_fp32` / `cast_tensor` keep upstream's float32 exceptions under bf16/fp16.
+`to_disk_layout` maps an upstream tensor, or any dim-0 slice of one, to its on-disk tensors (views
+of it, and the row where each starts): what is written, and where each rank's rows are read into.
+`text_key` maps a full checkpoint's keys to the causal LM's (vision and MTP skipped);
+`model_tensors` is what is read and written, in writing order; `keep_fp32` / `cast_dtype` /
+`cast_tensor` keep upstream's float32 exceptions under bf16/fp16.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import torch
 
@@ -43,50 +44,29 @@ def _rename_to_disk(name: str) -> str:
     return name
 
 
-def to_disk_layout(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    """One upstream tensor -> its on-disk tensors (views of it)."""
+def to_disk_layout(name: str, tensor: torch.Tensor, start: int = 0,
+                   rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
+    """Rows `[start, start + len(tensor))` of upstream tensor `name` (`rows` rows in all; None: `tensor`
+    is whole) -> `(on-disk name, first row there, view of tensor)` for each on-disk tensor behind them:
+    the experts `start..` of a stacked expert tensor, the q/k/v parts under a slice of the conv."""
     if name.endswith(".mlp.experts.gate_up_proj"):
         prefix = name.removesuffix(".gate_up_proj")
         gate, up = tensor.chunk(2, dim=1)  # [E, I, D] each
         for e in range(tensor.shape[0]):
-            yield f"{prefix}.{e}.gate_proj.weight", gate[e]
-            yield f"{prefix}.{e}.up_proj.weight", up[e]
+            yield f"{prefix}.{start + e}.gate_proj.weight", 0, gate[e]
+            yield f"{prefix}.{start + e}.up_proj.weight", 0, up[e]
     elif name.endswith(".mlp.experts.down_proj"):
         prefix = name.removesuffix(".down_proj")
         for e in range(tensor.shape[0]):
-            yield f"{prefix}.{e}.down_proj.weight", tensor[e]
-    elif name.endswith(".self_attn.conv1d.weight"):
-        prefix = name.removesuffix(".conv1d.weight")
-        for qkv, part in zip("qkv", tensor.chunk(3, dim=0)):
-            yield f"{prefix}.{qkv}_conv1d.weight", part
+            yield f"{prefix}.{start + e}.down_proj.weight", 0, tensor[e]
+    elif name.endswith(".self_attn.conv1d.weight"):  # [3Q, 1, K] from q, k, v [Q, 1, K]
+        prefix, q, stop = name.removesuffix(".conv1d.weight"), (rows or len(tensor)) // 3, start + len(tensor)
+        for i, qkv in enumerate("qkv"):
+            lo, hi = max(start, i * q), min(stop, (i + 1) * q)
+            if lo < hi:
+                yield f"{prefix}.{qkv}_conv1d.weight", lo - i * q, tensor[lo - start:hi - start]
     else:
-        yield _rename_to_disk(name), tensor
-
-
-def read_rows(name: str, shape: tuple[int, ...], start: int, stop: int,
-              get: Callable[[str, int, int, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
-    """Rows `[start, stop)` (dim 0) of upstream tensor `name` of full `shape`, from on-disk tensors:
-    the inverse of `to_disk_layout`, a slice at a time. `get(disk_name, lo, hi, disk_shape)` returns
-    rows `[lo, hi)` of one on-disk tensor whose full shape must be `disk_shape`; only those behind
-    the requested rows are asked for (experts `start..stop-1` of a stacked expert tensor, the
-    q/k/v rows under a slice of the concatenated conv weight)."""
-    rest = tuple(shape[1:])
-    if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, D] from per-expert [I, D]
-        prefix, half = name.removesuffix(".gate_up_proj"), (shape[1] // 2, *shape[2:])
-        return torch.stack([
-            torch.cat([get(f"{prefix}.{e}.{proj}.weight", 0, half[0], half) for proj in ("gate_proj", "up_proj")])
-            for e in range(start, stop)
-        ])
-    if name.endswith(".mlp.experts.down_proj"):  # [E, D, I] from per-expert [D, I]
-        prefix = name.removesuffix(".down_proj")
-        return torch.stack([get(f"{prefix}.{e}.down_proj.weight", 0, rest[0], rest) for e in range(start, stop)])
-    if name.endswith(".self_attn.conv1d.weight"):  # [3Q, 1, K] from q, k, v [Q, 1, K]
-        prefix, q = name.removesuffix(".conv1d.weight"), shape[0] // 3
-        parts = [get(f"{prefix}.{qkv}_conv1d.weight", max(start, i * q) - i * q, min(stop, (i + 1) * q) - i * q,
-                     (q, *rest))
-                 for i, qkv in enumerate("qkv") if max(start, i * q) < min(stop, (i + 1) * q)]
-        return torch.cat(parts)
-    return get(_rename_to_disk(name), start, stop, tuple(shape))
+        yield _rename_to_disk(name), start, tensor
 
 
 _VISION_PREFIXES = ("model.visual.", "visual.", "model.vision", "vision_tower.", "model.vision_tower.")
@@ -116,13 +96,19 @@ def keep_fp32(name: str) -> bool:
     return any(pattern in name for pattern in KEEP_IN_FP32)
 
 
-def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`tensor` in `dtype` unless upstream keeps `name` in float32 (dtype None: as stored)."""
-    if dtype is None or not tensor.is_floating_point():
-        return tensor
+def cast_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype of tensor `name` stored in `stored` once loaded in `dtype`: `dtype` unless upstream
+    keeps `name` in float32 (None, or not floating point: as stored)."""
+    if dtype is None or not stored.is_floating_point:
+        return stored
     if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):
-        return tensor.to(torch.float32)
-    return tensor.to(dtype)
+        return torch.float32
+    return dtype
+
+
+def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`tensor` in `cast_dtype` (itself when that is its dtype)."""
+    return tensor.to(cast_dtype(name, tensor.dtype, dtype))
 
 
 def model_tensors(model: Glm5NextCausalLM,

@@ -10,8 +10,9 @@ Directories read (safetensors only; pickled `.bin`/`.pt` files are never loaded)
   `writer.save_pretrained` writes it, or a bare text model's keys (`layers.*`, `embed_tokens.*`).
 
 `load_weights_`: a meta-built model is allocated (`to_empty`) and each tensor filled with the rows
-this rank holds, read with `get_slice(key)[a:b]` (`CheckpointReader`), in the key layout of
-`layout.py`. Who calls it, and why not DCP's Hugging Face storage: docs/checkpoints.md.
+this rank holds, read by DCP's `HuggingFaceStorageReader` (`get_slice(key)[a:b]`) straight into
+the model's tensors, in the key layout of `layout.py` (`CheckpointReader`). Who calls it:
+docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -19,21 +20,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, NoReturn
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
+from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageReader
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 from tqdm import tqdm
 from transformers import PreTrainedConfig
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.presets import check_overrides
 from genome_lm.model.upstream import Glm5NextConfig, Glm5NextTextConfig
-from genome_lm.model.weights.layout import cast_tensor, model_tensors, read_rows, text_key
+from genome_lm.model.weights.layout import cast_dtype, cast_tensor, model_tensors, text_key, to_disk_layout
 
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
@@ -49,9 +53,6 @@ class LoadReport:
     unexpected: tuple[str, ...] = ()
 
 _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
 
 
 @contextlib.contextmanager
@@ -119,103 +120,101 @@ def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
     raise GenomeLMError(f"model: no *.safetensors weights in {ckpt_dir}{hint}")
 
 
+class _RowsPlanner(DefaultLoadPlanner):
+    """DCP reads straight into the model's tensors: `pieces` maps (checkpoint key, first row) to the
+    view its rows go into and the dtype they are rounded to first (None: copied as stored)."""
+
+    def __init__(self, pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]]):
+        super().__init__()
+        self.pieces = pieces
+
+    def _view(self, req: ReadItem) -> tuple[torch.Tensor, torch.dtype | None]:
+        assert req.dest_index.offset is not None  # set for every read item of a chunk list
+        view, dtype = self.pieces[req.dest_index.fqn, req.dest_index.offset[0]]
+        return view[tuple(slice(o, o + n) for o, n in zip(req.dest_offsets, req.lengths))], dtype
+
+    def resolve_tensor(self, req: ReadItem) -> torch.Tensor:
+        view, dtype = self._view(req)
+        return view if dtype is None else torch.empty_like(view, dtype=dtype)
+
+    def commit_tensor(self, req: ReadItem, tensor: torch.Tensor) -> None:
+        view, dtype = self._view(req)
+        if dtype is not None:
+            view.copy_(tensor)
+
+
 class CheckpointReader:
-    """Dim-0 slices of the text model's tensors (upstream names) from a checkpoint directory.
+    """The text model's tensors (upstream names) in a checkpoint directory, read with DCP's
+    `HuggingFaceStorageReader` (`safe_open(...).get_slice(key)[rows]`: only the rows asked for).
 
-        with CheckpointReader(ckpt_dir, model.config) as reader:
-            stored, unused = reader.check({"model.norm.weight": (64,), ...})  # all present, shapes right
-            rows = reader.rows("model.layers.1.mlp.experts.down_proj", (8, 64, 32), 3, 6)  # experts 3..5
+        reader = CheckpointReader(ckpt_dir, model.config)
+        stored, unused = reader.check({"model.norm.weight": (64,), ...})  # all present, shapes right
+        reader.read_("model.layers.1.mlp.experts.down_proj", local, 3, 8, dtype)  # experts 3..5 into local
 
-    A tensor stored under its upstream name is sliced directly; otherwise its rows are assembled
-    from the on-disk tensors behind them (`read_rows`). Only the rows asked for are read
-    (`get_slice(key)[start:stop]` on the memory-mapped file); at most `OPEN_FILES` files stay
-    mapped, so the pages read leave the resident set once the reader moves on. Vision and MTP
-    weights, and layers beyond `config.num_hidden_layers`, are not indexed. GenomeLMError on
-    missing tensors (all listed at once by `check`) or a shape that does not match the config.
-    """
-
-    OPEN_FILES = 2
+    A tensor stored under its upstream name is read directly; otherwise from the on-disk tensors
+    behind its rows (`to_disk_layout`). Every `*.safetensors` file of the directory is indexed
+    (DCP's reader does not read the index json); vision and MTP weights, and layers beyond
+    `config.num_hidden_layers`, are skipped. GenomeLMError on a tensor stored twice, on missing
+    tensors (all listed at once by `check`) or a shape that does not match the config."""
 
     def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
         self.dir = Path(ckpt_dir)
         self.files = safetensors_files(self.dir)
-        self._where: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}  # key -> (file, its key, shape, dtype)
-        self._open: OrderedDict[Path, safe_open] = OrderedDict()
-        for path in self.files:
-            with _reading(path), safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    if (name := text_key(key, config.num_hidden_layers)) is not None:
-                        part = f.get_slice(key)
-                        self._where[name] = (path, key, tuple(part.get_shape()), part.get_dtype())
+        self.storage = HuggingFaceStorageReader(str(self.dir))
+        with _reading(self.dir):
+            self.metadata = self.storage.read_metadata()
+        self.storage.set_up_storage_reader(self.metadata, True)
+        stored = self.metadata.state_dict_metadata
+        self.keys = {name: key for key in stored if (name := text_key(key, config.num_hidden_layers)) is not None}
+        if twice := [key for key in self.keys.values() if len(self._stored(key).chunks) > 1]:
+            raise GenomeLMError(f"model: {self.dir} holds {twice[0]} (and {len(twice) - 1} more) in more than one "
+                                "*.safetensors file; remove the stray copies (every *.safetensors file there is read)")
 
-    def __enter__(self) -> "CheckpointReader":
-        return self
+    def _disk(self, name: str, tensor: torch.Tensor, start: int = 0,
+              rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
+        """`to_disk_layout`, or the tensor itself where the checkpoint holds it under `name`."""
+        return iter([(name, start, tensor)]) if name in self.keys else to_disk_layout(name, tensor, start, rows)
 
-    def __exit__(self, *exc) -> None:
-        while self._open:
-            self._open.popitem()[1].__exit__(None, None, None)
+    def _stored(self, key: str) -> TensorStorageMetadata:
+        stored = self.metadata.state_dict_metadata[key]
+        assert isinstance(stored, TensorStorageMetadata)  # safetensors hold tensors only
+        return stored
 
-    def _file(self, path: Path) -> safe_open:
-        if path in self._open:
-            self._open.move_to_end(path)
-        else:
-            while len(self._open) >= self.OPEN_FILES:
-                self._open.popitem(last=False)[1].__exit__(None, None, None)
-            with _reading(path):
-                self._open[path] = safe_open(str(path), framework="pt", device="cpu")
-        return self._open[path]
-
-    def _stored(self, key: str, shape: tuple[int, ...]) -> tuple[Path, str, str] | None:
-        """(file, its key, dtype) of checkpoint tensor `key`, None if absent; an error if not of `shape`."""
-        if key not in self._where:
-            return None
-        path, file_key, stored, dtype = self._where[key]
-        if stored != tuple(shape):
-            raise GenomeLMError(f"model: {path}: {file_key} has shape {stored}, the config expects {tuple(shape)}; "
-                                "check config.json and the config overrides")
-        return path, file_key, dtype
-
-    def get(self, key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
-        """Rows `[start, stop)` of the checkpoint tensor stored as `key` (causal-LM key in the file's
-        own layout), whose full shape must be `shape`."""
-        if (found := self._stored(key, shape)) is None:
-            self._missing([key])
-        path, file_key, _ = found
-        with _reading(path):
-            return self._file(path).get_slice(file_key)[start:stop]
-
-    def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
-        """Rows `[start, stop)` of the model's tensor `name` (upstream causal-LM name, full `shape`)."""
-        if name in self._where:
-            return self.get(name, start, stop, shape)
-        return read_rows(name, shape, start, stop, self.get)
-
-    def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.dtype], list[str]]:
         """Before reading anything: every checkpoint tensor behind the model tensors `tensors` (name ->
-        full shape) exists with the right shape. Returns what each of them is as stored (a tensor on
-        the meta device: shape, dtype) and the checkpoint's text keys that none of them uses."""
-        needed, missing = set(), []
-
-        def visit(key: str, start: int, stop: int, shape: tuple[int, ...]) -> torch.Tensor:
-            found = self._stored(key, shape)
-            if found is None:
-                missing.append(key)
-            else:
-                needed.add(key)
-            dtype = None if found is None else _DTYPES[found[2]]
-            return torch.empty((stop - start, *shape[1:]), dtype=dtype, device="meta")
-
-        stored = {name: visit(name, 0, shape[0], shape) if name in self._where else
-                  read_rows(name, shape, 0, shape[0], visit) for name, shape in tensors.items()}
+        full shape) exists with the right shape. Returns the dtype each of them is stored in and the
+        checkpoint's text keys that none of them uses."""
+        needed, missing, dtypes = set(), [], {}
+        for name, shape in tensors.items():
+            for disk, _, part in self._disk(name, torch.empty(shape, device="meta")):
+                if (key := self.keys.get(disk)) is None:
+                    missing.append(disk)
+                    continue
+                needed.add(disk)
+                if (size := tuple(self._stored(key).size)) != tuple(part.shape):
+                    path = next(info.relative_path for at, info in self.metadata.storage_data.items() if at.fqn == key)
+                    raise GenomeLMError(f"model: {path}: {key} has shape {size}, the config expects "
+                                        f"{tuple(part.shape)}; check config.json and the config overrides")
+                dtypes[name] = self._stored(key).properties.dtype
         if missing:
-            self._missing(missing)
-        return stored, sorted(set(self._where) - needed)
+            raise GenomeLMError(f"model: {self.dir} lacks {len(missing)} weight(s) of the text model, e.g. "
+                                f"{missing[:5]}; is it a GLM-5.3-Flash checkpoint matching its config.json (and the "
+                                "config overrides), with all its weights files?")
+        return dtypes, sorted(set(self.keys) - needed)
 
-    def _missing(self, keys: list[str]) -> NoReturn:
-        raise GenomeLMError(
-            f"model: {self.dir} lacks {len(keys)} weight(s) of the text model, e.g. {keys[:5]}; is it a GLM-5.3-Flash "
-            "checkpoint matching its config.json (and the config overrides), with all its weights files?"
-        )
+    def read_(self, name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
+        """Rows `[start, start + len(local))` of the model's tensor `name` (`rows` rows in all) into
+        `local`, rounded to `dtype` first (`cast_dtype`; None: copied as stored)."""
+        pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]] = {}
+        items = []
+        for disk, row, view in self._disk(name, local, start, rows):
+            key, stored = self.keys[disk], self._stored(self.keys[disk])
+            cast = cast_dtype(name, stored.properties.dtype, dtype)
+            pieces[key, row] = (view, None if dtype is None or cast in (stored.properties.dtype, view.dtype) else cast)
+            chunk = ChunkStorageMetadata(offsets=torch.Size((row, *[0] * (view.dim() - 1))), sizes=view.shape)
+            items += create_read_items_for_chunk_list(key, stored, [chunk])
+        with _reading(self.dir):
+            self.storage.read_data(LoadPlan(items), _RowsPlanner(pieces)).wait()
 
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -279,33 +278,27 @@ def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, tor
     Returns the `LoadReport`: checkpoint weights the model has no place for (also logged)."""
     unused: list[str]
     progress: str | bool  # the progress bar's description, or False: none
-    with contextlib.ExitStack() as stack:
-        if isinstance(source, Mapping):
-            stored, unused, progress = source, [], False
+    if isinstance(source, Mapping):
+        dtypes, unused, progress = {name: t.dtype for name, t in source.items()}, [], False
 
-            def read(name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
-                return source[name][start:stop]
-        else:
-            reader = stack.enter_context(CheckpointReader(source, model.config))
-            stored, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
-            read, progress = reader.rows, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
-        if unused:
-            log.warning("%s: %d weights not used by the model, e.g. %s", source, len(unused), unused[:5])
-        if device is not None:
-            if stored_dtypes:
-                for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
-                    tensor.data = torch.empty_like(tensor, dtype=cast_tensor(name, stored[name], dtype).dtype)
-            _allocate_(model, device)
-        tensors = model_tensors(model, model.state_dict(keep_vars=True)).items()
-        for name, tensor in tqdm(tensors, desc=progress or None, unit="tensor", disable=not progress):
-            local, start = local_rows(tensor)
-            if local.dim() == 0:
-                raise ValueError(f"load_weights_: {name} is a scalar; the model has none")
-            if local.shape[0] == 0:
-                continue  # this rank holds no rows of a tensor shorter than the world
-            rows = cast_tensor(name, read(name, tuple(tensor.shape), start, start + local.shape[0]), dtype)
-            if rows.shape != local.shape:
-                raise GenomeLMError(f"model: {name}: got rows of shape {tuple(rows.shape)}, expected "
-                                    f"{tuple(local.shape)}; the checkpoint does not match the model's config")
-            local.copy_(rows)
+        def read_(name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
+            local.copy_(cast_tensor(name, source[name][start:start + len(local)], dtype))
+    else:
+        reader = CheckpointReader(source, model.config)
+        dtypes, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
+        read_, progress = reader.read_, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
+    if unused:
+        log.warning("%s: %d weights not used by the model, e.g. %s", source, len(unused), unused[:5])
+    if device is not None:
+        if stored_dtypes:
+            for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
+                tensor.data = torch.empty_like(tensor, dtype=cast_dtype(name, dtypes[name], dtype))
+        _allocate_(model, device)
+    tensors = model_tensors(model, model.state_dict(keep_vars=True)).items()
+    for name, tensor in tqdm(tensors, desc=progress or None, unit="tensor", disable=not progress):
+        local, start = local_rows(tensor)
+        if local.dim() == 0:
+            raise ValueError(f"load_weights_: {name} is a scalar; the model has none")
+        if local.shape[0]:  # else this rank holds no rows of a tensor shorter than the world
+            read_(name, local, start, tensor.shape[0], dtype)
     return LoadReport(tuple(unused))

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_directory, umask
-from genome_lm.model.weights.layout import TensorSpec, cast_tensor, model_tensors, to_disk_layout
+from genome_lm.model.weights.layout import TensorSpec, cast_dtype, cast_tensor, model_tensors, to_disk_layout
 
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
@@ -48,7 +48,7 @@ def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[s
     """The output files before anything is gathered: per file, its on-disk tensor names and sizes,
     in writing order, in files of at most `max_bytes` (`byte_batches`). Computed on the meta device."""
     parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
-             for disk_name, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+             for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
     return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
 
 
@@ -142,7 +142,7 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
     for name, tensor in tensors.items():
         if tensor.is_meta:
             raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
-    specs = [(name, tuple(t.shape), cast_tensor(name, torch.empty(0, dtype=t.dtype), dtype).dtype)
+    specs = [(name, tuple(t.shape), cast_dtype(name, t.dtype, dtype))
              for name, t in tensors.items()]
     gathered = ((name, cast_tensor(name, t.full_tensor() if isinstance(t, DTensor) else t, dtype))
                 for name, t in tensors.items())
@@ -178,7 +178,7 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
             if got != name or tuple(tensor.shape) != shape:
                 raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")
-            for disk_name, part in to_disk_layout(name, tensor.detach()):
+            for disk_name, _, part in to_disk_layout(name, tensor.detach()):
                 writer.add(disk_name, part)
             tensor = part = None  # free it before the next tensor is gathered
         writer.finish()
