@@ -140,17 +140,19 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool
             p.add_argument(name, **kw)
             continue
         kw.update(default=None, dest=name)
+        flag = _flag(name, f)
         ann = f.annotation  # X | None -> X
         ann = next((a for a in get_args(ann) if a is not type(None)), ann) if type(None) in get_args(ann) else ann
-        if ann is bool:
-            kw["action"] = argparse.BooleanOptionalAction
+        if ann is bool:  # one plain flag: --x sets true; a field that defaults to true has --no-x instead
+            kw.update(action="store_const", const=f.default is not True, help=f.description)
+            flag = flag if f.default is not True else "--no-" + flag.removeprefix("--")
         elif extra.get("repeat"):
             kw["action"] = "append"
         elif "const" in extra:
             kw.update(nargs="?", const=extra["const"])
         elif get_origin(ann) is Literal:
             kw["choices"] = get_args(ann)
-        p.add_argument(_flag(name, f), **kw)
+        p.add_argument(flag, **kw)
     if files:
         p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
                        "(flags and --set override it; docs/config.md)")
