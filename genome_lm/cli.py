@@ -1,6 +1,8 @@
 """`genome-lm`: thin subcommands. The library does the work; this file builds each command's flags
-from its pydantic parameter model (`options.add_options`), calls the library, and turns
-`GenomeLMError` into a one-line message and a non-zero exit."""
+from its pydantic parameter models (`options.add_options`), calls the library, and turns
+`GenomeLMError` into a one-line message and a non-zero exit. The models live in light modules
+(pydantic, no torch, numpy or pyarrow), imported only for the command that runs; each command imports
+its implementation when it runs, so `--help` answers at once."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import errno
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +62,18 @@ class TrainParams(Params):
                                  "--set train.lr=1e-5 (repeatable)")
     out: str | None = Field(default=None, description="run directory (default runs/NAME)")
     resume: bool = Field(default=False, description="continue from the newest checkpoint in --out")
+
+
+class PrepareOutput(Params):
+    out: str = Field(description="shards directory to write")
+    overwrite: bool = Field(default=False, description="replace --out if it holds shards an earlier prepare wrote")
+
+
+class SynthOutput(Params):
+    out: str = Field(description="output FASTA path (.fa.gz)")
+    scale: float = Field(default=1.0, description="size multiplier; 1.0 is the default few-Mbp genome")
+    seed: int = 0
+    overwrite: bool = False
 
 
 def _writer_shard_bytes() -> int:
@@ -113,7 +130,8 @@ def _synth(args) -> None:
     from genome_lm.genome.synth_files import write_synthetic_fasta
     from genome_lm.genome.synth_params import SynthParams
 
-    write_synthetic_fasta(args.out, scale=args.scale, seed=args.seed, overwrite=args.overwrite,
+    p = from_args(SynthOutput, args)
+    write_synthetic_fasta(p.out, scale=p.scale, seed=p.seed, overwrite=p.overwrite,
                           params=from_args(SynthParams, args))
 
 
@@ -127,7 +145,8 @@ def _fetch(args) -> None:
 def _prepare(args) -> None:
     from genome_lm.genome.prepare import PrepareParams, prepare
 
-    prepare(from_args(PrepareParams, args), args.out, overwrite=args.overwrite)
+    out = from_args(PrepareOutput, args)
+    prepare(from_args(PrepareParams, args), out.out, overwrite=out.overwrite)
 
 
 def _train(args) -> None:
@@ -256,71 +275,87 @@ def _kept(args) -> str:
             "(delete it to start over)") if n else ""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from genome_lm import __version__
-    from genome_lm.eval.config import EvalConfig
-    from genome_lm.genome.fetch import FetchParams
-    from genome_lm.genome.prepare import PrepareParams
-    from genome_lm.genome.synth_params import SynthParams
-    from genome_lm.plan.command import PlanParams
-    from genome_lm.plan.rehearse_command import RehearseParams
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: the function that runs it, its help, and its parameter models, each a class or the
+    "module:Class" of one imported only when this command's parser is built; one flag per field. `files`:
+    the model that `--config FILE.yaml` and `--set KEY=VALUE` fill (one of `models`, or one whose fields
+    have no flags of their own)."""
 
-    parser = argparse.ArgumentParser(prog="genome-lm", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"genome-lm {__version__}")
+    run: Callable[[argparse.Namespace], None]
+    help: str
+    models: tuple[type[Params] | str, ...] = ()
+    files: str | None = None
+
+
+PREPARE, EVAL = "genome_lm.genome.prepare_params:PrepareParams", "genome_lm.eval.config:EvalConfig"
+COMMANDS = {
+    "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
+                    "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
+    "synth": Command(_synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)",
+                     (SynthOutput,), files="genome_lm.genome.synth_params:SynthParams"),
+    "fetch": Command(_fetch, "download hg38 chromosomes from UCSC and verify their md5 sums",
+                     ("genome_lm.genome.fetch:FetchParams",)),
+    "prepare": Command(_prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
+                       (PREPARE, PrepareOutput), files=PREPARE),
+    "train": Command(_train, "fine-tune a model from an experiment YAML", (TrainParams, Launch)),
+    "export": Command(_export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
+                      "directory, for checkpoints saved without model/", (ExportParams,)),
+    "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
+                    files=EVAL),
+    "compare": Command(_compare, "paired comparison of two evals of the same windows, by context bucket (or of "
+                       "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
+    "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
+                      (ReportParams,)),
+    "check-upstream": Command(_check_upstream, "check the installed transformers against every upstream symbol, "
+                              "attribute and signature genome_lm relies on"),
+    "plan": Command(_plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs",
+                    ("genome_lm.plan.command:PlanParams",)),
+    "rehearse": Command(_rehearse, "one full-size training step on fake tensors and N fake ranks, its memory "
+                        "measured by FSDP2's tracker beside the planner's prediction",
+                        ("genome_lm.plan.rehearse_command:RehearseParams",)),
+}
+
+
+def _model(ref: type[Params] | str) -> type[BaseModel]:
+    if isinstance(ref, type):
+        return ref
+    module, name = ref.split(":")
+    return getattr(import_module(module), name)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the flags of the command that `argv` names (of every command without `argv`):
+    a command's models are imported only when its flags are built, so `genome-lm --help` imports none."""
+    import genome_lm
+
+    parser = argparse.ArgumentParser(prog="genome-lm", description=genome_lm.__doc__)
+    parser.add_argument("--version", action="version", version=f"genome-lm {genome_lm.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, func, help: str, *models) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        for model in models:
-            add_options(p, model, files=model in (PrepareParams, EvalConfig))
-        p.set_defaults(func=func)
-        return p
-
-    command("demo", _demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
-            "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", DemoParams)
-    p = command("synth", _synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)")
-    p.add_argument("--out", required=True, help="output FASTA path (.fa.gz)")
-    p.add_argument("--scale", type=float, default=1.0, help="size multiplier; 1.0 is the default few-Mbp genome")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    add_options(p, SynthParams, fields=False)  # --config, --set NAME=VALUE: fields of synth_params.py SynthParams
-    command("fetch", _fetch, "download hg38 chromosomes from UCSC and verify their md5 sums", FetchParams)
-    p = command("prepare", _prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
-                PrepareParams)
-    p.add_argument("--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
-    command("train", _train, "fine-tune a model from an experiment YAML", TrainParams, Launch)
-    command("export", _export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
-            "directory, for checkpoints saved without model/", ExportParams)
-    command("eval", _eval, "score held-out windows: per-token NLL and loss by preceding context", EvalConfig, Launch)
-    command("compare", _compare, "paired comparison of two evals of the same windows, by context bucket (or of "
-            "two sets of replicate evals, with CIs over training seeds)", CompareParams)
-    command("report", _report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
-            ReportParams)
-    command("check-upstream", _check_upstream, "check the installed transformers against every upstream symbol, "
-            "attribute and signature genome_lm relies on")
-    command("plan", _plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs", PlanParams)
-    command("rehearse", _rehearse, "one full-size training step on fake tensors and N fake ranks, its memory measured "
-            "by FSDP2's tracker beside the planner's prediction", RehearseParams)
+    named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        p.set_defaults(func=command.run)
+        if argv is not None and name != named:
+            continue
+        for ref in command.models:
+            add_options(p, _model(ref), files=ref == command.files)
+        if command.files is not None and command.files not in command.models:
+            add_options(p, _model(command.files), fields=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C while the heavy modules load, before a command runs
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C while the parser is built, before a command runs
         print("genome-lm: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
-def _main(argv: list[str] | None) -> int:
-    try:
-        parser = build_parser()  # imports the model's upstream, which checks the installed transformers
-    except GenomeLMError as e:
-        print(f"genome-lm: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    args = parser.parse_args(argv)
+def _main(argv: list[str]) -> int:
+    args = build_parser(argv).parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))  # one process of a launch torchrun or srun started: rank 0 speaks
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING,
@@ -350,11 +385,11 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
-def _resume_command(argv: list[str] | None) -> str:
+def _resume_command(argv: list[str]) -> str:
     """The command line that continues a preempted run: the same one, with --resume."""
     import shlex
 
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"]
+    words = [a for a in argv if a != "--resume"]
     return shlex.join(["genome-lm", *words, "--resume"])
 
 

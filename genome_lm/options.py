@@ -1,9 +1,9 @@
 """Every command's parameters as a pydantic model (docs/config.md): `validate` turns a pydantic
 error into one GenomeLMError naming where the value came from (a file, `--set`, a flag) with a
 did-you-mean for unknown keys; `apply_override` applies a `--set KEY=VALUE`; `read_yaml` reads a
-`--config` or experiment file; `add_options` / `from_args` give a model's fields as flags, plus
-`--config FILE.yaml` and `--set KEY=VALUE` (prepare, synth, eval). `Names`: a list of names given
-as 'chr1,chr2' or a YAML list.
+`--config` or experiment file (UTF-8, each key once in a mapping: `UniqueKeyLoader`); `add_options`
+/ `from_args` give a model's fields as flags, plus `--config FILE.yaml` and `--set KEY=VALUE`
+(prepare, synth, eval). `Names`: a list of names given as 'chr1,chr2' or a YAML list.
 """
 
 from __future__ import annotations
@@ -34,8 +34,27 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
+def _initials(name: str) -> str:
+    return "".join(word[0] for word in name.split("_") if word)
+
+
+def _near(key: str, known: list[str]) -> str | None:
+    """The known key that a mistyped `key` most likely means: a key of its own section, spelled alike or
+    abbreviated ('learning_rate' for 'lr', 'wd' for 'weight_decay'); in an unknown section, any key
+    spelled alike."""
+    section, _, last = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
+    if section and section not in known:
+        return next(iter(difflib.get_close_matches(key, known, n=1)), None)
+    near = [k for k in siblings if _initials(k) == last or k == _initials(last)]
+    near = near or difflib.get_close_matches(last, list(siblings), n=1)
+    return siblings[near[0]] if near else None
+
+
 _MESSAGES = {"int_parsing": "expected an integer", "int_from_float": "expected an integer",
-             "float_parsing": "expected a number", "bool_parsing": "expected true or false",
+             "int_type": "expected an integer", "float_parsing": "expected a number", "float_type": "expected a number",
+             "bool_parsing": "expected true or false", "bool_type": "expected true or false",
+             "string_type": "expected text",
              "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}"}
 
 
@@ -46,10 +65,11 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
     key = ".".join(str(p) for p in e["loc"])
     # a file, --set, or the flag that gave the value (origin names a whole key or its section)
     sections = (".".join(str(p) for p in e["loc"][:i]) for i in range(len(e["loc"]) - 1, 0, -1))
-    src = next((origin[k] for k in (key, *sections) if k in origin), source)
+    src = next((origin[k] for k in (key, *sections) if k in origin),  # else a --set under an unknown section
+               next((v for k, v in origin.items() if k.startswith(key + ".")), source))
     if e["type"] == "extra_forbidden":
-        near = difflib.get_close_matches(key, _known_keys(model), n=1)
-        hint = f"; did you mean {near[0]}?" if near else "; remove it"
+        near = _near(key, _known_keys(model))
+        hint = f"; did you mean {near}?" if near else "; remove it"
         return GenomeLMError(f"{src}: {unknown} {key}{hint}")
     if e["type"] == "missing":
         flag = _flag(key, model.model_fields.get(key))
@@ -57,6 +77,7 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
     msg = _MESSAGES[e["type"]].format(**e.get("ctx", {})) if e["type"] in _MESSAGES else \
         e["msg"].removeprefix("Value error, ")
     got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+    got = " (the value is empty)" if got == " (got None)" else got
     got = "" if e["type"] not in _MESSAGES and got[6:-1] in msg else got  # the message already shows the value
     if src.startswith("--") and src != "--set" and origin.get(key.split(".")[0]) == src:  # the field's own flag
         at = src
@@ -89,8 +110,30 @@ def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise GenomeLMError(f"{flag} {assignment!r}: {p} is not a section")
-    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    try:
+        node[parts[-1]] = yaml.load(value, Loader=UniqueKeyLoader) if value.strip() else None
+    except yaml.YAMLError as e:
+        raise GenomeLMError(f"{flag} {assignment!r}: the value is not valid YAML: {_problem(e)}") from None
     return parts[0]
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (where PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True) if key_node.tag != "tag:yaml.org,2002:merge" else None
+            if isinstance(key, (str, int, float)) and key in lines:
+                raise yaml.constructor.ConstructorError(None, None, f"{key} is given twice in one mapping, on lines "
+                                                        f"{lines[key]} and {key_node.start_mark.line + 1}; keep one",
+                                                        key_node.start_mark)
+            lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _problem(e: yaml.YAMLError) -> str:
+    return getattr(e, "problem", None) or str(e).splitlines()[0]
 
 
 def read_yaml(path: str | Path, hint: str) -> dict:
@@ -101,12 +144,14 @@ def read_yaml(path: str | Path, hint: str) -> dict:
     if not path.is_file():
         raise GenomeLMError(f"{path} is a folder, not a YAML file; give the file itself (keys {hint})")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_bytes().decode("utf-8"), Loader=UniqueKeyLoader) or {}
+    except UnicodeDecodeError as e:
+        raise GenomeLMError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it "
+                            "as UTF-8, or give the YAML file you meant") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise GenomeLMError(f"{path} is not valid YAML{at}: {what}") from None
+        raise GenomeLMError(f"{path} is not valid YAML{at}: {_problem(e)}") from None
     if not isinstance(raw, dict):
         raise GenomeLMError(f"{path} must hold a mapping with keys {hint}")
     return raw
@@ -140,17 +185,19 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool
             p.add_argument(name, **kw)
             continue
         kw.update(default=None, dest=name)
+        flag = _flag(name, f)
         ann = f.annotation  # X | None -> X
         ann = next((a for a in get_args(ann) if a is not type(None)), ann) if type(None) in get_args(ann) else ann
-        if ann is bool:
-            kw["action"] = argparse.BooleanOptionalAction
+        if ann is bool:  # one plain flag: --x sets true; a field that defaults to true has --no-x instead
+            kw.update(action="store_const", const=f.default is not True, help=f.description)
+            flag = flag if f.default is not True else "--no-" + flag.removeprefix("--")
         elif extra.get("repeat"):
             kw["action"] = "append"
         elif "const" in extra:
             kw.update(nargs="?", const=extra["const"])
         elif get_origin(ann) is Literal:
             kw["choices"] = get_args(ann)
-        p.add_argument(_flag(name, f), **kw)
+        p.add_argument(flag, **kw)
     if files:
         p.add_argument("--config", metavar="FILE.yaml", help="read these parameters from a YAML file "
                        "(flags and --set override it; docs/config.md)")

@@ -189,7 +189,7 @@ def test_an_output_inside_an_input_folder_is_refused(evaluated, tmp_path, capsys
 def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys):
     import genome_lm.cli as cli
 
-    def interrupted():
+    def interrupted(*argv):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)

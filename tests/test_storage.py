@@ -1,9 +1,13 @@
 """A full disk and a read-only folder are one line from every command that writes, and leave no
-output that looks whole. The folders are small tmpfs mounts (root only; skipped elsewhere)."""
+output that looks whole. The folders are small tmpfs mounts: as root, in this process; otherwise
+`test_the_mount_cases_as_root_of_a_user_namespace` runs this file again as root of a user namespace
+(`unshare --map-root-user --mount`), where mounting a tmpfs is allowed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,14 +24,27 @@ def mount(tmp_path):
         where = tmp_path / f"mnt{len(mounted)}"
         where.mkdir()
         options = f"size={size}" + (",ro" if read_only else "")
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode:
-            pytest.skip("mounting a tmpfs needs root")
+        if os.geteuid():
+            pytest.skip("mounting a tmpfs needs root: test_the_mount_cases_as_root_of_a_user_namespace runs this")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True, capture_output=True)
         mounted.append(where)
         return where
 
     yield make
     for where in mounted:
         subprocess.run(["umount", "--lazy", str(where)], check=False)  # detached even while a file there is open
+
+
+def test_the_mount_cases_as_root_of_a_user_namespace(tmp_path):
+    """Without root, every case of this file that mounts a tmpfs runs (and passes) in a user namespace."""
+    if not os.geteuid():
+        pytest.skip("root: the cases mount their tmpfs in this process")
+    proc = subprocess.run(["unshare", "--map-root-user", "--mount", sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'namespace'}", "-k", "not as_root_of",
+                           __file__],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=1800)
+    assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, \
+        proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def one_line(capsys, code: int) -> str:

@@ -8,25 +8,22 @@ An eval directory holds `tokens.parquet` (per-token NLL, see `outputs.py`) and `
 "ci_low", "ci_high", ...}], "repeat": {...}, ...}`; with `--leakage-k` shards, `--annotate`,
 `--strands both` and `--context` also "leakage", "annotations", "strands", "context_ablation", see
 docs/architecture.md, On-disk formats); a compare directory holds `compare.json`.
-Reading results (compare, report) does not import torch; `evaluate` does, on first use.
+The names below are imported on first use: reading results (compare, report) does not import torch,
+and a module of this package (`config.EvalConfig`, which `genome-lm eval --help` reads) does not
+import pyarrow.
 """
 
-from genome_lm.eval.buckets import assign, bucket_edges, contexts_of, log2_edges
-from genome_lm.eval.compare import compare_evals, format_table, load_compare, write_compare
-from genome_lm.eval.config import EvalConfig
-from genome_lm.eval.outputs import iter_windows, load_summary, read_meta
-from genome_lm.eval.text import format_summary
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "EvalConfig", "evaluate", "load_summary", "compare_evals", "write_compare", "load_compare", "format_table",
-    "format_summary",
-    "iter_windows", "read_meta", "assign", "bucket_edges", "contexts_of", "log2_edges",
-]
+_HOME = {"assign": "buckets", "bucket_edges": "buckets", "contexts_of": "buckets", "log2_edges": "buckets",
+         "compare_evals": "compare", "format_table": "compare", "load_compare": "compare", "write_compare": "compare",
+         "EvalConfig": "config", "evaluate": "run", "format_summary": "text",
+         "iter_windows": "outputs", "load_summary": "outputs", "read_meta": "outputs"}
+__all__ = sorted(_HOME)
 
 
-def __getattr__(name: str):
-    if name == "evaluate":
-        from genome_lm.eval.run import evaluate
-
-        return evaluate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)

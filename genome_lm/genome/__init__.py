@@ -1,6 +1,17 @@
-"""Genome access and shards: FASTA reading, single-nucleotide tokens, windows, shards."""
+"""Genome access and shards: FASTA reading, single-nucleotide tokens, windows, shards.
 
-from genome_lm.genome.shards import load_manifest, load_shards
-from genome_lm.genome.tokenizer import VOCAB, decode, encode, reverse_complement
+The names below are imported on first use, so that a module of this package (a command's parameters,
+which `genome-lm CMD --help` reads) loads neither numpy nor pyarrow."""
 
-__all__ = ["VOCAB", "decode", "encode", "load_manifest", "load_shards", "reverse_complement"]
+from importlib import import_module
+from typing import Any
+
+_HOME = {"VOCAB": "tokenizer", "decode": "tokenizer", "encode": "tokenizer", "reverse_complement": "tokenizer",
+         "load_manifest": "shards", "load_shards": "shards"}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)

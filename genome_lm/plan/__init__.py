@@ -9,15 +9,20 @@ Modules, in the order they build on each other: hardware (GPU specs), assumption
 non-counted number), shapes (the model on the meta device), layout (parallelism + memory
 strategy), activations (what autograd keeps), ops (per-op transients), memory (the step walked
 phase by phase), throughput (time), planner (one plan), search (--fit), report, command (CLI).
-See docs/plan.md for the model, its calibration and its comparison with the reference run.
+See docs/plan.md for the model, its calibration and its comparison with the reference run. The names
+below are imported on first use, so that `command` (what `genome-lm plan --help` reads) loads no torch.
 """
 
-from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GPUS, make_cluster
-from genome_lm.plan.layout import Layout, layout_from_config
-from genome_lm.plan.planner import Plan, make_plan
-from genome_lm.plan.search import fit
-from genome_lm.plan.shapes import model_shape
+from importlib import import_module
+from typing import Any
 
-__all__ = ["Assumptions", "GPUS", "Layout", "Plan", "fit", "layout_from_config", "make_cluster", "make_plan",
-           "model_shape"]
+_HOME = {"Assumptions": "assumptions", "GPUS": "hardware", "make_cluster": "hardware", "Layout": "layout",
+         "layout_from_config": "layout", "Plan": "planner", "make_plan": "planner", "fit": "search",
+         "model_shape": "shapes"}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)

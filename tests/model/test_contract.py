@@ -88,7 +88,7 @@ def test_cli_on_a_mismatched_transformers_is_one_line_exit_2(tmp_path):
     # its own UserWarning about rolling back to CPU above it
     lines = [ln for ln in result.stderr.strip().splitlines() if "Warning" not in ln and not ln.startswith("  ")]
     assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert lines[0].startswith("genome-lm: error: transformers ")
+    assert lines[0].startswith("genome-lm train: error: transformers ")
     assert "has no causal_conv1d_forward" in lines[0] and "make setup" in lines[0]
     assert not out.exists()
 

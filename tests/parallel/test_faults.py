@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -81,13 +82,18 @@ def test_sigterm_to_the_launcher_checkpoints_and_resumes(experiment, reference, 
     assert_same_losses(run, reference)
 
 
-def test_preempted_worker_group_comes_back(experiment, reference, tmp_path, step_callbacks):
+def test_preempted_worker_group_comes_back(experiment, reference, tmp_path, step_callbacks, capfd):
     """SIGUSR1 (SLURM's --signal) to one worker under --max-restarts 1: a checkpoint at the next step,
     exit 75, and the restarted group continues from it to the end."""
     step_callbacks(SignalSelfAt(2, rank=1, sig=signal.SIGUSR1))
     run = tmp_path / "run"
     assert main(["train", experiment, "--out", str(run), "--nproc", "2", "--max-restarts", "1"]) == 0
     assert_same_losses(run, reference)
+    err = capfd.readouterr().err
+    assert "rank1 WARNING genome_lm.train.guard: SIGUSR1 received" in err, err[-3000:]
+    stopped = re.search(r"restart 1 of 1: rank \d on .*: stopped on .* at step (\d+): checkpoint \S+ is complete", err)
+    assert stopped, err[-3000:]  # the preemption, not a clean first attempt, made the restart
+    assert f"resumed from {run / 'checkpoints' / f'step_{int(stopped.group(1)):08d}'}" in err
 
 
 def test_hung_rank_is_named_aborted_and_restarted(experiment, reference, tmp_path, step_callbacks, capfd):

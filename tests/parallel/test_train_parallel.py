@@ -139,7 +139,7 @@ def test_dcp_resume_on_four_processes_with_cp(dp2_run, tmp_path):
 def test_ray_train_two_cpu_workers_fail_and_resume(dp2_run, tmp_path, step_callbacks):
     """Ray Train, 2 CPU workers on a local Ray instance: a worker dies after step 3 -> one-line
     error, checkpoint 2 kept; --resume finishes with the losses of the --nproc run."""
-    ray = pytest.importorskip("ray")
+    import ray  # a dependency of genome_lm (--ray): missing, it is a failure, not a skip
     exp, run = dp2_run
     out = tmp_path / "ray_run"
     step_callbacks(KillAt(3, rank=1))
@@ -169,7 +169,7 @@ def _run_cli(argv: list[str]) -> None:
 def test_ray_train_worker_killed_restarts_and_finishes(dp2_run, tmp_path, step_callbacks):
     """Ray Train, 2 CPU workers: kill -9 of rank 1 after step 3 with --max-restarts 1: Ray restarts the
     worker group, which resumes from checkpoint 2 and finishes with the losses of the --nproc run."""
-    ray = pytest.importorskip("ray")
+    import ray  # a dependency of genome_lm (--ray): missing, it is a failure, not a skip
     exp, run = dp2_run
     out = tmp_path / "ray_run"
     step_callbacks(KillAt(3, rank=1))

@@ -42,6 +42,18 @@ def test_sizes_and_overrides(tmp_path):
     (GOOD, ["trainsteps"], r"expected KEY=VALUE"),
     ("data: [1, 2\n", [], r"not valid YAML \(line 2, column 1\): expected ',' or ']'"),
     (GOOD.replace("train:", "trian:"), [], r"unknown key trian; did you mean train\?"),  # not "missing train"
+    (GOOD, ["trian.steps=3"], r"^--set: unknown key trian; did you mean train\?"),  # the --set's typo, not the file's
+    (GOOD, ["train.steps="], r"^--set train.steps: expected an integer \(the value is empty\)$"),
+    (GOOD, ["train.learning_rate=1e-4"], r"^--set: unknown key train.learning_rate; did you mean train.lr\?$"),
+    (GOOD, ["train.wd=0"], r"did you mean train.weight_decay\?$"),
+    (GOOD, ["memory.foo=1"], r"^--set: unknown key memory.foo; remove it$"),  # not "did you mean memory?"
+    (GOOD, ["train.betas=[0.9"], r"^--set 'train.betas=\[0.9': the value is not valid YAML: expected ',' or ']'"),
+    (GOOD + "train:\n  steps: 3\n", [], r"e.yaml is not valid YAML \(line 5, column 1\): train is given twice in one "
+     r"mapping, on lines 3 and 5; keep one$"),
+    (GOOD.replace("seq_len: 64k}", "seq_len: 64k, seq_len: 1M}"), [], r"seq_len is given twice in one mapping, on "
+     r"lines 1 and 1"),
+    ("data:\n  shards: s\n  seq_len: 64k\n  seq_len: 1M\n" + GOOD[GOOD.index("model"):], [],
+     r"\(line 4, column 3\): seq_len is given twice in one mapping, on lines 3 and 4; keep one$"),
 ])
 def test_errors_name_the_key(tmp_path, text, overrides, match):
     p = tmp_path / "e.yaml"
@@ -62,6 +74,25 @@ def test_cli_reports_config_errors_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"genome-lm train: error: {tmp_path} is a folder, not a YAML file; give the file itself (keys data, "
                    "model, train, ... (the sections))"]
+
+
+@pytest.mark.parametrize("command", ["train", "plan", "prepare", "eval", "synth"])
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path, capsys, command):
+    """A PNG given as the experiment (train, plan), a Latin-1 byte in a comment of a --config file
+    (prepare, eval, synth): one line naming the file and the first byte that is not UTF-8."""
+    if command in ("train", "plan"):
+        path, offset, byte = tmp_path / "e.yaml", 0, "0x89"
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+        argv = [command, str(path)]
+    else:
+        path, offset, byte = tmp_path / "c.yaml", 20, "0xe9"
+        path.write_bytes(b"# caf\xc3\xa9 au lait, caf\xe9 noir\nseed: 1\n")  # UTF-8's e-acute, then Latin-1's
+        argv = [command, "--config", str(path), "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"genome-lm {command}: error: {path} is not UTF-8 text (byte {byte} at offset {offset}); save it as UTF-8, "
+        "or give the YAML file you meant"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_relative_shards_are_read_from_the_working_directory(tmp_path, capsys, monkeypatch):
