@@ -1,6 +1,6 @@
 """Memory per GPU of a forward pass without gradients: what `genome-lm eval` needs on each rank.
 
-    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20, cp=8, dp=8, moe_recompute=True))
+    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20).replace(cp=8, dp=8, moe_recompute=True))
     plan.peak_bytes, plan.peak_where, plan.breakdown
 
 The forward is walked layer by layer, as `memory.plan_memory` walks training's, but nothing is
@@ -47,7 +47,7 @@ class ForwardPlan:
 def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
                  sharded: bool | None = None) -> ForwardPlan:
     """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
-    `layout.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
+    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
     assume = assume or Assumptions()
     layout.check()
     fsdp = layout.gpus > 1 if sharded is None else sharded
@@ -70,7 +70,7 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
                        {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes,
                         "input_ids": ids}))
     outside = act.outside_layers(m, n)
-    per_token = layout.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
+    per_token = layout.train.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
     phases.append(("LM head + per-token NLL", {**persistent, "final": outside["final_norm"] + outside["final_hidden"],
                                                "loss_chunk": loss_transients(m, layout)[0], "per_token_nll": per_token,
                                                "input_ids": ids}))

@@ -49,7 +49,7 @@ def pow2(n: int) -> int:
 
 
 def shard_degree(layout: Layout, assume: Assumptions) -> int:
-    return layout.dp * (layout.cp if assume.shard_over_cp else 1)
+    return layout.dp * (layout.parallel.cp if assume.shard_over_cp else 1)
 
 
 def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
@@ -59,7 +59,7 @@ def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) 
     numel / F (their dim 0 is large, their padding negligible)."""
     if not layer.expert_count or F <= 1:
         return -(-layer.param_count // F)
-    ep = layout.ep if F % layout.ep == 0 else 1
+    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
     per_expert = layer.expert_count // m.experts
     rows = -(-(m.experts // ep) // (F // ep))
     return -(-(layer.param_count - layer.expert_count) // F) + rows * per_expert
@@ -72,7 +72,7 @@ def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: A
     largest tensor's shard in float32 (a layer's stacked gate_up experts, or the embeddings)."""
     if layout.state_bytes != 2:
         return int(assume.adamw_temp_copies * params)
-    ep = layout.ep if F % layout.ep == 0 else 1
+    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
     experts = -(-(m.experts // ep) // max(1, F // ep)) * 2 * m.moe_width * m.D if m.experts else 0
     largest = max(experts, -(-m.V // F) * m.D, -(-2 * m.dense_width // F) * m.D)
     return 4 * MASTER_BYTES * largest
@@ -80,7 +80,7 @@ def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: A
 
 def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
     """A layer's parameters as FSDP2 all-gathers them (routed experts: this rank's ep share)."""
-    return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.ep
+    return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.parallel.ep
 
 
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
@@ -92,13 +92,13 @@ def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
     if layout.wraps("layer"):
         stream = act.layer_input(m, n)
         select = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
-        if layout.offload:
+        if layout.memory.offload_layer_inputs:
             return select + (stream if stays else 0), stream + small, pow2(stream) + pow2(n) + 2 * pow2(8 * n)
         return stream + select, 0, 0
     wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
     device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
     inputs = len(wrapped) * n * a * m.D
-    if layout.offload and wrapped:
+    if layout.memory.offload_layer_inputs and wrapped:
         return (device + (inputs if stays else 0), inputs + len(wrapped) * small,
                 len(wrapped) * (pow2(n * a * m.D) + pow2(n) + 2 * pow2(8 * n)))
     return device + inputs, 0, 0
@@ -132,7 +132,7 @@ def _experts_apart(op: Op, layer: LayerShape, layout: Layout) -> int:
     expert parallelism the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered
     for the MoE's backward, then resharded and their gradients reduce-scattered before the rest of the
     layer runs its backward."""
-    return 0 if op.part == "moe" or layout.ep == 1 else layer.expert_bytes // layout.ep
+    return 0 if op.part == "moe" or layout.parallel.ep == 1 else layer.expert_bytes // layout.parallel.ep
 
 
 def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
@@ -159,7 +159,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
     prefetch = 1 + assume.fsdp_prefetch_layers  # forward: FSDP2's implicit prefetch
-    prefetch_bwd = 1 + layout.backward_prefetch
+    prefetch_bwd = 1 + layout.parallel.backward_prefetch
     red = layout.reduce_bytes / a
 
     all_ops, keeps = _layers(m, layout, assume, gpu, backend)
@@ -228,8 +228,8 @@ def _layers(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool,
         if key not in by_kind:
             by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
     all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
-    on_device = layout.replace(offload=False)  # the last offload_keep_last layers are not offloaded
-    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.offload_keep_last else on_device, assume)
+    on_device = layout.replace(offload_layer_inputs=False)  # the last offload_keep_last layers are not offloaded
+    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.memory.offload_keep_last else on_device, assume)
              for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]
     if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
         keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]

@@ -1,7 +1,7 @@
 """`make_plan(...)`: memory per GPU, host memory, step time and whether it all fits.
 
     shape = model_shape("glm53-flash")                       # meta device, exact counts
-    layout = Layout(seq_len=2**20, cp=8, dp=8, recompute="per-layer", offload=True)
+    layout = Layout(seq_len=2**20).replace(cp=8, dp=8, recompute="per-layer", offload_layer_inputs=True)
     plan = make_plan(shape, layout, make_cluster("b200", 64))
     plan.peak_gpu_bytes, plan.fits, plan.to_json()
 
@@ -91,8 +91,8 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     assume = assume or Assumptions()
     layout.check()
     if cluster is not None and layout.gpus != cluster.gpus:
-        raise GenomeLMError(f"layout cp={layout.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster has "
-                            f"{cluster.gpus}; change --gpus or the experiment's parallel section")
+        raise GenomeLMError(f"layout cp={layout.parallel.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster "
+                            f"has {cluster.gpus}; change --gpus or the experiment's parallel section")
     if cluster is None and layout.gpus != 1:
         raise GenomeLMError("a CPU plan is for one process: cp = dp = 1")
     backend = kda_backend(assume, cluster)
@@ -115,7 +115,7 @@ def limits(plan: Plan, c: Cluster) -> list[str]:
         out.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {plan.memory.peak_bytes / GiB:.1f} + "
                    f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "
                    f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {plan.memory.peak_where}")
-    if lay.offload and not a.pinned_available:
+    if lay.memory.offload_layer_inputs and not a.pinned_available:
         out.append("host memory: offload needs pinned host memory (pinned_available=false)")
     per_node = (plan.host_bytes_per_gpu + plan.staging_host_bytes_per_gpu) * c.gpus_per_node
     if per_node > c.host_memory_per_node * a.host_usable_fraction:
@@ -128,9 +128,10 @@ def limits(plan: Plan, c: Cluster) -> list[str]:
 
 def notes(plan: Plan, cluster: Cluster) -> list[str]:
     out = []
-    if plan.layout.ep > 1:
-        out.append(f"ep={plan.layout.ep}: the busiest expert rank is assumed {plan.assume.expert_imbalance:g}x the "
+    if plan.layout.parallel.ep > 1:
+        out.append(f"ep={plan.layout.parallel.ep}: the busiest expert rank is assumed "
+                   f"{plan.assume.expert_imbalance:g}x the "
                    "mean (the trainer logs it per step: ep_rank_imbalance)")
-    if plan.layout.cp > cluster.gpus_per_node:
-        out.append(f"cp={plan.layout.cp} spans nodes: CP all-gathers go over the network")
+    if plan.layout.parallel.cp > cluster.gpus_per_node:
+        out.append(f"cp={plan.layout.parallel.cp} spans nodes: CP all-gathers go over the network")
     return out
