@@ -29,7 +29,7 @@ from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.ops import layer_ops, loss_transients
+from genome_lm.plan.ops import loss_transients, ops_by_layer
 from genome_lm.plan.shapes import ModelShape
 
 F32 = 4
@@ -59,12 +59,8 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
     prefetch = 1 + assume.fsdp_prefetch_layers
     ids = 2 * n * 8  # input ids and labels, int64
     phases: list[tuple[str, dict[str, int]]] = []
-    by_kind: dict[tuple, list] = {}
-    for i, lay in enumerate(m.layers):
-        kind = (lay.attn, lay.mlp, lay.indexer)
-        if kind not in by_kind:
-            by_kind[kind] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
-        streams, op_bytes, op = _nograd_forward(by_kind[kind], m, n)
+    for i, (lay, ops) in enumerate(zip(m.layers, ops_by_layer(m, layout, backend, assume.expert_imbalance))):
+        streams, op_bytes, op = _nograd_forward(ops, m, n)
         gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
         phases.append((f"forward of layer {i} ({lay.kind}): {op}",
                        {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes,

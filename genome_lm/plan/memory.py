@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.ops import Op, layer_ops, loss_transients
+from genome_lm.plan.ops import Op, loss_transients, ops_by_layer
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
@@ -59,10 +59,14 @@ def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) 
     numel / F (their dim 0 is large, their padding negligible)."""
     if not layer.expert_count or F <= 1:
         return -(-layer.param_count // F)
+    return -(-(layer.param_count - layer.expert_count) // F) + experts_per_rank(m, layout, F) * (
+        layer.expert_count // m.experts)
+
+
+def experts_per_rank(m: ModelShape, layout: Layout, F: int) -> int:
+    """Routed experts of a layer one rank holds: its ep share, split whole by FSDP2 over F / ep ranks."""
     ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
-    per_expert = layer.expert_count // m.experts
-    rows = -(-(m.experts // ep) // (F // ep))
-    return -(-(layer.param_count - layer.expert_count) // F) + rows * per_expert
+    return -(-(m.experts // ep) // max(1, F // ep))
 
 
 def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: Assumptions) -> int:
@@ -72,8 +76,7 @@ def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: A
     largest tensor's shard in float32 (a layer's stacked gate_up experts, or the embeddings)."""
     if layout.state_bytes != 2:
         return int(assume.adamw_temp_copies * params)
-    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
-    experts = -(-(m.experts // ep) // max(1, F // ep)) * 2 * m.moe_width * m.D if m.experts else 0
+    experts = experts_per_rank(m, layout, F) * 2 * m.moe_width * m.D if m.experts else 0
     largest = max(experts, -(-m.V // F) * m.D, -(-2 * m.dense_width // F) * m.D)
     return 4 * MASTER_BYTES * largest
 
@@ -222,12 +225,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
 def _layers(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool,
             backend: str) -> tuple[list[list[Op]], list[tuple[int, int, int]]]:
     """Each layer's ops, and what it keeps for backward: (device, host, pinned host) bytes."""
-    by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
-    for lay in m.layers:
-        key = (lay.attn, lay.mlp, lay.indexer)
-        if key not in by_kind:
-            by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
-    all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
+    all_ops = ops_by_layer(m, layout, backend, assume.expert_imbalance)
     on_device = layout.replace(offload_layer_inputs=False)  # the last offload_keep_last layers are not offloaded
     keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.memory.offload_keep_last else on_device, assume)
              for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]

@@ -191,6 +191,15 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     return ops
 
 
+def ops_by_layer(m: ModelShape, layout: Layout, backend: str, imbalance: float) -> list[list[Op]]:
+    """`layer_ops` of every decoder layer (layers of one kind share one list, built once)."""
+    by_kind: dict[tuple, list[Op]] = {}
+    for lay in m.layers:
+        if (lay.attn, lay.mlp, lay.indexer) not in by_kind:
+            by_kind[lay.attn, lay.mlp, lay.indexer] = layer_ops(m, lay, layout, backend, imbalance)
+    return [by_kind[lay.attn, lay.mlp, lay.indexer] for lay in m.layers]
+
+
 def loss_transients(m: ModelShape, layout: Layout) -> tuple[int, int]:
     """(forward, backward) extra bytes of the chunked LM head + cross-entropy."""
     n, a, V, D = layout.tokens, m.act_bytes, m.V, m.D

@@ -3,7 +3,7 @@
     shape = model_shape("glm53-flash")                       # meta device, exact counts
     layout = Layout(seq_len=2**20).replace(cp=8, dp=8, recompute="per-layer", offload_layer_inputs=True)
     plan = make_plan(shape, layout, make_cluster("b200", 64))
-    plan.peak_gpu_bytes, plan.fits, plan.to_json()
+    plan.peak_gpu_bytes, plan.fits, report.plan_json(plan)
 
 On a CPU (`cluster=None`) the plan predicts what the trainer logs as `peak_mem_bytes` there:
 the process's peak resident set = `process_baseline_bytes` (interpreter, torch, model and
@@ -73,17 +73,6 @@ class Plan:
     def tokens_per_s(self) -> float | None:
         return None if self.time is None else self.time.tokens_per_s
 
-    def to_json(self) -> dict:
-        from genome_lm.plan.report import plan_json
-
-        return plan_json(self)
-
-
-def kda_backend(assume: Assumptions, cluster: Cluster | None) -> str:
-    if assume.kda_backend != "auto":
-        return assume.kda_backend
-    return "torch" if cluster is None else "fla"
-
 
 def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume: Assumptions | None = None,
               process_baseline_bytes: int = 0) -> Plan:
@@ -95,7 +84,7 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
                             f"has {cluster.gpus}; change --gpus or the experiment's parallel section")
     if cluster is None and layout.gpus != 1:
         raise GenomeLMError("a CPU plan is for one process: cp = dp = 1")
-    backend = kda_backend(assume, cluster)
+    backend = assume.kda_backend if assume.kda_backend != "auto" else "torch" if cluster is None else "fla"
     memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)

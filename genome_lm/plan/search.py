@@ -113,14 +113,9 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
     if not fitting:
         closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)
         return FitResult(given_plan, None, len(plans), closest=closest)
-    best = min(fitting, key=lambda p: (-round(_speed(p)), p.host_bytes_per_gpu, p.peak_gpu_bytes))
+    best = min(fitting, key=lambda p: (-round(p.tokens_per_s or 0), p.host_bytes_per_gpu, p.peak_gpu_bytes))
     # faster layouts that did not fit, closest to fitting first (what it would take to go faster)
-    faster = sorted((p for p in plans if not p.fits and _speed(p) > _speed(best)),
+    faster = sorted((p for p in plans if not p.fits and (p.tokens_per_s or 0) > (best.tokens_per_s or 0)),
                     key=lambda p: p.peak_gpu_bytes)
     return FitResult(given_plan, best, len(plans), faster_rejected=faster)
 
-
-def _speed(plan: Plan) -> float:
-    """Tokens per second of a plan for a cluster (which has a time plan)."""
-    assert plan.time is not None
-    return plan.time.tokens_per_s
