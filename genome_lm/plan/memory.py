@@ -161,8 +161,12 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         persistent["fsdp_root_unsharded"] = m.root_param_bytes
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
-    prefetch = 1 + assume.fsdp_prefetch_layers  # forward: FSDP2's implicit prefetch
-    prefetch_bwd = 1 + layout.parallel.backward_prefetch
+    Us = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
+
+    def gathered(i: int, ahead: int, step: int) -> int:
+        """Layer i's gathered parameters and those of the `ahead` layers FSDP2 prefetches after it in the
+        pass's order (`step` +1 forward: i+1, ...; -1 backward: i-1, ...)."""
+        return sum(Us[j] for j in range(i, i + step * (ahead + 1), step) if 0 <= j < len(Us)) if fsdp else 0
     red = layout.reduce_bytes / a
 
     all_ops, keeps = _layers(m, layout, assume, gpu, backend)
@@ -175,7 +179,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
 
     kept_before = 0
     for i, (ops, lay) in enumerate(zip(all_ops, m.layers)):
-        comm = prefetch * unsharded_layer_bytes(lay, layout) if fsdp else 0
+        comm = gathered(i, assume.fsdp_prefetch_layers, 1)
         walk = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk_forward(ops)
         phase(f"forward of layer {i} ({lay.kind}): {walk[2]}", kept_activations=kept_before, current_layer=walk[0],
               op_transient=walk[1], fsdp_buffers=comm, inputs=ids)
@@ -193,12 +197,12 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
-        U = unsharded_layer_bytes(lay, layout)
+        U, U_bwd = Us[i], gathered(i, layout.parallel.backward_prefetch, -1)
 
         def buffers_during(op: Op) -> int:
             """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
-            layers prefetched; its sharded gradients come from the reduce-scatter after it (below)."""
-            return (prefetch_bwd - 1) * U + 2 * (U - _experts_apart(op, lay, layout)) + head_grad if fsdp else 0
+            layers prefetched (i-1, ...); its sharded gradients come from the reduce-scatter after it (below)."""
+            return U_bwd + U - 2 * _experts_apart(op, lay, layout) + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
         # (train/memory.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
@@ -215,7 +219,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
             saved, transient, op = _walk_forward(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
-                  fsdp_buffers=prefetch * U + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
+                  fsdp_buffers=U_bwd + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
