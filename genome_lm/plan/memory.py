@@ -162,11 +162,16 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
     Us = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
+    # a backward prefetch gathers a layer's own FSDP2 group: under expert parallelism its routed experts are a
+    # group of their own (parallel/fsdp.py), gathered when their backward starts
+    ep = layout.parallel.ep
+    prefetched = [U - (lay.expert_bytes // ep if ep > 1 else 0) for U, lay in zip(Us, m.layers)]
 
     def gathered(i: int, ahead: int, step: int) -> int:
         """Layer i's gathered parameters and those of the `ahead` layers FSDP2 prefetches after it in the
-        pass's order (`step` +1 forward: i+1, ...; -1 backward: i-1, ...)."""
-        return sum(Us[j] for j in range(i, i + step * (ahead + 1), step) if 0 <= j < len(Us)) if fsdp else 0
+        pass's order (`step` +1 forward: i+1, ...; -1 backward: i-1, ..., without their experts' group)."""
+        later = range(i + step, i + step * (ahead + 1), step)
+        return Us[i] + sum((Us if step > 0 else prefetched)[j] for j in later if 0 <= j < len(Us)) if fsdp else 0
     red = layout.reduce_bytes / a
 
     all_ops, keeps = _layers(m, layout, assume, gpu, backend)
