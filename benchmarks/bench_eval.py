@@ -72,7 +72,7 @@ def _planned(model, T: int, device: str) -> int:
     from genome_lm.plan.inference import plan_forward
     from genome_lm.plan.shapes import shape_of
 
-    layout = Layout(seq_len=T, moe_recompute=True)  # the default block sizes, hyper-connections recomputed
+    layout = Layout(T).replace(moe_recompute=True)  # the default block sizes, hyper-connections recomputed
     plan = plan_forward(shape_of(model, "glm53-tiny", "float32"), layout,
                         backend="fla" if device == "cuda" else "torch")
     return plan.peak_bytes - plan.weights_bytes

@@ -136,9 +136,9 @@ def predicted(model, s, T: int) -> dict[str, int]:
     from genome_lm.plan.shapes import shape_of
 
     m = shape_of(model, "glm53-flash", "bfloat16")
-    layout = Layout(seq_len=T, moe_recompute=True, hc_recompute=True, moe_block_tokens=s.moe_block_tokens,
-                    dsa_block_queries=s.dsa_block_queries, loss_chunk_tokens=s.loss_chunk_tokens,
-                    kda_chunk=s.kda_chunk_size)
+    layout = Layout(T, hc_recompute=True, kda_chunk=s.kda_chunk_size).replace(
+        moe_recompute=True, moe_block_tokens=s.moe_block_tokens, dsa_block_queries=s.dsa_block_queries,
+        loss_chunk_tokens=s.loss_chunk_tokens)
     body = activations.layer_body(m, m.layers[0], layout, backend="torch", imbalance=1.0)
     body.pop("dsa_selection", None)  # kept by the attention's context object, not through autograd
     return {"layer_input": activations.layer_input(m, T), **body}

@@ -1,11 +1,12 @@
 """The docs/plan.md table: GLM-5.3-Flash at 128k-1M tokens on 8-64 B200s and H200s, `--fit` layouts.
 
-For every (GPU, GPU count, sequence length) the planner's `--fit` search runs twice: without
-expert parallelism (ep = 1: experts sharded by FSDP2 like every other weight) and with it allowed
-(`parallel.ep` in 1, 2, 4, 8). The starting layout is experiments/glm53flash_1m_64xb200.yaml's
-(block sizes, bf16 reduce-scatter and AdamW moments, offload, KDA head blocks), with each row's
-sequence length, cp and dp. Writes benchmarks/results/plan_table.json
-and prints two markdown tables (no GPU needed; a few seconds per row).
+Every row asks `genome-lm plan EXPERIMENT --seq-len SEQ --gpus N --gpu GPU --fit` through the command's
+own function (`plan.command.fit_layout`), so a row and the command choose the same layout: twice,
+with expert parallelism fixed at 1 (`--ep 1`: experts sharded by FSDP2 like every other weight) and
+with the search's default (ep chosen among the powers of two up to a node). The experiment is
+experiments/glm53flash_1m_64xb200.yaml (block sizes, bf16 reduce-scatter and AdamW moments, offload,
+KDA head blocks). Writes benchmarks/results/plan_table.json (generated, not committed) and prints two
+markdown tables (no GPU needed; a few seconds per row).
 
     python benchmarks/plan_table.py [--gpus-list 8,16,32,64] [--seqs 128k,256k,512k,1M]
 """
@@ -18,14 +19,29 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+EXPERIMENT = HERE.parent / "experiments" / "glm53flash_1m_64xb200.yaml"
+VARIANTS = {"ep=1": 1, "ep chosen (1-8)": None}
+
+
+def row(gpu: str, gpus: int, seq: str, ep: int | None) -> dict:
+    """One table row: what `plan EXPERIMENT --seq-len seq --gpus gpus --gpu gpu [--ep ep] --fit` chooses."""
+    from genome_lm.plan.command import PlanParams, fit_layout
+    from genome_lm.plan.report import gib
+
+    t0 = time.perf_counter()
+    _, result = fit_layout(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True))
+    p = result.best or result.closest
+    assert p is not None
+    return {"gpu": gpu, "gpus": gpus, "seq": seq, "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),
+            "host_gib": gib(p.host_bytes_per_gpu), "staging_gib": gib(p.staging_host_bytes_per_gpu),
+            "tokens_per_s": p.tokens_per_s or 0.0, "step_time_s": p.step_time_s, "layout": p.layout.describe(),
+            "peak_where": p.memory.peak_where, "explanation": result.explain(),
+            "search_s": round(time.perf_counter() - t0, 2)}
 
 
 def main() -> None:
-    from genome_lm.config import load_experiment
-    from genome_lm.plan import Assumptions, fit, make_cluster, model_shape
-    from genome_lm.plan.layout import layout_from_config
-    from genome_lm.plan.report import format_table, gib
-    from genome_lm.sizes import format_size, parse_size
+    from genome_lm.plan import Assumptions
+    from genome_lm.plan.report import format_table
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus-list", default="8,16,32,64")
@@ -34,38 +50,23 @@ def main() -> None:
     ap.add_argument("--json", default=str(HERE / "results" / "plan_table.json"))
     args = ap.parse_args()
 
-    # the experiments' layout (blocks, dtypes, offload, head blocks), re-sized per row
-    start = layout_from_config(load_experiment(str(HERE.parent / "experiments" / "glm53flash_1m_64xb200.yaml")), 64)
-    shape = model_shape("glm53-flash", "bfloat16")
-    assume = Assumptions()
     rows = []
-    for variant, eps in (("ep=1", (1,)), ("ep allowed (1-8)", (1, 2, 4, 8))):
+    for variant, ep in VARIANTS.items():
         for gpu in args.gpu_types.split(","):
             for gpus in (int(g) for g in args.gpus_list.split(",")):
-                for seq in (parse_size(s) for s in args.seqs.split(",")):
-                    t0 = time.perf_counter()
-                    cluster = make_cluster(gpu, gpus)
-                    cp = min(8, gpus)
-                    given = start.replace(seq_len=seq, cp=cp, dp=gpus // cp, ep=1)
-                    result = fit(shape, given, cluster, assume, eps)
-                    p = result.best or result.closest
-                    rows.append({"variant": variant, "gpu": gpu, "gpus": gpus, "seq": format_size(seq),
-                                 "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),
-                                 "host_gib": gib(p.host_bytes_per_gpu),
-                                 "staging_gib": gib(p.staging_host_bytes_per_gpu),
-                                 "tokens_per_s": p.tokens_per_s or 0.0,
-                                 "step_time_s": p.step_time_s, "layout": p.layout.describe(),
-                                 "peak_where": p.memory.peak_where, "explanation": result.explain(),
-                                 "search_s": round(time.perf_counter() - t0, 2)})
-                    r = rows[-1]
-                    print(f"{variant:<30} {gpu} x{gpus:<3} {r['seq']:>5}: fits={r['fits']} "
-                          f"peak {r['peak_gib']:.1f} GiB "
+                for seq in args.seqs.split(","):
+                    r = {"variant": variant} | row(gpu, gpus, seq, ep)
+                    rows.append(r)
+                    print(f"{variant:<30} {gpu} x{gpus:<3} {seq:>5}: fits={r['fits']} peak {r['peak_gib']:.1f} GiB "
                           f"host {r['host_gib']:.0f} GiB {r['tokens_per_s']:,.0f} tok/s  {r['layout']}", flush=True)
-    out = {"model": "glm53-flash", "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "assumptions": {k: v["value"] for k, v in assume.describe().items()}, "rows": rows}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(out, indent=2))
-    for variant in dict.fromkeys(r["variant"] for r in rows):
+    out = {"model": "glm53-flash", "experiment": EXPERIMENT.name, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "assumptions": {k: v["value"] for k, v in Assumptions().describe().items()}, "rows": rows}
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2))
+    tmp.replace(path)
+    for variant in VARIANTS:
         print(f"\n### {variant}\n")
         print(format_table([r for r in rows if r["variant"] == variant]))
     print(f"-> {args.json}")

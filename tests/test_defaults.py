@@ -1,49 +1,47 @@
-"""Each default lives once (docs/architecture.md, Where each default lives): the planner's layout,
-eval's config, the streaming engine and the export command start from the numbers of their source,
-read here from that source (settings.py, the config models, the functions that use them)."""
+"""Each default lives once (docs/architecture.md, Where each default lives): the planner plans with the
+experiment's own config sections, and eval's config, the streaming engine and the export command start
+from the numbers of their source, read here from that source (settings.py, the functions that use them)."""
 
-import dataclasses
 import inspect
 
+import pytest
+
 from genome_lm.cli import ExportParams
-from genome_lm.config import BlockSizes, MemoryConfig, ParallelConfig, TrainConfig
+from genome_lm.config import BlockSizes
 from genome_lm.eval import ablation, scoring, stats
 from genome_lm.eval.compare import compare_evals
 from genome_lm.eval.config import EvalConfig
 from genome_lm.model.streaming import score_streaming
 from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES
-from genome_lm.plan.layout import MEMORY_KEYS, Layout
+from genome_lm.plan.command import PlanParams, build
+from genome_lm.plan.planner import make_plan
 from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
 from genome_lm.train.export import export_checkpoint
 
-BYTES = {"float32": 4, "bfloat16": 2}
+EXP_1M = "experiments/glm53flash_1m_64xb200.yaml"
 
 
 def default_of(fn, name: str):
     return inspect.signature(fn).parameters[name].default
 
 
-def test_block_sizes_are_the_settings():
-    memory = MemoryConfig()
-    for name in BlockSizes.model_fields:
-        assert getattr(memory, name) == getattr(DEFAULTS, name), name
-    assert memory.moe_recompute == DEFAULTS.moe_recompute
+@pytest.mark.parametrize("key, value", [
+    ("memory.moe_block_tokens", "8k"), ("memory.dsa_block_queries", "512"), ("memory.loss_chunk_tokens", "64k"),
+    ("memory.kda_head_block", "0"), ("memory.offload_keep_last", "0"), ("memory.moe_recompute", "false"),
+    ("memory.recompute", "selective"), ("memory.offload_layer_inputs", "false"), ("parallel.cp", "16"),
+    ("parallel.ep", "1"), ("parallel.reduce_dtype", "float32"), ("parallel.backward_prefetch", "1"),
+    ("train.optimizer_state_dtype", "float32"), ("train.micro_batch", "2"), ("train.grad_accum", "2"),
+])
+def test_every_config_key_the_planner_reads_changes_the_plan(key, value):
+    """The planner's layout is the experiment's own memory, parallel and train sections: a --set of any
+    key it models changes the planned peak, host memory or step time of the 1M reference run."""
+    def plan(*sets: str):
+        shape, layout, cluster, assume, _ = build(PlanParams(experiment=EXP_1M, gpus=64, overrides=list(sets)))
+        p = make_plan(shape, layout, cluster, assume)
+        return p.memory.phases, p.host_bytes_per_gpu, p.step_time_s
 
-
-def test_every_planner_default_is_its_source():
-    memory, parallel, train = MemoryConfig(), ParallelConfig(), TrainConfig.model_fields
-    source = {name: getattr(memory, key) for name, key in MEMORY_KEYS.items()}
-    source["recompute_layers"] = tuple(memory.recompute_layers)
-    source |= {"cp": parallel.cp, "dp": 1, "ep": parallel.ep, "backward_prefetch": parallel.backward_prefetch,
-               "reduce_bytes": BYTES[parallel.reduce_dtype], "micro_batch": train["micro_batch"].default,
-               "grad_accum": train["grad_accum"].default,
-               "state_bytes": BYTES[train["optimizer_state_dtype"].default],
-               "kda_chunk": DEFAULTS.kda_chunk_size, "hc_recompute": "hc" in DEFAULTS.ops}
-    layout = Layout(seq_len=1)
-    fields = {f.name for f in dataclasses.fields(Layout)} - {"seq_len"}
-    assert fields == set(source), "a Layout field without a source in this test (add it)"
-    for name in sorted(fields):
-        assert getattr(layout, name) == source[name], name
+    extra = ["memory.recompute_layers=[dsa, moe]"] if value == "selective" else []
+    assert plan() != plan(f"{key}={value}", *extra)
 
 
 def test_every_eval_and_streaming_default_is_its_source():

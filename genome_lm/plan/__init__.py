@@ -1,8 +1,8 @@
 """Memory and throughput model: will a run fit, and how fast will it go (`genome-lm plan`).
 
     from genome_lm.plan import Layout, make_cluster, make_plan, model_shape
-    plan = make_plan(model_shape("glm53-flash"), Layout(seq_len=2**20, cp=8, dp=8, recompute="per-layer",
-                     offload=True), make_cluster("b200", 64))
+    plan = make_plan(model_shape("glm53-flash"), Layout(seq_len=2**20).replace(cp=8, dp=8, recompute="per-layer",
+                     offload_layer_inputs=True), make_cluster("b200", 64))
     plan.peak_gpu_bytes, plan.host_bytes_per_gpu, plan.step_time_s, plan.fits
 
 Modules, in the order they build on each other: hardware (GPU specs), assumptions (every

@@ -131,21 +131,21 @@ def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None, ep: boo
 def moe_rows(m: ModelShape, n: int, layout: Layout, imbalance: float) -> int:
     """Token-expert pairs the busiest rank computes: n·k, or imbalance·n·k with expert parallelism."""
     rows = n * m.top_k
-    return int(rows * imbalance) if layout.ep > 1 else rows
+    return int(rows * imbalance) if layout.parallel.ep > 1 else rows
 
 
 def attention(m: ModelShape, layer: LayerShape, layout: Layout, backend: str) -> dict[str, int]:
     n = layout.tokens
     if layer.attn == "kda":
-        return kda(m, n, backend, layout.kda_chunk, layout.cp)
-    return dsa(m, n, layout.micro_batch * layout.seq_len, layer)
+        return kda(m, n, backend, layout.kda_chunk, layout.parallel.cp)
+    return dsa(m, n, layout.train.micro_batch * layout.seq_len, layer)
 
 
 def mlp(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> dict[str, int]:
     n = layout.tokens
     if layer.mlp == "dense":
         return dense_mlp(m, n)
-    return moe(m, n, layout.moe_recompute, moe_rows(m, n, layout, imbalance), layout.ep > 1)
+    return moe(m, n, layout.memory.moe_recompute, moe_rows(m, n, layout, imbalance), layout.parallel.ep > 1)
 
 
 def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:

@@ -38,7 +38,8 @@ class PlanParams(BaseModel):
     host_mem: Size | None = Field(default=None, description="host memory per node, e.g. 2TiB (default 2 TiB)")
     cp: int | None = Field(default=None, ge=1, description="context-parallel ranks (default: experiment's, else 1)")
     ep: int | Literal["auto"] | None = Field(default=None, description="expert-parallel ranks (default: the "
-                                             "experiment's parallel.ep, else 1); 'auto' lets --fit choose")
+                                             "experiment's parallel.ep, else 1; --fit tries every ep that divides "
+                                             "the GPUs and the experts up to a node unless --ep N fixes one)")
     recompute: Literal["none", "per-layer"] | None = Field(default=None, description="recompute policy (overrides)")
     offload: bool | None = Field(default=None, description="offload layer inputs to host memory")
     overrides: list[str] = Field(default=[], json_schema_extra={"flag": "--set", "repeat": True, "metavar": "KEY=V"},
@@ -78,7 +79,8 @@ def _experiment(args):
 
 
 def build(args):
-    """(model shape, given layout, cluster, assumptions, ep choices) from the arguments."""
+    """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
+    degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
     from genome_lm.plan.assumptions import Assumptions
     from genome_lm.plan.hardware import make_cluster
     from genome_lm.plan.layout import layout_from_config
@@ -99,47 +101,47 @@ def build(args):
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     if gpus % cfg.parallel.cp:
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
+    if isinstance(args.ep, int) and (args.ep < 1 or gpus % args.ep):
+        raise GenomeLMError(f"--ep {args.ep} must be a positive divisor of --gpus {gpus}")
     layout = layout_from_config(cfg, gpus)
-    if args.recompute is not None:
-        layout = layout.replace(recompute=args.recompute, recompute_layers=())
-    if args.offload is not None:
-        layout = layout.replace(offload=args.offload)
-    ep_choices = _ep_choices(layout.ep if args.ep is None else args.ep, cluster)
-    layout = layout.replace(ep=ep_choices[0] if args.ep != "auto" else 1)
+    flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
+             "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
+    layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})
     layout.check()
     # the experiment's checkpoint mode unless --assume checkpoint_async says otherwise
     assume = Assumptions(checkpoint_async=cfg.train.checkpoint_mode == "async").override(args.assume)
     shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
-    return shape, layout, cluster, assume, ep_choices
+    return shape, layout, cluster, assume, (args.ep,) if isinstance(args.ep, int) else None
 
 
-def _ep_choices(ep: int | Literal["auto"], cluster) -> tuple[int, ...]:
-    if isinstance(ep, str):  # powers of two up to a node
-        return tuple(2**i for i in range(min(cluster.gpus, cluster.gpus_per_node).bit_length()))
-    if ep < 1 or cluster.gpus % ep:
-        raise GenomeLMError(f"--ep {ep} must be a positive divisor of --gpus {cluster.gpus}")
-    return (ep,)
+def fit_layout(args):
+    """(given layout, FitResult) of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
+    from genome_lm.plan.search import fit
+
+    shape, layout, cluster, assume, eps = build(args)
+    return layout, fit(shape, layout, cluster, assume, eps)
 
 
 def run(args: PlanParams) -> None:
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.report import format_plan, plan_json
-    from genome_lm.plan.search import fit
 
-    shape, layout, cluster, assume, ep_choices = build(args)
     if not args.fit:
-        plan = make_plan(shape, layout, cluster, assume)
+        plan = make_plan(*build(args)[:4])
         print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))
         return
-    result = fit(shape, layout, cluster, assume, ep_choices)
+    layout, result = fit_layout(args)
     chosen = result.best or result.closest
     if args.json_:
         out = plan_json(chosen)
         out["fit"] = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
+                      "chosen": chosen.layout.describe(),
                       "given": {"layout": layout.describe(), "fits": result.given.fits,
                                 "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
         print(json.dumps(out, indent=2))
-        return
-    print("\n".join(result.explain()))
-    print()
-    print(format_plan(chosen))
+    else:
+        print("\n".join(result.explain()))
+        print()
+        print(format_plan(chosen))
+    if result.best is None:
+        raise GenomeLMError(f"plan --fit: nothing fits among {result.tried} layouts (the lowest peak is shown above)")

@@ -108,7 +108,7 @@ def dry_run(cfg, world: int | None = None) -> dict:
     sharded.check_pieces(lengths, seq_len, cp)
     shape = model_shape(source, dtype)
     blocks = MemoryConfig(**cfg.model_dump(include=set(BlockSizes.model_fields)), moe_recompute=True)  # eval's
-    layout = Layout.from_memory(piece, blocks, cp=cp, dp=dp)
+    layout = Layout(piece, blocks).replace(cp=cp, dp=dp)
     assume = Assumptions()
     fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
     plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")

@@ -1,6 +1,6 @@
 """Memory per GPU of a forward pass without gradients: what `genome-lm eval` needs on each rank.
 
-    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20, cp=8, dp=8, moe_recompute=True))
+    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20).replace(cp=8, dp=8, moe_recompute=True))
     plan.peak_bytes, plan.peak_where, plan.breakdown
 
 The forward is walked layer by layer, as `memory.plan_memory` walks training's, but nothing is
@@ -29,7 +29,7 @@ from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.ops import layer_ops, loss_transients
+from genome_lm.plan.ops import loss_transients, ops_by_layer
 from genome_lm.plan.shapes import ModelShape
 
 F32 = 4
@@ -47,7 +47,7 @@ class ForwardPlan:
 def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
                  sharded: bool | None = None) -> ForwardPlan:
     """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
-    `layout.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
+    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
     assume = assume or Assumptions()
     layout.check()
     fsdp = layout.gpus > 1 if sharded is None else sharded
@@ -59,18 +59,14 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
     prefetch = 1 + assume.fsdp_prefetch_layers
     ids = 2 * n * 8  # input ids and labels, int64
     phases: list[tuple[str, dict[str, int]]] = []
-    by_kind: dict[tuple, list] = {}
-    for i, lay in enumerate(m.layers):
-        kind = (lay.attn, lay.mlp, lay.indexer)
-        if kind not in by_kind:
-            by_kind[kind] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
-        streams, op_bytes, op = _nograd_forward(by_kind[kind], m, n)
+    for i, (lay, ops) in enumerate(zip(m.layers, ops_by_layer(m, layout, backend, assume.expert_imbalance))):
+        streams, op_bytes, op = _nograd_forward(ops, m, n)
         gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
         phases.append((f"forward of layer {i} ({lay.kind}): {op}",
                        {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes,
                         "input_ids": ids}))
     outside = act.outside_layers(m, n)
-    per_token = layout.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
+    per_token = layout.train.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
     phases.append(("LM head + per-token NLL", {**persistent, "final": outside["final_norm"] + outside["final_hidden"],
                                                "loss_chunk": loss_transients(m, layout)[0], "per_token_nll": per_token,
                                                "input_ids": ids}))

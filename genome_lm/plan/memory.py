@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.ops import Op, layer_ops, loss_transients
+from genome_lm.plan.ops import Op, loss_transients, ops_by_layer
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
@@ -49,7 +49,7 @@ def pow2(n: int) -> int:
 
 
 def shard_degree(layout: Layout, assume: Assumptions) -> int:
-    return layout.dp * (layout.cp if assume.shard_over_cp else 1)
+    return layout.dp * (layout.parallel.cp if assume.shard_over_cp else 1)
 
 
 def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
@@ -59,10 +59,14 @@ def layer_shard_count(layer: LayerShape, m: ModelShape, layout: Layout, F: int) 
     numel / F (their dim 0 is large, their padding negligible)."""
     if not layer.expert_count or F <= 1:
         return -(-layer.param_count // F)
-    ep = layout.ep if F % layout.ep == 0 else 1
-    per_expert = layer.expert_count // m.experts
-    rows = -(-(m.experts // ep) // (F // ep))
-    return -(-(layer.param_count - layer.expert_count) // F) + rows * per_expert
+    return -(-(layer.param_count - layer.expert_count) // F) + experts_per_rank(m, layout, F) * (
+        layer.expert_count // m.experts)
+
+
+def experts_per_rank(m: ModelShape, layout: Layout, F: int) -> int:
+    """Routed experts of a layer one rank holds: its ep share, split whole by FSDP2 over F / ep ranks."""
+    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
+    return -(-(m.experts // ep) // max(1, F // ep))
 
 
 def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: Assumptions) -> int:
@@ -72,15 +76,14 @@ def optimizer_temp(m: ModelShape, layout: Layout, F: int, params: int, assume: A
     largest tensor's shard in float32 (a layer's stacked gate_up experts, or the embeddings)."""
     if layout.state_bytes != 2:
         return int(assume.adamw_temp_copies * params)
-    ep = layout.ep if F % layout.ep == 0 else 1
-    experts = -(-(m.experts // ep) // max(1, F // ep)) * 2 * m.moe_width * m.D if m.experts else 0
+    experts = experts_per_rank(m, layout, F) * 2 * m.moe_width * m.D if m.experts else 0
     largest = max(experts, -(-m.V // F) * m.D, -(-2 * m.dense_width // F) * m.D)
     return 4 * MASTER_BYTES * largest
 
 
 def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
     """A layer's parameters as FSDP2 all-gathers them (routed experts: this rank's ep share)."""
-    return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.ep
+    return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.parallel.ep
 
 
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
@@ -92,13 +95,13 @@ def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
     if layout.wraps("layer"):
         stream = act.layer_input(m, n)
         select = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
-        if layout.offload:
+        if layout.memory.offload_layer_inputs:
             return select + (stream if stays else 0), stream + small, pow2(stream) + pow2(n) + 2 * pow2(8 * n)
         return stream + select, 0, 0
     wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
     device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
     inputs = len(wrapped) * n * a * m.D
-    if layout.offload and wrapped:
+    if layout.memory.offload_layer_inputs and wrapped:
         return (device + (inputs if stays else 0), inputs + len(wrapped) * small,
                 len(wrapped) * (pow2(n * a * m.D) + pow2(n) + 2 * pow2(8 * n)))
     return device + inputs, 0, 0
@@ -132,7 +135,7 @@ def _experts_apart(op: Op, layer: LayerShape, layout: Layout) -> int:
     expert parallelism the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered
     for the MoE's backward, then resharded and their gradients reduce-scattered before the rest of the
     layer runs its backward."""
-    return 0 if op.part == "moe" or layout.ep == 1 else layer.expert_bytes // layout.ep
+    return 0 if op.part == "moe" or layout.parallel.ep == 1 else layer.expert_bytes // layout.parallel.ep
 
 
 def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
@@ -158,8 +161,17 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         persistent["fsdp_root_unsharded"] = m.root_param_bytes
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
-    prefetch = 1 + assume.fsdp_prefetch_layers  # forward: FSDP2's implicit prefetch
-    prefetch_bwd = 1 + layout.backward_prefetch
+    Us = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
+    # a backward prefetch gathers a layer's own FSDP2 group: under expert parallelism its routed experts are a
+    # group of their own (parallel/fsdp.py), gathered when their backward starts
+    ep = layout.parallel.ep
+    prefetched = [U - (lay.expert_bytes // ep if ep > 1 else 0) for U, lay in zip(Us, m.layers)]
+
+    def gathered(i: int, ahead: int, step: int) -> int:
+        """Layer i's gathered parameters and those of the `ahead` layers FSDP2 prefetches after it in the
+        pass's order (`step` +1 forward: i+1, ...; -1 backward: i-1, ..., without their experts' group)."""
+        later = range(i + step, i + step * (ahead + 1), step)
+        return Us[i] + sum((Us if step > 0 else prefetched)[j] for j in later if 0 <= j < len(Us)) if fsdp else 0
     red = layout.reduce_bytes / a
 
     all_ops, keeps = _layers(m, layout, assume, gpu, backend)
@@ -172,7 +184,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
 
     kept_before = 0
     for i, (ops, lay) in enumerate(zip(all_ops, m.layers)):
-        comm = prefetch * unsharded_layer_bytes(lay, layout) if fsdp else 0
+        comm = gathered(i, assume.fsdp_prefetch_layers, 1)
         walk = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk_forward(ops)
         phase(f"forward of layer {i} ({lay.kind}): {walk[2]}", kept_activations=kept_before, current_layer=walk[0],
               op_transient=walk[1], fsdp_buffers=comm, inputs=ids)
@@ -190,12 +202,12 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
-        U = unsharded_layer_bytes(lay, layout)
+        U, U_bwd = Us[i], gathered(i, layout.parallel.backward_prefetch, -1)
 
         def buffers_during(op: Op) -> int:
             """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
-            layers prefetched; its sharded gradients come from the reduce-scatter after it (below)."""
-            return (prefetch_bwd - 1) * U + 2 * (U - _experts_apart(op, lay, layout)) + head_grad if fsdp else 0
+            layers prefetched (i-1, ...); its sharded gradients come from the reduce-scatter after it (below)."""
+            return U_bwd + U - 2 * _experts_apart(op, lay, layout) + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
         # (train/memory.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
@@ -212,7 +224,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
             saved, transient, op = _walk_forward(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
-                  fsdp_buffers=prefetch * U + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
+                  fsdp_buffers=U_bwd + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
@@ -222,14 +234,9 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
 def _layers(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool,
             backend: str) -> tuple[list[list[Op]], list[tuple[int, int, int]]]:
     """Each layer's ops, and what it keeps for backward: (device, host, pinned host) bytes."""
-    by_kind: dict[tuple, list[Op]] = {}  # layers of one kind have identical ops: build them once
-    for lay in m.layers:
-        key = (lay.attn, lay.mlp, lay.indexer)
-        if key not in by_kind:
-            by_kind[key] = layer_ops(m, lay, layout, backend, assume.expert_imbalance)
-    all_ops = [by_kind[(lay.attn, lay.mlp, lay.indexer)] for lay in m.layers]
-    on_device = layout.replace(offload=False)  # the last offload_keep_last layers are not offloaded
-    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.offload_keep_last else on_device, assume)
+    all_ops = ops_by_layer(m, layout, backend, assume.expert_imbalance)
+    on_device = layout.replace(offload_layer_inputs=False)  # the last offload_keep_last layers are not offloaded
+    keeps = [kept(ops, m, lay, layout if i < m.n_layers - layout.memory.offload_keep_last else on_device, assume)
              for i, (ops, lay) in enumerate(zip(all_ops, m.layers))]
     if not gpu:  # on a CPU the "host" copy of an offloaded input is in the same memory
         keeps = [(dev + host, 0, 0) for dev, host, _ in keeps]

@@ -88,7 +88,7 @@ def combine_op(m: ModelShape, n: int, name: str, extra: dict) -> Op:
 
 def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
     n, a, H, K, C = layout.tokens, m.act_bytes, m.kda_heads, m.kda_head_dim, layout.kda_chunk
-    t = act.kda(m, n, backend, C, layout.cp)
+    t = act.kda(m, n, backend, C, layout.parallel.cp)
     HK = H * K
     cb, nb = min(n, CONV_BLOCK), min(n, NORM_BLOCK)
     proj = Op("kda_proj_conv", {k: t[k] for k in ("kda_input", "kda_conv", "kda_qkv", "kda_gates") if k in t},
@@ -96,9 +96,10 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
               part="kda")
     if backend == "fla":
         h = H * K * K // C  # chunk states [NT, H, K, V] per token
-        # per call (layout.kda_head_block heads of H; calls run one after another): the chunk
+        # per call (layout.memory.kda_head_block heads of H; calls run one after another): the chunk
         # intermediates; the output (forward) and the input gradients (backward) are whole
-        calls = H // layout.kda_head_block if layout.kda_head_block and layout.kda_head_block < H else 1
+        hb = layout.memory.kda_head_block
+        calls = H // hb if hb and hb < H else 1
         fwd = n * ((a * 4 * HK + a * h + 64 * H) // calls + a * HK)
         bwd = n * ((a * 4 * HK + 2 * a * h + 2 * F32 * H * C + a * HK) // calls + a * 3 * HK + F32 * HK)
     else:
@@ -114,9 +115,9 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
 
 def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
     n, a, H, R = layout.tokens, m.act_bytes, m.dsa_heads, m.kv_lora
-    T = layout.micro_batch * layout.seq_len  # keys: the whole sequence (all-gathered under CP)
+    T = layout.train.micro_batch * layout.seq_len  # keys: the whole sequence (all-gathered under CP)
     t = act.dsa(m, n, T, layer)
-    nb = min(layout.dsa_block_queries, n)
+    nb = min(layout.memory.dsa_block_queries, n)
     _, W = m.selected_per_query(T)
     proj_saved = {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")}
     indexer = 0
@@ -144,11 +145,11 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
         t, blk, width = act.dense_mlp(m, n), min(n, MLP_BLOCK), m.dense_width
         return [Op("dense_mlp", t, fwd=blk * 4 * a * width, bwd=blk * 8 * a * width + 3 * F32 * width * D + n * a * D,
                    part="dense")]
-    M, ep, W = min(layout.moe_block_tokens, n), layout.ep > 1, m.moe_width
+    M, ep, W = min(layout.memory.moe_block_tokens, n), layout.parallel.ep > 1, m.moe_width
     rows_n = act.moe_rows(m, n, layout, imbalance)
     rows = max(1, rows_n * M // n)
     block_saved = sum(act.moe(m, M, False, rows, ep).values())
-    again = block_saved if layout.moe_recompute else 0  # the block rebuilt inside the backward
+    again = block_saved if layout.memory.moe_recompute else 0  # the block rebuilt inside the backward
     if ep and again:  # a block's checkpointed forward keeps nothing: its largest live tensors are the sorted
         # rows and the gate_up output, made per expert and joined, beside the layer's output [n, D]
         fwd = rows * a * (D + 4 * W) + n * a * D
@@ -159,18 +160,18 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
         # [E, 2I, D] and down [E, D, I]) before it is added to the gradient of the blocks before
         weight_grad = m.experts * 2 * W * D * a if n > M else 0
         bwd = rows * a * (2 * D + 3 * W) + 2 * M * a * D + again + weight_grad
-        return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
+        return [Op("moe", act.moe(m, n, layout.memory.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
     # expert parallelism (ops/moe/ep.py): the block's rebuilt forward ends with the routed output before
     # and after un-permuting; its backward peaks in the down projection's, with the rows' output and
     # input gradients and, past the first block, the block's down-weight gradient [E/ep, D, I] beside
     # the sum of the blocks before (counted with the layer's unsharded gradients)
-    local = -(-m.experts // layout.ep)
+    local = -(-m.experts // layout.parallel.ep)
     grads = rows * a * (D + W) + (local * D * W * a if n > M else 0)
     # with one block, the layer's unsharded gradients (counted whole) hold no gate_up gradient yet
     early = local * 2 * W * D * a if n <= M else 0
     # the gradient arriving at the layer's MoE output [n, D] and the blocks' input gradients, joined once
     bwd = (max(2 * rows * a * D, grads) if again else grads) + 2 * n * a * D + again - early
-    return [Op("moe", act.moe(m, n, layout.moe_recompute, rows_n, ep), fwd=fwd, bwd=bwd, part="moe")]
+    return [Op("moe", act.moe(m, n, layout.memory.moe_recompute, rows_n, ep), fwd=fwd, bwd=bwd, part="moe")]
 
 
 def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> list[Op]:
@@ -190,10 +191,19 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     return ops
 
 
+def ops_by_layer(m: ModelShape, layout: Layout, backend: str, imbalance: float) -> list[list[Op]]:
+    """`layer_ops` of every decoder layer (layers of one kind share one list, built once)."""
+    by_kind: dict[tuple, list[Op]] = {}
+    for lay in m.layers:
+        if (lay.attn, lay.mlp, lay.indexer) not in by_kind:
+            by_kind[lay.attn, lay.mlp, lay.indexer] = layer_ops(m, lay, layout, backend, imbalance)
+    return [by_kind[lay.attn, lay.mlp, lay.indexer] for lay in m.layers]
+
+
 def loss_transients(m: ModelShape, layout: Layout) -> tuple[int, int]:
     """(forward, backward) extra bytes of the chunked LM head + cross-entropy."""
     n, a, V, D = layout.tokens, m.act_bytes, m.V, m.D
-    C = min(layout.loss_chunk_tokens, n)
+    C = min(layout.memory.loss_chunk_tokens, n)
     fwd = max((a + F32) * C * V, 2 * F32 * C * V) if a != F32 else 2 * F32 * C * V
     bwd = (F32 + (a if a != F32 else 0)) * C * V + F32 * V * D + n * a * D
     return fwd, bwd

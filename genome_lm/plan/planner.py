@@ -1,9 +1,9 @@
 """`make_plan(...)`: memory per GPU, host memory, step time and whether it all fits.
 
     shape = model_shape("glm53-flash")                       # meta device, exact counts
-    layout = Layout(seq_len=2**20, cp=8, dp=8, recompute="per-layer", offload=True)
+    layout = Layout(seq_len=2**20).replace(cp=8, dp=8, recompute="per-layer", offload_layer_inputs=True)
     plan = make_plan(shape, layout, make_cluster("b200", 64))
-    plan.peak_gpu_bytes, plan.fits, plan.to_json()
+    plan.peak_gpu_bytes, plan.fits, report.plan_json(plan)
 
 On a CPU (`cluster=None`) the plan predicts what the trainer logs as `peak_mem_bytes` there:
 the process's peak resident set = `process_baseline_bytes` (interpreter, torch, model and
@@ -73,17 +73,6 @@ class Plan:
     def tokens_per_s(self) -> float | None:
         return None if self.time is None else self.time.tokens_per_s
 
-    def to_json(self) -> dict:
-        from genome_lm.plan.report import plan_json
-
-        return plan_json(self)
-
-
-def kda_backend(assume: Assumptions, cluster: Cluster | None) -> str:
-    if assume.kda_backend != "auto":
-        return assume.kda_backend
-    return "torch" if cluster is None else "fla"
-
 
 def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume: Assumptions | None = None,
               process_baseline_bytes: int = 0) -> Plan:
@@ -91,11 +80,11 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     assume = assume or Assumptions()
     layout.check()
     if cluster is not None and layout.gpus != cluster.gpus:
-        raise GenomeLMError(f"layout cp={layout.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster has "
-                            f"{cluster.gpus}; change --gpus or the experiment's parallel section")
+        raise GenomeLMError(f"layout cp={layout.parallel.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster "
+                            f"has {cluster.gpus}; change --gpus or the experiment's parallel section")
     if cluster is None and layout.gpus != 1:
         raise GenomeLMError("a CPU plan is for one process: cp = dp = 1")
-    backend = kda_backend(assume, cluster)
+    backend = assume.kda_backend if assume.kda_backend != "auto" else "torch" if cluster is None else "fla"
     memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
@@ -115,7 +104,7 @@ def limits(plan: Plan, c: Cluster) -> list[str]:
         out.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {plan.memory.peak_bytes / GiB:.1f} + "
                    f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "
                    f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {plan.memory.peak_where}")
-    if lay.offload and not a.pinned_available:
+    if lay.memory.offload_layer_inputs and not a.pinned_available:
         out.append("host memory: offload needs pinned host memory (pinned_available=false)")
     per_node = (plan.host_bytes_per_gpu + plan.staging_host_bytes_per_gpu) * c.gpus_per_node
     if per_node > c.host_memory_per_node * a.host_usable_fraction:
@@ -128,9 +117,10 @@ def limits(plan: Plan, c: Cluster) -> list[str]:
 
 def notes(plan: Plan, cluster: Cluster) -> list[str]:
     out = []
-    if plan.layout.ep > 1:
-        out.append(f"ep={plan.layout.ep}: the busiest expert rank is assumed {plan.assume.expert_imbalance:g}x the "
+    if plan.layout.parallel.ep > 1:
+        out.append(f"ep={plan.layout.parallel.ep}: the busiest expert rank is assumed "
+                   f"{plan.assume.expert_imbalance:g}x the "
                    "mean (the trainer logs it per step: ep_rank_imbalance)")
-    if plan.layout.cp > cluster.gpus_per_node:
-        out.append(f"cp={plan.layout.cp} spans nodes: CP all-gathers go over the network")
+    if plan.layout.parallel.cp > cluster.gpus_per_node:
+        out.append(f"cp={plan.layout.parallel.cp} spans nodes: CP all-gathers go over the network")
     return out

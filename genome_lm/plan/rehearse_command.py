@@ -48,8 +48,13 @@ def run(args: RehearseParams) -> None:
     plan_args = PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus, gpu=args.gpu,
                            assume=assume)
     shape, layout, cluster, assumptions, _ = build(plan_args)
-    plan = make_plan(shape, layout, cluster, assumptions)
     cfg = experiment_for(args)
+    if cfg.model.dtype == "float32" and cfg.parallel.ep == 1 and any(lay.mlp == "moe" for lay in shape.layers):
+        raise GenomeLMError(f"rehearse {args.experiment}: model.dtype is float32, and without expert parallelism the "
+                            "routed experts run torch's grouped matmul (aten._grouped_mm), which takes bfloat16 "
+                            "inputs only on fake tensors; rehearse it with --set model.dtype=bfloat16 (or "
+                            "parallel.ep > 1)")
+    plan = make_plan(shape, layout, cluster, assumptions)
     layers = None if args.layers is None else cfg_layers(args.layers, shape.n_layers)
     result = rehearse(cfg, args.gpus, args.gpu, args.routing, layers, args.steps, args.experiment, plan=plan)
     print(format_rehearsal(result))

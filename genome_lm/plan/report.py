@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from genome_lm.plan.hardware import GiB
 
 LABELS = {
@@ -38,7 +36,7 @@ def plan_json(plan) -> dict:
                   "layers": {k: sum(1 for x in plan.model.layers if x.kind == k)
                              for k in sorted({x.kind for x in plan.model.layers})}},
         "device": plan.device,
-        "layout": dataclasses.asdict(lay) | {"tokens_per_rank": lay.tokens},
+        "layout": lay.to_json(),
         "fits": plan.fits,
         "problems": plan.problems,
         "notes": plan.notes,

@@ -1,13 +1,14 @@
 """`--fit`: the fastest estimated layout that fits the GPU and host memory limits.
 
-Searched: context parallelism cp (powers of two dividing the GPUs; dp = GPUs / cp), recompute
-(none, selective [moe], selective [dsa, moe], per-layer), layer-input offload, MoE block recompute,
-and expert parallelism when asked (`ep_choices`). For each of these the op block sizes start at
-their largest (DSA 4k queries, MoE 64k tokens, loss 16k tokens) and the block of the op where the
-peak occurs is halved until the layout fits or the block reaches its smallest value: block sizes
-do not change the first-order step time, so the largest blocks that fit are kept (fewer, larger
-kernels). Among fitting layouts the highest estimated cluster tokens/s wins; ties go to less host
-memory, then to the lower peak.
+Searched: context parallelism cp (powers of two dividing the GPUs; dp = GPUs / cp), expert
+parallelism ep (by default `ep_choices`: powers of two up to a node that divide the GPUs and the
+experts), recompute (none, selective [moe], selective [dsa, moe], per-layer), layer-input offload and
+MoE block recompute; the other keys (dtypes, prefetch, KDA head blocks) are the given layout's.
+For each of these the op block sizes start at their largest (DSA 4k queries, MoE 64k tokens, loss
+16k tokens) and the block of the op where the peak occurs is halved until the layout fits or the
+block reaches its smallest value: block sizes do not change the first-order step time, so the
+largest blocks that fit are kept (fewer, larger kernels). Among fitting layouts the highest
+estimated cluster tokens/s wins; ties go to less host memory, then to the lower peak.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ class FitResult:
         return lines
 
 
+def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
+    """Expert-parallel degrees worth trying: powers of two up to a node dividing the GPUs and the experts."""
+    top = min(cluster.gpus, cluster.gpus_per_node) if model.experts else 1
+    return tuple(ep for ep in (2**i for i in range(top.bit_length())) if cluster.gpus % ep == 0
+                 and (not model.experts or model.experts % ep == 0))
+
+
 def cp_choices(gpus: int, seq_len: int) -> list[int]:
     out, cp = [], 1
     while cp <= gpus:
@@ -78,41 +86,36 @@ def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumpt
     while not plan.fits:
         where = plan.memory.peak_where
         key = next((k for op, k in PEAK_OP_BLOCK if op in where.split(":")[-1]), None)
-        if key is None or getattr(layout, key) // 2 < BLOCKS[key][1]:
+        if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
             return plan
-        layout = layout.replace(**{key: getattr(layout, key) // 2})
+        layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
         plan = make_plan(model, layout, cluster, assume)
     return plan
 
 
 def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
-        ep_choices: tuple[int, ...] = (1,)) -> FitResult:
+        eps: tuple[int, ...] | None = None) -> FitResult:
+    """The search of `genome-lm plan --fit` and benchmarks/plan_table.py. `eps`: the expert-parallel
+    degrees to try (default `ep_choices`)."""
     given_plan = make_plan(model, given, cluster, assume)
     plans: list[Plan] = []
     largest = {k: v[0] for k, v in BLOCKS.items()}
     for cp in cp_choices(cluster.gpus, given.seq_len):
-        for ep in ep_choices:
-            if ep > 1 and cluster.gpus % ep:
-                continue
+        for ep in eps or ep_choices(model, cluster):
             for recompute, layers in STRATEGIES:
                 for offload in ((False,) if recompute == "none" else (False, True)):
                     for moe_recompute in (False, True):
                         layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute,
-                                               recompute_layers=layers, offload=offload,
+                                               recompute_layers=list(layers), offload_layer_inputs=offload,
                                                moe_recompute=moe_recompute, **largest)
                         plans.append(_shrink(model, layout, cluster, assume))
     fitting = [p for p in plans if p.fits]
     if not fitting:
         closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)
         return FitResult(given_plan, None, len(plans), closest=closest)
-    best = min(fitting, key=lambda p: (-round(_speed(p)), p.host_bytes_per_gpu, p.peak_gpu_bytes))
+    best = min(fitting, key=lambda p: (-round(p.tokens_per_s or 0), p.host_bytes_per_gpu, p.peak_gpu_bytes))
     # faster layouts that did not fit, closest to fitting first (what it would take to go faster)
-    faster = sorted((p for p in plans if not p.fits and _speed(p) > _speed(best)),
+    faster = sorted((p for p in plans if not p.fits and (p.tokens_per_s or 0) > (best.tokens_per_s or 0)),
                     key=lambda p: p.peak_gpu_bytes)
     return FitResult(given_plan, best, len(plans), faster_rejected=faster)
 
-
-def _speed(plan: Plan) -> float:
-    """Tokens per second of a plan for a cluster (which has a time plan)."""
-    assert plan.time is not None
-    return plan.time.tokens_per_s

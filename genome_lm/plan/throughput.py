@@ -51,7 +51,7 @@ def _link(cluster: Cluster, group: int, assume: Assumptions) -> float:
 def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalance: float) -> tuple[float, float]:
     """(non-expert, routed-expert) parameters one token multiplies with in this layer (busiest rank)."""
     active_experts = layer.expert_count * m.top_k / max(m.experts, 1)
-    if layout.ep > 1:
+    if layout.parallel.ep > 1:
         active_experts *= imbalance
     return layer.param_count - layer.expert_count, active_experts
 
@@ -59,22 +59,22 @@ def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalan
 def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
     parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
     _communication_parts(parts, m, layout, assume, cluster, compute=sum(parts.values()))
-    step = sum(parts.values()) * layout.grad_accum
-    tokens = layout.dp * layout.micro_batch * layout.seq_len * layout.grad_accum
+    step = sum(parts.values()) * layout.train.grad_accum
+    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
     active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
     return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
-                    parts_s={k: v * layout.grad_accum for k, v in parts.items()},
-                    flops_per_step=flops * layout.grad_accum, model_flops_per_token=6 * active)
+                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
+                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)
 
 
 def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, backend: str) -> tuple[dict, float]:
     """Seconds per micro-batch of each compute part (GEMMs, KDA core, DSA, memory-bound passes, loss,
     optimizer; the communication parts at 0.0) and the FLOPs counted."""
-    n, a, T = layout.tokens, m.act_bytes, layout.micro_batch * layout.seq_len
+    n, a, T = layout.tokens, m.act_bytes, layout.train.micro_batch * layout.seq_len
     gemm = gpu.bf16_flops * assume.matmul_efficiency
     attn = gpu.bf16_flops * assume.attention_efficiency
     hbm = gpu.hbm_bytes_per_s * assume.hbm_efficiency
-    layer_recompute = 1 if layout.recompute == "per-layer" else 0
+    layer_recompute = 1 if layout.memory.recompute == "per-layer" else 0
     parts = dict.fromkeys(("gemm", "kda_core", "dsa_indexer", "dsa_attention", "memory_bound", "loss",
                            "optimizer", "fsdp_exposed", "cp_comm", "expert_all_to_all", "offload_exposed"), 0.0)
     flops = 0.0
@@ -83,13 +83,13 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
         dense_p, expert_p = _layer_gemm_params(layer, m, layout, assume.expert_imbalance)
         attn_wrapped = layout.wraps(layer.attn) or layer_recompute
         mlp_wrapped = layout.wraps(layer.mlp) or layer_recompute
-        moe_passes = 3 + mlp_wrapped + (1 if layer.mlp == "moe" and layout.moe_recompute else 0)
+        moe_passes = 3 + mlp_wrapped + (1 if layer.mlp == "moe" and layout.memory.moe_recompute else 0)
         f = 2 * n * (dense_p * (3 + attn_wrapped) + expert_p * moe_passes)
         parts["gemm"] += f / gemm
         flops += f
         if layer.attn == "kda":
             H, K, C = m.kda_heads, m.kda_head_dim, layout.kda_chunk
-            runs = 2 if layout.cp > 1 and backend != "fla" else 1  # torch CP: the affine map is a second pass
+            runs = 2 if layout.parallel.cp > 1 and backend != "fla" else 1  # torch CP: the affine map is a second pass
             f = runs * n * H * (4 * C * K + 2 * C * K + 2 * C * K + 6 * K * K) * (3 + attn_wrapped)
             parts["kda_core"] += f / attn
         else:
@@ -98,7 +98,7 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
             if layer.indexer == "full":
                 # blocks score the pools complete before them: on the last CP rank (the slowest)
                 # on average a fraction 1 - 1/(2 cp) of the P = T/kpool pools
-                P = T // m.index_kpool * (1 - 1 / (2 * layout.cp))
+                P = T // m.index_kpool * (1 - 1 / (2 * layout.parallel.cp))
                 f_idx = 2 * n * m.index_heads * (m.index_dim + 1) * P * (1 + attn_wrapped)
                 parts["dsa_indexer"] += f_idx / attn
                 flops += f_idx
@@ -125,35 +125,36 @@ def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Ass
                          compute: float) -> None:
     """Fill in the seconds per micro-batch that communication adds beyond what overlaps `compute`
     (FSDP2, CP, EP all-to-all, offload copies)."""
-    gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.micro_batch * layout.seq_len
-    layer_recompute = 1 if layout.recompute == "per-layer" else 0
+    gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.train.micro_batch * layout.seq_len
+    layer_recompute = 1 if layout.memory.recompute == "per-layer" else 0
     F = shard_degree(layout, assume)
     if layout.gpus > 1:
         bw = _link(cluster, F, assume)
         per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
-        volume = per_layer * (2 + layout.reduce_bytes / a) * (F - 1) / F * layout.grad_accum
+        volume = per_layer * (2 + layout.reduce_bytes / a) * (F - 1) / F * layout.train.grad_accum
         fsdp = volume / bw
-        parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * layout.grad_accum) / layout.grad_accum
-    if layout.cp > 1:
-        bw = _link(cluster, layout.cp, assume)
-        frac = (layout.cp - 1) / layout.cp
+        accum = layout.train.grad_accum
+        parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * accum) / accum
+    if layout.parallel.cp > 1:
+        bw = _link(cluster, layout.parallel.cp, assume)
+        frac = (layout.parallel.cp - 1) / layout.parallel.cp
         n_dsa = sum(lay.attn == "dsa" for lay in m.layers)
         n_kda = m.n_layers - n_dsa
         # latent + index keys/gates gathered per forward pass; float32 latent gradients reduce-scattered
         dsa_bytes = T * (m.kv_lora + 2 * m.index_dim) * a * (1 + layer_recompute) + T * m.kv_lora * 4
-        kda_bytes = layout.cp * m.kda_heads * m.kda_head_dim * 2 * m.kda_head_dim * 4 * (3 + layer_recompute)
+        kda_bytes = layout.parallel.cp * m.kda_heads * m.kda_head_dim * 2 * m.kda_head_dim * 4 * (3 + layer_recompute)
         parts["cp_comm"] = (n_dsa * dsa_bytes * frac + n_kda * kda_bytes) / bw
-    if layout.ep > 1:
-        bw = _link(cluster, layout.ep, assume)
+    if layout.parallel.ep > 1:
+        bw = _link(cluster, layout.parallel.ep, assume)
         rows = n * m.top_k * assume.expert_imbalance
         n_moe = sum(lay.mlp == "moe" for lay in m.layers)
         # dispatch + combine per forward pass (recomputes included), their gradients in backward
-        transfers = 2 * (1 + layer_recompute + (1 if layout.moe_recompute else 0)) + 2
+        transfers = 2 * (1 + layer_recompute + (1 if layout.memory.moe_recompute else 0)) + 2
         parts["expert_all_to_all"] = n_moe * rows * m.D * a * transfers / bw
-    if layout.offload:
+    if layout.memory.offload_layer_inputs:
         link = gpu.host_link_bytes_per_s * assume.host_link_efficiency
         per_layer = act.layer_input(m, n) if layout.wraps("layer") else n * a * m.D
-        offloaded = m.layers[:max(0, m.n_layers - layout.offload_keep_last)]  # the last ones stay on the device
+        offloaded = m.layers[:max(0, m.n_layers - layout.memory.offload_keep_last)]  # the last ones stay on the device
         wrapped = len(offloaded) if layout.wraps("layer") else sum(
             layout.wraps(lay.attn) + layout.wraps(lay.mlp) for lay in offloaded)
         copy = per_layer * wrapped / link

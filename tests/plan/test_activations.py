@@ -62,8 +62,8 @@ def test_saved_bytes_per_layer_match_autograd(dtype, moe_recompute, hc_recompute
                        ops=ALL_OPS if hc_recompute else tuple(op for op in ALL_OPS if op != "hc"))
     measured = saved_by_layer(model, T)
     m = shape_of(model, "glm53-tiny", dtype)
-    layout = Layout(seq_len=T, moe_recompute=moe_recompute, moe_block_tokens=1024, dsa_block_queries=512,
-                    hc_recompute=hc_recompute)
+    layout = Layout(T, hc_recompute=hc_recompute).replace(moe_recompute=moe_recompute, moe_block_tokens=1024,
+                                                          dsa_block_queries=512)
     for layer in m.layers:
         body = activations.layer_body(m, layer, layout, backend="torch", imbalance=1.0)
         body.pop("dsa_selection", None)
@@ -121,7 +121,7 @@ def test_expert_parallel_moe_saves_what_the_planner_counts(tokens, block, recomp
     sets = [f"data.seq_len={tokens * P}", f"memory.moe_block_tokens={block}", f"memory.moe_recompute={recompute}"]
     shape, layout, _, _, _ = build(PlanParams(experiment="experiments/glm53flash_512k_64xb200.yaml",
                                               overrides=sets, gpus=64))
-    assert layout.tokens == tokens and layout.ep == P
+    assert layout.tokens == tokens and layout.parallel.ep == P
     (op,) = mlp_ops(shape, shape.layers[3], layout, 4.0)
     assert saved == pytest.approx(op.saved_bytes, rel=0.005)
     # the forward's peak: what it keeps plus its largest transient (with recompute: the block's rebuilt

@@ -26,8 +26,9 @@ def tiny():
 
 
 def reference(seq_len: int, **changes) -> Layout:
-    return Layout(seq_len=seq_len, cp=8, dp=8, recompute="per-layer", offload=True, moe_recompute=True,
-                  moe_block_tokens=65536, dsa_block_queries=1024, loss_chunk_tokens=4096).replace(**changes)
+    start = Layout(seq_len).replace(cp=8, dp=8, recompute="per-layer", offload_layer_inputs=True, moe_recompute=True,
+                                    moe_block_tokens=65536, dsa_block_queries=1024, loss_chunk_tokens=4096)
+    return start.replace(**changes)
 
 
 def test_parse_size_of_bytes_and_pow2():
@@ -72,7 +73,8 @@ def test_persistent_shards_by_hand(flash):
     assert b["optimizer_states"] == 2 * b["parameters"]
     assert b["fsdp_root_unsharded"] == flash.root_param_bytes
     assert sum(b.values()) == plan.peak_gpu_bytes
-    bf16 = make_plan(flash, reference(2**18).replace(state_bytes=2), make_cluster("b200", 64)).memory.breakdown
+    bf16 = make_plan(flash, reference(2**18, optimizer_state_dtype="bfloat16"), make_cluster("b200", 64))
+    bf16 = bf16.memory.breakdown
     assert bf16["optimizer_states"] == b["parameters"]  # train.optimizer_state_dtype: bfloat16
     assert bf16["parameters"] == b["parameters"]
 
@@ -89,7 +91,7 @@ def test_kept_per_strategy_by_hand(tiny):
     assert kept(ops, tiny, layer, layout, Assumptions()) == (full, 0, 0)
     per_layer = layout.replace(recompute="per-layer")
     assert kept(ops, tiny, layer, per_layer, Assumptions()) == (MiB, 0, 0)
-    off = per_layer.replace(offload=True)
+    off = per_layer.replace(offload_layer_inputs=True)
     assert kept(ops, tiny, layer, off, Assumptions())[0] == 0
     assert kept(ops, tiny, layer, off, Assumptions(offload_keeps_device_input=True))[0] == MiB
 
@@ -104,7 +106,7 @@ def test_frame_terms_by_hand(tiny):
 def test_offload_trades_device_for_host_memory(flash):
     cluster = make_cluster("b200", 64)
     on = make_plan(flash, reference(2**18), cluster)
-    off = make_plan(flash, reference(2**18, offload=False), cluster)
+    off = make_plan(flash, reference(2**18, offload_layer_inputs=False), cluster)
     layer_input = act.layer_input(flash, 2**15)
     # without offload the 44 earlier layers keep their inputs on the device at the last layer's backward
     assert off.peak_gpu_bytes > on.peak_gpu_bytes

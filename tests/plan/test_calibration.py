@@ -51,8 +51,7 @@ def measure(shards: Path, out: Path, cases: list[dict]) -> list[dict]:
 
 
 def predict(row: dict):
-    mem = MemoryConfig(**row["memory"])
-    layout = Layout.from_memory(row["tokens"], mem)
+    layout = Layout(row["tokens"], MemoryConfig(**row["memory"]))
     return make_plan(model_shape("glm53-tiny", "float32", row.get("model_overrides")), layout, None, ASSUME,
                      process_baseline_bytes=row["baseline_bytes"])
 

@@ -8,6 +8,7 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.plan.hardware import GiB
+from tests.helpers import load_benchmark
 
 EXP_1M = "experiments/glm53flash_1m_64xb200.yaml"
 
@@ -25,7 +26,8 @@ def test_json_has_the_promised_fields(capsys):
     for key in ("peak_gpu_bytes", "host_bytes_per_gpu", "step_time_s", "tokens_per_s", "fits", "breakdown"):
         assert key in plan
     assert sum(plan["breakdown"].values()) == plan["peak_gpu_bytes"]
-    assert plan["layout"]["cp"] == 8 and plan["layout"]["dp"] == 8 and plan["layout"]["offload"] is True
+    assert plan["layout"]["parallel"]["cp"] == 8 and plan["layout"]["parallel"]["dp"] == 8
+    assert plan["layout"]["memory"]["offload_layer_inputs"] is True
     assert 175 * GiB < plan["host_bytes_per_gpu"] < 177 * GiB  # 44 x 4 GiB layer inputs (the last stays)
     # the reference layout fits a B200 (179 GiB) with the margins (about 141 GiB: the peak is layer 3's DSA
     # backward, which the full-size rehearsal measures within 1%), in <= 190 GB of host memory
@@ -61,10 +63,23 @@ def test_fit_finds_a_layout_where_the_naive_one_does_not_fit(capsys):
     assert any("chosen" in line for line in plan["fit"]["explanation"])
 
 
-def test_fit_says_when_nothing_fits(capsys):
-    code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--fit")
+def test_fit_exits_non_zero_when_nothing_fits(capsys):
+    code, out, err = run(capsys, "--model", "glm53-flash", "--seq-len", "1M", "--gpus", "8", "--fit")
+    assert code == 2
+    assert "nothing fits" in out and "lowest peak" in out  # the closest layout's report
+    assert err.count("\n") == 1 and "plan --fit: nothing fits among" in err, err
+
+
+def test_fit_and_the_table_choose_the_same_layout_with_expert_parallelism_by_default(capsys):
+    """`plan --fit` and benchmarks/plan_table.py answer one question with one search, which tries expert
+    parallelism unless --ep fixes it: at 2M tokens on 64 B200s it chooses ep > 1."""
+    code, out, _ = run(capsys, EXP_1M, "--seq-len", "1M", "--gpus", "64", "--gpu", "h200", "--fit", "--json")
     assert code == 0
-    assert "nothing fits" in out
+    table = load_benchmark("plan_table")
+    assert table.row("h200", 64, "1M", None)["layout"] == json.loads(out)["fit"]["chosen"]
+    code, out, _ = run(capsys, "--model", "glm53-flash", "--seq-len", "2m", "--gpus", "64", "--fit", "--json")
+    chosen = json.loads(out)["layout"]
+    assert code == 0 and chosen["parallel"]["ep"] > 1, chosen
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -92,3 +107,10 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("genome-lm plan: error:") and message in err, err
+
+
+def test_rehearse_refuses_float32_experts_without_expert_parallelism_in_one_line(capsys):
+    code = main(["rehearse", EXP_1M, "--gpus", "64", "--set", "model.dtype=float32", "--set", "parallel.ep=1"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "model.dtype is float32" in err and "--set model.dtype=bfloat16" in err

@@ -16,7 +16,7 @@ def flash():
 
 
 def test_sharded_terms_by_hand(flash):
-    layout = Layout(seq_len=2**19, cp=8, dp=8, moe_recompute=True)
+    layout = Layout(2**19).replace(cp=8, dp=8, moe_recompute=True)
     plan = plan_forward(flash, layout)
     b = plan.breakdown
     assert b["weights"] == plan.weights_bytes == flash.param_bytes // 64
@@ -33,6 +33,6 @@ def test_sharded_terms_by_hand(flash):
 
 
 def test_one_process_holds_the_whole_model_and_gathers_nothing(flash):
-    plan = plan_forward(flash, Layout(seq_len=4096, moe_recompute=True))
+    plan = plan_forward(flash, Layout(4096).replace(moe_recompute=True))
     assert plan.breakdown["weights"] == flash.param_bytes
     assert "root_gathered" not in plan.breakdown and "layer_gathered" not in plan.breakdown
