@@ -1,17 +1,10 @@
 """`ValueSource`: where model code gets what it would read from tensor values.
 
-Fake tensors (`torch._subclasses.FakeTensor`, the rehearsal's `genome_lm.train.rehearse`) have
-shapes, dtypes and devices but no data. What the model reads from data is then a stated
-assumption, handed to the modules as their typed settings by `use_value_source(model, source)`
-once the model is built (and parallelized):
-
-    routing   MoE token counts and EP all-to-all splits (`BlockedGlm5NextTextMoE.routing`,
-              `ExpertParallelExperts.routing`): the router's choice, or an `AssumedRouting`
-    read      checks that read data (DSA's all-True padding mask, `LongDSA.read_values`)
-    kda       KDA's kernels (`LongKDA.backend` / `.fla`, and its conv and norm): the layer's own
-              backend, or fla's call contract with the stand-ins of `ops/kda/fake_fla.py`
-
-`FROM_DATA` (every module's default) reads the data; `fake_values(imbalance)` is the rehearsal's.
+Fake tensors (the rehearsal's, `genome_lm.train.rehearse`) have shapes but no data, so what the
+model reads from data becomes a stated assumption, set by `use_value_source(model, source)` as
+typed settings on the modules: MoE / EP `routing` (the router's choice, or an `AssumedRouting`),
+DSA's `read_values` (its padding check) and KDA's `fla` kernels (fla's own, or the stand-ins of
+`ops/kda/fake_fla.py` on the fla backend). `FROM_DATA` is every module's default.
 """
 
 from __future__ import annotations
