@@ -58,6 +58,9 @@ class FlaKernels:
     def __repr__(self) -> str:
         return "fla" if not self.stand_ins else f"stand-ins ({', '.join(sorted(self.stand_ins))})"
 
+    def __deepcopy__(self, memo) -> "FlaKernels":  # immutable: a deep copy of a model shares it
+        return self
+
     def function(self, module: str, name: str) -> Callable:
         """`module.name`: the stand-in, or fla's (`fla_function`)."""
         stand_in = self.stand_ins.get(f"{module}.{name}")
