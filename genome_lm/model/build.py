@@ -26,7 +26,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
-from genome_lm.model.contract import check_model, check_symbols, summary
+from genome_lm.model.contract import check_model, check_symbols, check_torch, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
 from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
 from genome_lm.model.weights.layout import cast_tensor
@@ -111,6 +111,7 @@ def check_upstream() -> str:
     a mismatch raises `UpstreamMismatch`."""
     check_symbols()
     build("glm53-tiny", meta=True)  # runs check_model
+    check_torch()
     return summary()
 
 

@@ -21,6 +21,13 @@ version, the supported range and the fix:
 `SUPPORTED` is pyproject.toml's range for transformers and `TESTED` the version in
 `requirements.lock` (`tests/model/test_contract.py` keeps the three equal). `make test-upstream`
 runs this check on the newest release before the lock moves.
+
+The rehearsal (`train/rehearse.py`) relies on private torch in the same way: it subclasses
+`FSDPMemTracker` (`torch.distributed._tools`), replaces its `_update_peak_stats` and reads its
+tracker state and its `ModTracker`; its fake process group's backend is registered by importing
+`FakeStore` (`torch.testing._internal`; no public module registers it). `check_torch()` checks
+those (`TORCH_CLASSES`, `TORCH_SIGNATURES`, `TORCH_ATTRIBUTES`) when a rehearsal starts, and
+`genome-lm check-upstream` checks them too.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 
-__all__ = ["SUPPORTED", "TESTED", "UpstreamMismatch", "check_model", "check_symbols", "summary"]
+__all__ = ["SUPPORTED", "TESTED", "UpstreamMismatch", "check_model", "check_symbols", "check_torch", "summary"]
 
 SUPPORTED = ">=5.25.0,<5.26"
 TESTED = "5.25.0"
@@ -120,6 +127,25 @@ ATTRIBUTES = {
     "Glm5NextTextDecoderLayer": ("mlp",),
     "Glm5NextTextModel": ("config", "embed_tokens", "layers"),
 }
+
+# Private torch the rehearsal imports, subclasses, replaces or calls: "Class.method" of TORCH_CLASSES.
+TORCH_CLASSES = {
+    "FSDPMemTracker": "torch.distributed._tools.fsdp2_mem_tracker",
+    "MemTracker": "torch.distributed._tools.mem_tracker",  # FSDPMemTracker's base: sets the state in `__init__`
+    "ModTracker": "torch.distributed._tools.mod_tracker",
+    "FakeStore": "torch.testing._internal.distributed.fake_pg",
+}
+TORCH_SIGNATURES = {
+    "FSDPMemTracker._update_peak_stats": ("self", "peak_state"),  # replaced
+    "ModTracker.register_user_hooks": ("self", "pre_fw_hook", "post_fw_hook", "pre_bw_hook", "post_bw_hook"),
+    "ModTracker.get_known_fqn": ("self", "mod"),
+}
+# State that `__init__` sets and the rehearsal's tracker reads (checked on instances).
+TORCH_ATTRIBUTES = {
+    "MemTracker": ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_mod_tracker"),
+    "ModTracker": ("parents", "is_bw"),
+}
+TORCH_TESTED = "2.13.0"
 
 
 class UpstreamMismatch(GenomeLMError):
@@ -217,8 +243,44 @@ def check_model(model: nn.Module) -> None:
         raise _mismatch(problems)
 
 
+def torch_problems() -> list[str]:
+    """Every mismatch of TORCH_CLASSES, TORCH_SIGNATURES and TORCH_ATTRIBUTES."""
+    classes: dict[str, type] = {}
+    problems: list[str | None] = []
+    for name, module in TORCH_CLASSES.items():
+        try:
+            classes[name] = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{module}.{name} cannot be imported ({e})")
+    for where, expected in TORCH_SIGNATURES.items():
+        cls_name, method_name = where.split(".")
+        method = getattr(classes.get(cls_name), method_name, None)
+        if cls_name in classes:
+            problems.append(f"torch's {cls_name} has no {method_name}" if method is None
+                            else _signature_problem(where, method, expected))
+    if "MemTracker" in classes:
+        tracker = classes["MemTracker"]()
+        for cls_name, instance in (("MemTracker", tracker), ("ModTracker", getattr(tracker, "_mod_tracker", None))):
+            problems += [f"torch's {cls_name} has no attribute {a!r}" for a in TORCH_ATTRIBUTES[cls_name]
+                         if not hasattr(instance, a)]
+    return [p for p in problems if p]
+
+
+@cache
+def check_torch() -> None:
+    """Raise `UpstreamMismatch` (one line) unless the private torch the rehearsal relies on matches."""
+    import torch
+
+    problems = torch_problems()
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UpstreamMismatch(f"torch {torch.__version__} does not match genome_lm's rehearsal: {problems[0]}{more}; "
+                               f"tested on torch {TORCH_TESTED}. Fix: `make setup` (installs requirements.lock)")
+
+
 def summary() -> str:
     """One line: the installed transformers matches genome_lm, with how much the contract holds."""
     return (f"transformers {installed_version()} matches genome_lm ({len(SYMBOLS)} symbols, "
             f"{len(SIGNATURES) + len(CACHE_METHODS)} signatures, {sum(map(len, ATTRIBUTES.values()))} attributes, "
-            f"{len(CONFIG_FIELDS)} config fields)")
+            f"{len(CONFIG_FIELDS)} config fields); torch's rehearsal contract holds ({len(TORCH_SIGNATURES)} "
+            f"signatures, {sum(map(len, TORCH_ATTRIBUTES.values()))} attributes)")

@@ -1,16 +1,53 @@
-"""Whether a tensor holds values: fake tensors (`torch._subclasses.FakeTensor`, the rehearsal's
-`genome_lm.train.rehearse`) have shapes, dtypes and devices but no data, so a check that reads
-data (a padding mask that must be all True) cannot run on them. Such checks read
-`has_values(t)` first and skip themselves on a fake tensor; the rehearsal's printout names what
-it did not check."""
+"""`ValueSource`: where model code gets what it would read from tensor values.
+
+Fake tensors (the rehearsal's, `genome_lm.train.rehearse`) have shapes but no data, so what the
+model reads from data becomes a stated assumption, set by `use_value_source(model, source)` as
+typed settings on the modules: MoE / EP `routing` (the router's choice, or an `AssumedRouting`),
+DSA's `read_values` (its padding check) and KDA's `fla` kernels (fla's own, or the stand-ins of
+`ops/kda/fake_fla.py` on the fla backend). `FROM_DATA` is every module's default.
+"""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+
+from torch import nn
+
+from genome_lm.model.ops.dsa import LongDSA
+from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.kda._fla import FlaKernels
+from genome_lm.model.ops.kda.conv import KDAShortConv
+from genome_lm.model.ops.kda.norm import KDAOutputNorm
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.ops.moe.assumed import AssumedRouting
+from genome_lm.model.ops.moe.ep import ExpertParallelExperts
 
 
-def has_values(t: torch.Tensor) -> bool:
-    """False for a fake tensor (no data to read), True otherwise."""
-    from torch._subclasses.fake_tensor import is_fake
+@dataclass(frozen=True)
+class ValueSource:
+    routing: AssumedRouting | None = None  # None: the router's choice
+    read: bool = True  # run the checks that read data
+    fla: FlaKernels | None = None  # None: KDA's kernels as configured; else the fla backend on these
 
-    return not is_fake(t)
+
+FROM_DATA = ValueSource()
+
+
+def fake_values(imbalance: float = 1.0) -> ValueSource:
+    """For fake tensors: this rank receives `imbalance` x the mean expert rows, no data checks, and
+    KDA on fla's call contract with the fake stand-ins (`fake_fla.FAKE_FLA`)."""
+    from genome_lm.model.ops.kda.fake_fla import FAKE_FLA
+
+    return ValueSource(AssumedRouting(float(imbalance)), read=False, fla=FAKE_FLA)
+
+
+def use_value_source(model: nn.Module, source: ValueSource) -> nn.Module:
+    """Set `source` on every long-context module of `model` (in place, also after FSDP2); returns it."""
+    for m in model.modules():
+        if isinstance(m, (BlockedGlm5NextTextMoE, ExpertParallelExperts)):
+            m.routing = source.routing
+        elif isinstance(m, LongDSA):
+            m.read_values = source.read
+        elif isinstance(m, (LongKDA, KDAShortConv, KDAOutputNorm)) and source.fla is not None:
+            m.backend, m.fla = "fla", source.fla
+    return model

@@ -209,7 +209,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
             layers prefetched (i-1, ...); its sharded gradients come from the reduce-scatter after it (below)."""
             return U_bwd + U - 2 * _experts_apart(op, lay, layout) + head_grad if fsdp else 0
         # the offloaded input of the layer whose backward runs next is copied back during this one
-        # (train/memory.py, one layer ahead): it is on the device already
+        # (train/recompute.py, one layer ahead): it is on the device already
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, buffers, op = _walk_backward(ops, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,

@@ -7,7 +7,7 @@
   3. expert parallelism (`genome_lm.parallel.ep`): the routed experts split over EP groups, as
      DTensors, tokens dispatched by all-to-all
   4. recompute (per decoder layer, or selected sub-modules), with layer-input offload
-     (`genome_lm.train.memory`)
+     (`genome_lm.train.recompute`)
   5. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), the EP experts over the
      ranks that hold the same experts, last, as torchtitan does; with `compute_dtype` (a bf16
      model) the parameters are first made float32 master weights and FSDP2 gathers them in bf16
@@ -27,7 +27,7 @@ from torch import nn
 from genome_lm.config import MemoryConfig
 from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.parallel.mesh import ParallelContext
-from genome_lm.train.memory import recompute
+from genome_lm.train.recompute import recompute
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,15 @@ does (forward, backward, gradient clipping, AdamW step, scheduler, zero_grad) un
 `FSDPMemTracker`, which counts every live tensor by kind. The planner's prediction for the same
 run is printed beside each figure.
 
-What fake tensors cannot decide is assumed and said: the routing (`moe/assumed.py`: this rank is
-the busiest expert rank, `expert_imbalance` x the mean rows, as the planner assumes; or uniform),
-the DSA top-k (indices of the right shape; the memory does not depend on which), checks that
-read values (`model/values.py`). fla's Triton kernels do not run on fake tensors: the CUDA path
-is rehearsed with stand-ins that take fla's arguments and allocate what fla's functions allocate
-(`model/ops/kda/fake_fla.py`); the tensors are CPU fake tensors, so device-only code (CUDA
-streams, pinned memory) is not exercised. Offloaded layer inputs are parked on the meta device
-(`train/memory.host_copies_on`), counted apart as host memory.
+What fake tensors cannot decide is assumed and said, set on the model as its `ValueSource`
+(`model/values.fake_values`): the routing (`moe/assumed.py`: this rank is the busiest expert rank,
+`expert_imbalance` x the mean rows, as the planner assumes; or uniform), checks that read values
+(skipped), and fla's Triton kernels, which do not run on fake tensors: the CUDA path is rehearsed
+with stand-ins that take fla's arguments and allocate what fla's functions allocate
+(`model/ops/kda/fake_fla.py`). The DSA top-k is indices of the right shape (the memory does not
+depend on which). The tensors are CPU fake tensors, so device-only code (CUDA streams, pinned
+memory) is not exercised. Offloaded layer inputs are parked on the meta device
+(`train/recompute.park_host_copies_on`), counted apart as host memory.
 
 Fewer layers (`layers`): the rehearsed model is the first `layers` decoder layers of the real
 one (every layer kind among them), and the figures are lifted by what the omitted layers hold on
@@ -242,7 +243,7 @@ def _shard_bytes(layers) -> int:
 
 def _fake_pg(gpus: int, rank: int):
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
     if dist.is_initialized():
         raise RuntimeError("rehearse: a process group is already initialised in this process")
@@ -257,15 +258,19 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""
     import torch.distributed as dist
 
+    from genome_lm.model.contract import check_torch
     from genome_lm.model.presets import preset_config
+    from genome_lm.model.values import fake_values, use_value_source
     from genome_lm.parallel.mesh import check_layout, init_parallel
     from genome_lm.progress import progress
     from genome_lm.train.parallelize import parallelize
+    from genome_lm.train.recompute import park_host_copies_on
     from genome_lm.train.trainer import build_model, compute_dtype
 
     if steps < 2:
         raise GenomeLMError(f"--steps {steps}: the rehearsal needs at least 2 steps (the first creates the "
                             "optimizer state)")
+    check_torch()
     t_start = time.perf_counter()
     config = preset_config(cfg.model.name, **cfg.model.overrides)
     total_layers = config.num_hidden_layers
@@ -294,12 +299,14 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
             run_cfg.model.overrides = {**cfg.model.overrides, **reduced_overrides(config, layers)}
         model = build_model(run_cfg, par.device, None, meta=True).model
         parallelize(model, mem, par, compute)
+        use_value_source(model, fake_values(imbalance))
+        park_host_copies_on(model, "meta")
 
         recomputes = mem.recompute == "per-layer"
         passes = steps * layers * (2 if recomputes else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
         hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
-        tracker, host = _fake_steps(model, cfg, par.device, config.vocab_size, steps, imbalance)
+        tracker, host = _fake_steps(model, cfg, par.device, config.vocab_size, steps)
         for h in hooks:
             h.remove()
         bar.close()
@@ -345,17 +352,13 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     return layers
 
 
-def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int, imbalance: float):
+def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int):
     """`steps` training steps of the parallelized meta `model` on fake tensors, under the memory
     tracker (the first step's peaks dropped: it has no optimizer state until its end); returns the
     tracker and the peak bytes parked on the host."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from genome_lm.model.ops.kda._fla import fla_stand_ins
-    from genome_lm.model.ops.kda.fake_fla import STAND_INS
-    from genome_lm.model.ops.moe.assumed import assume_routing
     from genome_lm.parallel.fsdp import clip_grad_norm_
-    from genome_lm.train.memory import host_copies_on
     from genome_lm.train.schedule import make_optimizer, make_scheduler
 
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -372,9 +375,6 @@ def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int, i
         tracker.track_inputs((ids,))
         with contextlib.ExitStack() as stack:
             stack.enter_context(tracker)
-            stack.enter_context(assume_routing(imbalance))
-            stack.enter_context(fla_stand_ins(STAND_INS))
-            stack.enter_context(host_copies_on("meta"))
             for step in range(steps):
                 for _ in range(cfg.train.grad_accum):
                     out = model(**batch)

@@ -49,9 +49,9 @@ from genome_lm.tf32 import set_tf32
 from genome_lm.train.checkpoint import latest_checkpoint, load_newest_whole, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
-from genome_lm.train.memory import host_bytes
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
+from genome_lm.train.recompute import host_bytes
 from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
 from genome_lm.train.saver import Checkpointer
 from genome_lm.train.schedule import make_optimizer, make_scheduler

@@ -51,7 +51,7 @@ def fla_calls(monkeypatch):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(chunk_mod, "fla_chunk_kda", lambda: counting)
+    monkeypatch.setattr(chunk_mod, "fla_chunk_kda", lambda *_: counting)
     return calls
 
 
@@ -69,5 +69,5 @@ def fla_lean_calls(monkeypatch):
             calls.append(_name)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(mod, attr, lambda _fn=counting: _fn)
+        monkeypatch.setattr(mod, attr, lambda *_, _fn=counting: _fn)
     return calls

@@ -18,7 +18,9 @@ from genome_lm.model.contract import (
     UpstreamMismatch,
     attribute_problems,
     check_symbols,
+    check_torch,
     symbol_problems,
+    torch_problems,
 )
 from genome_lm.model.upstream import glm
 
@@ -65,6 +67,28 @@ def test_missing_symbol_and_changed_signature_are_named(monkeypatch):
             check_symbols()
     finally:
         check_symbols.cache_clear()
+
+
+def test_private_torch_the_rehearsal_relies_on_is_checked(monkeypatch):
+    """The rehearsal replaces `FSDPMemTracker._update_peak_stats` and reads the tracker's state: a torch
+    that renames either is one line when the rehearsal starts, not a tracker that silently stops counting."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    assert torch_problems() == []
+    monkeypatch.setattr(MemTracker, "_update_peak_stats", lambda self, state, extra: None)
+    monkeypatch.delattr(ModTracker, "is_bw")
+    assert torch_problems() == [
+        "FSDPMemTracker._update_peak_stats takes (self, state, extra), genome_lm calls it as (self, peak_state)",
+        "torch's ModTracker has no attribute 'is_bw'"]
+    check_torch.cache_clear()
+    try:
+        with pytest.raises(UpstreamMismatch, match=r"^torch .* does not match genome_lm's rehearsal: "
+                                                   r"FSDPMemTracker._update_peak_stats takes .* \(and 1 more\); "
+                                                   r"tested on torch 2.13.0. Fix: `make setup`"):
+            check_torch()
+    finally:
+        check_torch.cache_clear()
 
 
 FAKE_OLD_TRANSFORMERS = """

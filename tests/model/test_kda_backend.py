@@ -52,10 +52,27 @@ def test_fla_backend_on_cpu_needs_the_interpreter(monkeypatch):
         chunk_kda(q, k, v, g, beta, backend="fla")
 
 
+def test_stand_ins_take_the_fla_path_on_cpu_fake_tensors_without_the_interpreter(monkeypatch):
+    """The rehearsal's `fla` setting (`fake_fla.FAKE_FLA`): fla's call contract on CPU fake tensors;
+    fla's own kernels on CPU still need the interpreter."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from genome_lm.model.ops.kda.fake_fla import FAKE_FLA
+
+    monkeypatch.setattr(_fla, "TRITON_INTERPRETING", False)
+    assert _fla.use_fla("cpu", "fla", FAKE_FLA) and not _fla.use_fla("cpu", "auto", FAKE_FLA)
+    q, k, v, g, beta, _ = make_inputs(0, T=64)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        o, final = chunk_kda(q, k, v, g, beta, output_final_state=True, backend="fla", fla=FAKE_FLA)
+    assert o.shape == v.shape and final is not None and final.dtype == torch.float32
+    with pytest.raises(GenomeLMError, match="needs Triton's interpreter"):
+        _fla.use_fla("cpu", "fla")
+
+
 def test_missing_fla_is_an_error_naming_the_fix(monkeypatch):
     # what a CUDA call meets without the gpu extra: no silent fallback to the torch op
     monkeypatch.setattr(_fla, "_import_fla", lambda module, name: MISSING)
-    monkeypatch.setattr(chunk_mod, "use_fla", lambda device_type, backend: True)
+    monkeypatch.setattr(chunk_mod, "use_fla", lambda device_type, backend, fla: True)
     q, k, v, g, beta, _ = make_inputs(0, T=5)
     with pytest.raises(GenomeLMError) as err:
         chunk_kda(q, k, v, g, beta)
@@ -86,7 +103,7 @@ def test_fla_import_failure_is_reported_not_raised(monkeypatch):
 
 
 def test_torch_backend_keeps_cpu_on_torch(monkeypatch):
-    def boom():
+    def boom(*_):
         raise AssertionError("fla must not be looked up with the torch backend")
 
     monkeypatch.setattr(chunk_mod, "fla_chunk_kda", boom)
@@ -100,7 +117,7 @@ def test_the_setting_reaches_every_kda_kernel(monkeypatch):
     norm, each asked with that backend (no other source of the choice)."""
     asked = []
     for mod in (chunk_mod, conv_mod, norm_mod):
-        monkeypatch.setattr(mod, "use_fla", lambda device_type, backend, name=mod.__name__: asked.append(
+        monkeypatch.setattr(mod, "use_fla", lambda device_type, backend, fla, name=mod.__name__: asked.append(
             (name.rsplit(".", 1)[1], backend)) or False)
     model = parallelize(tiny_model(0), MemoryConfig(kda_backend="torch"))
     layers = [m for m in model.modules() if isinstance(m, LongKDA)]

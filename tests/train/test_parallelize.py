@@ -66,7 +66,7 @@ def test_out_of_order_steps_raise():
 def test_offload_keep_last_leaves_the_last_layers_on_the_device(keep):
     """memory.offload_keep_last: the last N layers are plain checkpoints (input kept on the device),
     the others offloaded; loss and gradients equal recompute without offload."""
-    from genome_lm.train.memory import _OffloadedRecompute
+    from genome_lm.train.recompute import _OffloadedRecompute
 
     memory = MemoryConfig(recompute="per-layer", offload_layer_inputs=True, offload_keep_last=keep, **SIZES)
     model = parallelize(tiny_model(), memory)

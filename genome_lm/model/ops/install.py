@@ -1,7 +1,7 @@
 """How a genome_lm class takes over an upstream module: `Cls.install(module, **settings)`.
 
 The long-context classes (`LongKDA`, `LongDSA`, `BlockedGlm5NextTextMoE`, `RecomputedHyperConnection`)
-and the offloaded recompute of `genome_lm.train.memory` are subclasses of an upstream module's
+and the offloaded recompute of `genome_lm.train.recompute` are subclasses of an upstream module's
 class with the same parameters. `swap_class` is the one place in genome_lm that sets
 `module.__class__`: installing a subclass in place, instead of building a new module and moving
 the parameters over, keeps the object itself — its parent's reference, its parameters (no second

@@ -14,7 +14,6 @@ import torch
 from genome_lm.model.cp import CPContext, gather_seq
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
-from genome_lm.model.values import has_values
 from genome_lm.settings import DEFAULTS
 
 from .chunk import absorbed_mla_attention
@@ -80,6 +79,7 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
     upstream = Glm5NextTextAttention
     block_queries: int = DEFAULTS.dsa_block_queries
     cp: CPContext | None = None
+    read_values: bool = True  # False for tensors without values (fake): the padding check is skipped
 
     def configure(self, block_queries: int = DEFAULTS.dsa_block_queries) -> None:
         if block_queries < 1:
@@ -94,7 +94,7 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                 prev_topk_indices=None, **kwargs):
         """hidden_states [B, T, D] -> ([B, T, D], None, selection | None)."""
         cache = cache if cache is not None else kwargs.get("past_key_values")
-        if attention_mask is not None and (attention_mask.dim() != 2 or has_values(attention_mask)
+        if attention_mask is not None and (attention_mask.dim() != 2 or self.read_values
                                            and not bool(attention_mask.all())):
             raise ValueError("genome_lm's DSA layers take unpadded batches only (a [B, T] attention_mask "
                              "that is all True)")

@@ -20,18 +20,21 @@ imported lazily (`fla_chunk_kda`, `fla_causal_conv1d`, `fla_rms_norm_gated`), an
 references are loaded straight from their source file (`load_fla_reference`), which needs only
 torch and einops.
 
-`fla_stand_ins({"fla.ops.kda.chunk_kda": fn, ...})`: inside, `fla_function` returns these instead of
-fla's and every KDA call goes the fla path on any device. The rehearsal (`genome_lm.train.rehearse`)
-uses it with fake implementations (`fake_fla.py`), so fla's call contract runs on fake tensors.
+Where the fla backend finds its functions is the KDA modules' `fla` setting, a `FlaKernels`:
+`FLA` (the default) imports fla's own; `FlaKernels(stand_ins)` returns stand-ins by "module.name"
+instead, on any device. The rehearsal (`genome_lm.train.rehearse`) sets the fake implementations
+of `fake_fla.py` through its `ValueSource` (`model/values.py`), so fla's call contract runs on fake
+tensors.
 """
 
-import contextlib
 import functools
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from packaging.version import Version
 
@@ -45,37 +48,42 @@ MIN_FLA_CORE = "0.6.0"
 TRITON_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-_STAND_INS: dict[str, Callable] = {}  # "module.name" -> the function `fla_function` returns instead
+@dataclass(frozen=True)
+class FlaKernels:
+    """The functions a KDA call on the fla backend runs, by "module.name": fla's own (no `stand_ins`),
+    or stand-ins that take fla's arguments (the rehearsal's fakes, `fake_fla.FAKE_FLA`)."""
+
+    stand_ins: Mapping[str, Callable] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __repr__(self) -> str:
+        return "fla" if not self.stand_ins else f"stand-ins ({', '.join(sorted(self.stand_ins))})"
+
+    def __deepcopy__(self, memo) -> "FlaKernels":  # immutable: a deep copy of a model shares it
+        return self
+
+    def function(self, module: str, name: str) -> Callable:
+        """`module.name`: the stand-in, or fla's (`fla_function`)."""
+        stand_in = self.stand_ins.get(f"{module}.{name}")
+        return stand_in if stand_in is not None else fla_function(module, name)
 
 
-@contextlib.contextmanager
-def fla_stand_ins(functions: dict[str, Callable]) -> Iterator[None]:
-    """Inside: `fla_function("m", "n")` returns `functions["m.n"]` and `use_fla` is True on every device."""
-    before = dict(_STAND_INS)
-    _STAND_INS.update(functions)
-    try:
-        yield
-    finally:
-        _STAND_INS.clear()
-        _STAND_INS.update(before)
+FLA = FlaKernels()  # fla's own kernels
 
 
-def use_fla(device_type: str, backend: KDABackend) -> bool:
+def use_fla(device_type: str, backend: KDABackend, kernels: FlaKernels = FLA) -> bool:
     """Whether a KDA call with `backend` ("auto", "fla", "torch") on tensors of this device type
-    ("cuda", "cpu", ...) goes to fla.
+    ("cuda", "cpu", ...) goes to fla (to `kernels`).
 
     Raises `GenomeLMError` for the fla backend with CPU tensors outside Triton's interpreter,
-    where fla's kernels would fail with "0 active drivers".
+    where fla's kernels would fail with "0 active drivers" (stand-ins run on any device).
     """
     if backend not in KDA_BACKENDS:
         raise ValueError(f"kda backend {backend!r}: use one of {', '.join(KDA_BACKENDS)}")
-    if _STAND_INS:
-        return True
     if backend == "torch":
         return False
     if backend == "auto":
         return device_type == "cuda"
-    if device_type == "cpu" and not TRITON_INTERPRETING:
+    if device_type == "cpu" and not TRITON_INTERPRETING and not kernels.stand_ins:
         raise GenomeLMError(
             "kda_backend fla with CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
             "triton is imported (as `make test-interpret` does), or use kda_backend auto"
@@ -96,8 +104,6 @@ def _import_fla(module: str, name: str) -> tuple[Callable | None, str]:
 def fla_function(module: str, name: str) -> Callable:
     """`module.name` from fla (e.g. "fla.ops.kda", "chunk_kda"); `GenomeLMError` naming the fix when
     fla or its Triton kernels do not import."""
-    if f"{module}.{name}" in _STAND_INS:
-        return _STAND_INS[f"{module}.{name}"]
     fn, error = _import_fla(module, name)
     if fn is None:
         raise GenomeLMError(
@@ -121,19 +127,19 @@ def _check_fla_version() -> None:
         )
 
 
-def fla_chunk_kda() -> Callable:
-    """`fla.ops.kda.chunk_kda` (see `fla_function`)."""
-    return fla_function("fla.ops.kda", "chunk_kda")
+def fla_chunk_kda(kernels: FlaKernels = FLA) -> Callable:
+    """`fla.ops.kda.chunk_kda` of `kernels` (see `fla_function`)."""
+    return kernels.function("fla.ops.kda", "chunk_kda")
 
 
-def fla_causal_conv1d() -> Callable:
+def fla_causal_conv1d(kernels: FlaKernels = FLA) -> Callable:
     """`fla.modules.causal_conv1d.causal_conv1d`, the kernel behind `fla.modules.ShortConvolution`."""
-    return fla_function("fla.modules.causal_conv1d", "causal_conv1d")
+    return kernels.function("fla.modules.causal_conv1d", "causal_conv1d")
 
 
-def fla_rms_norm_gated() -> Callable:
+def fla_rms_norm_gated(kernels: FlaKernels = FLA) -> Callable:
     """`fla.modules.norm.fused_norm_gate.rms_norm_gated`, the function behind `fla.modules.FusedRMSNormGated`."""
-    return fla_function("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
+    return kernels.function("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.kda._fla import fla_chunk_kda, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.gate import kda_gate
 from genome_lm.settings import DEFAULTS, KDABackend
 
@@ -58,6 +58,7 @@ def chunk_kda(
     lower_bound: float | None = None,
     head_block: int = 0,
     backend: KDABackend = DEFAULTS.kda_backend,
+    fla: FlaKernels = FLA,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
 
@@ -80,6 +81,7 @@ def chunk_kda(
             `head_block` heads run their backwards one after another, so those transients shrink
             by HV / head_block (`fla_by_heads`). The torch path ignores it (its segments bound them).
         backend: "auto", "fla" or "torch" (below; `_fla.py`), as fla's layers take `mode`.
+        fla: the functions the fla backend calls (`_fla.FlaKernels`: fla's own, or stand-ins).
 
     Returns:
         `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
@@ -90,12 +92,12 @@ def chunk_kda(
     interpreter, for tests), torch none. The torch path computes in
     fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
-    if use_fla(q.device.type, backend):
+    if use_fla(q.device.type, backend, fla):
         gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
         gate, kw = fla_options(gate, chunk_size, scale=scale, output_final_state=output_final_state,
                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32
-        o, S = fla_by_heads(fla_chunk_kda(), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
+        o, S = fla_by_heads(fla_chunk_kda(fla), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
         return o.to(q.dtype), (S.float() if S is not None else None)
     return chunk_kda_torch(
         q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel,

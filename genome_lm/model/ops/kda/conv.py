@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.kda._fla import fla_causal_conv1d, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_causal_conv1d, use_fla
 from genome_lm.model.ops.norm.rms import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend
 
@@ -108,7 +108,8 @@ class ShortConvFunction(torch.autograd.Function):
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None, activation: str = "silu",
-               block_tokens: int = BLOCK_TOKENS, backend: KDABackend = DEFAULTS.kda_backend) -> torch.Tensor:
+               block_tokens: int = BLOCK_TOKENS, backend: KDABackend = DEFAULTS.kda_backend,
+               fla: FlaKernels = FLA) -> torch.Tensor:
     """silu(causal depthwise conv of [prev | x]) for the tokens of x.
 
     Args:
@@ -116,15 +117,15 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None 
         weight: `[C, 1, W]` the depthwise kernel (upstream's `conv1d.weight`, float32).
         prev: `[B, C, W-1]` the projections before x, or None (zeros: the sequence start).
         activation: "silu" (= "swish"), upstream's `hidden_act`.
-        backend: "auto", "fla" or "torch" (`_fla.py`): fla's `causal_conv1d` or the torch op.
+        backend: "auto", "fla" or "torch" (`_fla.py`): fla's `causal_conv1d` (of `fla`) or the torch op.
     Returns:
         `[B, T, C]` in x's dtype, computed in the weight's dtype; differentiable w.r.t. x, weight, prev.
     """
     if activation not in ACTIVATIONS:
         raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
-    if use_fla(x.device.type, backend):
+    if use_fla(x.device.type, backend, fla):
         state = None if prev is None else F.pad(prev.to(x.dtype), (1, 0))  # fla reads the last W-1 of [B, C, W]
-        y, _ = fla_causal_conv1d()(x=x, weight=weight[:, 0], initial_state=state, activation="silu")
+        y, _ = fla_causal_conv1d(fla)(x=x, weight=weight[:, 0], initial_state=state, activation="silu")
         return y
     return ShortConvFunction.apply(x, weight, prev, block_tokens)
 
@@ -144,15 +145,17 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
     upstream = nn.Conv1d
     activation: str = "silu"
     backend: KDABackend = DEFAULTS.kda_backend
+    fla: FlaKernels = FLA
 
-    def configure(self, activation: str = "silu", backend: KDABackend = DEFAULTS.kda_backend) -> None:
+    def configure(self, activation: str = "silu", backend: KDABackend = DEFAULTS.kda_backend,
+                  fla: FlaKernels = FLA) -> None:
         if activation not in ACTIVATIONS:
             raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
         self.activation = activation
-        self.backend = backend
+        self.backend, self.fla = backend, fla
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation}, backend={self.backend}"
 
     def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-        return short_conv(x, self.weight, prev, self.activation, backend=self.backend)
+        return short_conv(x, self.weight, prev, self.activation, backend=self.backend, fla=self.fla)

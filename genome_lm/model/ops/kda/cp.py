@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.cp import CPContext, attach, gather_seq
-from genome_lm.model.ops.kda._fla import fla_chunk_kda, fla_function, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step
 from genome_lm.settings import DEFAULTS, KDABackend
@@ -50,15 +50,16 @@ def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
 
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                 chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, head_block: int = 0,
-                backend: KDABackend = DEFAULTS.kda_backend, **gate):
+                backend: KDABackend = DEFAULTS.kda_backend, fla: FlaKernels = FLA, **gate):
     """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`
     (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
-    if use_fla(q.device.type, backend) and len(set(cp.lengths)) == 1:
-        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, head_block, **gate)
+    if use_fla(q.device.type, backend, fla) and len(set(cp.lengths)) == 1:
+        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, head_block, fla,
+                               **gate)
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, backend=backend, **gate)
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, backend=backend, fla=fla, **gate)
     Bsz, T, HV, V = v.shape
     K = q.shape[-1]
     o_b, B_r = chunk_kda(q, k, v, g, beta, **kw)  # [B, T, HV, V], [B, HV, K, V]
@@ -75,18 +76,18 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
 
 
 def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, head_block: int,
-                    **gate):
+                    fla: FlaKernels = FLA, **gate):
     """This rank's slab [B, T, HV, V] of fla's context-parallel `chunk_kda` (equal slabs; each batch
     row is its own sequence of cp·T tokens; `head_block` value heads per call, as `chunk_kda`'s)
     -> (o [B, T, HV, V], None): fla's CP gives no final state."""
-    build = fla_function("fla.ops.cp", "build_cp_context")
+    build = fla.function("fla.ops.cp", "build_cp_context")
     T = q.shape[1]
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
     group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group
     context = build(bounds.to(q.device), group=group, cu_seqlens_cpu=bounds)
     gate, kw = fla_options(gate, chunk_size, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                            cp_context=context)
-    outs = [fla_by_heads(fla_chunk_kda(), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
+    outs = [fla_by_heads(fla_chunk_kda(fla), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
                          beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
     return torch.cat(outs).to(q.dtype), None
 

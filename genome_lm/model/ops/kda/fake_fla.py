@@ -22,9 +22,11 @@ Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C ch
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
 
 import torch
+
+from genome_lm.model.ops.kda._fla import FlaKernels
 
 F32 = torch.float32
 
@@ -134,9 +136,9 @@ def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 
-STAND_INS: dict[str, Callable[..., Any]] = {
+FAKE_FLA = FlaKernels(MappingProxyType({
     "fla.ops.kda.chunk_kda": chunk_kda,
     "fla.modules.causal_conv1d.causal_conv1d": causal_conv1d,
     "fla.modules.norm.fused_norm_gate.rms_norm_gated": rms_norm_gated,
     "fla.ops.cp.build_cp_context": build_cp_context,
-}
+}))  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)

@@ -23,6 +23,7 @@ import torch
 
 from genome_lm.model.cp import CPContext
 from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.cp import cp_kda_forward
 from genome_lm.model.ops.kda.gate import KDAForgetGate
@@ -36,7 +37,8 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
     Settings: `chunk_size` and `head_block` of `chunk_kda`; `backend` of its kernels ("auto", "fla",
-    "torch"; shown on `conv1d` and `o_norm`); `cp`, a `CPContext` once `apply_context_parallel` ran
+    "torch"; shown on `conv1d` and `o_norm`) and `fla`, the functions the fla backend calls
+    (`_fla.FlaKernels`: fla's own, or the rehearsal's stand-ins); `cp`, a `CPContext` once `apply_context_parallel` ran
     (then the layer runs its rank's slab, `ops/kda/cp.py`). Installing it also installs its
     parts that keep only compute-dtype inputs for backward (same parameters and names):
     `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv reads
@@ -47,6 +49,7 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     chunk_size: int = DEFAULTS.kda_chunk_size
     head_block: int = DEFAULTS.kda_head_block
     backend: KDABackend = DEFAULTS.kda_backend
+    fla: FlaKernels = FLA
     cp: CPContext | None = None
     # the parts `configure` installs
     conv1d: KDAShortConv
@@ -54,17 +57,17 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     o_norm: KDAOutputNorm
 
     def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
-                  backend: KDABackend = DEFAULTS.kda_backend) -> None:
+                  backend: KDABackend = DEFAULTS.kda_backend, fla: FlaKernels = FLA) -> None:
         if chunk_size < 1:
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         if head_block < 0 or (head_block and self.num_heads % head_block):
             raise ValueError(f"kda head_block={head_block} must be 0 (all heads) or divide the {self.num_heads} heads")
         self.chunk_size = int(chunk_size)
         self.head_block = int(head_block)
-        self.backend = backend
-        KDAShortConv.install(self.conv1d, activation=self.activation, backend=backend)
+        self.backend, self.fla = backend, fla
+        KDAShortConv.install(self.conv1d, activation=self.activation, backend=backend, fla=fla)
         KDAForgetGate.install(self.forget_gate)
-        KDAOutputNorm.install(self.o_norm, backend=backend)
+        KDAOutputNorm.install(self.o_norm, backend=backend, fla=fla)
 
     def extra_repr(self) -> str:
         return f"chunk_size={self.chunk_size}, head_block={self.head_block}, cp={self.cp}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.kda._fla import fla_rms_norm_gated, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_rms_norm_gated, use_fla
 from genome_lm.model.ops.norm.rms import gated_rms_norm, upstream_gated_rms_norm
 from genome_lm.model.upstream import glm
 from genome_lm.settings import DEFAULTS, KDABackend
@@ -27,18 +27,19 @@ class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
 
     upstream = glm.Glm5NextTextRMSNormGated
     backend: KDABackend = DEFAULTS.kda_backend
+    fla: FlaKernels = FLA
 
-    def configure(self, backend: KDABackend = DEFAULTS.kda_backend) -> None:
+    def configure(self, backend: KDABackend = DEFAULTS.kda_backend, fla: FlaKernels = FLA) -> None:
         if self.activation != "sigmoid":
             raise NotImplementedError(f"KDA output norm with a {self.activation!r} gate; only sigmoid")
-        self.backend = backend
+        self.backend, self.fla = backend, fla
 
     def extra_repr(self) -> str:
         return ", ".join(filter(None, [super().extra_repr(), f"backend={self.backend}"]))
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        if use_fla(hidden_states.device.type, self.backend):
-            return fla_rms_norm_gated()(x=hidden_states, g=gate, weight=self.weight, bias=None, activation="sigmoid",
-                                        eps=self.variance_epsilon)
+        if use_fla(hidden_states.device.type, self.backend, self.fla):
+            return fla_rms_norm_gated(self.fla)(x=hidden_states, g=gate, weight=self.weight, bias=None,
+                                                activation="sigmoid", eps=self.variance_epsilon)
         assert gate is not None  # LongKDA passes its output gate
         return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from genome_lm.model.cp import CPContext
+from genome_lm.model.ops.kda._fla import FlaKernels
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
 from genome_lm.model.ops.kda.gate import KDAForgetGate
@@ -46,6 +47,7 @@ class KDAModule(Protocol):
     chunk_size: int
     head_block: int
     backend: KDABackend
+    fla: FlaKernels
     cp: CPContext | None
 
 KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -138,6 +140,7 @@ def kda_layer_step(
         lower_bound=module.forget_gate.safe_gate_lower_bound,
         head_block=module.head_block,
         backend=module.backend,
+        fla=module.fla,
     )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)

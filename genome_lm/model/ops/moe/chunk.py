@@ -29,7 +29,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import assumed_routing
+from genome_lm.model.ops.moe.assumed import AssumedRouting
 from genome_lm.model.ops.moe.ep import EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
@@ -56,18 +56,21 @@ def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, 
     return out, topk_indices
 
 
-def _counts(idx: torch.Tensor, num_experts: int, assumed) -> torch.Tensor:
-    """[E] tokens per expert of a block: counted, or spread evenly under `assume_routing`."""
+def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None) -> torch.Tensor:
+    """[E] tokens per expert of a block: counted, or spread evenly by the `assumed` routing."""
     return expert_counts(idx, num_experts) if assumed is None else assumed.counts(idx.numel(), num_experts, idx.device)
 
 
 def blocked_moe_forward(
-    module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True
+    module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True,
+    assumed: AssumedRouting | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Upstream MoE over blocks of `block_tokens` tokens.
 
     Args:
         hidden: [B, T, D] (any leading shape; flattened to N tokens).
+        assumed: counts (and EP splits) from this assumption instead of the router's choice
+            (`moe/assumed.py`; for tensors without values).
     Returns:
         out [B, T, D] and counts [E] int64 (tokens per routed expert).
     """
@@ -76,7 +79,6 @@ def blocked_moe_forward(
     n = x.shape[0]
     counts = torch.zeros(module.gate.num_experts, dtype=torch.long, device=x.device)
     use_ckpt = recompute and torch.is_grad_enabled() and n > 0
-    assumed = assumed_routing()
     ep = getattr(module, "ep", None)
     if ep is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
         blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
@@ -108,6 +110,7 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
     recompute: bool = DEFAULTS.moe_recompute
     last_expert_counts: torch.Tensor | None = None
     ep: EPContext | None = None  # set by `parallel.ep.apply_expert_parallel`
+    routing: AssumedRouting | None = None  # None: the router's choice (`model/values.py` sets an assumption)
 
     def configure(self, block_tokens: int = DEFAULTS.moe_block_tokens,
                   recompute: bool = DEFAULTS.moe_recompute) -> None:
@@ -120,6 +123,6 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
         return f"block_tokens={self.block_tokens}, recompute={self.recompute}{ep}"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute)
+        out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute, self.routing)
         self.last_expert_counts = counts
         return out

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import assumed_routing
+from genome_lm.model.ops.moe.assumed import AssumedRouting
 from genome_lm.model.upstream import Glm5NextTextExperts
 
 
@@ -66,6 +66,7 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
 
     upstream = Glm5NextTextExperts
     ep: EPContext
+    routing: AssumedRouting | None = None  # None: split by the router's choice (`model/values.py` sets an assumption)
 
     def configure(self, ep: EPContext) -> None:
         self.ep = ep
@@ -75,7 +76,7 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep)
+        return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep, self.routing)
 
 
 class _ExpertLinear(torch.autograd.Function):
@@ -150,11 +151,10 @@ def add_rows(like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torc
     return _AddRows.apply(like, index, src)
 
 
-def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
+def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
     """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
     local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
-    and exchanged, or inside `assume_routing` taken from the assumption (no values needed)."""
-    assumed = assumed_routing()
+    and exchanged, or taken from the `assumed` routing (no values needed)."""
     if assumed is not None:
         send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
         local = torch.arange(n_local, device=flat.device)
@@ -172,9 +172,10 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext):
 
 
 def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-               ep: EPContext) -> torch.Tensor:
+               ep: EPContext, assumed: AssumedRouting | None = None) -> torch.Tensor:
     """Routed experts over the EP group: x [M, D], idx [M, k] global expert ids, w [M, k] routing
-    weights -> [M, D] (upstream `Glm5NextTextExperts.forward` on all E experts)."""
+    weights -> [M, D] (upstream `Glm5NextTextExperts.forward` on all E experts); `assumed`: split by
+    that assumption instead of by `idx` (`moe/assumed.py`)."""
     gate_up, down = _local(experts.gate_up_proj), _local(experts.down_proj)  # [El, 2I, D], [El, D, I]
     n_local = gate_up.shape[0]
     num_experts = n_local * ep.size
@@ -182,7 +183,7 @@ def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor,
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)  # [M*k] pairs in expert order
     token = order // k
-    send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep)
+    send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep, assumed)
     rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
     by_expert = torch.argsort(expert_of_row, stable=True)  # [R]: received row of each expert row
     received = torch.empty_like(by_expert).index_copy_(0, by_expert, torch.arange(len(by_expert), device=x.device))

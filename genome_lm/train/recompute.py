@@ -11,15 +11,15 @@ and the compute stream only waits on a CUDA event, the host never. A device inpu
 the start of the backward before its own to the end of its own. On CPU the offload copy goes
 to a separate host buffer, so the path is exercised (and tested) everywhere. `host_bytes()`
 reports the host memory the parked inputs hold (the trainer logs the step's peak).
+`park_host_copies_on(model, "meta")` sets the offloaded modules' `host_device` (the rehearsal's).
 
 Shapes: B batch, T tokens, S hc streams, D model dim.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -33,12 +33,13 @@ class _HostCopy:
 
     CUDA: the copy out runs on the offload stream after the compute stream's work so far; the
     copy back (`prefetch`) runs on the same stream after the copy out, and `back` makes the
-    compute stream wait for it: stream order only, the host never blocks. CPU: a plain copy."""
+    compute stream wait for it: stream order only, the host never blocks. CPU: a plain copy, or
+    with a `host_device` a new tensor there (no data copied), as on CUDA."""
 
     in_use = 0  # host bytes held by live copies, and the most since `reset_peak`
     peak = 0
 
-    def __init__(self, t: torch.Tensor, stream: torch.cuda.Stream | None):
+    def __init__(self, t: torch.Tensor, stream: torch.cuda.Stream | None, host_device: torch.device | None = None):
         self.device, self.stream, self.nbytes = t.device, stream, t.nbytes
         self.on_device: torch.Tensor | None = None
         self.host: torch.Tensor | None  # None once `back` has handed the tensor back
@@ -51,8 +52,8 @@ class _HostCopy:
                 self.copied_out = torch.cuda.Event()
                 self.copied_out.record(stream)
             t.record_stream(stream)  # keep t alive until the copy is done
-        elif _HOST_DEVICE:  # the rehearsal: a host tensor elsewhere, as on CUDA (fake tensors: no copy to make)
-            self.host = torch.empty_like(t, device=_HOST_DEVICE[-1])
+        elif host_device is not None:  # the rehearsal: a host tensor elsewhere, as on CUDA (fake tensors: no copy)
+            self.host = torch.empty_like(t, device=host_device)
         else:
             self.host = t.detach().clone()
         _HostCopy.in_use += self.nbytes
@@ -118,21 +119,6 @@ def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
     return out
 
 
-_HOST_DEVICE: list[torch.device] = []
-
-
-@contextlib.contextmanager
-def host_copies_on(device: str | torch.device) -> Iterator[None]:
-    """Inside: a non-CUDA tensor's parked copy is a new tensor on `device` (no data copied) and comes
-    back as a new tensor on its own device, as a pinned copy does on CUDA. The rehearsal parks on
-    "meta", so its memory tracker sees the device input freed and counts the host copies apart."""
-    _HOST_DEVICE.append(torch.device(device))
-    try:
-        yield
-    finally:
-        _HOST_DEVICE.pop()
-
-
 _OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -149,15 +135,16 @@ class _Parked(list):
 
 
 class _Recompute(torch.autograd.Function):
-    """forward(run, *tensors) -> outputs of run(*tensors), without activations; the tensors parked
-    in host memory until backward."""
+    """forward(run, host_device, *tensors) -> outputs of run(*tensors), without activations; the
+    tensors parked in host memory (`_HostCopy`) until backward."""
 
     @staticmethod
-    def forward(ctx, run: Callable, *tensors: torch.Tensor):
+    def forward(ctx, run: Callable, host_device: torch.device | None, *tensors: torch.Tensor):
         ctx.run = run
         ctx.cpu_rng = torch.get_rng_state()
         ctx.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        ctx.parked = _Parked(_HostCopy(t, _stream_for(t.device)) if isinstance(t, torch.Tensor) else t for t in tensors)
+        ctx.parked = _Parked(_HostCopy(t, _stream_for(t.device), host_device) if isinstance(t, torch.Tensor) else t
+                             for t in tensors)
         _PARKED.append(weakref.ref(ctx.parked))
         with torch.no_grad():
             out = run(*tensors)
@@ -175,7 +162,7 @@ class _Recompute(torch.autograd.Function):
         del parked  # the host copies go now, the device inputs after this module's backward
         _prefetch_next()  # the next module to run backward: its inputs come back during this one
         inputs = [t.detach().requires_grad_(t.is_floating_point() and g) if isinstance(t, torch.Tensor) else t
-                  for t, g in zip(inputs, ctx.needs_input_grad[1:])]
+                  for t, g in zip(inputs, ctx.needs_input_grad[2:])]
         rng_devices = list(range(torch.cuda.device_count())) if ctx.cuda_rng is not None else []
         with torch.random.fork_rng(devices=rng_devices):
             torch.set_rng_state(ctx.cpu_rng)
@@ -188,7 +175,7 @@ class _Recompute(torch.autograd.Function):
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
+        return (None, None, *[t.grad if isinstance(t, torch.Tensor) and t.requires_grad else None for t in inputs])
 
 
 if TYPE_CHECKING:
@@ -198,7 +185,10 @@ else:
 
 
 class _OffloadedRecompute(_ModuleMixin):
-    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory."""
+    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory (on
+    `host_device` for tensors off CUDA, when set: `park_host_copies_on`)."""
+
+    host_device: torch.device | None = None
 
     def extra_repr(self) -> str:
         inner = super().extra_repr()
@@ -228,7 +218,7 @@ class _OffloadedRecompute(_ModuleMixin):
             return out
 
         del args, kwargs
-        outs = _Recompute.apply(run, *tensors)
+        outs = _Recompute.apply(run, self.host_device, *tensors)
         return outs if returns_tuple[0] else outs[0]
 
 
@@ -241,7 +231,7 @@ def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
     Without offload: torch's composable `checkpoint` (non-reentrant, forward hooks). With offload,
     our own `_Recompute`: torch's checkpoint keeps the module's inputs referenced on the device
     until backward (so `save_on_cpu` around it would add a host copy and free nothing); ours saves
-    only the host copy, so the device input goes (tests/train/test_memory.py checks it). The module
+    only the host copy, so the device input goes (tests/train/test_recompute.py checks it). The module
     becomes an `Offloaded<Class>` subclass (`ops.install.swap_class`); `print(model)` shows it.
     """
     if not offload:
@@ -250,3 +240,12 @@ def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
     if cls not in _OFFLOADED:
         _OFFLOADED[cls] = type(f"Offloaded{cls.__name__}", (_OffloadedRecompute, cls), {})
     return swap_class(module, _OFFLOADED[cls])
+
+
+def park_host_copies_on(model: nn.Module, device: str | torch.device) -> None:
+    """Every offloaded module of `model` parks a non-CUDA input as a new tensor on `device` (no data
+    copied), given back as a new tensor on its own device, as a pinned copy is on CUDA. The rehearsal
+    parks on "meta", so its memory tracker sees the device input freed and counts the copies apart."""
+    for m in model.modules():
+        if isinstance(m, _OffloadedRecompute):
+            m.host_device = torch.device(device)
