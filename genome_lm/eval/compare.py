@@ -38,7 +38,7 @@ from genome_lm.eval.stats import (
 from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
 from genome_lm.files import atomic_directory, write_json_atomic
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import claim_output, holding
 
 log = logging.getLogger(__name__)
 COMPARE_FILE = "compare.json"
@@ -296,10 +296,11 @@ def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool
     out = Path(out)
     inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
     check_sides(eval_dirs(a, "A"), eval_dirs(b, "B"))
-    claim_output(out, "compare", inputs, overwrite)
-    result = compare_evals(a, b, **kwargs)
-    with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
-        write_json_atomic(tmp / COMPARE_FILE, result)
+    with holding(out, "compare"):
+        claim_output(out, "compare", inputs, overwrite)
+        result = compare_evals(a, b, **kwargs)
+        with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
+            write_json_atomic(tmp / COMPARE_FILE, result)
     log.info("compare: %s vs %s -> %s", a, b, out / COMPARE_FILE)
     return result
 

@@ -40,7 +40,7 @@ from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import claim_output, holding
 from genome_lm.progress import progress
 from genome_lm.tf32 import set_tf32
 
@@ -158,9 +158,10 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
     par = init_parallel(ParallelConfig(cp=cfg.cp), sharded.device_for(cfg, device, world))
     if par.device.type == "cuda":
         set_tf32(cfg.tf32)
-    try:
-        return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
-                         show_progress, t0)
+    try:  # rank 0 holds --out's lock (outputs.py) from its check to the cache's removal
+        with holding(cfg.out, "eval") if par.is_main and cfg.out else contextlib.nullcontext():
+            return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
+                             show_progress, t0)
     finally:
         par.shutdown()
 

@@ -45,6 +45,7 @@ from genome_lm.genome.tokenizer import (
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
 from genome_lm.options import Names, validate
+from genome_lm.outputs import holding
 from genome_lm.sizes import Size, format_size
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,11 @@ def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, Chrom
 def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, show_progress: bool | None = None) -> dict:
     """Build the shard directory `out` and return its manifest (see module docstring)."""
     out = Path(out)
+    with holding(out, "prepare"):
+        return _prepare(params, out, overwrite, show_progress)
+
+
+def _prepare(params: PrepareParams, out: Path, overwrite: bool, show_progress: bool | None) -> dict:
     readers = [FastaReader(path, show_progress=show_progress) for path in params.fasta]
     if (existing := _check_output(out, overwrite, params, readers)) is not None:
         log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)", out)

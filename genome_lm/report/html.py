@@ -20,6 +20,7 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_file
+from genome_lm.outputs import KINDS, holding, read_marker
 from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import (
     CompareResult,
@@ -231,6 +232,10 @@ def claim_report(out: Path, overwrite: bool) -> None:
     if out.is_dir():
         raise GenomeLMError(f"--out {out} is a folder; give the HTML file to write (e.g. {out / 'report.html'})")
     if not out.exists():
+        if (marker := read_marker(out.parent)) is not None and marker["kind"] != "run":
+            raise GenomeLMError(f"--out {out} lies inside {KINDS[marker['kind']]}, which its command's --overwrite "
+                                f"replaces whole; write the report beside it, e.g. --out "
+                                f"{out.parent.parent / out.name}")
         return
     if not overwrite:
         raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
@@ -246,13 +251,14 @@ def write_report(dirs: Sequence[str | Path], out: str | Path, runs: Sequence[str
     """build_report(...) -> `out`, written to a temporary name and renamed. An existing `out` needs
     `overwrite` and must be a report or an HTML page (`claim_report`), checked before the build."""
     out = Path(out)
-    claim_report(out, overwrite)
-    page = build_report(dirs, runs, **kwargs)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(out, encoding="utf-8") as f:
-            f.write(page)
-    except OSError as e:
-        raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
+    with holding(out, "report"):
+        claim_report(out, overwrite)
+        page = build_report(dirs, runs, **kwargs)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(out, encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
     log.info("report -> %s (%d kB)", out, len(page) // 1024)
     return out
