@@ -200,8 +200,8 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _open_locked(path, Path(out), option)
     except OSError as e:
-        raise GenomeLMError(f"cannot create the lock {path} of {option} {out}: {e.strerror}; choose a writable "
-                            f"location for {option}") from None
+        raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): {e.strerror}; choose a "
+                            f"writable location with {option}") from None
     if fd is None:
         return
     holder, host = _read_holder(fd), socket.gethostname()

@@ -4,8 +4,11 @@ is what a clean run gives. A lock whose holder is gone is taken over with a warn
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -95,3 +98,75 @@ def test_a_lock_of_another_node_is_refused_naming_the_file(tmp_path):
     with pytest.raises(GenomeLMError, match=r"locked by genome-lm train \(pid 1 on node-7, .* on another node; if "
                                             r"that process is gone, remove .*\.ev\.lock"):
         claim_output(out, "eval")
+
+
+def _copy_eval(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    summary = json.loads((dst / "summary.json").read_text())
+    edit(summary["shards"])
+    (dst / "summary.json").write_text(json.dumps(summary))
+    return dst
+
+
+def test_compare_refuses_evals_of_different_genomes_or_shard_parameters(evaluated, tmp_path):
+    from genome_lm.eval import compare_evals
+
+    other = _copy_eval(evaluated.eval1, tmp_path / "other", lambda s: s["genome"][0].update(sha256="f" * 64))
+    with pytest.raises(GenomeLMError, match=r"scored different genomes \(genome.fa.gz sha256 [0-9a-f]{12} vs "
+                                            r"genome.fa.gz sha256 ffffffffffff\)"):
+        compare_evals(evaluated.eval0, other)
+    params = _copy_eval(evaluated.eval1, tmp_path / "params", lambda s: s["parameters"].update(max_n_frac=0.9))
+    with pytest.raises(GenomeLMError, match=r"scored shards prepared differently \(max_n_frac: .* vs 0.9\)"):
+        compare_evals(evaluated.eval0, params)
+
+
+def test_compare_says_how_many_tokens_it_leaves_out_and_why(evaluated, tmp_path, caplog):
+    from genome_lm.eval import EvalConfig, compare_evals, evaluate
+
+    short = evaluate(EvalConfig(checkpoint=str(evaluated.ckpt1), shards=str(evaluated.shards), out=str(tmp_path / "s"),
+                                max_windows=N_WINDOWS, resamples=50, seq_len=512), show_progress=False)
+    result = compare_evals(evaluated.eval0, tmp_path / "s", resamples=50)
+    a = json.loads((evaluated.eval0 / "summary.json").read_text())["overall"]["n_tokens"]
+    assert result["dropped_tokens"]["a"] == a - short["overall"]["n_tokens"] > 0
+    assert result["dropped_tokens"]["b"] == 0
+    assert f"compare: {result['dropped_tokens']['a']} tokens of A and 0 of B are left out" in caplog.text
+    assert "seq_len differ (1024 vs 512)" in caplog.text
+
+
+def test_report_says_when_its_evals_come_from_different_shards(evaluated, tmp_path):
+    from genome_lm.report import build_report
+
+    other = _copy_eval(evaluated.eval1, tmp_path / "other", lambda s: s.update(manifest_sha256="e" * 64))
+    assert "These evals scored different shards" in build_report([evaluated.eval0, other])
+    assert "These evals scored different shards" not in build_report([evaluated.eval0, evaluated.eval1])
+
+
+def test_synth_overwrite_refuses_a_fasta_it_did_not_write(tmp_path, capsys):
+    real = tmp_path / "real.fa.gz"
+    with gzip.open(real, "wb") as f:
+        f.write(b">chr1\nACGT\n")
+    before = real.read_bytes()
+    assert main(["synth", "--out", str(real), "--overwrite", "--scale", "0.01"]) == 2
+    assert "was not written by genome-lm synth" in capsys.readouterr().err
+    assert real.read_bytes() == before
+    assert main(["synth", "--out", str(tmp_path / "s.fa.gz"), "--scale", "0.01"]) == 0
+    assert main(["synth", "--out", str(tmp_path / "s.fa.gz"), "--scale", "0.01", "--overwrite"]) == 0
+
+
+def test_sigterm_stops_a_command_in_one_line(tmp_path, monkeypatch, capsys):
+    import genome_lm.cli as cli
+
+    monkeypatch.setattr(cli, "_synth", lambda args: os.kill(os.getpid(), signal.SIGTERM))
+    assert main(["synth", "--out", str(tmp_path / "s.fa.gz")]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines() == ["genome-lm synth: terminated (SIGTERM)"]
+
+
+def test_a_killed_writers_partial_folder_is_removed_by_the_next_one(tmp_path):
+    from genome_lm.files import atomic_directory
+
+    stale = tmp_path / ".out.partial-abc"
+    stale.mkdir()
+    (stale / "x").write_text("half")
+    with atomic_directory(tmp_path / "out", "compare") as tmp:
+        (tmp / "compare.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -200,7 +200,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     extra = {
         "checkpoint": ckpt,
         "shards": {"path": str(cfg.shards), "split": cfg.split, "manifest_sha256": key["manifest_sha256"],
-                   "n_windows": n, "n_windows_in_split": len(split), "window_pick": cfg.window_pick},
+                   "n_windows": n, "n_windows_in_split": len(split), "window_pick": cfg.window_pick,
+                   "genome": [{"file": Path(i["path"]).name, "sha256": i["sha256"]} for i in manifest["inputs"]],
+                   "parameters": manifest["parameters"]},
         "config": {**cfg.model_dump(), "seq_len": seq_len, "seq_len_requested": cfg.seq_len,
                    "bucket_edges": edges.tolist(), "engines": engines,
                    "parallel": {"world": par.world, "dp": par.dp, "cp": par.cp}},

@@ -169,6 +169,20 @@ def _questions_sections(evals: list[EvalResult]) -> list[str]:
     return out
 
 
+def _shards_note(evals) -> str:
+    """A warning paragraph (also logged) when the evals scored different shards (their manifests'
+    sha256 differ: another genome, other windows or a rebuild), else ''."""
+    by_shards: dict[str, list[str]] = {}
+    for e in evals:
+        by_shards.setdefault(e.summary.get("shards", {}).get("manifest_sha256", "?"), []).append(e.label)
+    if len(by_shards) < 2:
+        return ""
+    groups = "; ".join(f"{', '.join(labels)}: manifest sha256 {sha[:12]}" for sha, labels in by_shards.items())
+    note = f"These evals scored different shards ({groups}); their losses are not of the same tokens."
+    log.warning("report: %s", note)
+    return f'<p class="headline">{html.escape(note)}</p>'
+
+
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
@@ -191,7 +205,7 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
             f"{html.escape(str(e.summary.get('checkpoint', {}).get('path', '?')))}, "
             f"{e.summary['overall']['n_tokens']:,} tokens in {windows_text(e.summary)}, "
             f"{e.summary['overall']['bits_per_base']:.4f} bits/base</li>" for e in evals)
-        parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>",
+        parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>", _shards_note(evals),
                   "<h2>Loss vs preceding context</h2>",
                   _figure(plots.plot_loss_by_context(evals), "loss vs preceding context",
                           "Mean held-out loss of the tokens in each context bucket [lo, hi), plotted at the bucket's "
