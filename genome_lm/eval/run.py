@@ -86,9 +86,11 @@ def check_inputs(cfg: EvalConfig) -> list:
     manifest, ds = _inputs(cfg)
     lengths = window_lengths(ds, cfg.max_windows, cfg.window_pick)
     if cfg.seq_len and cfg.seq_len > lengths.max():
+        whole = lengths.max() < int(manifest["parameters"].get("seq_len", 0))  # windows cut short by their contigs
         log.warning("--seq-len %d is longer than every window scored (at most %d tokens): each is scored whole, so no "
-                    "token has more than %d tokens of context (prepare longer windows for more)", cfg.seq_len,
-                    lengths.max(), lengths.max() - 1)
+                    "token has more than %d tokens of context (%s)", cfg.seq_len, lengths.max(), lengths.max() - 1,
+                    "the chromosomes hold no longer stretch without N runs" if whole
+                    else "prepare longer windows for more")
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
@@ -106,7 +108,8 @@ def check_annotations(annotations: list, chroms: list[str], split: str) -> None:
             raise GenomeLMError(f"--annotate {a.path}: holds no interval of one base or more (lines that are empty, "
                                 "comments, headers or start == end); give a BED file with chrom, start, end lines")
         if not keys & {k for k, (s, _) in a.intervals.items() if len(s)}:
-            bed = ", ".join(sorted(a.intervals)[:5]) + (" ..." if len(a.intervals) > 5 else "")
+            bed = ", ".join(sorted(a.names.get(k, k) for k in a.intervals)[:5]) \
+                + (" ..." if len(a.intervals) > 5 else "")
             raise GenomeLMError(f"--annotate {a.path}: no interval lies on a chromosome of the {split} split "
                                 f"({', '.join(chroms)}); the file names {bed}. Give a BED file for the scored "
                                 "chromosomes")
@@ -260,6 +263,10 @@ def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.nd
             scored = None
             if i is not None:
                 tokens = ds[i]["tokens"]
+                if len(tokens) and int(tokens.max()) >= n_known:  # bytes changed after prepare: not N bases
+                    raise GenomeLMError(f"{cfg.shards}/{cfg.split}: window {i} holds token id {int(tokens.max())}, "
+                                        f"outside the manifest's vocabulary (ids 0..{n_known - 1}): the shards were "
+                                        "changed after prepare; rebuild them with `genome-lm prepare` and --overwrite")
                 arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
                           for name, engine in zip(("nll", "nll_alt"), engines)}
                 if cfg.strands == "both":

@@ -205,7 +205,13 @@ class FastaReader:
             parser.start(name)
             if self.compression == "none":
                 with open(self.path, "rb") as f:
-                    f.seek(rec.offset)
+                    f.seek(max(0, rec.offset - 4096))
+                    before = f.read(rec.offset - f.tell())  # ends with the record's header line (a right index)
+                    header = before[before.rfind(b"\n>", 0, len(before) - 1) + 1:]
+                    if not (before.endswith(b"\n") and header[:1] == b">"
+                            and header[1:].split()[:1] == [name.encode()]):
+                        raise GenomeLMError(f"{self.path}.fai does not match {self.path} (record {name} does not "
+                                            "start where the index says); delete the .fai so it is rebuilt")
                     for s in range(rec.offset, rec.bend, BLOCK_BYTES):  # a short file reads b"": caught below
                         parser.add_sequence(f.read(min(BLOCK_BYTES, rec.bend - s)))
             else:  # bgzip: random access through pyfaidx, in pieces

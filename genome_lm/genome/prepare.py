@@ -364,6 +364,10 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
     """Close `split`'s files and return its manifest entry; a split without windows is an error."""
     chrom_stats = {name: st for name, st in stats.items() if st.split == split}
     n_windows = sum(st.windows + st.rc_windows for st in chrom_stats.values())
+    if n_windows == 0 and chrom_stats and all(st.contigs == 0 for st in chrom_stats.values()):
+        raise GenomeLMError(f"the {split} split has no windows: "
+                            + "; ".join(f"{name}: {_why_no_windows(st, params)}" for name, st in chrom_stats.items())
+                            + f"; choose --{split}-chroms that hold sequence")
     if n_windows == 0:
         longest = max((st.longest_contig for st in chrom_stats.values()), default=0)
         raise GenomeLMError(
