@@ -87,8 +87,8 @@ def test_an_all_n_eval_chromosome_is_named_not_told_to_lower_seq_len(tmp_path):
 
 
 def test_a_stale_fai_index_is_named(tmp_path):
-    fasta = _fasta(tmp_path / "g.fa", {"chr1": b"ACGT" * 300, "chr22": b"GATTACA" * 100})
-    (tmp_path / "g.fa.fai").write_text("chr1\t1000\t6\t60\t61\nchr22\t700\t1030\t60\t61\n")  # of another FASTA
+    fasta = _fasta(tmp_path / "g.fa", {"chr1": b"ACGT" * 150, "chr22": b"GATTACA" * 100})
+    (tmp_path / "g.fa.fai").write_text("chr1\t1000\t6\t60\t61\nchr22\t700\t1030\t60\t61\n")  # of a longer chr1
     with pytest.raises(GenomeLMError, match=r"g.fa.fai does not match .*delete the .fai so it is rebuilt"):
         _prepare(fasta, tmp_path / "S")
 
