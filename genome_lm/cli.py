@@ -10,7 +10,9 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -21,7 +23,7 @@ from pydantic.config import JsonDict
 
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
-from genome_lm.outputs import check_out_path
+from genome_lm.outputs import check_out_path, release_all
 from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
@@ -30,6 +32,14 @@ STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "di
                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
                   errno.EPERM: "operation not permitted"}
 EXIT_INTERRUPTED = 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is: it stops and cleans up as after Ctrl-C."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
 POSITIONAL: JsonDict = {"positional": True}
 SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
 
@@ -364,6 +374,8 @@ def _main(argv: list[str]) -> int:
     )
     out = getattr(args, "out", None)
     out = out if isinstance(out, str) else None  # every command's output path (train's may be None)
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         if out is not None:
             check_out_path(out)
@@ -376,12 +388,18 @@ def _main(argv: list[str]) -> int:
             raise
         print(f"genome-lm {args.command}: error: {storage_message(e, out)}{_kept(args)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print(f"genome-lm {args.command}: interrupted{_kept(args)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        how = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else \
+            ("interrupted", EXIT_INTERRUPTED)
+        print(f"genome-lm {args.command}: {how[0]}{_kept(args)}", file=sys.stderr)
+        return how[1]
     except Preempted as e:
         print(f"genome-lm {args.command}: preempted: {e}; resume with: {_resume_command(argv)}", file=sys.stderr)
         return EXIT_PREEMPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
+        release_all()
     return 0
 
 

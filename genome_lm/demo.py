@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.options import apply_override, validate
+from genome_lm.outputs import holding, read_marker, what_it_is
 from genome_lm.progress import minutes
 from genome_lm.sizes import parse_size
 
@@ -266,14 +267,25 @@ NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.match
 
 
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The whole demo under `root`, holding its lock (`ROOT/.genome_lm.lock`) throughout."""
+    r, tag = recipe(quick, overrides)
+    check_writable(Path(root), "--root")
+    resolved = Path(root).resolve()
+    if (output := next((p for p in (resolved, *resolved.parents) if read_marker(p) is not None
+                        or (p / "manifest.json").is_file()), None)) is not None:
+        raise GenomeLMError(f"--root {root} lies inside {what_it_is(output)} ({output}), which its command replaces "
+                            "whole; choose a --root outside it")
+    with holding(root, "demo", "--root", inside=True):
+        return _run(root, quick, r, tag)
+
+
+def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
     from genome_lm.eval import write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth_files import write_synthetic_fasta
     from genome_lm.genome.synth_params import make_params
     from genome_lm.report import context_gain, load_compare_dir, write_report
 
-    r, tag = recipe(quick, overrides)
-    check_writable(Path(root), "--root")
     fasta = root / "data" / "generated" / f"{tag}.fa.gz"
     shards = root / "shards" / tag
     runs = {name: root / "runs" / f"{tag}_{name}" for name in ("base", "longctx", "shortctx")}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.outputs import claim_output, write_marker
+from genome_lm.outputs import COMMANDS, claim_output, holding, write_marker
 
 
 def umask() -> int:
@@ -73,7 +73,8 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
 def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
                      overwrite: bool = False) -> Iterator[Path]:
     """Build output folder `final` of `kind` (`outputs.KINDS`) under a temporary name beside it;
-    mark it as that kind's output and rename it into place on success.
+    mark it as that kind's output and rename it into place on success. The output's lock is held
+    throughout (`outputs.holding`), and the work folders of a writer that is gone are removed first.
 
     `outputs.claim_output` checks `final` first (an existing one needs `overwrite` and must be an
     output of the same kind that holds none of `inputs`) and again before the rename. On any
@@ -83,25 +84,29 @@ def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str |
     """
     inputs = [Path(i) for i in inputs]
     final = Path(final)
-    claim_output(final, kind, inputs, overwrite)
-    parent = final.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(parent, f".{final.name}.partial-")
-    except OSError as e:
-        raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; "
-                            "choose a writable location with --out") from None
-    try:
-        yield tmp
-        write_marker(tmp, kind, inputs)
+    with holding(final, COMMANDS[kind]):
         claim_output(final, kind, inputs, overwrite)
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
-            os.replace(final, old / "x")
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        final = final.resolve() if final.is_symlink() else final  # a symlinked --out: its target is written
+        parent = final.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            for stale in [*parent.glob(f".{final.name}.partial-*"), *parent.glob(f".{final.name}.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)  # a killed writer's: the lock says none is running
+            tmp = make_temp_dir(parent, f".{final.name}.partial-")
+        except OSError as e:
+            raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; "
+                                "choose a writable location with --out") from None
+        try:
+            yield tmp
+            write_marker(tmp, kind, inputs)
+            claim_output(final, kind, inputs, overwrite)
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
+                os.replace(final, old / "x")
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

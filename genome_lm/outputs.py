@@ -18,18 +18,38 @@ Every output folder genome_lm writes holds `.genome_lm.json`, its marker:
 - a marked folder of the right kind that now also holds files the command did not write.
 
 `atomic_directory` (utils) writes the marker into the new folder before renaming it into place.
+
+One writer per output: `claim_output` (and `lock_output`, for the outputs that are files or a demo's
+root) first takes an exclusive `fcntl.flock` on `PARENT/.NAME.lock`, which records the holder
+(command, pid, host, start time) and stays held until the command ends (`holding`, `release_all`). A
+second command is refused in one line naming the holder. A lock file left by a process that is gone
+(same host, pid not running) is taken over with a warning; one that names another host is refused,
+with the file to remove if that process is gone. flock is honoured by local filesystems and by NFSv4
+and Lustre (mounted with flock) across nodes. The workers of a launch (`RANK` set) run under their
+launcher's lock: `HOLDER_ENV` names it.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import json
+import logging
 import os
-from collections.abc import Iterable
+import socket
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 
+log = logging.getLogger(__name__)
 MARKER = ".genome_lm.json"
+HOLDER_ENV = "GENOME_LM_OUTPUT_HOLDER"  # "host:pid" of the process holding the locks a launch's workers use
+COMMANDS = {"shards": "prepare", "eval": "eval", "compare": "compare", "model": "export", "run": "train"}
+_HELD: dict[Path, int] = {}  # lock file -> its open descriptor, for the outputs this process holds
+os.register_at_fork(after_in_child=_HELD.clear)  # a forked child holds none of its parent's locks
 KINDS = {
     "shards": "shards (genome-lm prepare)",
     "eval": "an eval (genome-lm eval)",
@@ -120,13 +140,126 @@ def check_out_path(out: str | os.PathLike, option: str = "--out") -> Path:
     return out
 
 
+def lock_file(out: str | os.PathLike, inside: bool = False) -> Path:
+    """Where the lock of output `out` lives: `.NAME.lock` beside it (beside a symlink's target), or
+    `.genome_lm.lock` inside it (`inside`: a folder that is written into, never replaced)."""
+    target = Path(out).resolve()
+    return target / ".genome_lm.lock" if inside else target.parent / f".{target.name}.lock"
+
+
+def _holder_text(holder: dict) -> str:
+    return (f"genome-lm {holder.get('command', '?')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+            f"started {holder.get('started', '?')})")
+
+
+def _read_holder(fd: int) -> dict | None:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError):
+        return True
+    return True
+
+
+def _open_locked(path: Path, out: Path, option: str) -> int | None:
+    """An open descriptor of `path` locked exclusively, or None when this process works under its
+    launcher's lock; refuses when another process holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd) or {}
+            os.close(fd)
+            if "RANK" in os.environ and os.environ.get(HOLDER_ENV) == f"{holder.get('host')}:{holder.get('pid')}":
+                return None
+            raise GenomeLMError(f"{option} {out} is being written by {_holder_text(holder)}; wait for it to end or "
+                                f"choose another {option}") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not a file its holder removed as we opened it
+                return fd
+        os.close(fd)
+
+
+def lock_output(out: str | os.PathLike, command: str, option: str = "--out", inside: bool = False) -> None:
+    """Hold the lock of output `out` for `command` until the command ends (module docstring); a second
+    call for the same output is a no-op."""
+    path = lock_file(out, inside)
+    if path in _HELD:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _open_locked(path, Path(out), option)
+    except OSError as e:
+        raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): {e.strerror}; choose a "
+                            f"writable location with {option}") from None
+    if fd is None:
+        return
+    holder, host = _read_holder(fd), socket.gethostname()
+    if holder and holder.get("host") != host:
+        os.close(fd)
+        raise GenomeLMError(f"{option} {out} is locked by {_holder_text(holder)} on another node; if that process is "
+                            f"gone, remove {path} and run again")
+    if holder and _alive(holder.get("pid")) and holder.get("pid") != os.getpid():
+        os.close(fd)  # running, yet its flock is not seen: a filesystem that ignores flock
+        raise GenomeLMError(f"{option} {out} is being written by {_holder_text(holder)}; wait for it to end or "
+                            f"choose another {option}")
+    if holder:
+        log.warning("%s: taking over the lock of %s, which is no longer running", out, _holder_text(holder))
+    record = {"command": command, "pid": os.getpid(), "host": host,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    _HELD[path] = fd
+    os.environ[HOLDER_ENV] = f"{host}:{os.getpid()}"
+
+
+def _release(path: Path) -> None:
+    fd = _HELD.pop(path, None)
+    if fd is not None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # before the unlock: a process that opened this file sees it gone, and retries
+        os.close(fd)
+
+
+@atexit.register
+def release_all() -> None:
+    """Give up every output lock this process holds (a command's end)."""
+    for path in list(_HELD):
+        _release(path)
+
+
+@contextlib.contextmanager
+def holding(out: str | os.PathLike, command: str, option: str = "--out", inside: bool = False) -> Iterator[None]:
+    """Hold the lock of `out` for the block (`lock_output`); released at its end unless held before."""
+    path = lock_file(out, inside)
+    held = path in _HELD
+    lock_output(out, command, option, inside)
+    try:
+        yield
+    finally:
+        if not held:
+            _release(path)
+
+
 def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
                  overwrite: bool = False, option: str = "--out") -> None:
-    """Refuse, with one `GenomeLMError` line, an `out` that the command may not write (module docstring).
+    """Take the lock of `out` (`lock_output`), then refuse, with one `GenomeLMError` line, an `out` that
+    the command may not write (module docstring).
 
     A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
     """
     out = check_out_path(out, option)
+    lock_output(out, COMMANDS[kind], option)
     for path in inputs:  # an output inside an input folder: a rebuild or rotation of the input removes it
         folder = Path(path).resolve()
         if folder.is_dir() and folder in out.resolve().parents:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import gzip
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ class Annotation:
     path: str
     intervals: dict[str, tuple[np.ndarray, np.ndarray]]
     n_lines: int  # intervals read from the file (before merging)
+    names: dict[str, str] = field(default_factory=dict)  # chromosome key -> its name as the file first wrote it
 
     def mask(self, chrom: str, start: int, end: int, strand: str = "+") -> np.ndarray:
         """bool [end - start]: token j in an interval, in token order (`strand` '-': reversed)."""
@@ -99,6 +100,7 @@ def read_bed(path: Path, name: str) -> Annotation:
     if not path.is_file():
         raise GenomeLMError(f"{FLAG} {path}: no such file (give a BED file: chrom, start, end; 0-based half-open)")
     by_chrom: dict[str, tuple[list[int], list[int]]] = {}
+    names: dict[str, str] = {}
     opener = gzip.open if path.name.endswith(".gz") else open
     n = 0
     try:
@@ -116,6 +118,7 @@ def read_bed(path: Path, name: str) -> Annotation:
                     raise GenomeLMError(f"{where}: start {fields[1]!r} / end {fields[2]!r} are not integers") from None
                 if s < 0 or e < s:
                     raise GenomeLMError(f"{where}: interval [{s}, {e}) needs 0 <= start <= end (0-based, half-open)")
+                names.setdefault(chrom_match_key(fields[0]), fields[0])
                 starts, ends = by_chrom.setdefault(chrom_match_key(fields[0]), ([], []))
                 starts.append(s)
                 ends.append(e)
@@ -123,7 +126,7 @@ def read_bed(path: Path, name: str) -> Annotation:
     except (OSError, UnicodeDecodeError, EOFError) as err:
         raise GenomeLMError(f"{FLAG} {path}: cannot read it as a (gzipped) text BED file: {err}") from None
     intervals = {c: _merge(np.asarray(s, np.int64), np.asarray(e, np.int64)) for c, (s, e) in by_chrom.items()}
-    ann = Annotation(name, str(path), intervals, n)
+    ann = Annotation(name, str(path), intervals, n, names)
     log.info("annotation %s: %s: %s intervals, %s bases on %d chromosome(s)", name, path, f"{n:,}",
              f"{ann.record()['bases']:,}", len(intervals))
     return ann

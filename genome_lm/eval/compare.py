@@ -38,7 +38,7 @@ from genome_lm.eval.stats import (
 from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
 from genome_lm.files import atomic_directory, write_json_atomic
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import claim_output, holding
 
 log = logging.getLogger(__name__)
 COMPARE_FILE = "compare.json"
@@ -60,6 +60,38 @@ def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
             "--window-pick"
         )
     return ma
+
+
+def _same_data(summaries: dict[Path, dict]) -> None:
+    """Refuse evals of different genomes (the FASTA files' sha256) or of shards prepared with other
+    parameters (--leakage-k aside), as each summary.json's `shards` records them, naming what differs."""
+    (d0, s0), *rest = summaries.items()
+    x = s0.get("shards", {})
+    for d, s in rest:
+        y = s.get("shards", {})
+        if x.get("genome") and y.get("genome") and x["genome"] != y["genome"]:
+            genome = lambda g: ", ".join(f"{f['file']} sha256 {f['sha256'][:12]}" for f in g)  # noqa: E731
+            raise GenomeLMError(f"{d0} and {d} scored different genomes ({genome(x['genome'])} vs "
+                                f"{genome(y['genome'])}); compare evals of the same shards")
+        px, py = x.get("parameters") or {}, y.get("parameters") or {}
+        keys = sorted(k for k in {*px, *py} - {"leakage_k"} if px and py and px.get(k) != py.get(k))
+        if keys:
+            raise GenomeLMError(f"{d0} and {d} scored shards prepared differently ("
+                                + ", ".join(f"{k}: {px.get(k)} vs {py.get(k)}" for k in keys)
+                                + "); compare evals of the same shards")
+
+
+def _dropped(pair: tuple[dict, dict], paired: int) -> dict:
+    """The tokens each eval of `pair` scored that the comparison leaves out (the other did not score them),
+    logged when there are any."""
+    a, b = (s["overall"]["n_tokens"] - paired for s in pair)
+    why = (f"scored by one eval only: the first token of each piece is not scored, and the evals' seq_len differ "
+           f"({pair[0]['config']['seq_len']} vs {pair[1]['config']['seq_len']})"
+           if pair[0]["config"]["seq_len"] != pair[1]["config"]["seq_len"]
+           else "scored by one eval only (an N base in the other's tokens)")
+    if a or b:
+        log.warning("compare: %d tokens of A and %d of B are left out, %s", a, b, why)
+    return {"a": a, "b": b, "why": why}
 
 
 def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarray, orientation: str = "forward"):
@@ -205,6 +237,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
     distinct = list(dict.fromkeys(A + B))  # a side given once is paired with each replicate: read it once
     summary = {d: load_summary(d) for d in distinct}
     summaries = [(summary[x], summary[y]) for x, y in pairs]
+    _same_data(summary)
     meta = _same_windows(A[0], B[0])
     for d in distinct:
         if d not in (A[0], B[0]):
@@ -254,6 +287,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
     if "leakage" not in tables:
         result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)
+    result["dropped_tokens"] = _dropped(summaries[0], tables["overall"]["n_tokens"])
     if len(pairs) > 1:
         from genome_lm.eval.replicates import replicates_section
 
@@ -296,10 +330,11 @@ def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool
     out = Path(out)
     inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
     check_sides(eval_dirs(a, "A"), eval_dirs(b, "B"))
-    claim_output(out, "compare", inputs, overwrite)
-    result = compare_evals(a, b, **kwargs)
-    with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
-        write_json_atomic(tmp / COMPARE_FILE, result)
+    with holding(out, "compare"):
+        claim_output(out, "compare", inputs, overwrite)
+        result = compare_evals(a, b, **kwargs)
+        with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
+            write_json_atomic(tmp / COMPARE_FILE, result)
     log.info("compare: %s vs %s -> %s", a, b, out / COMPARE_FILE)
     return result
 

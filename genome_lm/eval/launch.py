@@ -17,6 +17,7 @@ from genome_lm.eval.config import EvalConfig
 from genome_lm.eval.outputs import load_summary
 from genome_lm.eval.run import check_inputs, evaluate
 from genome_lm.eval.sharded import check_engine, layout
+from genome_lm.outputs import holding
 from genome_lm.parallel.launch import Job, run_local, run_ray
 
 
@@ -33,8 +34,16 @@ def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, ma
     check_engine(cfg)  # one-line errors before any process starts
     if nproc is not None:
         layout(cfg.cp, nproc)
-    check_inputs(cfg)
-    assert cfg.out is not None  # check_inputs requires it
+    if not cfg.out:
+        check_inputs(cfg)  # refuses it
+    assert cfg.out is not None
+    with holding(cfg.out, "eval"):  # the workers' rank 0 works under this lock (outputs.HOLDER_ENV)
+        check_inputs(cfg)
+        return _launch(cfg, nproc, ray, max_restarts)
+
+
+def _launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool, max_restarts: int) -> dict:
+    assert cfg.out is not None
     out = Path(cfg.out)
     job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
               describe=f"eval: cp={cfg.cp}, dp=processes/cp",

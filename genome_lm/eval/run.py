@@ -40,7 +40,7 @@ from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import claim_output, holding
 from genome_lm.progress import progress
 from genome_lm.tf32 import set_tf32
 
@@ -86,9 +86,11 @@ def check_inputs(cfg: EvalConfig) -> list:
     manifest, ds = _inputs(cfg)
     lengths = window_lengths(ds, cfg.max_windows, cfg.window_pick)
     if cfg.seq_len and cfg.seq_len > lengths.max():
+        whole = lengths.max() < int(manifest["parameters"].get("seq_len", 0))  # windows cut short by their contigs
         log.warning("--seq-len %d is longer than every window scored (at most %d tokens): each is scored whole, so no "
-                    "token has more than %d tokens of context (prepare longer windows for more)", cfg.seq_len,
-                    lengths.max(), lengths.max() - 1)
+                    "token has more than %d tokens of context (%s)", cfg.seq_len, lengths.max(), lengths.max() - 1,
+                    "the chromosomes hold no longer stretch without N runs" if whole
+                    else "prepare longer windows for more")
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
         ablation.plan(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cfg.cp)
@@ -106,7 +108,8 @@ def check_annotations(annotations: list, chroms: list[str], split: str) -> None:
             raise GenomeLMError(f"--annotate {a.path}: holds no interval of one base or more (lines that are empty, "
                                 "comments, headers or start == end); give a BED file with chrom, start, end lines")
         if not keys & {k for k, (s, _) in a.intervals.items() if len(s)}:
-            bed = ", ".join(sorted(a.intervals)[:5]) + (" ..." if len(a.intervals) > 5 else "")
+            bed = ", ".join(sorted(a.names.get(k, k) for k in a.intervals)[:5]) \
+                + (" ..." if len(a.intervals) > 5 else "")
             raise GenomeLMError(f"--annotate {a.path}: no interval lies on a chromosome of the {split} split "
                                 f"({', '.join(chroms)}); the file names {bed}. Give a BED file for the scored "
                                 "chromosomes")
@@ -158,9 +161,10 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
     par = init_parallel(ParallelConfig(cp=cfg.cp), sharded.device_for(cfg, device, world))
     if par.device.type == "cuda":
         set_tf32(cfg.tf32)
-    try:
-        return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
-                         show_progress, t0)
+    try:  # rank 0 holds --out's lock (outputs.py) from its check to the cache's removal
+        with holding(cfg.out, "eval") if par.is_main and cfg.out else contextlib.nullcontext():
+            return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
+                             show_progress, t0)
     finally:
         par.shutdown()
 
@@ -199,7 +203,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
     extra = {
         "checkpoint": ckpt,
         "shards": {"path": str(cfg.shards), "split": cfg.split, "manifest_sha256": key["manifest_sha256"],
-                   "n_windows": n, "n_windows_in_split": len(split), "window_pick": cfg.window_pick},
+                   "n_windows": n, "n_windows_in_split": len(split), "window_pick": cfg.window_pick,
+                   "genome": [{"file": Path(i["path"]).name, "sha256": i["sha256"]} for i in manifest["inputs"]],
+                   "parameters": manifest["parameters"]},
         "config": {**cfg.model_dump(), "seq_len": seq_len, "seq_len_requested": cfg.seq_len,
                    "bucket_edges": edges.tolist(), "engines": engines,
                    "parallel": {"world": par.world, "dp": par.dp, "cp": par.cp}},
@@ -257,6 +263,10 @@ def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.nd
             scored = None
             if i is not None:
                 tokens = ds[i]["tokens"]
+                if len(tokens) and int(tokens.max()) >= n_known:  # bytes changed after prepare: not N bases
+                    raise GenomeLMError(f"{cfg.shards}/{cfg.split}: window {i} holds token id {int(tokens.max())}, "
+                                        f"outside the manifest's vocabulary (ids 0..{n_known - 1}): the shards were "
+                                        "changed after prepare; rebuild them with `genome-lm prepare` and --overwrite")
                 arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
                           for name, engine in zip(("nll", "nll_alt"), engines)}
                 if cfg.strands == "both":

@@ -205,9 +205,16 @@ class FastaReader:
             parser.start(name)
             if self.compression == "none":
                 with open(self.path, "rb") as f:
-                    f.seek(rec.offset)
+                    f.seek(max(0, rec.offset - 4096))
+                    before = f.read(rec.offset - f.tell())  # ends with the record's header line (a right index)
+                    header = before[before.rfind(b"\n>", 0, len(before) - 1) + 1:]
+                    stale = not (before.endswith(b"\n") and header[:1] == b">"
+                                 and header[1:].split()[:1] == [name.encode()])
                     for s in range(rec.offset, rec.bend, BLOCK_BYTES):  # a short file reads b"": caught below
-                        parser.add_sequence(f.read(min(BLOCK_BYTES, rec.bend - s)))
+                        if stale or b">" in (piece := f.read(min(BLOCK_BYTES, rec.bend - s))):  # another header
+                            raise GenomeLMError(f"{self.path}.fai does not match {self.path} (record {name} is not "
+                                                "where the index says); delete the .fai so it is rebuilt")
+                        parser.add_sequence(piece)
             else:  # bgzip: random access through pyfaidx, in pieces
                 for s in range(0, rec.rlen, BLOCK_BYTES):
                     piece = self._index.fetch(name, s + 1, min(s + BLOCK_BYTES, rec.rlen))

@@ -43,6 +43,7 @@ from genome_lm.genome.tokenizer import (
     reverse_complement,
 )
 from genome_lm.genome.windows import WindowSpec, contig_windows, contigs, scan
+from genome_lm.outputs import holding
 from genome_lm.sizes import format_size
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,11 @@ def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, Chrom
 def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, show_progress: bool | None = None) -> dict:
     """Build the shard directory `out` and return its manifest (see module docstring)."""
     out = Path(out)
+    with holding(out, "prepare"):
+        return _prepare(params, out, overwrite, show_progress)
+
+
+def _prepare(params: PrepareParams, out: Path, overwrite: bool, show_progress: bool | None) -> dict:
     readers = [FastaReader(path, show_progress=show_progress) for path in params.fasta]
     if (existing := _check_output(out, overwrite, params, readers)) is not None:
         log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)", out)
@@ -284,6 +290,10 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
     """Close `split`'s files and return its manifest entry; a split without windows is an error."""
     chrom_stats = {name: st for name, st in stats.items() if st.split == split}
     n_windows = sum(st.windows + st.rc_windows for st in chrom_stats.values())
+    if n_windows == 0 and chrom_stats and all(st.contigs == 0 for st in chrom_stats.values()):
+        raise GenomeLMError(f"the {split} split has no windows: "
+                            + "; ".join(f"{name}: {_why_no_windows(st, params)}" for name, st in chrom_stats.items())
+                            + f"; choose --{split}-chroms that hold sequence")
     if n_windows == 0:
         longest = max((st.longest_contig for st in chrom_stats.values()), default=0)
         raise GenomeLMError(

@@ -19,11 +19,22 @@ from genome_lm.genome.planting import RepeatCopy
 from genome_lm.genome.segdups import format_segdups
 from genome_lm.genome.synth import synthesize_genome
 from genome_lm.genome.synth_params import SynthParams
+from genome_lm.outputs import holding
 
 log = logging.getLogger(__name__)
 
 LINE_WIDTH = 60
 TSV_HEADER = "chrom\tstart\tend\tstrand\tfamily\tsource_start\n"
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no extra field, mtime 0: as synth writes
+
+
+def written_by_synth(fasta: Path) -> bool:
+    """Whether `fasta` is a synth output: its gzip header is synth's and its repeats sidecar is beside it."""
+    try:
+        with open(fasta, "rb") as f, open(repeats_path(fasta)) as tsv:
+            return f.read(len(GZIP_HEADER)) == GZIP_HEADER and tsv.readline() == TSV_HEADER
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
@@ -75,10 +86,20 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
         raise GenomeLMError(f"--out {out} is a folder; give the FASTA file to write, e.g. {out / 'genome.fa.gz'}")
     if not out.name.endswith(".gz"):
         raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
+    with holding(out, "synth"):
+        return _write_synthetic_fasta(out, scale, seed, overwrite, params)
+
+
+def _write_synthetic_fasta(out: Path, scale: float, seed: int, overwrite: bool,
+                           params: SynthParams | None) -> WrittenGenome:
     tsv, sd_tsv = repeats_path(out), segdups_path(out)
     for path in (out, tsv, sd_tsv):
         if path.exists() and not overwrite:
             raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
+    if out.exists() and not written_by_synth(out):
+        raise GenomeLMError(f"--out {out} was not written by genome-lm synth (its gzip header, or the {tsv.name} "
+                            "beside it, is not synth's); --overwrite replaces only a synth output: choose another "
+                            "--out")
     check_writable(out.parent)
 
     t0 = time.perf_counter()

@@ -37,8 +37,11 @@ def _tokenizer_ids(path: Path, symbols: list[str]) -> list[int | None]:
 def _vocab_size(source: Path) -> int | None:
     try:
         raw = json.loads((source / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except OSError:
         return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GenomeLMError(f"token map: {source / 'config.json'} is not JSON ({e}); point to a model directory "
+                            "written by genome-lm (or save_pretrained)") from None
     return raw.get("vocab_size", (raw.get("text_config") or {}).get("vocab_size"))
 
 

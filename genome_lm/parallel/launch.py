@@ -44,7 +44,7 @@ from typing import Callable
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted, first_line
 
 log = logging.getLogger(__name__)
-FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE")
+FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT_HOLDER")
 _MESSAGE_FILE: list[Path | None] = [None]  # where this worker leaves its error message
 _STOP_FILE: list[Path | None] = [None]  # created by the launcher that got a preemption signal
 

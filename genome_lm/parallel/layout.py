@@ -52,6 +52,8 @@ def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: Layout
 
     if world < 1:
         raise refuse(words.no_world)
+    if dp != "auto" and int(dp) * cp != world:  # the one count that fits: dp x cp
+        raise refuse(words.dp_mismatch)
     if cp > world:
         raise refuse(words.too_few)
     if world % cp:

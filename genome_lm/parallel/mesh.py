@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,7 +42,9 @@ def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) 
     ep = parallel_cfg.ep
     if world % ep:
         raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
-                            f"use a number of processes that is a multiple of {ep}")
+                            f"use a number of processes that is a multiple of {math.lcm(ep, cp)}"
+                            + (f" (parallel.cp={cp} divides it too)" if cp > 1 else "")
+                            + (" and set parallel.dp: auto" if parallel_cfg.dp != "auto" else ""))
     if n_routed_experts:
         check_expert_split(ep, n_routed_experts)
     return dp, cp

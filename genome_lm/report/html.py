@@ -20,6 +20,7 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_file
+from genome_lm.outputs import KINDS, holding, read_marker
 from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import (
     CompareResult,
@@ -168,6 +169,20 @@ def _questions_sections(evals: list[EvalResult]) -> list[str]:
     return out
 
 
+def _shards_note(evals) -> str:
+    """A warning paragraph (also logged) when the evals scored different shards (their manifests'
+    sha256 differ: another genome, other windows or a rebuild), else ''."""
+    by_shards: dict[str, list[str]] = {}
+    for e in evals:
+        by_shards.setdefault(e.summary.get("shards", {}).get("manifest_sha256", "?"), []).append(e.label)
+    if len(by_shards) < 2:
+        return ""
+    groups = "; ".join(f"{', '.join(labels)}: manifest sha256 {sha[:12]}" for sha, labels in by_shards.items())
+    note = f"These evals scored different shards ({groups}); their losses are not of the same tokens."
+    log.warning("report: %s", note)
+    return f'<p class="headline">{html.escape(note)}</p>'
+
+
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
@@ -190,7 +205,7 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
             f"{html.escape(str(e.summary.get('checkpoint', {}).get('path', '?')))}, "
             f"{e.summary['overall']['n_tokens']:,} tokens in {windows_text(e.summary)}, "
             f"{e.summary['overall']['bits_per_base']:.4f} bits/base</li>" for e in evals)
-        parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>",
+        parts += ["<h2>Evals</h2>", f"<ul>{items}</ul>", _shards_note(evals),
                   "<h2>Loss vs preceding context</h2>",
                   _figure(plots.plot_loss_by_context(evals), "loss vs preceding context",
                           "Mean held-out loss of the tokens in each context bucket [lo, hi), plotted at the bucket's "
@@ -231,6 +246,10 @@ def claim_report(out: Path, overwrite: bool) -> None:
     if out.is_dir():
         raise GenomeLMError(f"--out {out} is a folder; give the HTML file to write (e.g. {out / 'report.html'})")
     if not out.exists():
+        if (marker := read_marker(out.parent)) is not None and marker["kind"] != "run":
+            raise GenomeLMError(f"--out {out} lies inside {KINDS[marker['kind']]}, which its command's --overwrite "
+                                f"replaces whole; write the report beside it, e.g. --out "
+                                f"{out.parent.parent / out.name}")
         return
     if not overwrite:
         raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
@@ -246,13 +265,14 @@ def write_report(dirs: Sequence[str | Path], out: str | Path, runs: Sequence[str
     """build_report(...) -> `out`, written to a temporary name and renamed. An existing `out` needs
     `overwrite` and must be a report or an HTML page (`claim_report`), checked before the build."""
     out = Path(out)
-    claim_report(out, overwrite)
-    page = build_report(dirs, runs, **kwargs)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(out, encoding="utf-8") as f:
-            f.write(page)
-    except OSError as e:
-        raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
+    with holding(out, "report"):
+        claim_report(out, overwrite)
+        page = build_report(dirs, runs, **kwargs)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(out, encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
     log.info("report -> %s (%d kB)", out, len(page) // 1024)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import read_yaml
-from genome_lm.outputs import read_marker, what_it_is, write_marker
+from genome_lm.outputs import lock_output, read_marker, what_it_is, write_marker
 from genome_lm.train.checkpoint import clean_partials, latest_checkpoint
 from genome_lm.train.metrics import logged_steps
 from genome_lm.train.resume import accept_resume, record_resume
@@ -46,7 +46,9 @@ def _written(run_dir: Path):
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
     """Rank 0: refuse a folder that is not a run directory, clear half-written checkpoints, refuse a
     used run directory without --resume and a resume with changed settings (`resume.accept_resume`).
-    Writes nothing but the removal of half-written checkpoints."""
+    Writes nothing but the removal of half-written checkpoints, and holds the run's lock from here to the
+    end of the process (`outputs.lock_output`)."""
+    lock_output(run_dir, "train")
     marker = read_marker(run_dir) if run_dir.is_dir() else None
     earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
     if run_dir.exists() and (not run_dir.is_dir() or any(_written(run_dir))) and (
