@@ -1,6 +1,6 @@
 """Weights I/O side by side, hand-written against DCP. Hand-written: `genome_lm.model.weights` of
 an earlier revision (`CheckpointReader.rows`: `safe_open(...).get_slice(key)[a:b]`; the streamed
-`save_pretrained`). DCP: `load_weights_` as it is now (DCP's `HuggingFaceStorageReader` with the
+`save_pretrained`). DCP: the package's `load_weights_` (DCP's `HuggingFaceStorageReader` with the
 key layout of `layout.py`), and DCP's `HuggingFaceStorageWriter` given the full state dict.
 
 The model: a one-layer glm53-flash at real width (hidden 4096, KDA 64 x 128 heads, MoE width 2048),

@@ -214,7 +214,7 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
         raise GenomeLMError(f"{option} {out} is being written by {_holder_text(holder)}; wait for it to end or "
                             f"choose another {option}")
     if holder:
-        log.warning("%s: taking over the lock of %s, which is no longer running", out, _holder_text(holder))
+        log.warning("%s: taking over the lock of %s, whose process has ended", out, _holder_text(holder))
     record = {"command": command, "pid": os.getpid(), "host": host,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     os.ftruncate(fd, 0)

@@ -89,7 +89,7 @@ def check_inputs(cfg: EvalConfig) -> list:
         whole = lengths.max() < int(manifest["parameters"].get("seq_len", 0))  # windows cut short by their contigs
         log.warning("--seq-len %d is longer than every window scored (at most %d tokens): each is scored whole, so no "
                     "token has more than %d tokens of context (%s)", cfg.seq_len, lengths.max(), lengths.max() - 1,
-                    "the chromosomes hold no longer stretch without N runs" if whole
+                    "the chromosomes hold no N-free stretch longer than that" if whole
                     else "prepare longer windows for more")
     sharded.check_pieces(lengths, int(cfg.seq_len or lengths.max()), cfg.cp)
     if cfg.context:
