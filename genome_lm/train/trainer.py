@@ -16,7 +16,7 @@ own part of every global batch and the loss is normalised by the global number o
 so loss and gradients equal one process reading the whole batch (docs/parallel.md).
 
 Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
-step), `checkpoints/` (see `checkpoint.py`, written by `saver.py`), `wandb/` (offline by default);
+step), `checkpoints/` (`checkpoint.py`), `wandb/` (offline by default);
 checked and recorded by `run_dir.py`. Preemption signals and the hang watchdog: `guard.py`
 (docs/long-runs.md).
 """
@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,14 +46,13 @@ from genome_lm.parallel.fsdp import clip_grad_norm
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.progress import progress
 from genome_lm.tf32 import set_tf32
-from genome_lm.train.checkpoint import latest_checkpoint, load_newest_whole, resolve_model_dir
+from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
 from genome_lm.train.memory import host_bytes
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
-from genome_lm.train.saver import Checkpointer
 from genome_lm.train.schedule import make_optimizer, make_scheduler
 
 if TYPE_CHECKING:
@@ -185,13 +184,14 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     stream: SequenceStream
     metrics: MetricsLog | NullMetrics
-    checkpoints: Checkpointer
+    checkpoints: CheckpointManager
     start: int  # the step resumed from (0: a fresh run)
     memory: PeakMemory
     balancer: ExpertBalancer
     params: list[torch.nn.Parameter]  # the trained ones (requires_grad)
     bar: ProgressBar
     clip: float = math.inf
+    unlogged: dict = field(default_factory=dict)  # checkpoint writes completed at steps not logged
 
     @property
     def ckpt_dir(self) -> Path:
@@ -219,12 +219,12 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     stream = make_stream(cfg, lut)
     optimizer = make_optimizer(model, cfg.train)
     scheduler = make_scheduler(optimizer, cfg.train)
-    start = _resume(cfg, run_dir, rd, model, optimizer, scheduler, stream)
+    checkpoints = CheckpointManager(run_dir / "checkpoints", par, cfg.train.checkpoint_mode,
+                                    cfg.train.keep_checkpoints, cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
+    start = _resume(cfg, run_dir, rd, checkpoints, model, optimizer, scheduler, stream)
     par.on_main(lambda: write_run_dir(rd, cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
-    checkpoints = Checkpointer(run_dir / "checkpoints", par, cfg.train.checkpoint_mode, cfg.train.keep_checkpoints,
-                               cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
     return Run(cfg, par, rd, model, optimizer, scheduler, stream, metrics, checkpoints, start,
                memory=PeakMemory(par.device), balancer=ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
                params=[p for p in model.parameters() if p.requires_grad],
@@ -233,12 +233,13 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
                             disable=not par.is_main or show_progress is False))
 
 
-def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, model, optimizer, scheduler, stream) -> int:
+def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, checkpoints: CheckpointManager, model, optimizer,
+            scheduler, stream) -> int:
     """Load the newest checkpoint that loads when the run resumes one; the step to start after."""
     if rd.latest is None:
         torch.manual_seed(cfg.train.seed)
         return 0
-    start, latest = load_newest_whole(run_dir / "checkpoints", model, optimizer, scheduler, stream)
+    start, latest = checkpoints.load_newest(model, optimizer, scheduler, stream)
     log.info("resumed from %s (step %d)", latest, start)
     if start >= cfg.train.steps:
         log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
@@ -343,7 +344,9 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     done = train_step(run, step)
     elapsed = par.max_all(time.perf_counter() - t0)
     record = step_record(run, step, done, elapsed)
+    record.update(run.unlogged)
     record.update(run.checkpoints.poll())
+    run.unlogged = {}
     if not done["finite"]:
         handle_nonfinite(run, record)
     if dog is not None:
@@ -354,6 +357,8 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
             record.update(save(run, step, done["loss"], wait=preempted or step == cfg.train.steps))
     if step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted:
         run.metrics.write(record)
+    else:  # what the resume decision reads goes into the next logged record
+        run.unlogged = {k: record[k] for k in ("checkpoint_write_s", "checkpoint_written_step") if k in record}
     run.bar.update(1)
     run.bar.set_postfix(loss=f"{done['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
     callbacks.after_step(step, par.rank)
