@@ -9,8 +9,8 @@ import torch.distributed.checkpoint as dcp
 from genome_lm.config import MemoryConfig, TrainConfig
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.checkpoint import CheckpointManager
+from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
-from genome_lm.train.schedule import make_optimizer, make_scheduler
 from tests.helpers import tiny_model
 
 
