@@ -71,6 +71,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import make_temp_dir
+from genome_lm.model.weights.writer import save_pretrained
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.metrics import logged_steps
 
@@ -174,16 +175,6 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
             shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint step %d -> %s", step, final)
     return final
-
-
-def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype,
-                    tokenizer_from: str | None = None) -> None:
-    """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded),
-    with the tokenizer files of `tokenizer_from` (the directory the model was built from)."""
-    from genome_lm.model.weights.writer import save_pretrained
-
-    if export_model:
-        save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype, tokenizer_from=tokenizer_from)
 
 
 def stored_state(state_dir: Path) -> dict:
@@ -364,7 +355,9 @@ class CheckpointManager:
             return {**timings, "checkpoint_skipped": True}
         tmp, final = partial_dir(self.ckpt_dir, step, self.par)
         try:
-            write_model_dir(tmp, model, self.par, export_model, export_dtype, self.tokenizer_from)
+            if export_model:  # model/, streamed one tensor gathered at a time (collective when sharded)
+                save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
+                                tokenizer_from=self.tokenizer_from)
             if self.async_:
                 self._start(state, tmp, final, step, info)
             else:

@@ -88,8 +88,8 @@ def test_the_rehearsal_runs_the_trainers_step(monkeypatch):
         return real(parts, batches, optimizer_phase)
 
     monkeypatch.setattr(trainer, "train_step", spy)
-    rehearse(_tiny(5), 8, steps=3, show_progress=False)
-    assert calls == [(None, 1)] * 3
+    rehearse(_tiny(5), 8, show_progress=False)
+    assert calls == [(None, 1)] * 2  # the default two steps
 
 
 @pytest.mark.parametrize("args, message", [
