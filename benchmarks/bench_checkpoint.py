@@ -2,10 +2,10 @@
 
 One process on CPU, a model of plain linear layers (--params-m million float32 parameters; the
 default 85M gives, with AdamW's two moments, a train_state of about 1 GB) and the trainer's own
-`genome_lm.train.saver.Checkpointer`. Both modes run in the same process, alternately: for each
+`genome_lm.train.checkpoint.CheckpointManager`. Both modes run in the same process, alternately: for each
 round, an optimizer step, a save, then --work-s seconds of matrix multiplications standing in for
 the next steps (the background write of an async save overlaps them), then the async save is
-completed. Reported per mode: the stall (what `Checkpointer.save` blocked the loop: copying the
+completed. Reported per mode: the stall (what `CheckpointManager.save` blocked the loop: copying the
 state to host memory for async, the whole write for sync), and for async the background write
 time. The first round of each mode is a warm-up (page cache, allocator) and is not counted.
 
@@ -65,15 +65,14 @@ def work(seconds: float) -> None:
 
 def run(params_m: int, rounds: int, work_s: float, root: Path) -> dict:
     from genome_lm.parallel.mesh import ParallelContext
-    from genome_lm.train.checkpoint import train_state
-    from genome_lm.train.saver import Checkpointer, state_bytes
+    from genome_lm.train.checkpoint import CheckpointManager, state_bytes, train_state
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, optimizer, scheduler = build(params_m)
     step(model, optimizer)  # AdamW's moments exist
     data = _Data()
     size = state_bytes(train_state(model, optimizer, scheduler, data, 0))
-    savers = {mode: Checkpointer(root / mode, ParallelContext(), mode=mode, keep=1) for mode in ("sync", "async")}
+    savers = {mode: CheckpointManager(root / mode, ParallelContext(), mode=mode, keep=1) for mode in ("sync", "async")}
     seen: dict[str, dict[str, list[float]]] = {mode: {"stall_s": [], "write_s": []} for mode in savers}
     n = 0
     for r in range(rounds + 1):

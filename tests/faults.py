@@ -64,3 +64,25 @@ class SignalSelfAt:
     def __call__(self, step: int, rank: int, attempt: int) -> None:
         if attempt == 0 and step == self.step and rank == self.rank:
             os.kill(os.getpid(), self.sig)
+
+
+@dataclass(frozen=True)
+class SlowWritesAfter:
+    """After step `step`, every checkpoint write of this process sleeps `seconds` before it writes a
+    byte (DCP's `FileSystemWriter.write_data`, which an asynchronous save runs in its background
+    thread), as a slow filesystem would: a kill right after the next save started lands inside its write."""
+
+    step: int
+    seconds: float = 120
+
+    def __call__(self, step: int, rank: int, attempt: int) -> None:
+        if attempt == 0 and step == self.step:
+            from torch.distributed.checkpoint import FileSystemWriter
+
+            write, seconds = FileSystemWriter.write_data, self.seconds
+
+            def slow(writer, plan, planner):
+                time.sleep(seconds)
+                return write(writer, plan, planner)
+
+            FileSystemWriter.write_data = slow  # type: ignore[method-assign]

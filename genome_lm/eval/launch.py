@@ -18,12 +18,12 @@ from genome_lm.eval.outputs import load_summary
 from genome_lm.eval.run import check_inputs, evaluate
 from genome_lm.eval.sharded import check_engine, layout
 from genome_lm.outputs import holding
-from genome_lm.parallel.launch import Job, run_local, run_ray
+from genome_lm.parallel.launch import Job, WorkerContext, run_local, run_ray
 
 
-def worker(cfg_json: dict, device=None) -> dict:
+def worker(cfg_json: dict, device=None, worker: WorkerContext | None = None) -> dict:
     """Every process of a distributed eval (module level: the launchers pickle it)."""
-    return evaluate(EvalConfig(**cfg_json), device=device)
+    return evaluate(EvalConfig(**cfg_json), device=device, attempt=worker.attempt if worker else 0)
 
 
 def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> dict:

@@ -149,9 +149,10 @@ def window_lengths(ds, max_windows: int | None, pick: Literal["first", "spread"]
     return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
 
-def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
-    """Run the eval described by `cfg` (on one process, or on every rank of a distributed launch);
-    return the summary (also written to OUT/summary.json by rank 0)."""
+def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None,
+             attempt: int = 0) -> dict:
+    """Run the eval described by `cfg` (on one process, or on every rank of a distributed launch, whose
+    `attempt` the step callbacks get); return the summary (also written to OUT/summary.json by rank 0)."""
     from genome_lm.config import ParallelConfig
     from genome_lm.parallel.mesh import init_parallel
 
@@ -164,12 +165,12 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
     try:  # rank 0 holds --out's lock (outputs.py) from its check to the cache's removal
         with holding(cfg.out, "eval") if par.is_main and cfg.out else contextlib.nullcontext():
             return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
-                             show_progress, t0)
+                             show_progress, t0, attempt)
     finally:
         par.shutdown()
 
 
-def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> dict:
+def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attempt: int) -> dict:
     checked: dict[str, list] = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     assert cfg.out is not None, "check_inputs refuses an eval without --out, on every rank (on_main)"
@@ -196,8 +197,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float) -> di
              cfg.engine, " + parity" if cfg.parity else "", cfg.dtype, par.world, "es" if par.world > 1 else "",
              par.dp, par.cp, n - len(todo))
     t_score = time.perf_counter()
-    scored_tokens = _score(cfg, par, ckpt["model_dir"], manifest["vocab"], ds, lengths, targets, todo, seq_len,
-                           engines, cache, show_progress) if todo else 0
+    scored_tokens = _score(cfg, par, attempt, ckpt["model_dir"], manifest["vocab"], ds, lengths, targets, todo,
+                           seq_len, engines, cache, show_progress) if todo else 0
     t_score = time.perf_counter() - t_score
 
     extra = {
@@ -242,8 +243,8 @@ def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str
     return key
 
 
-def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.ndarray, targets: np.ndarray,
-           todo: list[int], seq_len: int, engines: list[str], cache: WindowCache | None,
+def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, lengths: np.ndarray,
+           targets: np.ndarray, todo: list[int], seq_len: int, engines: list[str], cache: WindowCache | None,
            show_progress: bool | None) -> int:
     """Score the windows `todo` in rounds of one window per dp replica, rank 0 putting each into
     `cache`; returns the tokens scored."""
@@ -284,7 +285,7 @@ def _score(cfg: EvalConfig, par, model_dir: str, vocab: dict, ds, lengths: np.nd
                 cache.put(j, **arrays)
                 scored_tokens += int(lengths[j])
                 bar.update(int(lengths[j]))
-            callbacks.after_step(r + 1, par.rank)  # after each scoring round
+            callbacks.after_step(r + 1, par.rank, attempt)  # after each scoring round
     return scored_tokens
 
 

@@ -51,3 +51,11 @@ def use_value_source(model: nn.Module, source: ValueSource) -> nn.Module:
         elif isinstance(m, (LongKDA, KDAShortConv, KDAOutputNorm)) and source.fla is not None:
             m.backend, m.fla = "fla", source.fla
     return model
+
+
+def has_values(t) -> bool:
+    """False for a fake tensor (shape, dtype and device but no data to read), True otherwise: the
+    trainer's step reads losses, norms and expert counts only where this holds."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)

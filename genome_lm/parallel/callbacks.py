@@ -20,7 +20,6 @@ from typing import Callable
 
 StepCallback = Callable[[int, int, int], None]
 _INSTALLED: list[StepCallback] = []
-_ATTEMPT = [0, 0]  # this process's attempt of its launch and the launch's restarts (set by its worker entry)
 
 
 def install(*fns: StepCallback) -> None:
@@ -35,21 +34,8 @@ def installed() -> tuple[StepCallback, ...]:
     return tuple(_INSTALLED)
 
 
-def set_attempt(attempt: int, max_restarts: int = 0) -> None:
-    _ATTEMPT[:] = [attempt, max_restarts]
-
-
-def attempt() -> int:
-    """The attempt of this process's launch: 0 for the first start, k after k restarts."""
-    return _ATTEMPT[0]
-
-
-def restarts_left() -> int:
-    """How many more times the launcher will restart this worker's group after a failure."""
-    return max(0, _ATTEMPT[1] - _ATTEMPT[0])
-
-
-def after_step(step: int, rank: int) -> None:
-    """Call every installed callback with (step, rank, attempt)."""
+def after_step(step: int, rank: int, attempt: int) -> None:
+    """Call every installed callback with (step, rank, attempt): the attempt of the worker's launch
+    (its `launch.WorkerContext`)."""
     for fn in _INSTALLED:
-        fn(step, rank, _ATTEMPT[0])
+        fn(step, rank, attempt)

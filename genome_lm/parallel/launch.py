@@ -3,16 +3,16 @@
     run_local(job, nproc, max_restarts)         # --nproc N: torch elastic_launch, local c10d rendezvous
     run_ray(job, address, nproc, max_restarts)  # --ray [ADDRESS]: Ray Train's TorchTrainer (none: a local instance)
 
-A `Job` names the function every worker runs (`fn(*args, device=DEVICE)`, module level, so the
-launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
+A `Job` names the function every worker runs (`fn(*args, device=DEVICE, worker=WorkerContext)`, module
+level, so the launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
 genome_lm.eval.launch), how its layout fits a number of processes, and where its workers leave
 their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
 which must be on a filesystem every worker sees.
 
 Restarts (`--max-restarts N`, docs/long-runs.md): the elastic launcher's `max_restarts` or Ray
 Train's `FailureConfig(max_failures=N)` start the whole worker group again after a failure. Each
-worker counts its starts in the launch's message folder, so it knows its attempt
-(`genome_lm.parallel.callbacks.attempt()`); the job resumes from its newest complete checkpoint on
+worker counts its starts in the launch's message folder, so it knows its attempt (its
+`WorkerContext`, handed to the job's function); the job resumes from its newest complete checkpoint on
 every attempt after the first, and rank 0 logs what failed in the attempt before (rank, node,
 message) and how many restarts are left. A user error (GenomeLMError) is not retried: a restarted
 worker that finds one from an earlier attempt raises it again at once. Once no restart is left, the
@@ -45,19 +45,45 @@ from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted, first_lin
 
 log = logging.getLogger(__name__)
 FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT_HOLDER")
-_MESSAGE_FILE: list[Path | None] = [None]  # where this worker leaves its error message
-_STOP_FILE: list[Path | None] = [None]  # created by the launcher that got a preemption signal
 
 
-def stop_file() -> Path | None:
-    """The launch's stop request: once this file exists, every worker stops at its next step boundary."""
-    return _STOP_FILE[0]
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker knows of its launch, handed by the launcher to the job's function (`worker=`) and
+    on to the trainer: its rank, its attempt (0, then k after k restarts) and the launch's restarts,
+    the file it leaves its error message in, and the stop file the launcher creates on a preemption
+    signal. A process that was not launched has the default: rank 0, first attempt, no files."""
+
+    rank: int = 0
+    attempt: int = 0
+    max_restarts: int = 0
+    message_file: Path | None = None
+    stop_file: Path | None = None
+
+    @property
+    def restarts_left(self) -> int:
+        """How many more times the launcher will restart this worker's group after a failure."""
+        return max(0, self.max_restarts - self.attempt)
+
+    def stop_requested(self) -> bool:
+        """The launch's stop request: once the stop file exists, every worker stops at its next step boundary."""
+        return self.stop_file is not None and self.stop_file.exists()
+
+    def record_failure(self, message: str, user: bool = False, preempted: bool = False) -> None:
+        """Leave this worker's one-line error for the launcher (and the next attempt's log)."""
+        if self.message_file is None:
+            return
+        try:
+            self.message_file.write_text(json.dumps({"user": user, "preempted": preempted, "message": message,
+                                                     "node": socket.gethostname()}))
+        except OSError:
+            pass
 
 
 @dataclass
 class Job:
-    """One distributed launch: every worker runs `fn(*args, device=DEVICE)` (DEVICE None: the
-    worker picks its own from LOCAL_RANK)."""
+    """One distributed launch: every worker runs `fn(*args, device=DEVICE, worker=WorkerContext)`
+    (DEVICE None: the worker picks its own from LOCAL_RANK)."""
 
     fn: Callable  # module level: pickled by reference
     args: tuple
@@ -85,59 +111,45 @@ def _setup_worker_logging(rank: int) -> None:
                         force=True)
 
 
-def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> Path:
-    """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node, and
-    set where its error message goes; returns the attempt's folder."""
-    from genome_lm.parallel import callbacks
-
+def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContext:
+    """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node; returns
+    what the worker knows (its error message goes into the attempt's folder)."""
     starts = Path(error_dir, "starts")
     starts.mkdir(exist_ok=True)
     counter = starts / f"rank_{rank:05d}"
     attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
     with counter.open("a") as f:
         f.write(f"{socket.gethostname()}\n")
-    callbacks.set_attempt(attempt, max_restarts)
     folder = Path(error_dir, f"attempt_{attempt}")
     folder.mkdir(exist_ok=True)
     (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
-    _MESSAGE_FILE[0] = folder / f"rank_{rank:05d}"
-    return folder
-
-
-def record_failure(message: str, user: bool = False, preempted: bool = False) -> None:
-    """Leave this worker's one-line error for the launcher (and the next attempt's log)."""
-    if _MESSAGE_FILE[0] is None:
-        return
-    try:
-        _MESSAGE_FILE[0].write_text(json.dumps({"user": user, "preempted": preempted, "message": message,
-                                                "node": socket.gethostname()}))
-    except OSError:
-        pass
+    return WorkerContext(rank, attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
 
 
 def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple = (), max_restarts: int = 0,
                 device=None):
     """Body of every worker: install the launch's callbacks, note the attempt, replay an earlier
-    attempt's user error, log a restart, run the job, and leave a one-line error behind."""
+    attempt's user error, log a restart, run the job with its `WorkerContext`, and leave a one-line
+    error behind."""
     import torch
 
     from genome_lm.parallel import callbacks
     rank = int(os.environ.get("RANK", "0"))
     callbacks.clear()
     callbacks.install(*hooks)
+    worker = WorkerContext(rank, max_restarts=max_restarts)
     try:
         if error_dir:
-            attempt = _start_attempt(error_dir, rank, max_restarts).name
-            _STOP_FILE[0] = Path(error_dir, "stop")
-            _after_restart(error_dir, int(attempt.split("_")[1]), rank, max_restarts)
+            worker = _start_attempt(error_dir, rank, max_restarts)
+            _after_restart(error_dir, worker.attempt, rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-        return fn(*args, device=device)
+        return fn(*args, device=device, worker=worker)
     except BaseException as e:
         user, preempted = isinstance(e, GenomeLMError), isinstance(e, Preempted)
         if not isinstance(e, SystemExit):
-            record_failure(str(e) if user or preempted else first_line(e), user=user, preempted=preempted)
+            worker.record_failure(str(e) if user or preempted else first_line(e), user=user, preempted=preempted)
         if not (user or preempted):
             traceback.print_exc()
         raise

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.model.values import has_values
 from genome_lm.parallel.layout import resolve_layout
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class ParallelContext:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=op, group=group)
-        return t.tolist()
+        return t.tolist() if has_values(t) else values  # fake tensors (the rehearsal) hold no values
 
     def sum_dp(self, *values: float) -> list[float]:
         """Sum over the data-parallel replicas (CP ranks of one replica hold the same values)."""

@@ -21,6 +21,7 @@ from torch import nn
 
 from genome_lm.model.cp import all_reduce_sum
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.values import has_values
 
 __all__ = ["ExpertBalancer"]
 
@@ -67,7 +68,8 @@ class ExpertBalancer:
         loads = all_reduce_sum(torch.stack(counted).double()) if counted else None  # [L, E]
         if self.ep > 1 and loads is not None:
             per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
-            self.rank_imbalance = float((per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max())
+            ratio = (per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max()
+            self.rank_imbalance = float(ratio) if has_values(ratio) else None  # none on fake tensors
         if self.rate == 0:
             return None
         if update and loads is not None:
@@ -75,4 +77,5 @@ class ExpertBalancer:
             for row, i in enumerate(present):
                 bias = self.layers[i].gate.e_score_correction_bias
                 bias.add_(delta[row].to(bias.dtype))
-        return float(torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max())
+        largest = torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max()
+        return float(largest) if has_values(largest) else None

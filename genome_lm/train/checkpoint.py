@@ -1,5 +1,6 @@
-"""Training checkpoints: the whole training state through DCP, the weights also as a Hugging
-Face-style directory.
+"""The checkpoint manager of a run: saves (asynchronous by default), completes, keeps the newest N,
+loads the newest complete checkpoint (falling back past a damaged one), and decides whether a run
+resumes.
 
     RUN/checkpoints/
       step_00000100/
@@ -10,15 +11,37 @@ Face-style directory.
         genome_lm.json  step, loss, time, layout, model_exported
       last -> step_00000100
 
-A checkpoint is written under a hidden temporary name and renamed when complete, then `last`
-is switched atomically; only complete checkpoints ever carry a `step_*` name. The newest
-`keep` checkpoints are kept. `train_state/` alone resumes a run; `genome-lm export` writes the
-`model/` of a checkpoint that has none (`genome_lm.train.export`).
+    start = resume_from(run_dir, resume)      # rank 0: the checkpoint to continue from, or None
+    ckpt = CheckpointManager(run_dir / "checkpoints", par, mode="async", keep=2, on_disk_full="stop")
+    step, path = ckpt.load_newest(model, optimizer, scheduler, stream)
+    timings = ckpt.save(step, model, optimizer, scheduler, stream, info, export, export_dtype)
+    ckpt.staged()          # before the next optimizer step: the staged copy is complete
+    timings = ckpt.poll()  # at each step: completes a save whose files are all written
+    ckpt.close()
 
-Distributed runs: every rank writes its shards into `train_state/` (DCP, global shapes: a run
-resumes on any number of processes) and gathers `model/` one tensor at a time for rank 0 to
-stream (docs/parallel.md, checkpoints). `model.init` reads a checkpoint's `model/`
-(`resolve_model_dir`).
+A checkpoint is written under a hidden temporary name and renamed when complete, then `last` is
+switched atomically; only complete checkpoints ever carry a `step_*` name. `train_state/` alone
+resumes a run; `genome-lm export` writes the `model/` of a checkpoint that has none
+(`genome_lm.train.export`).
+
+`mode: async` uses torch's `torch.distributed.checkpoint.async_save`: the state is copied to host
+memory (pinned on CUDA, staged on a side stream) and written by a background thread over a gloo
+group of its own (the training collectives keep the default group), as torchtitan does. Training
+waits only while the state is copied (and for the previous save, when it has not finished by the
+next one). Rank 0 completes a checkpoint once its write has finished: DCP's coordinator writes the
+metadata after every rank's files, so no collective is needed. `mode: sync` writes with `dcp.save`
+and waits. `model/` is always written synchronously, streamed one tensor at a time.
+
+What a save reports into the step's metrics record: `checkpoint_stall_s` (what training waited),
+and, once the checkpoint is complete, `checkpoint_write_s` and `checkpoint_written_step`: the
+resume decision reads these, not the schedule, to tell a run that never completed a checkpoint
+(it starts afresh with a warning) from one whose checkpoints were removed (refused).
+
+Before each save the checkpoint's size is compared with the free space of the checkpoint folder;
+when it does not fit, one line says so and `train.on_disk_full` decides: `skip` this save, or `stop`
+the run (a GenomeLMError). Distributed runs: every rank writes its shards into `train_state/` (DCP,
+global shapes: a run resumes on any number of processes) and gathers `model/` one tensor at a time
+for rank 0 to stream (docs/parallel.md, checkpoints).
 """
 
 from __future__ import annotations
@@ -30,9 +53,12 @@ import re
 import shutil
 import time
 import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -45,7 +71,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import make_temp_dir
+from genome_lm.model.weights.writer import save_pretrained
 from genome_lm.parallel.mesh import ParallelContext
+from genome_lm.train.metrics import logged_steps
 
 log = logging.getLogger(__name__)
 STEP_RE = re.compile(r"^step_(\d{8})$")
@@ -149,40 +177,6 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
     return final
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, optimizer, scheduler, data, info: dict, keep: int,
-                    parallel: ParallelContext | None = None, export_model: bool = True,
-                    export_dtype: torch.dtype | None = None, tokenizer_from: str | None = None) -> Path:
-    """Write checkpoint `step` synchronously (collective in a distributed run: every rank calls it);
-    `model/` only with `export_model` (files of at most 5 GiB), its weights in `export_dtype` (the
-    model's dtype when training keeps float32 master weights; None: as held). The asynchronous
-    writer is `genome_lm.train.saver.Checkpointer`."""
-    par = parallel or ParallelContext()
-    tmp, final = partial_dir(ckpt_dir, step, par)
-    try:
-        write_model_dir(tmp, model, par, export_model, export_dtype, tokenizer_from)
-        with warnings.catch_warnings(action="ignore"):
-            dcp.save(train_state(model, optimizer, scheduler, data, step), checkpoint_id=str(tmp / "train_state"))
-        par.barrier()
-        if par.is_main:
-            complete_checkpoint(ckpt_dir, tmp, final, step, info, keep)
-    except BaseException:
-        if par.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    par.barrier()
-    return final
-
-
-def write_model_dir(tmp: Path, model, par: ParallelContext, export_model: bool, export_dtype,
-                    tokenizer_from: str | None = None) -> None:
-    """The checkpoint's `model/`, streamed one tensor gathered at a time (collective when sharded),
-    with the tokenizer files of `tokenizer_from` (the directory the model was built from)."""
-    from genome_lm.model.weights.writer import save_pretrained
-
-    if export_model:
-        save_pretrained(model, tmp / "model", write=par.is_main, dtype=export_dtype, tokenizer_from=tokenizer_from)
-
-
 def stored_state(state_dir: Path) -> dict:
     """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored."""
     return dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
@@ -224,29 +218,254 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     return int(state["step"])
 
 
-def load_newest_whole(ckpt_dir: Path, model, optimizer, scheduler, data) -> tuple[int, Path]:
-    """`load_checkpoint` from the newest checkpoint of `ckpt_dir` that loads: one that fails (a
-    truncated or missing file) is named in a warning and the previous one is tried. Returns (step,
-    path). A `GenomeLMError` (the checkpoint does not fit this config) is raised as it is; when no
-    checkpoint loads, one `GenomeLMError` names the newest and why."""
-    found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
-    for i, path in enumerate(found):
-        try:
-            return load_checkpoint(path, model, optimizer, scheduler, data), path
-        except GenomeLMError:
-            raise
-        except (Exception, CheckpointException) as e:  # DCP's (a BaseException), a zip or pickle error
-            why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
-            if i + 1 == len(found):
-                raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir} loads; the newest, {found[0].name}, fails "
-                                    f"with: {why}; start a new --out") from None
-            log.warning("--resume: %s does not load (%s); resuming from the previous checkpoint, %s",
-                        path, why, found[i + 1].name)
-    raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir}")
-
-
 def clean_partials(ckpt_dir: Path) -> None:
     """Remove checkpoints a killed run left half-written (hidden `.step_*.partial-*` dirs)."""
     if ckpt_dir.is_dir():
         for p in ckpt_dir.glob(".step_*.partial-*"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def written_steps(run_dir: Path) -> list[int]:
+    """The checkpoint steps `run_dir/metrics.jsonl` records as written (`checkpoint_written_step`)."""
+    path = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for _, line in logged_steps(path)[0]] if path.is_file() else []
+    return [int(r["checkpoint_written_step"]) for r in records if "checkpoint_written_step" in r]
+
+
+def resume_from(run_dir: Path, resume: bool) -> Path | None:
+    """The resume decision (rank 0; writes nothing but the removal of half-written checkpoints): the
+    newest complete checkpoint to continue from, or None for a fresh run. Refused in one line: a run
+    with checkpoints without --resume, and --resume of a run whose metrics.jsonl records a written
+    checkpoint that is gone. --resume of a run that never completed one (a kill during its first
+    write included) starts afresh with a warning."""
+    ckpt_dir = run_dir / "checkpoints"
+    clean_partials(ckpt_dir)
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is not None and not resume:
+        raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
+                            "it, or --out a new run directory")
+    if not resume:
+        return None
+    if latest is None:
+        if written := written_steps(run_dir):
+            raise GenomeLMError(f"--resume: {run_dir} has no checkpoint, but its metrics.jsonl records step "
+                                f"{max(written)}, where the run saved one: its checkpoints were removed, and starting "
+                                "over would replace its history. Train into a new --out (or move metrics.jsonl away "
+                                "to start this run afresh)")
+        earlier = [f for f in ("metrics.jsonl", "config.yaml") if (run_dir / f).is_file()]
+        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0%s", ckpt_dir,
+                    f" ({' and '.join(earlier)} of the attempt without a checkpoint start over)" if earlier else "")
+    elif not (run_dir / "metrics.jsonl").is_file():
+        step = int(latest.name.removeprefix("step_"))
+        log.warning("--resume: %s is missing: the records of steps 1-%d are lost; the run continues from %s and "
+                    "metrics.jsonl starts again at step %d", run_dir / "metrics.jsonl", step, latest.name, step + 1)
+    return latest
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes of the filesystem holding `path` (its nearest existing parent)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def state_bytes(tree) -> int:
+    """Bytes of the tensors in a (nested) state dict as this rank holds them (a DTensor's local shard)."""
+    if isinstance(tree, dict):
+        return sum(state_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(state_bytes(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        local = tree.to_local() if hasattr(tree, "to_local") else tree
+        return local.numel() * local.element_size()
+    return 0
+
+
+def export_bytes(model, dtype: torch.dtype | None) -> int:
+    """Bytes of the model's weights in `model/`: every parameter and buffer at its global shape, in
+    `dtype` (None: as held)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * (t.element_size() if dtype is None or not t.is_floating_point()
+                            else torch.tensor([], dtype=dtype).element_size()) for t in tensors)
+
+
+@dataclass
+class _Pending:
+    """A save whose files a background thread is writing."""
+
+    tmp: Path
+    final: Path
+    step: int
+    info: dict
+    future: Future
+    started: float
+    finished: float | None = None
+
+
+class CheckpointManager:
+    """The checkpoints of one run in `ckpt_dir` (see the module docstring); every method is collective
+    in a distributed run."""
+
+    def __init__(self, ckpt_dir: Path, par: ParallelContext, mode: str = "async", keep: int = 2,
+                 on_disk_full: str = "stop", tokenizer_from: str | None = None):
+        self.ckpt_dir, self.par, self.keep, self.on_disk_full = ckpt_dir, par, keep, on_disk_full
+        self.tokenizer_from = tokenizer_from  # the directory the model was built from (its tokenizer files)
+        self.async_ = mode == "async"
+        self.pending: _Pending | None = None
+        self.staging: Future | None = None  # CUDA: the staged copy's future
+        self.pg, self.stager = None, None
+        if self.async_:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            if par.sharded and dist.is_initialized():  # collective: every rank creates it
+                self.pg = dist.new_group(backend="gloo")
+            cuda = par.device.type == "cuda"
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                       use_async_staging=cuda, use_non_blocking_copy=cuda))
+
+    def load_newest(self, model, optimizer, scheduler, data) -> tuple[int, Path]:
+        """`load_checkpoint` from the newest checkpoint that loads: one that fails (a
+        truncated or missing file) is named in a warning and the previous one is tried. Returns (step,
+        path). A `GenomeLMError` (the checkpoint does not fit this config) is raised as it is; when no
+        checkpoint loads, one `GenomeLMError` names the newest and why."""
+        ckpt_dir = self.ckpt_dir
+        found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
+        for i, path in enumerate(found):
+            try:
+                return load_checkpoint(path, model, optimizer, scheduler, data), path
+            except GenomeLMError:
+                raise
+            except (Exception, CheckpointException) as e:  # DCP's (a BaseException), a zip or pickle error
+                why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+                if i + 1 == len(found):
+                    raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir} loads; the newest, {found[0].name}, "
+                                        f"fails with: {why}; start a new --out") from None
+                log.warning("--resume: %s does not load (%s); resuming from the previous checkpoint, %s",
+                            path, why, found[i + 1].name)
+        raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir}")
+
+    def save(self, step: int, model, optimizer, scheduler, data, info: dict, export_model: bool,
+             export_dtype: torch.dtype | None, wait: bool = False) -> dict:
+        """Checkpoint `step` (collective). Returns the record's checkpoint fields; `wait`: return only
+        once it is complete (the last step, a preemption)."""
+        t0 = time.perf_counter()
+        timings = self.wait()
+        state = train_state(model, optimizer, scheduler, data, step)
+        if not self._room(step, state, model, export_model, export_dtype):
+            return {**timings, "checkpoint_skipped": True}
+        tmp, final = partial_dir(self.ckpt_dir, step, self.par)
+        try:
+            if export_model:  # model/, streamed one tensor gathered at a time (collective when sharded)
+                save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
+                                tokenizer_from=self.tokenizer_from)
+            if self.async_:
+                self._start(state, tmp, final, step, info)
+            else:
+                with warnings.catch_warnings(action="ignore"):
+                    dcp.save(state, checkpoint_id=str(tmp / "train_state"))
+                self.par.barrier()
+                if self.par.is_main:
+                    complete_checkpoint(self.ckpt_dir, tmp, final, step, info, self.keep)
+                self.par.barrier()
+                timings.update(checkpoint_write_s=time.perf_counter() - t0, checkpoint_written_step=step)
+        except BaseException:
+            if self.par.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        timings["checkpoint_stall_s"] = time.perf_counter() - t0
+        if wait:
+            self.staged()
+            timings.update(self.wait())
+            timings["checkpoint_stall_s"] = time.perf_counter() - t0
+        return timings
+
+    def _start(self, state: dict, tmp: Path, final: Path, step: int, info: dict) -> None:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+        with warnings.catch_warnings(action="ignore"):
+            response = dcp.async_save(state, checkpoint_id=str(tmp / "train_state"), process_group=self.pg,
+                                      async_stager=self.stager, no_dist=not dist.is_initialized())
+        if isinstance(response, AsyncSaveResponse):
+            self.staging, future = response.staging_completion, response.upload_completion
+        else:
+            future = response
+        pending = _Pending(tmp, final, step, info, future, time.perf_counter())
+        future.add_done_callback(lambda _: setattr(pending, "finished", time.perf_counter()))
+        self.pending = pending
+
+    def staged(self) -> None:
+        """Wait until the state of the save in flight is copied (CUDA stages on a side stream): the
+        optimizer may then change the weights."""
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
+    def poll(self) -> dict:
+        """Complete the save in flight if its files are all written; its timings, else {}."""
+        if self.pending is None or not self.pending.future.done():
+            return {}
+        return self.wait()
+
+    def wait(self) -> dict:
+        """Block until the save in flight is written, complete it on rank 0; its timings."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return {}
+        self.staged()
+        try:
+            pending.future.result()
+        except BaseException:
+            if self.par.is_main:
+                shutil.rmtree(pending.tmp, ignore_errors=True)
+            raise
+        if self.par.is_main:
+            complete_checkpoint(self.ckpt_dir, pending.tmp, pending.final, pending.step, pending.info, self.keep)
+        written = (pending.finished or time.perf_counter()) - pending.started
+        return {"checkpoint_write_s": written, "checkpoint_written_step": pending.step}
+
+    def _room(self, step: int, state: dict, model, export_model: bool, export_dtype) -> bool:
+        """True when checkpoint `step` fits the free space; otherwise one line, then `skip` (False)
+        or `stop` (GenomeLMError). Collective (the ranks' state bytes are summed)."""
+        need = int(self.par.sum_all(state_bytes(state))[0])
+        if export_model:
+            need += export_bytes(model, export_dtype)
+
+        def check() -> str | None:
+            free = free_bytes(self.ckpt_dir)
+            if need <= free:
+                return None
+            newest = latest_checkpoint(self.ckpt_dir)
+            kept = (f"the newest complete checkpoint, {newest.name}, is kept and nothing was deleted" if newest
+                    else "the run has no checkpoint yet")
+            return (f"checkpoint step {step} needs about {need / 1e9:,.3f} GB and {self.ckpt_dir} has "
+                    f"{free / 1e9:,.3f} GB free; {kept}. Free space there, or lower train.keep_checkpoints or "
+                    "train.export_model")
+
+        problem = self.par.on_main(check)
+        if problem is None:
+            return True
+        if self.on_disk_full == "stop":
+            raise GenomeLMError(f"{problem}; stopped (train.on_disk_full: stop): resume with --resume once there "
+                                "is room")
+        log.warning("%s; this save is skipped and training goes on (train.on_disk_full: skip)", problem)
+        return False
+
+    def close(self, finish: bool = True, grace_s: float = 60) -> dict:
+        """Finish the save in flight and release the stager. A crashed run (`finish` False) completes it
+        only when its write ends within `grace_s` (every rank's files written: a rank that died
+        mid-write fails it), else leaves it partial, to be removed at the next start."""
+        timings = {}
+        if finish:
+            timings = self.wait()
+        elif self.pending is not None:
+            try:
+                self.pending.future.result(timeout=grace_s)
+                timings = self.wait()
+            except BaseException as e:  # noqa: BLE001 - the write of a crashed run: partial, not an error
+                log.warning("checkpoint step %d was not completed (%s); the run resumes from the one before",
+                            self.pending.step, type(e).__name__)
+                self.pending = None
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
+        return timings

@@ -1,9 +1,9 @@
 """What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal, and a
 watchdog that aborts a step that hangs so that the launcher's restarts take over.
 
-    stop = Preemption(cfg.train.preempt_signals)   # SIGTERM, SIGUSR1 set a flag
-    if stop.agreed(par): ...                        # at a step boundary: any rank's flag, on every rank
-    dog = Watchdog(par, factor, min_s)              # per step: dog.begin(step) ... dog.end(step, seconds)
+    stop = Preemption(cfg.train.preempt_signals, worker)  # SIGTERM, SIGUSR1 set a flag; the launch's stop file
+    if stop.agreed(par): ...                               # at a step boundary: any rank's flag, on every rank
+    dog = Watchdog(par, factor, min_s, worker)             # per step: dog.begin(step) ... dog.end(step, seconds)
 
 Exit codes (documented in docs/long-runs.md): EXIT_PREEMPTED (75) after a preemption checkpoint,
 EXIT_HUNG (76) when the watchdog aborts a rank.
@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any, Callable, Sequence
 
 from genome_lm.errors import EXIT_PREEMPTED, Preempted
-from genome_lm.parallel.launch import stop_file
+from genome_lm.parallel.launch import WorkerContext
 
 __all__ = ["EXIT_HUNG", "EXIT_PREEMPTED", "Preempted", "Preemption", "Watchdog"]
 
@@ -38,8 +38,9 @@ class Preemption:
     launcher's stop file, into one decision. Handlers are installed only from the main thread (Ray Train
     runs the training function in a thread: there the launcher's stop file is the way in)."""
 
-    def __init__(self, signals: Sequence[str]):
+    def __init__(self, signals: Sequence[str], worker: WorkerContext | None = None):
         self.received: str | None = None
+        self.worker = worker or WorkerContext()
         self._old: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         if threading.current_thread() is not threading.main_thread():
             return
@@ -55,8 +56,7 @@ class Preemption:
         """Why this rank wants to stop: a signal's name, "the launcher", or None."""
         if self.received:
             return self.received
-        path = stop_file()
-        return "a stop request of the launcher" if path is not None and path.exists() else None
+        return "a stop request of the launcher" if self.worker.stop_requested() else None
 
     def agreed(self, par) -> bool:
         """Collective at a step boundary (one small all-reduce): True on every rank when any rank wants to stop."""
@@ -75,15 +75,17 @@ class Watchdog:
     store the step it last began and finished; a daemon thread checks every `poll_s`. Armed after
     two steps (the first ones include warm-up); paused while a checkpoint is written (`paused()`)."""
 
-    def __init__(self, par, factor: float, min_s: float, attempt: int = 0, poll_s: float = 0.5, on_abort=None):
+    def __init__(self, par, factor: float, min_s: float, worker: WorkerContext | None = None, poll_s: float = 0.5,
+                 on_abort=None):
         import torch.distributed as dist
 
         self.par, self.factor, self.min_s, self.poll_s = par, factor, min_s, poll_s
-        self.prefix = f"genome_lm/watchdog/{attempt}"
+        worker = worker or WorkerContext()
+        self.prefix = f"genome_lm/watchdog/{worker.attempt}"
         self.store = dist.distributed_c10d._get_default_store() if par.distributed else None
         self.times: list[float] = []
         self.step, self.last_end, self.pause_depth = 0, time.monotonic(), 0
-        self.on_abort = on_abort or _abort
+        self.on_abort = on_abort or (lambda message: _abort(message, worker))
         self._stop = threading.Event()
         self._set("host", socket.gethostname())
         self._set("begun", "0")
@@ -160,12 +162,10 @@ class Watchdog:
         self._stop.set()
 
 
-def _abort(message: str) -> None:
+def _abort(message: str, worker: WorkerContext) -> None:
     """The watchdog's end of a hung rank: the message in the log and for the launcher, then exit."""
-    from genome_lm.parallel.launch import record_failure
-
     log.error("%s", message)
-    record_failure(message)
+    worker.record_failure(message)
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(EXIT_HUNG)

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genome_lm.parallel.launch import Job
+from genome_lm.parallel.launch import Job, WorkerContext
 
 
-def _train(cfg_json: dict, out: str | None, resume: bool, device=None) -> dict:
+def _train(cfg_json: dict, out: str | None, resume: bool, device=None, worker: WorkerContext | None = None) -> dict:
     """Every worker of a training launch. After a restart (attempt 1, 2, ...) the run resumes from
     its newest complete checkpoint: the first attempt passed the run directory's checks, or ended
     with a user error that the launcher raises again instead of retrying."""
     from genome_lm.config import parse_experiment
-    from genome_lm.parallel import callbacks
     from genome_lm.train.trainer import train
 
-    return train(parse_experiment(cfg_json), out=out, resume=resume or callbacks.attempt() > 0, device=device)
+    worker = worker or WorkerContext()
+    return train(parse_experiment(cfg_json), out=out, resume=resume or worker.attempt > 0, device=device,
+                 worker=worker)
 
 
 def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:

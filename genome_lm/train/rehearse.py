@@ -4,10 +4,10 @@ The pattern is torchtitan's memory estimator: the experiment's real model is bui
 device, joins a fake process group of N ranks (`FakeStore`, one rank simulated) with the
 experiment's dp x cp x ep mesh, goes through the trainer's own `parallelize` (long-context ops,
 CP, EP, recompute and offload, FSDP2 with the mixed-precision policy), is materialised as fake
-tensors (shapes, no data: nothing is allocated), and runs `steps` training steps as the trainer
-does (forward, backward, gradient clipping, AdamW step, scheduler, zero_grad) under torch's
-`FSDPMemTracker`, which counts every live tensor by kind. The planner's prediction for the same
-run is printed beside each figure.
+tensors (shapes, no data: nothing is allocated), and runs `steps` of the trainer's own
+`train_step` (forward, backward, gradient clipping, AdamW step, scheduler, zero_grad, the expert
+balancer; no checkpoint) under torch's `FSDPMemTracker`, which counts every live tensor by kind.
+The planner's prediction for the same run is printed beside each figure.
 
 What fake tensors cannot decide is assumed and said, set on the model as its `ValueSource`
 (`model/values.fake_values`): the routing (`moe/assumed.py`: this rank is the busiest expert rank,
@@ -306,7 +306,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         passes = steps * layers * (2 if recomputes else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
         hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
-        tracker, host = _fake_steps(model, cfg, par.device, config.vocab_size, steps)
+        tracker, host = _fake_steps(model, cfg, par, config.vocab_size, steps)
         for h in hooks:
             h.remove()
         bar.close()
@@ -352,15 +352,17 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     return layers
 
 
-def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int):
-    """`steps` training steps of the parallelized meta `model` on fake tensors, under the memory
-    tracker (the first step's peaks dropped: it has no optimizer state until its end); returns the
-    tracker and the peak bytes parked on the host."""
+def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
+    """`steps` of the trainer's `train_step` on the parallelized meta `model` in fake tensors, under
+    the memory tracker (the first step's peaks dropped: it has no optimizer state until its end);
+    returns the tracker and the peak bytes parked on the host."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from genome_lm.parallel.fsdp import clip_grad_norm_
-    from genome_lm.train.schedule import make_optimizer, make_scheduler
+    from genome_lm.train.balance import ExpertBalancer
+    from genome_lm.train.optim import make_optimizer, make_scheduler
+    from genome_lm.train.trainer import StepParts, train_step
 
+    device = par.device
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device=device)
         model.train()
@@ -369,23 +371,16 @@ def _fake_steps(model, cfg, device: torch.device, vocab_size: int, steps: int):
         B, T = cfg.train.micro_batch, cfg.data.seq_len
         ids = torch.randint(0, vocab_size, (B, T), device=device)
         batch = {"input_ids": ids, "labels": ids.clone()}
+        balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep)
         params = [p for p in model.parameters() if p.requires_grad]
         clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
+        parts = StepParts(par, model, optimizer, scheduler, balancer, params, clip, None)
         tracker = _tracker(model, optimizer, device)
         tracker.track_inputs((ids,))
         with contextlib.ExitStack() as stack:
             stack.enter_context(tracker)
             for step in range(steps):
-                for _ in range(cfg.train.grad_accum):
-                    out = model(**batch)
-                    (out.loss / cfg.train.grad_accum).backward()
-                    del out
-                tracker.in_optimizer = True
-                clip_grad_norm_(params, clip)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                tracker.in_optimizer = False
+                train_step(parts, [batch] * cfg.train.grad_accum, lambda on: setattr(tracker, "in_optimizer", on))
                 if step == 0:  # the first step has no optimizer state until its end
                     tracker.where_peaks.clear()
                     tracker.reset_mod_stats()

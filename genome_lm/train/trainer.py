@@ -3,7 +3,8 @@ loop reads top to bottom:
 
     start_run: layout -> build model -> parallelize (long-context ops, CP, recompute, offload, FSDP)
                -> data -> optimizer -> [resume]
-    run_step, for each step: train_step (micro-batches, backward, clip, update when finite)
+    run_step, for each step: train_step (micro-batches, backward, clip, update when finite, balancer;
+               the rehearsal runs the same function on fake tensors)
                -> step_record -> handle_nonfinite -> agree on a preemption -> save (checkpoint)
                -> metrics -> step callbacks (`callbacks.py`)
     finish_run: the save in flight, metrics, process group
@@ -16,7 +17,7 @@ own part of every global batch and the loss is normalised by the global number o
 so loss and gradients equal one process reading the whole batch (docs/parallel.md).
 
 Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
-step), `checkpoints/` (see `checkpoint.py`, written by `saver.py`), `wandb/` (offline by default);
+step), `checkpoints/` (`checkpoint.py`), `wandb/` (offline by default);
 checked and recorded by `run_dir.py`. Preemption signals and the hang watchdog: `guard.py`
 (docs/long-runs.md).
 """
@@ -28,9 +29,9 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
@@ -40,21 +41,22 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.loss import IGNORE_INDEX
+from genome_lm.model.values import has_values
 from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
-from genome_lm.parallel.fsdp import clip_grad_norm
+from genome_lm.parallel.fsdp import clip_grad_norm_
+from genome_lm.parallel.launch import WorkerContext
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.progress import progress
 from genome_lm.tf32 import set_tf32
-from genome_lm.train.checkpoint import latest_checkpoint, load_newest_whole, resolve_model_dir
+from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
+from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.recompute import host_bytes
 from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
-from genome_lm.train.saver import Checkpointer
-from genome_lm.train.schedule import make_optimizer, make_scheduler
 
 if TYPE_CHECKING:
     from genome_lm.train.balance import ExpertBalancer
@@ -174,24 +176,34 @@ class ProgressBar(Protocol):
 
 
 @dataclass
-class Run:
-    """What the loop works with, built once by `start_run`."""
+class StepParts:
+    """What `train_step` works on: the trainer's `Run`, or the rehearsal's fake-tensor model on a fake
+    process group (no checkpoints)."""
 
-    cfg: ExperimentConfig
     par: ParallelContext
-    rd: RunDir
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    stream: SequenceStream
-    metrics: MetricsLog | NullMetrics
-    checkpoints: Checkpointer
-    start: int  # the step resumed from (0: a fresh run)
-    memory: PeakMemory
     balancer: ExpertBalancer
     params: list[torch.nn.Parameter]  # the trained ones (requires_grad)
+    clip: float
+    checkpoints: CheckpointManager | None
+
+
+@dataclass
+class Run(StepParts):
+    """What the loop works with, built once by `start_run`."""
+
+    checkpoints: CheckpointManager
+    cfg: ExperimentConfig
+    rd: RunDir
+    stream: SequenceStream
+    metrics: MetricsLog | NullMetrics
+    start: int  # the step resumed from (0: a fresh run)
+    memory: PeakMemory
     bar: ProgressBar
-    clip: float = math.inf
+    worker: WorkerContext  # what the launcher told this process (attempt, restarts, files)
+    unlogged: dict = field(default_factory=dict)  # checkpoint writes completed at steps not logged
 
     @property
     def ckpt_dir(self) -> Path:
@@ -199,7 +211,7 @@ class Run:
 
 
 def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume: bool,
-              show_progress: bool | None) -> Run:
+              show_progress: bool | None, worker: WorkerContext) -> Run:
     """Check the data and the run directory, build the model, data stream and optimizer, load the
     newest checkpoint when resuming, and record the run (rank 0)."""
     from genome_lm.train.balance import ExpertBalancer
@@ -219,26 +231,27 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     stream = make_stream(cfg, lut)
     optimizer = make_optimizer(model, cfg.train)
     scheduler = make_scheduler(optimizer, cfg.train)
-    start = _resume(cfg, run_dir, rd, model, optimizer, scheduler, stream)
+    checkpoints = CheckpointManager(run_dir / "checkpoints", par, cfg.train.checkpoint_mode,
+                                    cfg.train.keep_checkpoints, cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
+    start = _resume(cfg, run_dir, rd, checkpoints, model, optimizer, scheduler, stream)
     par.on_main(lambda: write_run_dir(rd, cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
-    checkpoints = Checkpointer(run_dir / "checkpoints", par, cfg.train.checkpoint_mode, cfg.train.keep_checkpoints,
-                               cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
-    return Run(cfg, par, rd, model, optimizer, scheduler, stream, metrics, checkpoints, start,
-               memory=PeakMemory(par.device), balancer=ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
-               params=[p for p in model.parameters() if p.requires_grad],
-               clip=cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf,
+    return Run(par, model, optimizer, scheduler, ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
+               [p for p in model.parameters() if p.requires_grad],
+               cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf, checkpoints,
+               cfg=cfg, rd=rd, stream=stream, metrics=metrics, start=start, memory=PeakMemory(par.device),
                bar=progress(cfg.train.steps, start, f"train {cfg.name}", "step",
-                            disable=not par.is_main or show_progress is False))
+                            disable=not par.is_main or show_progress is False), worker=worker)
 
 
-def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, model, optimizer, scheduler, stream) -> int:
+def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, checkpoints: CheckpointManager, model, optimizer,
+            scheduler, stream) -> int:
     """Load the newest checkpoint that loads when the run resumes one; the step to start after."""
     if rd.latest is None:
         torch.manual_seed(cfg.train.seed)
         return 0
-    start, latest = load_newest_whole(run_dir / "checkpoints", model, optimizer, scheduler, stream)
+    start, latest = checkpoints.load_newest(model, optimizer, scheduler, stream)
     log.info("resumed from %s (step %d)", latest, start)
     if start >= cfg.train.steps:
         log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
@@ -247,32 +260,46 @@ def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, model, optimizer, 
     return start
 
 
-def train_step(run: Run, step: int) -> dict:
-    """One optimizer step: micro-batches, backward, clip, and the update when loss and gradient norm
-    are finite. Returns the step's numbers (loss and tokens summed over the replicas)."""
-    cfg, par = run.cfg, run.par
-    batches = _micro_batches(run.stream, cfg, par)
-    n_targets = [int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches]
+def _value(t: torch.Tensor, fake: float) -> float:
+    """The value of the 0-dim `t`; `fake` for a fake tensor (the rehearsal's), which holds none."""
+    return float(t) if has_values(t) else fake
+
+
+def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] | None = None) -> dict:
+    """The training step (the trainer's and the rehearsal's): forward and backward of each micro-batch
+    of `batches` (the loss weighted by its targets over those of the global batch), gradient clipping,
+    and, when loss and gradient norm are finite, the optimizer and scheduler step once the staged copy
+    of a checkpoint in flight is complete; then zero_grad and the expert balancer. On fake tensors the
+    targets count as the labels' size and loss and norm as 0. `optimizer_phase(True)` / `(False)`
+    bracket clipping to zero_grad. Returns the step's numbers (loss and tokens summed over the replicas)."""
+    par = parts.par
+    n_targets = [int(_value((b["labels"][:, 1:] != IGNORE_INDEX).sum(), b["labels"][:, 1:].numel())) for b in batches]
     total_targets = max(1, int(par.sum_dp(sum(n_targets))[0]))  # over all replicas
     loss_sum = 0.0
     for batch, n in zip(batches, n_targets):
-        out = run.model(**batch)
+        out = parts.model(**batch)
         (out.loss * (n / total_targets)).backward()
-        run.balancer.accumulate()
-        loss_sum += float(out.loss.detach()) * n
+        parts.balancer.accumulate()
+        loss_sum += _value(out.loss.detach(), 0.0) * n
+        del out
     local_tokens = sum(int(b["input_ids"].numel()) for b in batches)
     seq_tokens = int(par.max_all(max(int(b["input_ids"].shape[1]) for b in batches)))  # longest sequence
     loss_sum, tokens = par.sum_dp(loss_sum, local_tokens)
     loss = loss_sum / total_targets
-    grad_norm = clip_grad_norm(run.params, run.clip)
-    lr = run.scheduler.get_last_lr()[0]
+    if optimizer_phase is not None:
+        optimizer_phase(True)
+    grad_norm = _value(clip_grad_norm_(parts.params, parts.clip), 0.0)
+    lr = parts.scheduler.get_last_lr()[0]
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     if finite:
-        run.checkpoints.staged()  # the staged copy of a checkpoint in flight is complete before the update
-        run.optimizer.step()
-        run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    bias_max = run.balancer.step(update=finite)
+        if parts.checkpoints is not None:
+            parts.checkpoints.staged()  # the staged copy of a checkpoint in flight is complete before the update
+        parts.optimizer.step()
+        parts.scheduler.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    if optimizer_phase is not None:
+        optimizer_phase(False)
+    bias_max = parts.balancer.step(update=finite)
     if par.device.type == "cuda":
         torch.cuda.synchronize(par.device)
     return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": int(tokens), "seq_tokens": seq_tokens,
@@ -340,10 +367,12 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
         dog.begin(step)
     run.memory.reset()
     t0 = time.perf_counter()
-    done = train_step(run, step)
+    done = train_step(run, _micro_batches(run.stream, cfg, par))
     elapsed = par.max_all(time.perf_counter() - t0)
     record = step_record(run, step, done, elapsed)
+    record.update(run.unlogged)
     record.update(run.checkpoints.poll())
+    run.unlogged = {}
     if not done["finite"]:
         handle_nonfinite(run, record)
     if dog is not None:
@@ -354,9 +383,11 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
             record.update(save(run, step, done["loss"], wait=preempted or step == cfg.train.steps))
     if step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted:
         run.metrics.write(record)
+    else:  # what the resume decision reads goes into the next logged record
+        run.unlogged = {k: record[k] for k in ("checkpoint_write_s", "checkpoint_written_step") if k in record}
     run.bar.update(1)
     run.bar.set_postfix(loss=f"{done['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-    callbacks.after_step(step, par.rank)
+    callbacks.after_step(step, par.rank, run.worker.attempt)
     if preempted:
         why = stop.requested() or "a preemption signal on another rank"
         raise Preempted(f"stopped on {why} at step {step}: checkpoint {run.ckpt_dir / f'step_{step:08d}'} is "
@@ -365,18 +396,21 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
 
 
 def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False,
-          device: torch.device | None = None, show_progress: bool | None = None) -> dict:
+          device: torch.device | None = None, show_progress: bool | None = None,
+          worker: WorkerContext | None = None) -> dict:
     """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics. On a
-    preemption signal (train.preempt_signals): a checkpoint at the next step, then `Preempted`."""
+    preemption signal (train.preempt_signals, or the stop file of `worker`'s launch): a checkpoint at
+    the next step, then `Preempted`."""
     par = init_parallel(cfg.parallel, device, timeout_s=cfg.parallel.timeout, sharded=compute_dtype(cfg) is not None)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
-    stop = Preemption(cfg.train.preempt_signals)
+    worker = worker or WorkerContext()
+    stop = Preemption(cfg.train.preempt_signals, worker)
     try:
-        run = start_run(cfg, par, run_dir, resume, show_progress)
+        run = start_run(cfg, par, run_dir, resume, show_progress, worker)
     except BaseException:
         stop.restore()
         raise
-    dog = Watchdog(par, cfg.parallel.watchdog_factor, cfg.parallel.watchdog_min_s, callbacks.attempt()) \
+    dog = Watchdog(par, cfg.parallel.watchdog_factor, cfg.parallel.watchdog_min_s, worker) \
         if par.distributed and cfg.parallel.watchdog_factor > 0 else None
     record, outcome = {}, "crashed"
     try:
@@ -407,5 +441,5 @@ def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -
         run.bar.close()
         run.metrics.close()
         run.par.shutdown()
-        if outcome != "done" and run.par.is_main and not (outcome == "crashed" and callbacks.restarts_left()):
+        if outcome != "done" and run.par.is_main and not (outcome == "crashed" and run.worker.restarts_left):
             discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch.distributed.checkpoint as dcp
 
 from genome_lm.config import MemoryConfig, TrainConfig
-from genome_lm.train.checkpoint import save_checkpoint
+from genome_lm.parallel.mesh import ParallelContext
+from genome_lm.train.checkpoint import CheckpointManager
+from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
-from genome_lm.train.schedule import make_optimizer, make_scheduler
 from tests.helpers import tiny_model
 
 
@@ -30,8 +32,13 @@ def _setup(seed: int):
     return model, opt, make_scheduler(opt, cfg)
 
 
-def test_every_checkpoint_has_dcp_weights(tmp_path):
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_every_checkpoint_has_dcp_weights(tmp_path, mode):
     model, opt, sched = _setup(0)
-    ckpt = save_checkpoint(tmp_path, 1, model, opt, sched, _Data(7), {}, keep=1, export_model=False)
+    manager = CheckpointManager(tmp_path, ParallelContext(), mode=mode, keep=1)
+    done = manager.save(1, model, opt, sched, _Data(7), {}, export_model=False, export_dtype=None, wait=True)
+    manager.close()
+    assert done["checkpoint_written_step"] == 1
+    ckpt = tmp_path / "step_00000001"
     stored = dcp.FileSystemReader(str(ckpt / "train_state")).read_metadata().state_dict_metadata
     assert {f"model.{name}" for name in model.state_dict()} <= set(stored)

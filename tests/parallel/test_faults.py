@@ -16,7 +16,7 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import EXIT_PREEMPTED
-from tests.faults import KillAt, SignalLauncherAt, SignalSelfAt, SleepAt
+from tests.faults import KillAt, SignalLauncherAt, SignalSelfAt, SleepAt, SlowWritesAfter
 from tests.helpers import write_experiment
 
 STEPS = 6
@@ -61,6 +61,18 @@ def test_killed_worker_restarts_and_finishes(experiment, reference, tmp_path, st
     err = capfd.readouterr().err
     assert "restart 1 of 1: rank 1 on " in err and "died without an error message" in err
     assert "0 restart(s) left" in err and "resumed from" in err
+
+
+def test_kill_during_the_first_async_write_restarts_from_the_start(experiment, reference, tmp_path, step_callbacks,
+                                                                   capfd):
+    """Rank 0 killed while the first checkpoint (step 2) is being written (every rank's writes made
+    slow): no checkpoint was ever complete, so the restarted group starts afresh with a warning and
+    finishes with the uninterrupted run's losses."""
+    run = tmp_path / "run"
+    step_callbacks(SlowWritesAfter(1), KillAt(2, rank=0))
+    assert main(["train", experiment, "--out", str(run), "--nproc", "2", "--max-restarts", "1"]) == 0
+    assert_same_losses(run, reference)
+    assert "no checkpoint in" in capfd.readouterr().err
 
 
 def test_sigterm_to_the_launcher_checkpoints_and_resumes(experiment, reference, tmp_path, step_callbacks, capfd):

@@ -15,10 +15,10 @@ from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.launch import run_local
-from genome_lm.train import saver, train
+from genome_lm.train import checkpoint, train
 from genome_lm.train.checkpoint import complete_checkpoint, list_checkpoints
 from genome_lm.train.launch import train_job
-from tests.faults import KillAt
+from tests.faults import KillAt, SlowWritesAfter
 from tests.helpers import write_experiment
 
 
@@ -47,7 +47,7 @@ def test_async_and_sync_resume_the_same(experiment, tmp_path, mode):
     got = records(full)
     assert all("checkpoint_stall_s" in got[s - 1] for s in (2, 4))
     written = [r["checkpoint_written_step"] for r in got if "checkpoint_written_step" in r]
-    assert written == ([2, 4] if mode == "async" else [])
+    assert written == [2, 4]
     cut = tmp_path / "cut"
     shutil.copytree(full, cut, symlinks=True)
     shutil.rmtree(cut / "checkpoints" / "step_00000004")
@@ -78,6 +78,25 @@ def test_kill_during_an_async_save_resumes_from_the_previous_checkpoint(experime
     assert losses(run) == losses(reference)
 
 
+def test_kill_during_the_first_async_write_resumes_from_the_start(experiment, tmp_path, step_callbacks, caplog,
+                                                                  one_thread_everywhere):
+    """kill -9 while the first checkpoint (step 2) is being written (its writes made slow): no checkpoint
+    is complete and metrics.jsonl records step 2 without `checkpoint_written_step`; --resume starts
+    afresh with a warning and ends with the losses of an uninterrupted run."""
+    step_callbacks(SlowWritesAfter(1), KillAt(2, rank=0))
+    run = tmp_path / "run"
+    with pytest.raises(GenomeLMError, match="rank 0 failed: died without an error message"):
+        run_local(train_job(load_experiment(experiment), str(run)), 1)
+    assert [r["step"] for r in records(run)] == [1, 2] and "checkpoint_written_step" not in records(run)[1]
+    assert not list_checkpoints(run / "checkpoints") and list((run / "checkpoints").glob(".step_00000002.partial-*"))
+    callbacks.clear()
+    assert main(["train", experiment, "--out", str(run), "--resume"]) == 0
+    assert "no checkpoint in" in caplog.text and "starting a fresh run from step 0" in caplog.text
+    reference = tmp_path / "reference"
+    train(load_experiment(experiment), out=reference, show_progress=False)
+    assert losses(run) == losses(reference)
+
+
 @pytest.mark.parametrize("setting", ["skip", "stop"])
 def test_a_full_filesystem_is_one_line_and_deletes_nothing(experiment, tmp_path, monkeypatch, capsys, caplog,
                                                            setting):
@@ -86,7 +105,7 @@ def test_a_full_filesystem_is_one_line_and_deletes_nothing(experiment, tmp_path,
     save, `stop` ends the run with exit code 2; checkpoint 2 stays either way."""
     run = tmp_path / "run"
     free = {"bytes": 10**15}
-    monkeypatch.setattr(saver, "free_bytes", lambda path: free["bytes"])
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: free["bytes"])
 
     def fill_disk(step, rank, attempt):
         if step == 2:
@@ -108,6 +127,19 @@ def test_a_full_filesystem_is_one_line_and_deletes_nothing(experiment, tmp_path,
         assert records(run)[3]["checkpoint_skipped"] is True
     else:
         assert code == 2 and "stopped (train.on_disk_full: stop)" in line
+
+
+def test_a_full_filesystem_before_the_first_checkpoint_says_the_run_has_none(experiment, tmp_path, monkeypatch,
+                                                                             capsys, caplog):
+    """No room for the first checkpoint under `stop`: the line says the run has no checkpoint yet (not
+    that nothing was deleted), and the warning after it says the new run's folder was removed."""
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 1000)
+    run = tmp_path / "run"
+    assert main(["train", experiment, "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step 2 needs about" in err and "the run has no checkpoint yet" in err
+    assert "nothing was deleted" not in err
+    assert "removed what the run wrote" in caplog.text and not run.exists()
 
 
 def test_keep_never_deletes_the_only_complete_checkpoint(tmp_path):

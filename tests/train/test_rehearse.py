@@ -75,6 +75,23 @@ def test_fewer_layers_scale_to_what_all_layers_measure():
     assert few.host_bytes == pytest.approx(every.host_bytes, rel=0.01)
 
 
+def test_the_rehearsal_runs_the_trainers_step(monkeypatch):
+    """Each rehearsed step is one call of the trainer's `train_step`, with the rehearsal's fake-tensor
+    model and no checkpoints."""
+    from genome_lm.train import trainer
+
+    calls = []
+    real = trainer.train_step
+
+    def spy(parts, batches, optimizer_phase=None):
+        calls.append((parts.checkpoints, len(batches)))
+        return real(parts, batches, optimizer_phase)
+
+    monkeypatch.setattr(trainer, "train_step", spy)
+    rehearse(_tiny(5), 8, show_progress=False)
+    assert calls == [(None, 1)] * 2  # the default two steps
+
+
 @pytest.mark.parametrize("args, message", [
     (["--layers", "3", "--set", "memory.offload_layer_inputs=false"], "--layers 3: fewer layers scale up only with"),
     (["--layers", "99"], "--layers 99: glm53-flash has 45 decoder layers"),

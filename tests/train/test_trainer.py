@@ -166,6 +166,18 @@ def test_resume_says_what_it_does(tmp_path, tiny_shards, caplog):
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+def test_resume_without_metrics_jsonl_warns_and_starts_it_again(tmp_path, tiny_shards, caplog):
+    """--resume of a run whose metrics.jsonl was deleted continues from its checkpoint and says that the
+    records before it are lost; metrics.jsonl then holds the steps trained after it."""
+    exp = write_experiment(tmp_path / "e.yaml", tiny_shards, train={"steps": 2})
+    run = tmp_path / "run"
+    train(load_experiment(exp), out=run)
+    (run / "metrics.jsonl").unlink()
+    train(load_experiment(exp, ["train.steps=3"]), out=run, resume=True)
+    assert "metrics.jsonl is missing: the records of steps 1-2 are lost" in caplog.text
+    assert list(losses(run)) == [3]
+
+
 def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny_shards, capsys):
     """A new learning rate or model on --resume is one line naming each key, old -> new; config.yaml,
     metrics and checkpoints stay as they were."""
@@ -181,6 +193,28 @@ def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny
         assert "\n" not in err and "Traceback" not in err and named in err and "train into a new --out" in err
         assert "train.steps" not in err  # steps may change
         assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_resume_refuses_shards_rebuilt_from_another_fasta(tmp_path, capsys):
+    """The run records the sha256 of its shards' manifest.json; --resume on shards rebuilt at the same
+    path from another genome is one line naming both checksums, and leaves the run as it was."""
+    from genome_lm.files import sha256_file
+    from tests.helpers import make_shards
+
+    shards = make_shards(tmp_path / "a", seed=3)
+    exp = write_experiment(tmp_path / "e.yaml", shards, train={"steps": 2})
+    run = tmp_path / "run"
+    assert main(["train", exp, "--out", str(run)]) == 0
+    old = sha256_file(shards / "manifest.json")
+    shutil.rmtree(shards)
+    shutil.move(make_shards(tmp_path / "b", seed=4), shards)
+    new = sha256_file(shards / "manifest.json")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.steps=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"manifest.json had sha256 {old}, now {new}" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
 def test_resume_without_a_readable_config_yaml_is_refused(tmp_path, tiny_shards, capsys):
