@@ -4,6 +4,7 @@ is what a clean run gives. A lock whose holder is gone is taken over with a warn
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -156,7 +157,8 @@ def test_synth_overwrite_refuses_a_fasta_it_did_not_write(tmp_path, capsys):
 def test_sigterm_stops_a_command_in_one_line(tmp_path, monkeypatch, capsys):
     import genome_lm.cli as cli
 
-    monkeypatch.setattr(cli, "_synth", lambda args: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setitem(cli.COMMANDS, "synth", dataclasses.replace(
+        cli.COMMANDS["synth"], run=lambda args: os.kill(os.getpid(), signal.SIGTERM)))
     assert main(["synth", "--out", str(tmp_path / "s.fa.gz")]) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.strip().splitlines() == ["genome-lm synth: terminated (SIGTERM)"]
 

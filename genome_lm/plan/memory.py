@@ -162,14 +162,12 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
     Us = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
-    # a backward prefetch gathers a layer's own FSDP2 group: under expert parallelism its routed experts are a
-    # group of their own (parallel/fsdp.py), gathered when their backward starts
+    # a backward prefetch gathers a layer's FSDP2 group; under ep its experts are one apart (parallel/fsdp.py)
     ep = layout.parallel.ep
     prefetched = [U - (lay.expert_bytes // ep if ep > 1 else 0) for U, lay in zip(Us, m.layers)]
 
     def gathered(i: int, ahead: int, step: int) -> int:
-        """Layer i's gathered parameters and those of the `ahead` layers FSDP2 prefetches after it in the
-        pass's order (`step` +1 forward: i+1, ...; -1 backward: i-1, ..., without their experts' group)."""
+        """Layer i's gathered parameters and the `ahead` prefetched after it in step's order (backward: no experts)."""
         later = range(i + step, i + step * (ahead + 1), step)
         return Us[i] + sum((Us if step > 0 else prefetched)[j] for j in later if 0 <= j < len(Us)) if fsdp else 0
     red = layout.reduce_bytes / a
@@ -196,8 +194,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     phase("loss backward (chunked LM head)", kept_activations=kept_before, inputs=ids, final=final, loss_chunk=lb,
           gradients=root_grads, fsdp_buffers=root)
     grads = root_grads
-    # the LM head's unsharded gradient, made in the loss backward, waits for the root's reduce-scatter at
-    # the end of the backward (the embeddings' gradient comes last)
+    # the LM head's unsharded gradient (loss backward) waits for the root's reduce-scatter at the backward's end
     head_grad = m.lm_head_bytes if fsdp else 0
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
@@ -205,11 +202,9 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         U, U_bwd = Us[i], gathered(i, layout.parallel.backward_prefetch, -1)
 
         def buffers_during(op: Op) -> int:
-            """During `op`'s backward: the layer's gathered parameters, its unsharded gradients and the
-            layers prefetched (i-1, ...); its sharded gradients come from the reduce-scatter after it (below)."""
+            """During `op`'s backward: the layer's gathered parameters and unsharded gradients, and those prefetched."""
             return U_bwd + U - 2 * _experts_apart(op, lay, layout) + head_grad if fsdp else 0
-        # the offloaded input of the layer whose backward runs next is copied back during this one
-        # (train/recompute.py, one layer ahead): it is on the device already
+        # the next backward's offloaded input is copied back during this one (train/recompute.py)
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, buffers, op = _walk_backward(ops, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,
