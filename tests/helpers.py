@@ -154,6 +154,7 @@ def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
         fn(rank, world, *args)
+        dist.barrier()  # no rank tears the group down while a peer still works (gloo can abort the early one)
     finally:
         dist.destroy_process_group()
 
