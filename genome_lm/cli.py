@@ -21,16 +21,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
-from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
+from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
 from genome_lm.outputs import check_out_path, release_all
 from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
 # What a full disk, a quota, a read-only mount or missing permissions raise: the user's to fix.
-STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-                  errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
-                  errno.EPERM: "operation not permitted"}
 EXIT_INTERRUPTED = 130
 
 

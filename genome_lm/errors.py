@@ -4,6 +4,8 @@ The message names the file or field and says what to do; the CLI prints it on on
 without a traceback, and exits non-zero.
 """
 
+import errno
+
 
 class GenomeLMError(Exception):
     """A user-facing error: `str(err)` is a complete, one-line explanation with a fix."""
@@ -21,3 +23,8 @@ def first_line(e: BaseException) -> str:
     """The first line of `e`'s message (at most 200 characters; its type when it has none), for
     one-line messages about a file that does not parse."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+# storage failures the CLI reports in one line (cli.storage_message); outputs re-raise them as they are
+STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+                  errno.EPERM: "operation not permitted"}

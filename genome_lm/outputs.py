@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -43,14 +42,13 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import STORAGE_ERRORS, GenomeLMError
 
 log = logging.getLogger(__name__)
 MARKER = ".genome_lm.json"
 HOLDER_ENV = "GENOME_LM_OUTPUT_HOLDER"  # "host:pid" of the process holding the locks a launch's workers use
 COMMANDS = {"shards": "prepare", "eval": "eval", "compare": "compare", "model": "export", "run": "train"}
 _HELD: dict[Path, int] = {}  # lock file -> its open descriptor, for the outputs this process holds
-STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)  # cli.STORAGE_ERRORS
 os.register_at_fork(after_in_child=_HELD.clear)  # a forked child holds none of its parent's locks
 KINDS = {
     "shards": "shards (genome-lm prepare)",
@@ -202,7 +200,7 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _open_locked(path, Path(out), option)
     except OSError as e:
-        if e.errno in STORAGE_ERRNOS and e.filename:  # the CLI's one line for a full or read-only disk
+        if e.errno in STORAGE_ERRORS and e.filename:  # the CLI's one line for a full or read-only disk
             raise
         raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): {e.strerror}; choose a "
                             f"writable location with {option}") from None
