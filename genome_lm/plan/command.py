@@ -129,7 +129,7 @@ def fit_layout(args):
     return layout, fit(shape, layout, cluster, assume, eps)
 
 
-def run_score(args: PlanParams) -> None:
+def run_score(args: PlanParams, tokens: int) -> None:
     """`plan --score`: the peak per GPU of a scoring run and the longest region that fits."""
     from genome_lm.plan.assumptions import Assumptions
     from genome_lm.plan.hardware import GiB, make_cluster
@@ -141,7 +141,7 @@ def run_score(args: PlanParams) -> None:
     gpus, cp = args.gpus or 1, args.cp or 1
     if gpus % cp:
         raise GenomeLMError(f"--cp {cp} does not divide --gpus {gpus}")
-    cfg = _experiment(args.model_copy(update={"seq_len": args.score})) if args.experiment else None
+    cfg = _experiment(args.model_copy(update={"seq_len": tokens})) if args.experiment else None
     name = cfg.model.name if cfg else args.model
     if not name:
         raise GenomeLMError("plan --score: give --model PRESET_OR_DIR (or an experiment file)")
@@ -149,17 +149,17 @@ def run_score(args: PlanParams) -> None:
                         cfg.model.overrides if cfg else None)
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     assume = Assumptions().override(args.assume)
-    plan = plan_score(shape, args.score, args.chunk, gpus, cp, assume)
+    plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume)
     limit = int((cluster.gpu.memory_bytes - assume.runtime_reserved_gib * GiB) / (1 + assume.fragmentation))
     longest = longest_region(shape, args.chunk, limit, gpus, cp, assume)
     how = f"one piece over {cp} context-parallel ranks" if cp > 1 else f"streamed in chunks of {args.chunk:,}"
     if args.json_:
-        print(json.dumps({"tokens": args.score, "chunk": args.chunk, "gpus": gpus, "cp": cp, "gpu": cluster.gpu.name,
+        print(json.dumps({"tokens": tokens, "chunk": args.chunk, "gpus": gpus, "cp": cp, "gpu": cluster.gpu.name,
                           "peak_bytes": plan.peak_bytes, "peak_where": plan.peak_where, "breakdown": plan.breakdown,
                           "usable_bytes": limit, "fits": plan.peak_bytes <= limit, "longest_region": longest},
                          indent=2))
         return
-    print(f"scoring {args.score:,} tokens of {name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
+    print(f"scoring {tokens:,} tokens of {name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
     for key, label in (("weights", "weights"), ("kda_state", "KDA state"), ("dsa_caches", "DSA caches"),
                        ("activations", "activations")):
         print(f"  {label:<12} {plan.breakdown[key] / GiB:>10,.2f} GiB")
@@ -175,7 +175,7 @@ def run(args: PlanParams) -> None:
     from genome_lm.plan.report import format_plan, plan_json
 
     if args.score is not None:
-        run_score(args)
+        run_score(args, args.score)
         return
     if not args.fit:
         plan = make_plan(*build(args)[:4])

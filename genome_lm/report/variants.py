@@ -59,7 +59,7 @@ def plot_roc(v: EvalResult) -> Figure:
     for i, r in enumerate(v.summary["metrics"]["roc"]):
         ax.plot(r["fpr"], r["tpr"], color=COLORS[i % len(COLORS)],
                 label=f"L = {r['context']:,} (AUROC {_num(auroc.get(r['context']), '{:.3f}')})")
-    ax.plot([0, 1], [0, 1], color="#999", lw=0.8, ls="--")
+    ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls="--")
     ax.set(xlabel="false positive rate", ylabel="true positive rate", title=v.label)
     ax.legend(fontsize=8, loc="lower right")
     return fig
@@ -71,10 +71,10 @@ def plot_score_shift(v: EvalResult) -> Figure:
     rows = v.summary["metrics"]["score_shift"]
     x = [r["context"] for r in rows]
     for key, label, color in (("mean_score_pos", "positive (label 1)", COLORS[1]),
-                              ("mean_score_neg", "benign (label 0)", COLORS[0]), ("mean_score", "all", "#555")):
+                              ("mean_score_neg", "benign (label 0)", COLORS[0]), ("mean_score", "all", "0.33")):
         ax.plot(x, [r[key] for r in rows], marker="o", color=color, label=label)
     _context_axis(ax)
-    ax.axhline(0, color="#999", lw=0.8)
+    ax.axhline(0, color="0.6", lw=0.8)
     ax.set(xlabel="context before the variant (bases)", ylabel="mean score (nats; log P(alt) - log P(ref))",
            title=v.label)
     ax.legend(fontsize=8)
