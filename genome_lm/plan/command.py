@@ -141,17 +141,14 @@ def run_score(args: PlanParams, tokens: int) -> None:
     gpus, cp = args.gpus or 1, args.cp or 1
     if gpus % cp:
         raise GenomeLMError(f"--cp {cp} does not divide --gpus {gpus}")
-    cfg = _experiment(args.model_copy(update={"seq_len": tokens})) if args.experiment else None
-    name = cfg.model.name if cfg else args.model
-    if not name:
-        raise GenomeLMError("plan --score: give --model PRESET_OR_DIR (or an experiment file)")
-    shape = model_shape(name, args.dtype or (cfg.model.dtype if cfg else "bfloat16"),
-                        cfg.model.overrides if cfg else None)
+    cfg = _experiment(args.model_copy(update={"seq_len": tokens}))  # its model and memory (block sizes, --set)
+    name = cfg.model.name
+    shape = model_shape(name, args.dtype or cfg.model.dtype, cfg.model.overrides)
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     assume = Assumptions().override(args.assume)
-    plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume)
+    plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume, memory=cfg.memory)
     limit = int((cluster.gpu.memory_bytes - assume.runtime_reserved_gib * GiB) / (1 + assume.fragmentation))
-    longest = longest_region(shape, args.chunk, limit, gpus, cp, assume)
+    longest = longest_region(shape, args.chunk, limit, gpus, cp, assume, memory=cfg.memory)
     how = f"one piece over {cp} context-parallel ranks" if cp > 1 else f"streamed in chunks of {args.chunk:,}"
     if args.json_:
         print(json.dumps({"tokens": tokens, "chunk": args.chunk, "gpus": gpus, "cp": cp, "gpu": cluster.gpu.name,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from genome_lm.config import MemoryConfig
 from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
@@ -113,14 +114,16 @@ class ScorePlan:
 
 
 def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,
-               assume: Assumptions | None = None, backend: str = "fla") -> ScorePlan:
+               assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> ScorePlan:
     """Peak bytes per device of scoring a `tokens`-long region: streamed in chunks of `chunk` tokens
-    (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks."""
+    (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks.
+    `memory`: block sizes (default: the trainer's)."""
+    base = Layout(tokens, memory.model_copy()) if memory else Layout(tokens)
     if cp > 1:
-        plan = plan_forward(m, Layout(tokens).replace(cp=cp, dp=gpus // cp, moe_recompute=True), assume, backend)
+        plan = plan_forward(m, base.replace(cp=cp, dp=gpus // cp, moe_recompute=True), assume, backend)
         carried = {"kda_state": 0, "dsa_caches": 0}
     else:
-        layout = Layout(min(chunk, tokens)).replace(dp=gpus, moe_recompute=True)
+        layout = base.replace(seq_len=min(chunk, tokens), dp=gpus, moe_recompute=True)
         plan = plan_forward(m, layout, assume, backend, keys=tokens)
         carried = carried_bytes(m, tokens)
     weights = sum(plan.breakdown.get(k, 0) for k in ("weights", "root_gathered", "layer_gathered"))
@@ -129,16 +132,16 @@ def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 
 
 
 def longest_region(m: ModelShape, chunk: int, limit: int, gpus: int = 1, cp: int = 1,
-                   assume: Assumptions | None = None, backend: str = "fla") -> int:
+                   assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> int:
     """The most tokens (a multiple of `cp`, below 2^34) whose `plan_score` peak is at most `limit` bytes;
     0 when not even `chunk` tokens fit."""
     lo, hi = 0, 2**34 // cp  # in units of cp tokens: lo fits (or is 0), hi does not
     start = max(1, -(-min(chunk, 2**20) // cp))
-    if plan_score(m, start * cp, chunk, gpus, cp, assume, backend).peak_bytes > limit:
+    if plan_score(m, start * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes > limit:
         return 0
     lo = start
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        fits = plan_score(m, mid * cp, chunk, gpus, cp, assume, backend).peak_bytes <= limit
+        fits = plan_score(m, mid * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes <= limit
         lo, hi = (mid, hi) if fits else (lo, mid)
     return lo * cp

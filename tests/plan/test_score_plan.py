@@ -54,5 +54,10 @@ def test_plan_score_command(capsys):
     out = capsys.readouterr().out
     assert "DSA caches" in out and "16.52 GiB" in out  # 11 layers x 1M x (512 + 2 x 128 + 1) x 2 bytes
     assert "does not fit" in out and "longest region that fits: " in out
+    small = ["plan", "--model", "glm53-flash", "--score", "1M", "--chunk", "4k", "--gpus", "8", "--json"]
+    assert main(small) == 0 and main([*small, "--set", "memory.dsa_block_queries=256"]) == 0
+    default, blocks = (json.loads(o) for o in capsys.readouterr().out.replace("}\n{", "}\n\0{").split("\0"))
+    assert blocks["breakdown"]["activations"] < default["breakdown"]["activations"] / 2  # the gathered rows
+    assert blocks["breakdown"]["dsa_caches"] == default["breakdown"]["dsa_caches"]
     assert main(["plan", "--model", "glm53-flash", "--score", "1M", "--fit"]) != 0
     assert "--fit and --seq-len are for training plans" in capsys.readouterr().err
