@@ -114,7 +114,8 @@ class ScorePlan:
 
 
 def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,
-               assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> ScorePlan:
+               assume: Assumptions | None = None, backend: str = "fla",
+               memory: MemoryConfig | None = None) -> ScorePlan:
     """Peak bytes per device of scoring a `tokens`-long region: streamed in chunks of `chunk` tokens
     (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks.
     `memory`: block sizes (default: the trainer's)."""
