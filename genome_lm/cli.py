@@ -45,8 +45,8 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Launch(Params):
-    """Where `train` and `eval` run: one process, N local processes, or Ray."""
+class Workers(Params):
+    """Where `score` runs: one process, N local processes, or Ray."""
 
     nproc: int | None = Field(default=None, ge=1, json_schema_extra={"metavar": "N"},
                               description="run on N local processes (torch elastic launcher; one per GPU, gloo on "
@@ -54,6 +54,11 @@ class Launch(Params):
     ray: str | None = Field(default=None, json_schema_extra={"const": "", "metavar": "ADDRESS"},
                             description="run under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a "
                             "local Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
+
+
+class Launch(Workers):
+    """Where `train` and `eval` run, and how: also a dry run, and restarts."""
+
     dry_run: bool = Field(default=False, description="check everything on the meta device and print the layout "
                           "and memory per rank; runs nothing, needs no GPU")
     max_restarts: int = Field(default=0, ge=0, json_schema_extra={"metavar": "N"},
@@ -222,6 +227,23 @@ def _eval(args) -> None:
     print(format_summary(s, cfg.out))
 
 
+def _score(args) -> None:
+    from genome_lm.score.params import ScoreParams
+
+    p, run = from_args(ScoreParams, args), from_args(Workers, args)
+    if run.ray is not None or (run.nproc or 1) > 1:
+        from genome_lm.score.launch import launch
+
+        s = launch(p, run.nproc, ray=run.ray)
+    else:
+        from genome_lm.score.run import score
+
+        s = score(p)
+    print(f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
+          + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
+             if s["longer_than_trained"] else ""))
+
+
 def _compare(args) -> None:
     from genome_lm.eval import format_table, write_compare
 
@@ -296,6 +318,7 @@ class Command:
 
 
 PREPARE, EVAL = "genome_lm.genome.prepare_params:PrepareParams", "genome_lm.eval.config:EvalConfig"
+SCORE = "genome_lm.score.params:ScoreParams"
 COMMANDS = {
     "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
                     "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
@@ -310,6 +333,8 @@ COMMANDS = {
                       "directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),
+    "score": Command(_score, "per-base log-probs (and embeddings) of FASTA regions at any length, chunk by chunk "
+                     "with the model's state carried (equal to one pass)", (SCORE, Workers), files=SCORE),
     "compare": Command(_compare, "paired comparison of two evals of the same windows, by context bucket (or of "
                        "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
     "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
