@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
-from genome_lm.settings import STREAMING_CHUNK_TOKENS
+from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size
 
 Layers = Annotated[list[int], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]
@@ -33,14 +33,23 @@ class ScoreParams(BlockSizes):
     pool: Literal["none", "mean"] | Size = Field(default="none", description="embeddings per base ('none'), one "
                                                  "mean per region ('mean'), or the mean of every STRIDE bases (a "
                                                  "number, e.g. 128)")
-    chunk: Size = Field(default=STREAMING_CHUNK_TOKENS, description="tokens per streaming chunk (KDA states and "
-                        "DSA caches carried between chunks: the output does not depend on it)")
+    chunk: Size = Field(default=STREAMING_CHUNK_TOKENS, description="tokens per streaming chunk, a multiple of 64 "
+                        "(KDA states and DSA caches carried between chunks: the output does not depend on it)")
     dtype: Literal["float32", "bfloat16"] | None = Field(default=None, description="float32 or bfloat16 "
                                                          "(default: float32 on CPU, bfloat16 on CUDA)")
     device: str | None = Field(default=None, description="cuda / cpu (default: cuda if available)")
     cp: int = Field(default=1, gt=0, description="context parallelism with --nproc/--ray: each region is split "
                     "into C contiguous slabs, one per process")
     overwrite: bool = False
+
+    @field_validator("chunk")
+    @classmethod
+    def _whole_kda_chunks(cls, v: int) -> int:
+        if v % DEFAULTS.kda_chunk_size:
+            k = DEFAULTS.kda_chunk_size
+            raise ValueError(f"{v} is not a multiple of {k} (the KDA chunk): chunks must end where the one-pass "
+                             f"forward's KDA blocks do, for bfloat16 to equal it; use {max(k, v // k * k)}")
+        return v
 
     def stride(self) -> int | None:
         """Bases per pooled embedding row: 1 for 'none', None for one row per region ('mean')."""

@@ -182,6 +182,7 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
     split over its CP group (`engine.whole`), and gathers the rows on rank 0."""
     from genome_lm.eval import sharded
     from genome_lm.genome.tokenizer import N_ID, reverse_complement
+    from genome_lm.parallel import callbacks
     from genome_lm.progress import progress
     from genome_lm.score.engine import head_weight, stream, whole
     from genome_lm.score.outputs import embedding_files
@@ -199,12 +200,15 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
             yield c
 
     lengths = np.array([r.end - r.start for r in regions], dtype=np.int64) * len(strands)
+    written: list[int] = []
     with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"score {Path(p.out).name}",
                   "bases", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
         def write(i: int, by_strand: dict) -> None:
             assert work is not None, "one process, or rank 0 of a launch, writes"
             _write_region(work, i, regions[i], files, int(rows[i]), p.stride(), by_strand)
             bar.update(int(lengths[i]))
+            written.append(i)
+            callbacks.after_step(len(written), par.rank, 0)  # a region done (tests kill a score here)
 
         if not par.distributed:
             for i in todo:
