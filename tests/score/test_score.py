@@ -163,3 +163,26 @@ def test_bad_input_is_one_line(inputs, tmp_path, capsys, bed, extra, message):
 
     assert re.search(message, err), err
     assert not out.exists()
+
+
+def _score_on_ranks(rank: int, world: int, p: dict) -> None:
+    score(ScoreParams(**p), show_progress=False)
+
+
+def test_two_processes_with_cp_2_equal_one_process(inputs, scored, tmp_path):
+    """`--nproc 2 --cp 2` (FSDP2 + each region in one forward split over 2 gloo processes) against the one
+    process of `scored` (streamed): the same rows, log-probs and embeddings within 1e-4."""
+    from tests.helpers import spawn
+
+    out = tmp_path / "cp2"
+    spawn(_score_on_ranks, 2, params(inputs, out, strands="both", embeddings=[0, 5], cp=2).model_dump(mode="json"),
+          timeout=240)
+    got, want = (pq.read_table(d / "logp").to_pandas() for d in (out, scored))
+    pd.testing.assert_frame_equal(got[["region", "chrom", "pos", "strand"]], want[["region", "chrom", "pos", "strand"]])
+    for col in ("logp", "logp_a", "logp_c", "logp_g", "logp_t"):
+        np.testing.assert_array_equal(np.isnan(got[col]), np.isnan(want[col]))
+        ok = ~np.isnan(want[col].to_numpy())
+        assert_close(col, got[col].to_numpy()[ok], want[col].to_numpy()[ok], 1e-4)
+    for name in ("layer0.forward.npy", "layer5.reverse.npy"):
+        a, b = (np.load(d / "embeddings" / name).astype(np.float32) for d in (out, scored))
+        assert_close(name, a, b, 2e-3)  # float16 rows: one rounding step
