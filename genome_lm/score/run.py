@@ -96,16 +96,17 @@ def score_inputs(p: ScoreParams) -> list[Path]:
 
 
 def trained_context(checkpoint: str) -> int | None:
-    """The training seq_len of a run's checkpoint (RUN/config.yaml beside RUN/checkpoints/), else None."""
+    """The training seq_len of a run's checkpoint (RUN/config.yaml of RUN/checkpoints/step_N[/model]), else None."""
     import yaml
 
     from genome_lm.sizes import parse_size
 
-    config = Path(checkpoint).resolve().parent.parent / "config.yaml"
-    try:
-        return parse_size(yaml.safe_load(config.read_text())["data"]["seq_len"])
-    except (OSError, KeyError, TypeError, ValueError, GenomeLMError, yaml.YAMLError):
-        return None
+    for run in Path(checkpoint).resolve().parents[1:3]:
+        try:
+            return parse_size(yaml.safe_load((run / "config.yaml").read_text())["data"]["seq_len"])
+        except (OSError, KeyError, TypeError, ValueError, GenomeLMError, yaml.YAMLError):
+            continue
+    return None
 
 
 def rows_of(regions: list[Region], stride: int | None) -> np.ndarray:

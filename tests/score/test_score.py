@@ -186,3 +186,18 @@ def test_two_processes_with_cp_2_equal_one_process(inputs, scored, tmp_path):
     for name in ("layer0.forward.npy", "layer5.reverse.npy"):
         a, b = (np.load(d / "embeddings" / name).astype(np.float32) for d in (out, scored))
         assert_close(name, a, b, 2e-3)  # float16 rows: one rounding step
+
+
+def test_regions_longer_than_the_trained_context_are_named(inputs, tmp_path, capsys):
+    import shutil
+
+    last = tmp_path / "run" / "checkpoints" / "last"
+    shutil.copytree(inputs.ckpt, last / "model")
+    (tmp_path / "run" / "config.yaml").write_text("data:\n  seq_len: 256\n")
+    (tmp_path / "two.bed").write_text("chr1\t100\t400\tfirst\nchr2\t0\t200\n")
+    out = tmp_path / "o"
+    assert main(["score", "--checkpoint", str(last), "--fasta", str(inputs.fasta), "--regions",
+                 str(tmp_path / "two.bed"), "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["trained_context"], s["longer_than_trained"]) == (256, ["first"])
+    assert capsys.readouterr().out.strip().endswith("longer than the trained context (256): first")
