@@ -11,7 +11,7 @@
 
 Everything is written into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs)
 and moved into a new OUT (`files.atomic_directory`) when the last region is done. A region is complete when
-its Parquet file is renamed into place and `done/rN` exists, after its embedding rows are flushed; a
+its Parquet file is renamed into place and `done/NNNNNN` exists, after its embedding rows are flushed; a
 rerun with the same inputs skips the completed regions and scores the others again; other inputs are
 refused while the work folder exists.
 """
@@ -57,7 +57,7 @@ def open_work(out: Path, key: dict) -> tuple[Path, set[int]]:
             f.write(json.dumps(key, indent=1))
     (work / "logp").mkdir(exist_ok=True)
     (work / "embeddings").mkdir(exist_ok=True)
-    return work, {int(p.name[1:]) for p in (work / "done").iterdir()}
+    return work, {int(p.name) for p in (work / "done").iterdir()}
 
 
 def embedding_files(work: Path, layers: list[int], strands: list[str], rows: int, width: int) -> dict:
@@ -115,4 +115,4 @@ class RegionWriter:
         for m in self.files.values():
             m.flush()
         self.tmp.replace(self.path)
-        (self.work / "done" / f"r{self.index}").touch()
+        (self.work / "done" / f"{self.index:06d}").touch()

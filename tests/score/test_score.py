@@ -127,7 +127,7 @@ def test_killed_score_resumes_region_by_region(inputs, scored, tmp_path, caplog)
     assert proc.exitcode == -9 and not out.exists()
     work = work_dir_for(out)
     kept = work / "logp" / "r000000.parquet"
-    assert sorted(x.name for x in (work / "done").iterdir()) == ["r0"] and kept.is_file()
+    assert sorted(x.name for x in (work / "done").iterdir()) == ["000000"] and kept.is_file()
     assert main(["score", "--checkpoint", str(inputs.ckpt), "--fasta", str(inputs.fasta), "--regions",
                  str(inputs.bed), "--chunk", "512", "--out", str(out)]) == 2  # other inputs: refused, work kept
     stamp = kept.stat().st_mtime_ns
