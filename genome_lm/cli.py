@@ -288,12 +288,19 @@ def storage_message(e: OSError, out: str | None = None) -> str:
 
 
 def _kept(args) -> str:
-    """What a fetch or an eval that stopped early keeps for a rerun: the downloads' `.part` files, the
-    eval's per-window cache (`eval/cache.py`)."""
+    """What a fetch, an eval or a score that stopped early keeps for a rerun: the downloads' `.part` files, the
+    eval's per-window cache (`eval/cache.py`), the score's completed regions (`score/outputs.py`)."""
     if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
         parts = sorted(p.name for p in Path(args.out).glob("*.part"))
         return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
+    if args.command == "score" and getattr(args, "out", None):
+        from genome_lm.score.outputs import work_dir_for
+
+        done = work_dir_for(Path(args.out)) / "done"
+        n = len(list(done.iterdir())) if done.is_dir() else 0
+        return (f"; the {n} region(s) scored so far are kept in {done.parent}, and the same score command resumes "
+                "from them") if n else ""
     if args.command != "eval" or not getattr(args, "out", None):
         return ""
     from genome_lm.eval.cache import cache_dir_for

@@ -201,3 +201,18 @@ def test_regions_longer_than_the_trained_context_are_named(inputs, tmp_path, cap
     s = json.loads((out / "summary.json").read_text())
     assert (s["trained_context"], s["longer_than_trained"]) == (256, ["first"])
     assert capsys.readouterr().out.strip().endswith("longer than the trained context (256): first")
+
+
+class _StopAfter:
+    def __call__(self, step: int, rank: int, attempt: int) -> None:
+        raise KeyboardInterrupt
+
+
+def test_interrupted_score_says_what_it_keeps(inputs, tmp_path, capsys, step_callbacks):
+    step_callbacks(_StopAfter())
+    out = tmp_path / "i"
+    assert main(["score", "--checkpoint", str(inputs.ckpt), "--fasta", str(inputs.fasta), "--regions",
+                 str(inputs.bed), "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip().endswith(
+        f"interrupted; the 1 region(s) scored so far are kept in {tmp_path / '.i.score-work'}, and the same score "
+        "command resumes from them")
