@@ -8,11 +8,28 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
+from genome_lm.errors import GenomeLMError
 from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
-from genome_lm.sizes import Size
+from genome_lm.sizes import Size, parse_size
 
 Layers = Annotated[list[int], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]
                                               if isinstance(v, str) else v)]  # '0,5' (a flag) or a YAML list
+
+
+def _pool(v):
+    """'none', 'mean', or a stride of bases >= 1 ('128', 128, '1k')."""
+    if v in ("none", "mean"):
+        return v
+    try:
+        stride = parse_size(v) if isinstance(v, (str, int)) and not isinstance(v, bool) else 0
+    except GenomeLMError:
+        stride = 0
+    if stride < 1:
+        raise ValueError(f"use none, mean or a stride in bases (a whole number >= 1, e.g. 128), not {v!r}")
+    return stride
+
+
+Pool = Annotated[Literal["none", "mean"] | int, BeforeValidator(_pool)]
 STRANDS = {"forward": ["+"], "reverse": ["-"], "both": ["+", "-"]}
 
 
@@ -30,14 +47,15 @@ class ScoreParams(BlockSizes):
     embeddings: Layers = Field(default=[], json_schema_extra={"metavar": "LAYERS"},
                                description="also write the residual stream after these decoder layers "
                                "(0-based, comma-separated), mean over the hyper-connection streams, float16")
-    pool: Literal["none", "mean"] | Size = Field(default="none", description="embeddings per base ('none'), one "
+    pool: Pool = Field(default="none", description="embeddings per base ('none'), one "
                                                  "mean per region ('mean'), or the mean of every STRIDE bases (a "
                                                  "number, e.g. 128)")
     chunk: Size = Field(default=STREAMING_CHUNK_TOKENS, description="tokens per streaming chunk, a multiple of 64 "
                         "(KDA states and DSA caches carried between chunks: the output does not depend on it)")
     dtype: Literal["float32", "bfloat16"] | None = Field(default=None, description="float32 or bfloat16 "
                                                          "(default: float32 on CPU, bfloat16 on CUDA)")
-    device: str | None = Field(default=None, description="cuda / cpu (default: cuda if available)")
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda(:\d+)?)$",
+                               description="cuda / cpu / cuda:N (default: cuda if available)")
     cp: int = Field(default=1, gt=0, description="context parallelism with --nproc/--ray: each region is split "
                     "into C contiguous slabs, one per process")
     overwrite: bool = False

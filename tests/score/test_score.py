@@ -150,12 +150,16 @@ def test_killed_score_resumes_region_by_region(inputs, scored, tmp_path, caplog)
     ("# nothing\n", [], r"holds no region"),
     ("chr1\t0\t50\n", ["--embeddings", "6"], r"--embeddings 6: the model has decoder layers 0 to 5"),
     ("chr1\t0\t50\n", ["--chunk", "100"], r"100 is not a multiple of 64 \(the KDA chunk\).*use 64"),
+    ("chr1\t0\t50\n", ["--device", "gpu"], r"--device: String should match pattern"),
+    ("chr1\t0\t50\n", ["--pool", "0"], r"--pool: use none, mean or a stride in bases .* not '0'"),
+    (None, [], r"region chrUn \(chrUn:0-80\) is all N"),  # no --regions: every contig
 ])
 def test_bad_input_is_one_line(inputs, tmp_path, capsys, bed, extra, message):
-    (tmp_path / "bad.bed").write_text(bed)
+    if bed is not None:
+        (tmp_path / "bad.bed").write_text(bed)
+        extra = ["--regions", str(tmp_path / "bad.bed"), *extra]
     out = tmp_path / "o"
-    code = main(["score", "--checkpoint", str(inputs.ckpt), "--fasta", str(inputs.fasta), "--regions",
-                 str(tmp_path / "bad.bed"), "--out", str(out), *extra])
+    code = main(["score", "--checkpoint", str(inputs.ckpt), "--fasta", str(inputs.fasta), "--out", str(out), *extra])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("genome-lm score: error: ") or "argument" in err
@@ -216,3 +220,12 @@ def test_interrupted_score_says_what_it_keeps(inputs, tmp_path, capsys, step_cal
     assert capsys.readouterr().err.strip().endswith(
         f"interrupted; the 1 region(s) scored so far are kept in {tmp_path / '.i.score-work'}, and the same score "
         "command resumes from them")
+
+
+def test_without_regions_every_contig_is_one(inputs, tmp_path):
+    (tmp_path / "two.fa").write_text(f">chrA\n{inputs.seqs['chr1'][:100]}\n>chrB\n{inputs.seqs['chr2'][:60]}\n")
+    p = ScoreParams(checkpoint=str(inputs.ckpt), fasta=str(tmp_path / "two.fa"), out=str(tmp_path / "o"))
+    assert score(p, show_progress=False)["bases"] == 160
+    t = pq.read_table(tmp_path / "o" / "logp").to_pandas()
+    assert t.groupby("region").pos.agg(["min", "max"]).to_dict("index") == {"chrA": {"min": 0, "max": 99},
+                                                                            "chrB": {"min": 0, "max": 59}}
