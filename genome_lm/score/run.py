@@ -198,6 +198,8 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
         seq = torch.from_numpy(tokens if strand == "+" else reverse_complement(tokens)).long()  # [T]
         for c in (whole if par.distributed else stream)(model, lut[seq], lut[:4], p.chunk, p.embeddings, weight):
             c.logp[seq[c.start : c.start + len(c.logp)].to(c.logp.device) == N_ID] = float("nan")  # N: no base
+            if not par.distributed:
+                bar.update(len(c.logp))  # a launch counts each region when rank 0 has it
             yield c
 
     lengths = np.array([r.end - r.start for r in regions], dtype=np.int64) * len(strands)
@@ -207,7 +209,8 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
         def write(i: int, by_strand: dict) -> None:
             assert work is not None, "one process, or rank 0 of a launch, writes"
             _write_region(work, i, regions[i], files, int(rows[i]), p.stride(), by_strand)
-            bar.update(int(lengths[i]))
+            if par.distributed:
+                bar.update(int(lengths[i]))
             written.append(i)
             callbacks.after_step(len(written), par.rank, 0)  # a region done (tests kill a score here)
 
@@ -246,6 +249,7 @@ def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.n
 
     assert work is not None, "rank 0 holds the work folder"
     with atomic_directory(p.out, "score", score_inputs(p), overwrite=p.overwrite) as tmp:
+        (work / "key.json").unlink()  # files leave the work folder: after a failure here a rerun starts anew
         for name in ("logp", "embeddings"):
             (work / name).replace(tmp / name)
         table: dict = {k: [getattr(r, k) for r in regions] for k in ("name", "chrom", "start", "end")}

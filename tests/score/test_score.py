@@ -173,6 +173,7 @@ def _score_on_ranks(rank: int, world: int, p: dict) -> None:
     score(ScoreParams(**p), show_progress=False)
 
 
+@pytest.mark.slow  # 20-50 s: two spawned processes import torch and build the model
 def test_two_processes_with_cp_2_equal_one_process(inputs, scored, tmp_path):
     """`--nproc 2 --cp 2` (FSDP2 + each region in one forward split over 2 gloo processes) against the one
     process of `scored` (streamed): the same rows, log-probs and embeddings within 1e-4."""
