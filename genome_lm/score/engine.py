@@ -117,15 +117,25 @@ def stream(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Seq
 def whole(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Sequence[int], weight: torch.Tensor
           ) -> Iterator[Chunk]:
     """The same `Chunk`s from one parallel forward over all of `ids` [T]: the path of a context-parallel
-    model (`model.cp`), whose CP group splits the sequence into slabs and gathers the hidden states."""
+    model (`model.cp`), whose CP group splits the sequence into slabs; each rank scores its slab (the previous
+    slab's last hidden state scores its first token), and the rows and embeddings are gathered."""
     from genome_lm.model.cp import gather_seq
 
+    ids = ids.to(model.device)
     with captured(model, list(layers)) as out:
-        hidden = model(ids[None].to(model.device), return_hidden=True).hidden_states  # [1, T_r, D]
-    if model.cp is not None:
-        lengths, group = model.cp.lengths, model.cp.group
-        hidden, out = gather_seq(hidden, lengths, group), {i: gather_seq(out[i], lengths, group) for i in layers}
-    ids, cols = ids.to(hidden.device), cols.to(hidden.device)
-    logp, acgt = _first_unscored(*log_probs(hidden[0, :-1], weight, cols, ids[1:], model.loss_chunk_tokens))
+        hidden = model(ids[None], return_hidden=True).hidden_states[0]  # [T_r, D]: this rank's slab
+    cp = model.cp
+    s = cp.start if cp is not None else 0
+    if cp is not None and cp.size > 1:
+        lasts = gather_seq(hidden[None, -1:], [1] * cp.size, cp.group)[0]  # [cp, D]: each slab's last
+        hidden = hidden if s == 0 else torch.cat([lasts[cp.rank - 1 : cp.rank], hidden])  # [T_r (+ 1), D]
+    logp, acgt = log_probs(hidden[:-1], weight, cols.to(ids.device), ids[max(s, 1) : s + len(hidden) - (s > 0)],
+                           model.loss_chunk_tokens)
+    rows = torch.cat([logp[:, None], acgt], dim=1)  # [T_r (- 1), 5]
+    rows = torch.cat([rows.new_full((1, 5), float("nan")), rows]) if s == 0 else rows  # nothing precedes token 0
+    if cp is not None and cp.size > 1:
+        rows = gather_seq(rows[None], cp.lengths, cp.group)[0]  # [T, 5]
+        out = {i: gather_seq(out[i], cp.lengths, cp.group) for i in layers}
     for t0 in range(0, ids.shape[0], chunk):
-        yield Chunk(t0, logp[t0 : t0 + chunk], acgt[t0 : t0 + chunk], {i: out[i][0, t0 : t0 + chunk] for i in layers})
+        yield Chunk(t0, rows[t0 : t0 + chunk, 0], rows[t0 : t0 + chunk, 1:], {i: out[i][0, t0 : t0 + chunk]
+                                                                             for i in layers})
