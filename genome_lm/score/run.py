@@ -11,6 +11,7 @@ folder's files into OUT with regions.parquet and summary.json. Formats and resum
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -128,16 +129,10 @@ def score(p: ScoreParams, show_progress: bool | None = None, device: torch.devic
     sharded.layout(p.cp, world)
     par = init_parallel(ParallelConfig(cp=p.cp), sharded.device_for(p, device, world))
     try:
-        with holding(p.out, "score") if par.is_main else _nothing():
+        with holding(p.out, "score") if par.is_main else contextlib.nullcontext():
             return _score(p.model_copy(update={"dtype": resolve_dtype(p.dtype, par.device)}), par, show_progress, t0)
     finally:
         par.shutdown()
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
