@@ -50,7 +50,7 @@ class Workers(Params):
 
     nproc: int | None = Field(default=None, ge=1, json_schema_extra={"metavar": "N"},
                               description="run on N local processes (torch elastic launcher; one per GPU, gloo on "
-                              "CPU); with --dry-run: the per-rank shapes and memory on N GPUs")
+                              "CPU)")
     ray: str | None = Field(default=None, json_schema_extra={"const": "", "metavar": "ADDRESS"},
                             description="run under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a "
                             "local Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
@@ -60,7 +60,7 @@ class Launch(Workers):
     """Where `train` and `eval` run, and how: also a dry run, and restarts."""
 
     dry_run: bool = Field(default=False, description="check everything on the meta device and print the layout "
-                          "and memory per rank; runs nothing, needs no GPU")
+                          "and memory per rank (with --nproc N: on N GPUs); runs nothing, needs no GPU")
     max_restarts: int = Field(default=0, ge=0, json_schema_extra={"metavar": "N"},
                               description="restart the workers up to N times after a failure (a lost worker, a "
                               "preempted one, a hang the watchdog aborted); each restart resumes from the newest "
