@@ -22,7 +22,7 @@ version, the supported range and the fix:
 `requirements.lock` (`tests/model/test_contract.py` keeps the three equal). `make test-upstream`
 runs this check on the newest release before the lock moves.
 
-The rehearsal (`train/rehearse.py`) relies on private torch in the same way: it subclasses
+The rehearsal (`plan/rehearse.py`) relies on private torch in the same way: it subclasses
 `FSDPMemTracker` (`torch.distributed._tools`), replaces its `_update_peak_stats` and reads its
 tracker state and its `ModTracker`; its fake process group's backend is registered by importing
 `FakeStore` (`torch.testing._internal`; no public module registers it). `check_torch()` checks

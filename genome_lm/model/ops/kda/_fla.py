@@ -22,7 +22,7 @@ torch and einops.
 
 Where the fla backend finds its functions is the KDA modules' `fla` setting, a `FlaKernels`:
 `FLA` (the default) imports fla's own; `FlaKernels(stand_ins)` returns stand-ins by "module.name"
-instead, on any device. The rehearsal (`genome_lm.train.rehearse`) sets the fake implementations
+instead, on any device. The rehearsal (`genome_lm.plan.rehearse`) sets the fake implementations
 of `fake_fla.py` through its `ValueSource` (`model/values.py`), so fla's call contract runs on fake
 tensors.
 """

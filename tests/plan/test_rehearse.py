@@ -9,7 +9,7 @@ import pytest
 from genome_lm.config import load_experiment, parse_experiment
 from genome_lm.plan.command import PlanParams, build
 from genome_lm.plan.planner import make_plan
-from genome_lm.train.rehearse import rehearse
+from genome_lm.plan.rehearse import rehearse
 
 EXPERIMENT = "experiments/glm53flash_512k_64xb200.yaml"
 GiB = 2**30
