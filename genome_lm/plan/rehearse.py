@@ -129,14 +129,6 @@ class Rehearsal:
     notes: list[str] = field(default_factory=list)
     peaks: list[Peak] = field(default_factory=list)  # the highest of each (phase, module), highest first
 
-    def phase_peak(self, phase: str, module: str) -> Peak:
-        """The highest peak of `phase` ("forward", "backward", "optimizer step") in `module` or below it."""
-        inside = [p for p in self.peaks if p.phase == phase and (p.module == module or
-                                                                   p.module.startswith(module + "."))]
-        if not inside:
-            raise KeyError(f"no {phase} peak recorded in {module}")
-        return inside[0]
-
     @property
     def difference(self) -> float:
         """(rehearsal - planner) / rehearsal; for a rehearsal with a `plan`."""
