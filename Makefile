@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 LOCK := requirements.lock
 LOCK_PYTHON := 3.11
 
-.PHONY: setup compiled lock demo test test-interpret test-faults test-gpu test-browser chromium test-all test-upstream gpu-kit lint typecheck bench clean
+.PHONY: setup compiled lock demo test test-slow test-interpret test-faults test-gpu test-browser chromium test-all test-upstream gpu-kit lint typecheck bench clean
 .DEFAULT_GOAL := demo
 
 $(BIN)/python:
@@ -53,6 +53,11 @@ demo: setup
 
 test: compiled
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The slow tier (-m slow): the 256k rehearsal, the planner's bound on eight more drawn layouts, the
+# calibration's sequence lengths x strategies, and the longer parallel cases (about half an hour on 2 cores).
+test-slow: compiled
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 # fla's Triton kernels on CPU tensors under Triton's interpreter (tests/interpret; docs/testing.md).
 # The triton wheel goes into its own folder, on PYTHONPATH for this tier only: importable from the

@@ -163,11 +163,13 @@ def _prepare(args) -> None:
 
 def _train(args) -> None:
     from genome_lm.config import load_experiment
-    from genome_lm.train import dry_run, train
+    from genome_lm.train import train
 
     p, run = from_args(TrainParams, args), from_args(Launch, args)
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
+        from genome_lm.plan.train_dry_run import dry_run
+
         _planned_peak(p, dry_run(cfg, world=run.nproc))
     elif run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.parallel.launch import run_local, run_ray

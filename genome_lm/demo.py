@@ -1,23 +1,13 @@
-"""`make demo`: the bundled default, end to end, on the synthetic genome, CPU only.
+"""`make demo` (`genome-lm demo [--quick] [--root .] [--set NAME=VALUE ...]`, NAME a Recipe field):
+the bundled default, end to end, on the synthetic genome, CPU only.
 
-    synthetic genome -> prepare (train chr1+chr2, eval chr22) -> train the base model at short
-    context -> evaluate it -> fine-tune it at long context -> evaluate -> fine-tune it on as many
-    tokens at the base's short context (the compute-matched control) -> evaluate -> compare the
-    three pairwise -> report
+    synthetic genome -> prepare (train chr1+chr2, eval chr22) -> base model at short context ->
+    long-context fine-tune -> short-context fine-tune on as many tokens (the compute-matched control)
+    -> evaluate each -> compare the three pairwise -> report
 
-The long- minus short-context fine-tune is the gain attributable to context; the long-context
-fine-tune minus the base also holds what more training alone does (short minus base).
-
-With `--set extra_seeds=2,3` both fine-tunes are trained again with those seeds (data.seed =
-train.seed) from the same base, and the three comparisons are also made pooled over the seeds
-(evals/TAG_A_vs_B_seeds), with CIs that cover the spread between them (`eval/replicates.py`); the
-other outputs are reused.
-
-Each step is skipped when its output is already complete, so a rerun is quick. `--quick` runs a
-smaller version of every step (a few minutes; the test suite runs it).
-
-    genome-lm demo [--quick] [--root .] [--set NAME=VALUE ...]   (NAME: a Recipe field)
-"""
+`--set extra_seeds=2,3` trains both fine-tunes again with those seeds and adds comparisons pooled
+over seeds (`eval/replicates.py`). A step whose output is complete is skipped; `--quick` runs a
+smaller version of every step (the test suite runs it)."""
 
 from __future__ import annotations
 

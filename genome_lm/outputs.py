@@ -1,33 +1,17 @@
-"""Output folders a command owns: it writes only into an output it made, and `--overwrite`
-replaces only such an output, made by the same kind of command.
+"""Output folders a command owns: it writes only into an output it made, and `--overwrite` replaces
+only such an output, made by the same kind of command.
 
-Every output folder genome_lm writes holds `.genome_lm.json`, its marker:
+Each output folder holds a marker, `.genome_lm.json`:
+`{"kind": "eval", "entries": ["summary.json", "tokens.parquet"], "inputs": ["/abs/ckpt", ...]}`.
+`claim_output` refuses, in one line and before any work, to replace the working directory, one of
+its parents, home or a root; a folder that is or holds one of the command's inputs; an unmarked
+folder (unless it holds exactly an output of the kind, `SIGNATURES`), a file, or a marked folder of
+another kind; a marked folder that also holds files the command did not write.
 
-    {"kind": "eval", "entries": ["summary.json", "tokens.parquet"], "inputs": ["/abs/ckpt", "/abs/shards"]}
-
-`kind` is what made it (`KINDS`), `entries` the top-level names it wrote, `inputs` what it read.
-`claim_output` runs before any work starts and refuses, in one line, to replace:
-
-- the working directory, one of its parents, the home directory or a filesystem root;
-- a folder that is, or holds, one of the command's inputs (the shards being scored, the FASTA
-  being prepared, the eval being compared);
-- a folder without a marker (made by hand, or by another program), a file, or a marked folder
-  of another kind (a run directory, shards, an eval, a model). An unmarked folder that holds
-  exactly what an output of the kind holds (`SIGNATURES`: an eval's `summary.json` and
-  `tokens.parquet`, ...) counts as one, as outputs of genome_lm versions before the marker do;
-- a marked folder of the right kind that now also holds files the command did not write.
-
-`atomic_directory` (utils) writes the marker into the new folder before renaming it into place.
-
-One writer per output: `claim_output` (and `lock_output`, for the outputs that are files or a demo's
-root) first takes an exclusive `fcntl.flock` on `PARENT/.NAME.lock`, which records the holder
-(command, pid, host, start time) and stays held until the command ends (`holding`, `release_all`). A
-second command is refused in one line naming the holder. A lock file left by a process that is gone
-(same host, pid not running) is taken over with a warning; one that names another host is refused,
-with the file to remove if that process is gone. flock is honoured by local filesystems and by NFSv4
-and Lustre (mounted with flock) across nodes. The workers of a launch (`RANK` set) run under their
-launcher's lock: `HOLDER_ENV` names it.
-"""
+One writer per output: `claim_output` (and `lock_output`) take an exclusive `fcntl.flock` on
+`PARENT/.NAME.lock`, which records the holder and is held until the command ends (`holding`,
+`release_all`). A second command is refused naming the holder; a lock left by a gone process on this
+host is taken over with a warning. Workers of a launch run under their launcher's lock (`HOLDER_ENV`)."""
 
 from __future__ import annotations
 

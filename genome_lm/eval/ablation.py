@@ -1,32 +1,15 @@
-"""Context ablation: the same target tokens scored with exactly L preceding tokens, for each L.
+"""Context ablation (`eval --context 1k,2k,4k [--ablation-targets n]`): the same target tokens scored
+with exactly L preceding tokens, for each L, so differences between lengths are paired.
 
-    genome-lm eval ... --context 1k,2k,4k [--ablation-targets 512]
+Per window the targets are its last n tokens [t0, end) (default n = length // 8); for each L tokens
+[t0 - L, end) are one sequence and only the targets are scored. Windows with t0 < max(L) take no
+part (counted in `summary.json`); an L past every window's t0, L < 1, L + n past `--seq-len`, or n
+not below the window length is a `GenomeLMError`. The forward strand only. Engines: "parallel" (one
+forward over L + n tokens, the prefix's labels -100) and "streaming" (`StreamingScorer`: the prefix
+through `hidden_step`, then the targets through `step`; nothing is shared between two L).
 
-Position in a window confounds context with everything else that varies along it. The ablation
-fixes a target set per window, its last n tokens [t0, end) (t0 = length - n; n =
-`--ablation-targets`, default length // 8: the final 1/8 of the window), and for each L in
-`--context` feeds tokens [t0 - L, end) of the window as one sequence, keeping only the targets'
-NLL: each target t then has L + (t - t0) tokens of context, the same for every window, and the
-same tokens are scored at every L, so the differences between lengths are paired.
-
-The ablation scores the windows as stored (the forward strand, also with `--strands both`).
-Which windows take part: those with t0 >= max(L) (a shorter window, e.g. a contig's tail, is
-left out of every L, so all L see the same windows; `summary.json` counts them). An L larger
-than every window's t0, L < 1, L + n beyond `--seq-len`, or n not below the window length is a
-`GenomeLMError` naming `--context` / `--ablation-targets`.
-
-Engines: "parallel", one forward over L + n tokens per L (the prefix's labels are -100, so only
-the targets are scored). "streaming" (`model.streaming.StreamingScorer`), per L the prefix in
-chunks through `hidden_step` (no LM head, no NLL for the prefix) and then the targets through
-`step`. The model's state at t0 depends on where the prefix starts, so nothing is shared between
-two L (a causal model's state cannot be trimmed at the front); what is saved is the LM head over
-the prefix, and an L equal to a window's t0 reuses the main pass when the window is one piece.
-Cost per window: sum over L of (L + n) tokens of forward.
-
-Output: `context_ablation.parquet`, one row per window taking part: window, chrom, start, end,
-strand (as tokens.parquet), target_start (= t0, int64), nll (list<list<float32>> [n_L][n]: the
-targets' NLL at each L, in `--context` order ascending; NaN = not scored, N bases).
-"""
+Output `context_ablation.parquet`, a row per window: window, chrom, start, end, strand, target_start
+(t0), nll (list<list<float32>> [n_L][n], `--context` ascending; NaN = not scored)."""
 
 from __future__ import annotations
 
@@ -227,20 +210,8 @@ class AblationStats:
         return place(out, self.strata, per)
 
 
-def compare_ablation(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int], resamples: int,
-                     seed: int) -> dict:
-    """compare.json's `context_ablation`: both evals' tables at the lengths both scored, over the
-    targets both scored at every such L, and per L the paired difference B - A (nats, and %), plus
-    `gain_difference`: per step from L_i to L_i+1, B's mean_delta minus A's (negative: B gains more
-    from the added context); the same per class of each stratum (`strata.py`: repeat, leakage,
-    annotations, the targets' masks as in compare's tables). `{"absent": why}` when the evals cannot
-    be paired."""
-    sums = ablation_sums(a, b, lengths_a, lengths_b)
-    return {"absent": sums} if isinstance(sums, str) else ablation_tables(sums, resamples, seed)
-
-
 def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
-    """Per-window sums of `compare_ablation`: (common lengths, strata, sa, sb float64 [W, 1 + 2 S, n_C],
+    """Per-window sums of compare.json's `context_ablation`: (common lengths, strata, sa, sb float64 [W, 1 + 2 S, n_C],
     counts int [W, 1 + 2 S]) over the targets both scored at every common L (all targets, then each
     stratum's classes), or a string saying why the evals cannot be paired."""
     a, b = Path(a), Path(b)
@@ -278,7 +249,9 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
 
 
 def ablation_tables(sums, resamples: int, seed: int) -> dict:
-    """`compare_ablation`'s dict from `ablation_sums`' tuple (or the pooled sums of replicate pairs)."""
+    """compare.json's `context_ablation` from `ablation_sums`' tuple (or the pooled sums of replicate pairs):
+    both evals' tables at the common lengths, per L the paired difference B - A, and `gain_difference`
+    (per step from L_i to L_i+1, B's mean_delta minus A's), also per class of each stratum."""
     common, strata, sa, sb, counts = sums
 
     def part(i: int) -> dict:

@@ -3,20 +3,12 @@
     ann = load_annotations(["rmsk_Alu.bed", "gencode_exons.bed.gz:exons"])
     inside = ann[0].mask("chr22", 10_000, 11_024, "+")     # bool [1024], token order
 
-Each file is one stratum named NAME (default: the file name without `.gz` and its last suffix,
-`rmsk_Alu.bed` -> `rmsk_Alu`): a token is "in" when its genomic coordinate lies in one of the
-file's intervals, "out" otherwise. Coordinates follow the project's one rule, which is BED's own:
-0-based, half-open, `[start, end)` on the forward strand (BED's strand column is ignored: a base is
-in an interval whichever strand is read). Token j of a window [start, end) is at `start + j` on
-'+' rows and `end - 1 - j` on '-' rows, so a '-' row's mask is the forward mask reversed.
-Chromosome names match as `prepare` matches them (`chrom_match_key`: 'chr22' == '22' == 'Chr22').
-
-Lines that are empty or start with '#', 'track' or 'browser' are skipped; the others need at
-least three fields (tab- or space-separated) with integer 0 <= start <= end (a zero-length
-interval holds no base). A missing file or a malformed line is a `GenomeLMError` naming the file,
-the line number and the flag. Intervals are merged per chromosome (sorted starts, overlaps and
-abutting intervals joined), so a window's mask is one `np.searchsorted` pair plus a cumulative sum.
-"""
+Each file is one stratum NAME (default: the file name without `.gz` and its last suffix): a token
+is "in" when its coordinate lies in one of the file's intervals (BED's 0-based half-open, strand
+column ignored); a '-' row's mask is the forward mask reversed. Chromosome names match as `prepare`
+matches them (`chrom_match_key`). Empty, '#', 'track' and 'browser' lines are skipped; others need
+three fields with integer 0 <= start <= end, else a `GenomeLMError` names the file, line and flag.
+Intervals are merged per chromosome, so a mask is one `np.searchsorted` pair and a cumulative sum."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """`genome-lm compare EVAL_A EVAL_B`: paired comparison of two evals of the same windows.
 
-Each token scored by both evals counts once, in the bucket of its preceding context (with
-different --seq-len, the context of the eval with the longer pieces). Per bucket, overall and
-by the class of each stratum (`strata.py`: repeat; leakage when either eval has the mask;
-each `--annotate` NAME of either eval; the masks of A where both have one):
-    diff           = mean_B - mean_A          (nats/token; negative: B is better)
-    rel_change_pct = 100 * (mean_B / mean_A - 1)
-with 95% CIs from a paired bootstrap over windows (the same drawn windows for A and B).
-`concentration` says where the gain is: each bucket's share of the total NLL reduction and
-the bucket with the largest relative gain.
-
-`genome-lm compare A1,A2,... B1,B2,...` compares replicates (models trained alike but for their
-seeds), A_i with B_i: every table above is over each token's NLL averaged over a side's replicates,
-and `replicates` (`replicates.py`) adds each pair's numbers and CIs over seeds as well as windows.
-"""
+Each token scored by both counts once, in the bucket of its preceding context (with different
+--seq-len, the longer pieces' context). Per bucket, overall and per class of each stratum
+(`strata.py`): diff = mean_B - mean_A (nats/token; negative: B better) and rel_change_pct =
+100 * (mean_B / mean_A - 1), with 95% CIs from a paired bootstrap over windows; `concentration`
+gives each bucket's share of the total reduction and the bucket with the largest relative gain.
+`A1,A2,... B1,B2,...` compares replicates (`replicates.py`)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
-"""The per-token output of an eval: `tokens.parquet`, one row per window.
+"""The per-token output of an eval: `tokens.parquet`, one row per window (columns: docs/architecture.md,
+On-disk formats).
 
-Columns: window (int64, row of the shard split), chrom, start, end (int64, 0-based half-open on
-the forward strand), strand ('+'/'-': the strand of the tokens scored), nll (list<float32> [L],
-nats; NaN = not scored), repeat_mask (list<uint8>, numpy.packbits of the per-token soft-mask
-flag, as in the shards); optional columns, present only when the eval has them:
-    leakage_mask        list<uint8>        packbits, when the shards have `prepare --leakage-k`'s mask
-    annotation_masks    list<list<uint8>>  one packbits mask per `--annotate` file, in the order of the
-                                           schema metadata `genome_lm.annotations` (JSON list of NAMEs)
-    reverse_complement  bool               with `--strands both`: True on the row that scored the
-                                           reverse complement of shard row `window` (it follows that
-                                           window's forward row, and its strand is the other one)
-
-Masks are in token order, like the NLL. Token j of a window maps to genome position `start + j`
-on '+' rows and `end - 1 - j` on '-' rows (which hold the reverse complement). Its preceding
-context is `j % seq_len` (seq_len from summary.json's config). One row group per row, so
-readers stream window by window. Every data page carries a CRC32 checksum that the readers here
-verify: a changed byte is a "damaged" error naming the file, not a changed number.
-"""
+window (int64, row of the shard split), chrom, start, end (0-based half-open, forward strand),
+strand (of the tokens scored), nll (list<float32> [L], nats; NaN = not scored), repeat_mask
+(packbits); when the eval has them: leakage_mask, annotation_masks (one per `--annotate` file, named
+in the schema metadata `genome_lm.annotations`) and reverse_complement (`--strands both`: True on the
+row after a window's forward row). Masks are in token order; token j is at `start + j` on '+' rows
+and `end - 1 - j` on '-' rows. One row group per row, so readers stream; every data page carries a
+CRC32 the readers verify, so a changed byte is a "damaged" error naming the file."""
 
 from __future__ import annotations
 

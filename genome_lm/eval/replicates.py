@@ -1,31 +1,12 @@
-"""Training-seed replicates in `genome-lm compare`: is a difference between two models larger than
-what their training seeds alone move?
+"""Training-seed replicates in `genome-lm compare A1,A2,A3 B1,B2,B3 --out DIR`: is a difference
+between two models larger than what their training seeds alone move?
 
-    genome-lm compare evals/short_s1,evals/short_s2,evals/short_s3 \
-                      evals/long_s1,evals/long_s2,evals/long_s3 --out compares/long_vs_short_seeds
-
-Each side is a comma-separated list of evals of the same windows, one per replicate: a model trained
-alike but for its seeds (`--set data.seed=S --set train.seed=S`). Replicate i of A is paired with
-replicate i of B, so give both in the same seed order; one eval on a side (a base model, say) is
-paired with every replicate of the other. compare.json's tables (buckets, strata,
-strands, context ablation) are then those of the replicates pooled: each token's NLL averaged over a
-side's replicates, with the paired window bootstrap of a two-eval compare. Those CIs say how well the
-eval windows pin down the seed-averaged difference *of these seeds*; they do not cover the seeds.
-`replicates` adds what does:
-
-    pairs     per pair i: the two-eval compare of A_i and B_i, overall (diff, rel_change_pct, window CIs),
-              and with --context the span of each side's ablation (shortest L -> longest L)
-    spread    mean, sample standard deviation, min and max over the pairs, and how many are negative
-    overall   the pooled diff and rel_change_pct with 95% CIs of a two-level bootstrap (`stats.two_level_ci`):
-              each resample draws R pairs with replacement, then W windows (the same for every drawn
-              pair), so the interval covers the spread between seeds as well as between windows
-    context_ablation   the same two-level CIs for each side's ablation span and for B's span minus A's
-
-With R replicates the seed level has only C(2R - 1, R) distinct draws (10 for R = 3), so read the
-per-pair rows beside the interval. Pairs are drawn whole: where A_i and B_i share randomness (the
-same base and data order), that keeps it; where they share only the seed number, drawing pairs is
-in expectation the same as drawing each side's replicates on its own.
-"""
+Replicate i of A is paired with replicate i of B (one eval on a side pairs with every replicate of
+the other). compare.json's tables are those of the replicates pooled (each token's NLL averaged over
+a side's replicates, window bootstrap); `replicates` adds per-pair overall diffs (and ablation
+spans), their spread, and the pooled diff with a two-level bootstrap (`stats.two_level_ci`: R pairs
+drawn whole, then W windows), which covers the spread between seeds as well as between windows. With
+R replicates the seed level has only C(2R - 1, R) distinct draws (10 for R = 3)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """`genome-lm eval`: score the windows of a split, then summarise loss by preceding context.
 
-    cfg = EvalConfig(checkpoint="runs/demo/checkpoints/last", shards="shards/demo", out="evals/demo")
-    summary = evaluate(cfg)
+    summary = evaluate(EvalConfig(checkpoint="runs/demo/checkpoints/last", shards="shards/demo", out="evals/demo"))
 
-Steps: 1. check the inputs and that --out is free (`check_inputs`); 2. score, without gradients
-and one window at a time, every window not yet in the per-window cache (`cache.py`); 3. write
-tokens.parquet, summary.json (+ parity.json) under a temporary name and drop the cache (`_write_outputs`).
-
-The same function runs on every rank of a distributed eval (`--nproc N`, `--ray`): the model
-sharded by FSDP2, the windows shared out over the dp replicas, each window split over a CP
-group; rank 0 does steps 1 and 3 and keeps the cache (`sharded.py`). dtype: `cfg.dtype`, else
-float32 on CPU and bfloat16 on CUDA.
-"""
+1. check the inputs and that --out is free (`check_inputs`); 2. score, without gradients and a
+window at a time, every window not yet in the per-window cache (`cache.py`); 3. write tokens.parquet,
+summary.json (+ parity.json) under a temporary name and drop the cache (`_write_outputs`). A
+distributed eval runs this on every rank (`sharded.py`: FSDP2, windows over dp, each split over a CP
+group; rank 0 does 1 and 3). dtype: `cfg.dtype`, else float32 on CPU and bfloat16 on CUDA."""
 
 from __future__ import annotations
 

@@ -1,28 +1,13 @@
 """Both strands: `genome-lm eval --strands both` also scores the reverse complement of each window.
 
-DNA has no preferred direction, so a model should score a window and its reverse complement
-alike. With `--strands both` every shard row is scored twice: as stored ("forward", the row's own
-strand, '+' on the eval split) and as its reverse complement ("reverse": token j' of that row is
-the complement of the forward token L-1-j', i.e. genome position `end - 1 - j'` for a '+' row,
-so the row carries the other strand, as prepare's '-' rows do). Masks (repeat, leakage,
-annotations) of the reverse row are the forward ones reversed; its contexts are positions in
-the reverse row (`contexts_of`), as on the forward strand.
+Every row is scored as stored ("forward") and as its reverse complement ("reverse": token j' is the
+complement of forward token L-1-j'); the reverse row's masks are the forward ones reversed and its
+contexts are positions in the reverse row (`contexts_of`).
 
-summary.json `strands`:
-    forward, reverse    the summary's tables (overall, buckets, repeat, leakage, annotations) of
-                        one strand; the top level of summary.json is the forward strand, as
-                        without --strands, so it stays comparable with one-strand evals
-    average             both strands pooled (each base counted once per strand; equal to the mean
-                        of the two strands' means overall), bootstrap over windows with both
-                        strands of a window drawn together
-    agreement           the same base scored from each side: NLL of genome position p on the
-                        forward row (context: the bases before p in the window, 5' of it on '+')
-                        vs on the reverse row (context: the bases after p); Pearson r of per-base
-                        NLL, mean |delta| and mean delta (forward - reverse), overall and by the
-                        *shorter* of the two contexts (a base near a window end has little context
-                        on one side: low agreement there is expected, not a model fault); CIs from
-                        the window bootstrap.
-"""
+summary.json `strands`: `forward` and `reverse` (each strand's tables; the top level stays the
+forward strand), `average` (both strands pooled, a window's strands bootstrapped together), and
+`agreement` (the same base scored from each side: Pearson r of per-base NLL, mean |delta| and mean
+delta, overall and by the shorter of the two contexts, with window-bootstrap CIs)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """FASTA reading: plain, gzip and bgzip files, any line width, CRLF, several records per file.
 
-A file is read once, front to back, in large blocks: record headers are found with
-`bytes.find`, sequence bytes are mapped to codes (see `tokenizer`) and stripped of line ends in
-one C-level `bytes.translate`, and only the records the caller wants are kept — one chromosome
-in memory at a time. Where a plain or bgzip FASTA has a `.fai` index (and bgzip a `.gzi`), the
-record names and lengths come from it up front through pyfaidx, and wanted records are read by
-random access, skipping the rest.
-
-Every file is hashed (sha256) while it is read, so the manifest can record it for free.
-"""
+A file is read once, front to back, in large blocks: headers found with `bytes.find`, sequence
+bytes mapped to codes (`tokenizer`) and stripped of line ends in one `bytes.translate`, only the
+wanted records kept (one chromosome in memory at a time). With a `.fai` index (and bgzip's `.gzi`)
+names and lengths come from pyfaidx up front and wanted records are read by random access. Every
+file is hashed (sha256) as it is read, for the manifest."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
-"""The leakage mask: held-out bases covered by an exact K-mer that also occurs in the training data.
+"""The leakage mask: held-out bases covered by an exact K-mer that also occurs in the training data
+(segmental duplications, recent repeats: loss there measures memorised training data).
 
-Segmental duplications and recent repeats put near-identical sequence on the held-out and the
-training chromosomes; loss on those bases measures memorised training data rather than
-long-context modelling. `KmerIndex` holds every *canonical* K-mer of the training chromosomes
-(K <= 32): the smaller of the K-mer's 2-bit code (A=0 C=1 G=2 T=3, first base in the highest
-bits) and its reverse complement's, so a match on either strand counts. K-mers with a base other
-than A, C, G, T (N, IUPAC codes) are skipped; soft-masked (lowercase) bases are the same base.
-
-Index: all codes in one uint64 array, sorted in place and deduplicated (8 bytes per distinct
-K-mer: chr1 + chr2, ~470M K-mers, ~3.8 GB), queried with `np.searchsorted` on sorted query
-chunks. Membership is exact: no false positives, no false negatives (a Bloom filter of the same
-size would answer in fewer bytes but wrongly for some fraction of absent K-mers). Work is done in
-chunks of `CHUNK` K-mers, so memory above the index and one chromosome stays at a few hundred MB.
-
-Mask: eval position p is marked when some K-mer [i, i + K) with i <= p < i + K is in the index
-(0-based, half-open, on the forward strand; a '-' row's mask is the forward one reversed).
-"""
+`KmerIndex` holds every canonical K-mer (K <= 32; the smaller 2-bit code of the K-mer and its
+reverse complement, so either strand matches) of the training chromosomes, skipping K-mers with a
+base other than A, C, G, T; lowercase is the same base. All codes sit in one sorted, deduplicated
+uint64 array (8 bytes per distinct K-mer: chr1 + chr2 ~3.8 GB), queried with `np.searchsorted`:
+exact, unlike a Bloom filter. Work is done in chunks of `CHUNK` K-mers. Eval position p is marked when
+some K-mer [i, i + K) with i <= p < i + K is in the index (a '-' row's mask is the forward one reversed)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """Dataset shards: one Hugging Face dataset per split, written straight to Arrow.
 
-A split directory is exactly what `datasets.Dataset.save_to_disk` writes (`data-XXXXX-of-NNNNN.arrow`
-in Arrow stream format, `dataset_info.json`, `state.json`), so `datasets.load_from_disk` opens it
-memory-mapped. We write it ourselves so that rows stream to disk one window at a time (memory
-stays bounded), and so that the same input gives the same bytes (the fingerprint is derived
-from the content, not from a random temporary path).
-
-Row schema: chrom (str), start, end (int64; 0-based half-open on the forward strand), strand
-('+' or '-'), tokens (list<uint8>, see `tokenizer.VOCAB`; '-' rows hold the reverse complement),
-repeat_mask (list<uint8>: np.packbits of the per-token soft-mask flag, in token order, so the
-last byte may be padded), n_frac (float32: fraction of N tokens). With `prepare --leakage-k K`
-the eval split also has leakage_mask (list<uint8>, np.packbits like repeat_mask: 1 = the token
-lies in a K-mer that occurs in a training chromosome, see `leakage`), after repeat_mask; shards
-without the column (older ones, or made without the flag) carry no leakage information.
-"""
+A split directory is exactly what `datasets.Dataset.save_to_disk` writes (Arrow stream files,
+`dataset_info.json`, `state.json`), so `datasets.load_from_disk` opens it memory-mapped. genome_lm
+writes it itself so that rows stream to disk one window at a time and the same input gives the same
+bytes (the fingerprint comes from the content). Row schema: docs/architecture.md, On-disk formats
+(chrom, start, end, strand, tokens, repeat_mask, n_frac, and leakage_mask on an eval split made
+with `prepare --leakage-k`; shards without it carry no leakage information)."""
 
 from __future__ import annotations
 

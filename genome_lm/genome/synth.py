@@ -1,39 +1,19 @@
-"""A deterministic synthetic genome for demos and tests: `genome-lm synth`.
+"""A deterministic SYNTHETIC genome for demos and tests (`genome-lm synth`): no base comes from a real
+organism. It imitates hg38's large-scale structure (chr1, chr2, chr22; soft-masked repeats; N gaps)
+at a few Mbp and plants information only long context can use. In the order it is built:
 
-This genome is SYNTHETIC. No base of it comes from a real organism. It imitates the large-
-scale structure of hg38 (records chr1, chr2, chr22; soft-masked repeats; N gaps) at a few
-Mbp so that the whole pipeline runs in seconds, and it plants information that only long
-context can use, so that a model trained with longer context must reach a lower loss on
-tokens that have long preceding context. What it plants, in the order it is built:
+1. N runs: telomeres, a centromere, chr22's acrocentric short arm (~17%), short runs in the arms.
+2. Background: isochore-like segments of 20-300 kbp with their own GC content (35-60%), CpG
+   depleted; or (`markov_order` K > 0) an order-K Markov chain per segment (`markov.py`).
+3. Repeat copies (lowercase): clusters of copies of `n_families` consensus sequences, each copy the
+   previous one mutated ~3%, `d` bases after it (log-uniform up to `max_distance`); optionally
+   tandem arrays (`tandem_*`; none in the demo genome).
+4. A few IUPAC ambiguity codes.
+5. Optionally (`segdup_count` > 0) segmental duplications of earlier records into chr22
+   (`segdups.py`), so the held-out record shares K-mers with the training ones.
 
-1. N runs (uppercase N): telomeres at both ends, a centromere in the middle, an acrocentric
-   short arm on chr22 (its first ~17%), and a few short runs (100-500 bp) inside the arms.
-2. Background (uppercase): isochore-like segments of 20-300 kbp, each with its own GC
-   content in 35-60%, bases drawn independently, then CpG depleted (most CG -> TG or CA).
-   Optionally (`markov_order` K > 0), each segment is instead an order-K Markov chain with a
-   transition table of its own (`markov.py`), which only the segment's preceding sequence reveals.
-3. Repeat copies (lowercase, i.e. soft-masked): `n_families` consensus sequences of 200 bp
-   to 6 kbp. A copy *cluster* starts with a founder that diverges ~10% from its family's
-   consensus; each later copy is the previous one mutated ~3% (substitutions plus small
-   indels), possibly reverse-complemented, and starts `d` bases after it, with `d` log-
-   uniform between max(`min_distance`, source length) and `max_distance` (default 64 kbp).
-   A model that sees the source copy in its context can predict ~97% of the copy; a model
-   that does not, cannot. About 40% of the non-N bases are repeat copies.
-   Optionally (`tandem_fraction` > 0), tandem arrays (`tandem_*` fields; family 'tandem' in
-   the sidecar TSV) put copies within a short context. The demo genome (`genome_lm/demo.py`
-   `DEMO_GENOME`) has none: they reward a model state that adapts within a few hundred bases
-   (docs/findings.md).
-4. A few IUPAC ambiguity codes (R, Y, K, M, S, W, B, D, H, V; uppercase, in the background).
-5. Optionally (`segdup_count` > 0), segmental duplications (`segdups.py`): stretches of the
-   earlier records copied, nearly exactly, into `segdup_into` (chr22) before its repeats are
-   planted, so that the held-out record shares exact K-mers with the training ones (what
-   `prepare --leakage-k` marks); sidecar `F.segdups.tsv`. Off by default.
-
-Same parameters and seed -> the same genome: numpy's PCG64 seeded per record. The parameters
-live in `synth_params.py`, how each feature is planted in `planting.py`, the files (gzip FASTA and
-sidecar TSVs, byte-reproducible) in `synth_files.py`. Coordinates are 0-based, half-open, on the
-forward strand.
-"""
+Same parameters and seed -> the same genome (PCG64 per record). Parameters: `synth_params.py`;
+planting: `planting.py`; files: `synth_files.py`. Coordinates 0-based, half-open, forward strand."""
 
 from __future__ import annotations
 

@@ -1,25 +1,14 @@
-"""Text-only causal LM: upstream `Glm5NextTextModel` (`model`) plus an LM head (`lm_head`).
-
-State-dict keys are `model.*` and `lm_head.*`: the text part of a real GLM-5.3-Flash checkpoint
-(`model.language_model.*`, `lm_head.*`) with the `language_model.` level removed.
+"""Text-only causal LM: upstream `Glm5NextTextModel` (`model`) plus an LM head (`lm_head`); state-dict
+keys are a real checkpoint's text part with the `language_model.` level removed.
 
 Shapes: B batch, T tokens, D model dim, V vocabulary.
 
-Labels follow Hugging Face causal LMs: pass the input ids themselves (or a copy with -100 where a
-token must not be scored); the shift happens inside, position t's hidden state predicts token t+1.
-`per_token_nll` is aligned with the *scored token*: `per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]),
-so token t has exactly t tokens of preceding context; column 0 (nothing precedes it) and ignored
-labels hold 0, and `nll_mask` marks the real entries.
-
-The LM head + loss never builds all [B*T, V] logits (`ops.loss.chunked_cross_entropy`, chunk size
-`loss_chunk_tokens`); `logits()` is the full-logits path for small T.
-
-A call takes upstream's keyword arguments where they mean the same here: `attention_mask`,
-`labels`, `use_cache` and `cache` (or `past_key_values`, the name other transformers models use: a
-transformers `Cache` the tokens continue, returned updated in the output's `cache`), `return_dict`. Any other upstream
-argument (`inputs_embeds`, `position_ids`, `output_hidden_states`, `logits_to_keep`, ...) is refused
-in one `GenomeLMError` line.
-"""
+Labels follow Hugging Face causal LMs (the input ids, -100 where not scored; shifted inside).
+`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]): token t has t tokens of context; column 0 and
+ignored labels hold 0 (`nll_mask` marks the real entries). The loss never builds all [B*T, V] logits
+(`ops.loss.chunked_cross_entropy`); `logits()` is the full path for small T. A call takes upstream's
+`attention_mask`, `labels`, `use_cache`, `cache` / `past_key_values` (a transformers `Cache`) and
+`return_dict`; any other upstream argument is refused in one `GenomeLMError` line."""
 
 from __future__ import annotations
 

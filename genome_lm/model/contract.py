@@ -1,34 +1,15 @@
-"""What genome_lm relies on in upstream `transformers`, in one place, checked when a model is built.
+"""What genome_lm relies on in upstream `transformers` (and private torch), in one place, checked so
+that a mismatch is one line naming the symbol, the installed version, the supported range and the fix.
 
-genome_lm subclasses the internals of `transformers.models.glm5_next` (`model/upstream.py` says
-how): its long-context classes read upstream modules' attributes, replace their `forward` with one
-of the same call, and swap module globals. A transformers release that renames any of these
-breaks the model inside a forward. This module lists every symbol, attribute and signature that
-genome_lm uses and checks them, so that a mismatch is one line naming the symbol, the installed
-version, the supported range and the fix:
+- `check_symbols()`: classes, functions, signatures genome_lm calls or replaces, `DynamicCache`'s
+  methods and the config fields it reads; run when `model/upstream.py` is first imported.
+- `check_model(model)`: the attributes upstream's `__init__` sets and genome_lm reads (they need
+  instances), on a built model.
+- `check_torch()`: the private torch the rehearsal (`plan/rehearse.py`) subclasses or imports
+  (`FSDPMemTracker`, its `ModTracker`, `FakeStore`), when a rehearsal starts.
 
-- `check_symbols()`: the module's classes and functions, the signatures genome_lm calls or
-  replaces, the cache methods of `DynamicCache`, and the config fields the presets, planner and
-  checkpoint reader set or read. Run by `model/upstream.py` when it is first imported.
-- `check_model(model)`: the attributes that upstream's `__init__` sets and genome_lm reads, on
-  the modules of a built model (`build` calls it). Attributes need instances: they are set in
-  `__init__`, and upstream renames them (`Glm5NextTextUnweightedRMSNorm.eps` became
-  `variance_epsilon` in 5.25).
-
-    genome-lm check-upstream   # the whole check on the installed transformers: exit 0, or 2 and one line
-                               # (`build.check_upstream`: symbols, then a tiny model's attributes)
-
-`SUPPORTED` is pyproject.toml's range for transformers and `TESTED` the version in
-`requirements.lock` (`tests/model/test_contract.py` keeps the three equal). `make test-upstream`
-runs this check on the newest release before the lock moves.
-
-The rehearsal (`train/rehearse.py`) relies on private torch in the same way: it subclasses
-`FSDPMemTracker` (`torch.distributed._tools`), replaces its `_update_peak_stats` and reads its
-tracker state and its `ModTracker`; its fake process group's backend is registered by importing
-`FakeStore` (`torch.testing._internal`; no public module registers it). `check_torch()` checks
-those (`TORCH_CLASSES`, `TORCH_SIGNATURES`, `TORCH_ATTRIBUTES`) when a rehearsal starts, and
-`genome-lm check-upstream` checks them too.
-"""
+`genome-lm check-upstream` runs all three. `SUPPORTED` is pyproject.toml's transformers range and
+`TESTED` the locked version (`tests/model/test_contract.py` keeps them equal)."""
 
 from __future__ import annotations
 

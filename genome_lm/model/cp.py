@@ -1,26 +1,15 @@
 """Context parallelism inside the model: the slab split (`CPContext`) and the autograd-aware
-collectives the long-context layers and the causal LM call when `apply_context_parallel`
-(`genome_lm.parallel.cp`) has given them a `CPContext`.
+collectives the long-context layers and the causal LM call once `parallel.cp` has given them a
+`CPContext`.
 
-Slabs: each sequence is split into contiguous slabs, one per rank of a CP group, boundaries at
-multiples of 64 tokens (the KDA chunk; also whole k-pools) when every rank gets at least one such
-block, the last slab taking the remainder; shorter sequences are split as evenly as possible
-(T >= cp tokens). No padding: collectives pad internally, the model never sees a padded token.
-
-`gather_seq(x, lengths, group)`: every rank's `x` [B, n_r, ...] (n_r = lengths[r]) concatenated
-along dim 1 in rank order -> [B, sum(lengths), ...] on every rank. Backward: each rank gets the
-sum over ranks of the gradient of its own slice (reduce-scatter on NCCL; all-reduce and slice
-on gloo, which has no reduce-scatter). Slabs of unequal length are padded to the longest for
-the collective and cut back after it.
-
-`attach(x, *deps)`: x unchanged, with `deps` made part of its autograd graph (zero gradient).
-A rank that does not need what it gathered must still run the gather's backward, or the other
-ranks wait for it forever; attaching the gathered tensor to something the loss uses does that.
-
-Ordering: every rank runs the same collectives in the same order. The autograd engine runs a
-CPU graph in reverse creation order, so ranks that build the same sequence of gather nodes
-(even with different amounts of local work in between) also meet in backward.
-"""
+Slabs are contiguous, one per rank, boundaries at multiples of 64 tokens (the KDA chunk, whole
+k-pools) when every rank gets one such block, the last taking the remainder; no padding reaches
+the model. `gather_seq(x, lengths, group)`: every rank's [B, n_r, ...] concatenated in rank order on
+every rank; backward gives each rank the summed gradient of its slice (reduce-scatter on NCCL,
+all-reduce and slice on gloo). `attach(x, *deps)`: x with `deps` in its graph (zero gradient), so a
+rank that does not use what it gathered still runs the gather's backward. Every rank runs the same
+collectives in the same order; autograd runs a CPU graph in reverse creation order, so they also
+meet in backward."""
 
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
-"""Named text configs: the full-size GLM-5.3-Flash and three small models of the same architecture.
+"""Named text configs: the full-size GLM-5.3-Flash and three small models of the same architecture
+(KDA and DSA attention, dense first layer(s) then MoE, `hc_mult` 4 streams, NoPE).
 
-All four share the layer types of the real model: KDA (`linear_attention`) and DSA
-(`indexed_attention`, with k-pool indexer) attention, dense first layer(s) then MoE with a shared
-expert and sigmoid top-k routing (`glm53-demo`: dense MLPs only), `hc_mult` = 4 hyper-connection
-streams, NoPE.
-
-- `glm53-flash`: upstream `Glm5NextTextConfig()` defaults (45 layers, 288 experts top-8,
-  vocab 154,880). ~313B parameters: built on the meta device only, for counting and planning.
+- `glm53-flash`: upstream `Glm5NextTextConfig()` defaults; ~313B parameters, meta device only.
 - `glm53-mini`: ~230M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
-- `glm53-tiny`: ~0.5M parameters, trained by the test suite on CPU. Six layers
-  `KDA KDA KDA DSA(full) DSA(shared) KDA`, so a DSA layer reuses the previous layer's top-k;
-  8 experts top-2; k-pool 4 < top-k 32, so attention is really sparse from a few hundred tokens.
-- `glm53-demo`: ~0.2M parameters, the model `make demo` trains from scratch on a CPU. Tiny's
-  widths, three layers `KDA DSA(full) DSA(shared)` with hc_mult 4, four MLA heads, four KDA heads
-  of 32, a KDA short convolution of 8, DSA top-k 8192 (exactly dense attention up to 8k tokens: a
-  from-scratch model's indexer is untrained) and dense MLPs: what learns the demo genome in
-  context within a CPU budget, and with four KDA heads reads 1k-7k back after the long fine-tune
-  (docs/findings.md, "Copying in context needs k-mer keys" and "On the demo genome the long
-  fine-tune reads 1k-7k back").
+- `glm53-tiny`: ~0.5M parameters, the test suite's: `KDA KDA KDA DSA(full) DSA(shared) KDA`,
+  8 experts top-2, k-pool 4 < top-k 32 (really sparse from a few hundred tokens).
+- `glm53-demo`: ~0.2M parameters, what `make demo` trains from scratch: three layers
+  `KDA DSA(full) DSA(shared)`, four KDA heads of 32, conv 8, DSA top-k 8192 (dense up to 8k: a
+  from-scratch indexer is untrained), dense MLPs (docs/findings.md).
 
-Small presets default to a 16-id vocabulary (a nucleotide alphabet needs only a handful of ids)
-and no padding id. Any `Glm5NextTextConfig` field can be overridden.
-"""
+Small presets default to a 16-id vocabulary and no padding id; any config field can be overridden."""
 
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
 """Access to upstream `transformers.models.glm5_next`, and keeping its CPU path on plain torch.
 
-Upstream decorates four functions with `use_kernel_func_from_hub_with_fallback`
-(`chunk_kimi_delta_attention`, `recurrent_kimi_delta_attention`, `causal_conv1d_fn`,
-`causal_conv1d_update`). At import time that decorator picks the optional package's kernel
-(`fla.ops.kda.chunk_kda`, `causal_conv1d`) when it can be imported, and calls it for tensors on
-the devices that package lists (CUDA for fla). A fifth, `causal_conv1d_forward` (the KDA layer's
-conv with its cache), is a hub-kernel entry point (`use_kernel_forward_from_hub`) that `kernelize`
-may replace. genome_lm does not rely on upstream's per-device choice: on CPU it always wants
-upstream's own torch code, which fla's Triton kernels cannot run ("0 active drivers").
-The decorated function keeps upstream's own torch implementation as `__wrapped__`
-(`functools.wraps`), and the model's forward looks these names up in the module's globals at call
-time, so replacing the module globals is enough:
+Upstream picks hub kernels for five functions (`chunk_kimi_delta_attention`,
+`recurrent_kimi_delta_attention`, `causal_conv1d_fn`, `causal_conv1d_update`,
+`causal_conv1d_forward`) at import time, for the devices their package lists; fla's Triton kernels
+cannot run on CPU. The decorated functions keep upstream's torch code as `__wrapped__`, and the
+forward looks them up in the module's globals at call time, so:
 
-- `route_cpu_to_torch()` (called by `build` and `apply_long_context`, idempotent): each of the
-  five names becomes a small dispatcher that sends CPU tensors to upstream's torch fallback and
-  anything else (CUDA) to whatever upstream picked (fla when installed). genome_lm never routes a
-  CPU tensor to fla.
-- `use_torch_fallbacks()`: a context manager forcing upstream's torch fallbacks on every device
-  (the plain reference used in tests), restoring the previous functions on exit.
-"""
+- `route_cpu_to_torch()` (idempotent; `build` and `apply_long_context` call it): each name becomes a
+  dispatcher sending CPU tensors to upstream's torch fallback and anything else to upstream's pick.
+- `use_torch_fallbacks()`: a context manager forcing the torch fallbacks on every device (tests)."""
 
 from __future__ import annotations
 

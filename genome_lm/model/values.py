@@ -1,6 +1,6 @@
 """`ValueSource`: where model code gets what it would read from tensor values.
 
-Fake tensors (the rehearsal's, `genome_lm.train.rehearse`) have shapes but no data, so what the
+Fake tensors (the rehearsal's, `genome_lm.plan.rehearse`) have shapes but no data, so what the
 model reads from data becomes a stated assumption, set by `use_value_source(model, source)` as
 typed settings on the modules: MoE / EP `routing` (the router's choice, or an `AssumedRouting`),
 DSA's `read_values` (its padding check) and KDA's `fla` kernels (fla's own, or the stand-ins of

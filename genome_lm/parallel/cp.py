@@ -4,19 +4,11 @@
     out = model(input_ids, labels=input_ids)    # every CP rank passes the same full [B, T] batch
 
 `apply_context_parallel` gives the causal LM and each long-context layer the group's `CPContext`
-(`genome_lm.model.cp`); they take the CP path themselves when they have one:
-  - the causal LM (`model/causal_lm.py`) keeps this rank's slab of tokens [B, T_r], runs the
-    decoder on it and scores it: the loss is the mean over all scored tokens of the sequence
-    across the CP group, each rank's gradient its share (reduce gradients over CP ranks with SUM:
-    FSDP in `parallel.fsdp` does, over dp x cp, with the trainer normalising by the global target
-    count);
-  - `LongKDA` (`model/ops/kda/cp.py`): recurrent state composed across slabs from all-gathered
-    affine maps; conv tails all-gathered;
-  - `LongDSA` (`model/ops/dsa/layer.py`): latent rows and index keys all-gathered, top-k over the
-    global causal prefix;
-  - hyper-connections, norms, MoE, embeddings: token-local, unchanged.
-No padding: results equal one process for any T.
-"""
+(`genome_lm.model.cp`), and they take the CP path themselves: the causal LM scores its slab (the
+loss the mean over the whole sequence, gradients reduced with SUM by FSDP over dp x cp); `LongKDA`
+composes the recurrent state across slabs from all-gathered affine maps (`ops/kda/cp.py`); `LongDSA`
+all-gathers latent rows and index keys; everything else is token-local. No padding: results equal
+one process for any T."""
 
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
 """FSDP2 sharding of the causal LM over the dp x cp mesh, and what training needs around it.
 
 `apply_fsdp(model, mesh, device, compute_dtype=None)`: `fully_shard` every decoder layer, then the
-root (embeddings, final norm, LM head). Parameters, gradients and optimizer state are sharded over
-all ranks of the mesh; CP ranks hold the same parameters, so their gradients are reduced together
-with the data-parallel ones. Reduction is a SUM in float32 (`parallel.reduce_dtype: bfloat16` for the
-bf16 groups; gradient divide factor 1): the trainer
-normalises the loss by the global number of scored tokens, so the sum over ranks is the gradient
-of the global mean, whatever the split over dp and cp.
+root. CP ranks hold the same parameters, so their gradients are reduced with the data-parallel ones:
+a SUM (float32, or `parallel.reduce_dtype`; divide factor 1) of a loss the trainer normalises by the
+global number of scored tokens, so it is the gradient of the global mean whatever the dp x cp split.
 
-Precision (docs/precision.md): FSDP2 needs one original dtype per parameter group, so every
-module that owns one of upstream's float32 exceptions (`fp32_modules`) becomes its own group,
-gathered and computed in float32:
-
-    per decoder layer:  conv1d | forget_gate (dt_bias, A_log) | attn_hc, ffn_hc (fn, base, scale)
-                        | mlp.gate (router)                                       -> float32 groups
-                        forget_gate.{f_a_proj, f_b_proj}                           -> one compute-dtype group
-                        everything else of the layer                              -> the layer's group
-    root:               embeddings, final norm, LM head                           -> the root group
-
-The groups are made only when needed: with a `compute_dtype` (training: float32 master weights,
-`to_master_dtype_`, gathered in bf16; gradients kept in float32) or a model of mixed dtypes (eval
-of a bf16 model, gathered as built). `clip_grad_norm` handles sharded (DTensor) gradients.
-"""
+Precision (docs/precision.md): FSDP2 needs one original dtype per parameter group, so each module
+owning one of upstream's float32 exceptions (`fp32_modules`: conv1d, forget_gate, attn_hc / ffn_hc,
+the router) becomes its own float32 group, and forget_gate's projections one compute-dtype group.
+The groups are made only with a `compute_dtype` (training: float32 master weights gathered in bf16)
+or a model of mixed dtypes. `clip_grad_norm` handles sharded (DTensor) gradients."""
 
 from __future__ import annotations
 

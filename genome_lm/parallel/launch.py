@@ -1,29 +1,13 @@
-"""Launching a `Job` (`genome-lm train`, `genome-lm eval`) on several processes (docs/parallel.md, Launching):
+"""Launching a `Job` (`train`, `eval`) on several processes (docs/parallel.md, docs/long-runs.md):
+`run_local` (--nproc N: torch's elastic launcher) and `run_ray` (--ray [ADDRESS]: Ray Train).
 
-    run_local(job, nproc, max_restarts)         # --nproc N: torch elastic_launch, local c10d rendezvous
-    run_ray(job, address, nproc, max_restarts)  # --ray [ADDRESS]: Ray Train's TorchTrainer (none: a local instance)
-
-A `Job` names the function every worker runs (`fn(*args, device=DEVICE, worker=WorkerContext)`, module
-level, so the launcher can pickle it by reference; training's is in genome_lm.train.launch, eval's in
-genome_lm.eval.launch), how its layout fits a number of processes, and where its workers leave
-their error messages. Workers start in the driver's working directory; rank 0 writes the outputs,
-which must be on a filesystem every worker sees.
-
-Restarts (`--max-restarts N`, docs/long-runs.md): the elastic launcher's `max_restarts` or Ray
-Train's `FailureConfig(max_failures=N)` start the whole worker group again after a failure. Each
-worker counts its starts in the launch's message folder, so it knows its attempt (its
-`WorkerContext`, handed to the job's function); the job resumes from its newest complete checkpoint on
-every attempt after the first, and rank 0 logs what failed in the attempt before (rank, node,
-message) and how many restarts are left. A user error (GenomeLMError) is not retried: a restarted
-worker that finds one from an earlier attempt raises it again at once. Once no restart is left, the
-launch ends with one GenomeLMError naming the rank, its node and its error, and what the job keeps.
-
-Preemption: a worker that stopped on a preemption signal after a checkpoint exits with
-EXIT_PREEMPTED (a restart follows while restarts are left); a launcher that gets SIGTERM or SIGUSR1
-passes it on (the elastic launcher signals its workers; under Ray a stop file every worker checks at
-its step boundaries) and ends with `Preempted`. The callbacks installed in the launching process
-(`genome_lm.parallel.callbacks`) are installed in every worker.
-"""
+A `Job` names the module-level function every worker runs (`fn(*args, device=..., worker=...)`),
+how its layout fits a number of processes, and where workers leave their error messages. Restarts
+(`--max-restarts N`) start the whole group again; each worker counts its starts in the message
+folder (its `WorkerContext.attempt`), resumes from the newest complete checkpoint after the first,
+and rank 0 logs what failed before. A GenomeLMError is not retried. Once no restart is left, one
+GenomeLMError names the rank, its node and its error. A launcher that gets SIGTERM or SIGUSR1 passes
+it on (signals, or under Ray a stop file) and ends with `Preempted`."""
 
 from __future__ import annotations
 

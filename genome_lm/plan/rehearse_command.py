@@ -1,5 +1,5 @@
 """`genome-lm rehearse`: argument handling and output; `cli.py` only registers it, the work is
-`train/rehearse.py`'s.
+`plan/rehearse.py`'s.
 
     genome-lm rehearse EXP.yaml --gpus 64 [--gpu b200|h200|h100] [--routing busiest|uniform]
         [--layers N|all] [--steps 2] [--set KEY=VALUE] [--assume KEY=VALUE]
@@ -40,7 +40,7 @@ class RehearseParams(BaseModel):
 def run(args: RehearseParams) -> None:
     from genome_lm.plan.command import PlanParams, build
     from genome_lm.plan.planner import make_plan
-    from genome_lm.train.rehearse import format_rehearsal, rehearse
+    from genome_lm.plan.rehearse import format_rehearsal, rehearse
 
     assume = list(args.assume)
     if args.routing == "uniform":

@@ -1,6 +1,5 @@
 """Training: config -> model -> memory strategies -> loop, with checkpoints and metrics."""
 
-from genome_lm.train.dry_run import dry_run
 from genome_lm.train.trainer import train
 
-__all__ = ["dry_run", "train"]
+__all__ = ["train"]

@@ -1,48 +1,12 @@
-"""The checkpoint manager of a run: saves (asynchronous by default), completes, keeps the newest N,
-loads the newest complete checkpoint (falling back past a damaged one), and decides whether a run
-resumes.
-
-    RUN/checkpoints/
-      step_00000100/
-        model/          config.json + model.safetensors (or model-0000k-of-0000n.safetensors + index
-                        past 5 GiB): what transformers and `genome-lm eval` load; only with
-                        train.export_model (true: every checkpoint, last: the final one)
-        train_state/    torch.distributed.checkpoint: model, optimizer, scheduler, data position, RNG
-        genome_lm.json  step, loss, time, layout, model_exported
-      last -> step_00000100
-
-    start = resume_from(run_dir, resume)      # rank 0: the checkpoint to continue from, or None
-    ckpt = CheckpointManager(run_dir / "checkpoints", par, mode="async", keep=2, on_disk_full="stop")
-    step, path = ckpt.load_newest(model, optimizer, scheduler, stream)
-    timings = ckpt.save(step, model, optimizer, scheduler, stream, info, export, export_dtype)
-    ckpt.staged()          # before the next optimizer step: the staged copy is complete
-    timings = ckpt.poll()  # at each step: completes a save whose files are all written
-    ckpt.close()
-
-A checkpoint is written under a hidden temporary name and renamed when complete, then `last` is
-switched atomically; only complete checkpoints ever carry a `step_*` name. `train_state/` alone
-resumes a run; `genome-lm export` writes the `model/` of a checkpoint that has none
-(`genome_lm.train.export`).
-
-`mode: async` uses torch's `torch.distributed.checkpoint.async_save`: the state is copied to host
-memory (pinned on CUDA, staged on a side stream) and written by a background thread over a gloo
-group of its own (the training collectives keep the default group), as torchtitan does. Training
-waits only while the state is copied (and for the previous save, when it has not finished by the
-next one). Rank 0 completes a checkpoint once its write has finished: DCP's coordinator writes the
-metadata after every rank's files, so no collective is needed. `mode: sync` writes with `dcp.save`
-and waits. `model/` is always written synchronously, streamed one tensor at a time.
-
-What a save reports into the step's metrics record: `checkpoint_stall_s` (what training waited),
-and, once the checkpoint is complete, `checkpoint_write_s` and `checkpoint_written_step`: the
-resume decision reads these, not the schedule, to tell a run that never completed a checkpoint
-(it starts afresh with a warning) from one whose checkpoints were removed (refused).
-
-Before each save the checkpoint's size is compared with the free space of the checkpoint folder;
-when it does not fit, one line says so and `train.on_disk_full` decides: `skip` this save, or `stop`
-the run (a GenomeLMError). Distributed runs: every rank writes its shards into `train_state/` (DCP,
-global shapes: a run resumes on any number of processes) and gathers `model/` one tensor at a time
-for rank 0 to stream (docs/parallel.md, checkpoints).
-"""
+"""The checkpoint manager of a run: saves (async by default, torch DCP's `async_save` over a gloo
+group of its own, as torchtitan does; `mode: sync` waits on `dcp.save`), completes, keeps the newest
+N, loads the newest complete checkpoint (falling back past a damaged one), and decides whether a run
+resumes (`resume_from`). Layout (docs/architecture.md, docs/long-runs.md):
+`checkpoints/step_N/{model/, train_state/, genome_lm.json}` and the symlink `last`. A checkpoint is
+written under a hidden temporary name, renamed when complete (rank 0, once DCP's metadata is written),
+then `last` is switched atomically. A save reports `checkpoint_stall_s`, and once complete
+`checkpoint_write_s` and `checkpoint_written_step`, which the resume decision reads. A save that does
+not fit the free space is skipped or stops the run (`train.on_disk_full`)."""
 
 from __future__ import annotations
 

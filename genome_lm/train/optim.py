@@ -1,30 +1,13 @@
 """The optimizer and learning-rate schedule of a run: `make_optimizer` (AdamW, weight decay on
 matrices only), `make_scheduler` (linear warmup, then cosine decay to `min_lr_ratio`, or constant),
-and an AdamW whose two moment estimates are stored in a chosen dtype (`train.optimizer_state_dtype`).
+and an AdamW whose moments are stored in `train.optimizer_state_dtype`.
 
-torch's `AdamW` keeps `exp_avg` and `exp_avg_sq` in the parameter's dtype: float32 beside
-float32 master weights, 8 bytes per parameter. `AdamW(params, state_dtype=torch.bfloat16)` keeps
-them in bf16 (4 bytes per parameter) as DeepSeek-V3 trained (float32 master weights and
-gradients, bf16 moments). Each step reads a parameter's moments into float32, updates them with
-torch AdamW's arithmetic (same ops, same order), rounds them back to the storage dtype (to
-nearest) and updates the float32 parameter from the float32 values of this step:
-
-    p      <- p · (1 - lr · weight_decay)
-    m      <- lerp(m, g, 1 - beta1)                 v <- beta2 · v + (1 - beta2) · g²
-    p      <- p - lr / (1 - beta1^t) · m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-    store  m, v as state_dtype
-
-With `state_dtype=torch.float32` the result is torch's single-tensor AdamW bit for bit
-(`tests/train/test_optim.py`). A bf16 moment keeps 8 significant bits: a decay (1 - beta) below
-2^-7 would be rounded away (0.999 · v rounds back to v), so bf16 moments need beta1, beta2 <=
-1 - 2^-7 (0.992); the default betas (0.9, 0.95) and DeepSeek-V3's are well inside.
-
-Parameters may be DTensors (FSDP2 shards, expert-parallel shards): the update is elementwise, so
-it runs on each rank's local shard; the moments are DTensors of the same placements, so DCP
-checkpoints and `get_optimizer_state_dict` treat them as torch's (`load_state_dict`, which DCP's
-`set_optimizer_state_dict` also calls, keeps them in `state_dtype`). The state also holds `step`
-(a float32 scalar tensor, as torch's).
-"""
+Each step reads a parameter's moments into float32, updates them with torch AdamW's arithmetic (same
+ops, same order), rounds them back to the storage dtype and updates the float32 parameter; with
+float32 state it is torch's single-tensor AdamW bit for bit (`tests/train/test_optim.py`). bf16
+moments (as DeepSeek-V3) need beta1, beta2 <= 1 - 2^-7, else the decay rounds away. The update is
+elementwise, so it runs on each rank's local shard of a DTensor; the moments are DTensors of the same
+placements, so DCP and `get_optimizer_state_dict` treat them as torch's."""
 
 from __future__ import annotations
 

@@ -1,26 +1,14 @@
-"""`genome-lm train`: one process (CPU or one GPU), or one rank of a distributed launch. The
-loop reads top to bottom:
+"""`genome-lm train`: one process (CPU or one GPU), or one rank of a distributed launch.
 
-    start_run: layout -> build model -> parallelize (long-context ops, CP, recompute, offload, FSDP)
-               -> data -> optimizer -> [resume]
-    run_step, for each step: train_step (micro-batches, backward, clip, update when finite, balancer;
-               the rehearsal runs the same function on fake tensors)
-               -> step_record -> handle_nonfinite -> agree on a preemption -> save (checkpoint)
-               -> metrics -> step callbacks (`callbacks.py`)
+    start_run: layout -> build model -> parallelize -> data -> optimizer -> [resume]
+    run_step:  train_step (the rehearsal runs it on fake tensors) -> step_record -> handle_nonfinite
+               -> agree on a preemption -> save -> metrics -> step callbacks
     finish_run: the save in flight, metrics, process group
 
-Building (`build_parallel_model`): one process builds the model whole; a distributed run never
-materialises it on a rank: meta device, parallelize, then each rank fills only its FSDP2 shards.
-
-Distributed (`--nproc` / `--ray`): every rank runs this same function; each dp replica reads its
-own part of every global batch and the loss is normalised by the global number of scored tokens,
-so loss and gradients equal one process reading the whole batch (docs/parallel.md).
-
-Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer
-step), `checkpoints/` (`checkpoint.py`), `wandb/` (offline by default);
-checked and recorded by `run_dir.py`. Preemption signals and the hang watchdog: `guard.py`
-(docs/long-runs.md).
-"""
+A distributed run builds on the meta device and each rank fills only its FSDP2 shards. Each dp
+replica reads its own part of every global batch and the loss is normalised by the global number of
+scored tokens, so loss and gradients equal one process reading the whole batch (docs/parallel.md).
+Run directory: `run_dir.py`; checkpoints: `checkpoint.py`; signals and watchdog: `guard.py`."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def test_expert_parallel_moe_saves_what_the_planner_counts(tokens, block, recomp
     from genome_lm.model.values import fake_values, use_value_source
     from genome_lm.plan.command import PlanParams, build
     from genome_lm.plan.ops import mlp_ops
-    from genome_lm.train.rehearse import _fake_pg
+    from genome_lm.plan.rehearse import _fake_pg
 
     P = 8
     cfg = preset_config("glm53-flash")

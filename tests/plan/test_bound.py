@@ -13,7 +13,7 @@ import pytest
 from genome_lm.config import load_experiment
 from genome_lm.plan.command import PlanParams, build
 from genome_lm.plan.planner import make_plan
-from genome_lm.train.rehearse import rehearse
+from genome_lm.plan.rehearse import rehearse
 
 EXPERIMENT = "experiments/glm53flash_512k_64xb200.yaml"
 BELOW, ABOVE = 0.01, 0.06  # the planner may be this much under / over the rehearsal

@@ -1,22 +1,15 @@
 """Hyper-connection weights recomputed in backward: upstream's math, a fraction of its memory.
 
-Upstream's `Glm5NextTextHyperConnection.forward(h)` (h: hc_mult streams [B, T, S, D]) flattens and
-RMS-normalises the streams in float32, projects them to (2 + S)·S logits per token and runs
-`hc_sinkhorn_iters` (20) Sinkhorn normalisations on the [S, S] comb matrix. Autograd keeps every
-intermediate: the float32 copy of the streams and its normalised version (2·S·D floats per token)
-and ~2·iters [S, S] matrices (sizes: docs/model.md, "Hyper-connections").
+Upstream's `Glm5NextTextHyperConnection.forward(h)` (streams [B, T, S, D]) normalises the streams
+in float32, projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn
+normalisations; autograd keeps every intermediate (docs/model.md, "Hyper-connections").
 
 `RecomputedHyperConnection` runs the same forward (`lean_hc_forward`) under non-reentrant
-activation checkpointing: what is kept for backward is only the input streams (alive anyway: the
-decoder layer's residual) and the outputs (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]);
-the intermediates are rebuilt for backward from the input. Everything is per token, so the
-rebuild is exact (same ops, same inputs). The two steps that touch [T, S·D] — the normalised
-projection to logits (`hc_logits`) and the weighted sum of the streams (`hc_collapse`) — are one
-autograd function each that keeps the compute-dtype streams, not a float32 copy, and works in
-blocks of tokens, so the recompute in backward never holds a float32 [T, S·D] tensor either.
-Without autograd (inference, or inside a recomputed layer's no-grad forward) it is the same
-forward without the checkpoint. The plain reference is upstream's forward (`upstream_hc_forward`).
-"""
+checkpointing, keeping only the input streams and the outputs (post [B, T, S], comb [B, T, S, S],
+collapsed [B, T, D]); the rebuild is exact (per token, same ops). The two steps over [T, S·D]
+(`hc_logits`, `hc_collapse`) are autograd functions that keep the compute-dtype streams and work in
+token blocks. Without autograd it is the same forward without the checkpoint. Reference:
+`upstream_hc_forward`."""
 
 from __future__ import annotations
 

@@ -1,31 +1,17 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-Backend of every KDA kernel (the recurrent op, the short convolution, the gated output norm): the
-`backend` argument each of them takes, as fla's layers take `mode` (`LongKDA` hands its
-`kda_backend` setting on; default `settings.DEFAULTS.kda_backend`):
+Every KDA kernel (recurrent op, short convolution, gated output norm) takes a `backend`, as fla's
+layers take `mode` (`LongKDA` hands on its `kda_backend`; default `settings.DEFAULTS.kda_backend`):
+`auto` (CUDA tensors -> fla's Triton kernels, other devices -> genome_lm's torch op), `fla` (every
+tensor; CPU needs TRITON_INTERPRET=1, as `make test-interpret` runs), `torch` (every tensor).
 
-    auto   (default) CUDA tensors -> fla's Triton kernels, every other device -> genome_lm's torch op
-    fla    every tensor -> fla; CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before
-           triton is imported): the test tier `make test-interpret` runs fla's kernels this way
-    torch  every tensor -> genome_lm's torch op (also on CUDA)
-
-On CUDA fla is not optional: when it does not import (missing, or Triton broken), or is older than
-`MIN_FLA_CORE`, the call raises `GenomeLMError` naming the fix (`pip install -e '.[gpu]'`), never a
-silent fallback to torch. fla-core 0.6.0 is the first release whose KDA kernels compute pointer
-offsets in int64 (older ones wrap past 262,144 tokens at 64 heads x 128) and skip the autotune
-configurations that fault in `chunk_kda`'s backward on B200 (docs/parallel.md).
-
-`import fla` imports every Triton op and fails where Triton is missing, so fla's kernels are
-imported lazily (`fla_chunk_kda`, `fla_causal_conv1d`, `fla_rms_norm_gated`), and the pure-torch
-references are loaded straight from their source file (`load_fla_reference`), which needs only
-torch and einops.
-
-Where the fla backend finds its functions is the KDA modules' `fla` setting, a `FlaKernels`:
-`FLA` (the default) imports fla's own; `FlaKernels(stand_ins)` returns stand-ins by "module.name"
-instead, on any device. The rehearsal (`genome_lm.train.rehearse`) sets the fake implementations
-of `fake_fla.py` through its `ValueSource` (`model/values.py`), so fla's call contract runs on fake
-tensors.
-"""
+On CUDA fla is not optional: a missing or broken fla, or one older than `MIN_FLA_CORE` (0.6.0: int64
+pointer offsets past 262,144 tokens at 64 x 128 heads, no faulting autotune configurations on B200),
+raises `GenomeLMError` naming the fix, never a silent fallback. fla's kernels are imported lazily
+(`import fla` needs Triton); its pure-torch references load from their source file
+(`load_fla_reference`). Where the fla backend finds its functions is the modules' `fla` setting, a
+`FlaKernels`: fla's own (`FLA`), or stand-ins by "module.name" (the rehearsal's, `fake_fla.py`, set
+through its `ValueSource`)."""
 
 import functools
 import importlib.metadata

@@ -1,22 +1,12 @@
 """KDA's short causal convolution + SiLU as one op that keeps only its input for backward.
 
-Upstream's layer convolves the `[q | k | v]` projections (x `[B, T, C]`, C = 3·H·K, compute dtype)
-depthwise over W tokens with the float32 `conv1d` weight `[C, 1, W]`, then applies SiLU, all in
-float32, and casts the result to x's dtype. Autograd keeps the float32 copy of the input and the
-float32 conv output (8 bytes per element, beside the 2 of a bf16 input). The reference is that
-code path, `naive.naive_short_conv`.
-
-`short_conv(x, weight, prev)` computes the same and keeps only x (and `prev`, the W-1 projections
-before x, `[B, C, W-1]`: a cache's conv state, or the tokens of the previous CP slab; None = zeros,
-the sequence start):
-  - CUDA (the `backend` setting, see `_fla`): fla's `causal_conv1d` (the kernel of
-    `fla.modules.ShortConvolution`), `prev` as its initial state;
-  - otherwise `ShortConvFunction`: forward and backward in blocks of `block_tokens` tokens, the
-    float32 conv output recomputed in backward, so its temporaries are bounded by a block.
-
-`KDAShortConv` is upstream's `conv1d` module (an `nn.Conv1d`, parameter `weight` unchanged) whose
-forward is this op: the layer calls it as a module, so FSDP2 gathers a sharded weight.
-"""
+Upstream convolves the `[q | k | v]` projections (x `[B, T, C]`, C = 3·H·K) depthwise over W tokens
+with the float32 `conv1d` weight `[C, 1, W]`, applies SiLU in float32 and keeps the float32 copies
+for backward; the reference is `naive.naive_short_conv`. `short_conv(x, weight, prev)` computes the
+same keeping only x (and `prev`, the W-1 projections before x `[B, C, W-1]`: a cache's state or the
+previous CP slab's tail; None = zeros): on CUDA fla's `causal_conv1d`, else `ShortConvFunction`
+(blocks of `block_tokens`, the conv output recomputed in backward). `KDAShortConv` is upstream's
+`conv1d` module with this op as its forward, so FSDP2 gathers its weight."""
 
 from __future__ import annotations
 

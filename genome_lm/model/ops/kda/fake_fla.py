@@ -1,24 +1,13 @@
 """Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
 
-fla's Triton kernels cannot run on fake tensors (no values, no device). These stand-ins take
-fla's arguments as genome_lm passes them, check their shapes and dtypes, and allocate what
-fla's functions allocate, as read from fla's source (fla-core 0.6; the planner's KDA terms,
-`genome_lm.plan.activations.kda` and `plan.ops.kda_ops`, are the same reading):
+fla's Triton kernels cannot run on fake tensors. These stand-ins take fla's arguments as genome_lm
+passes them, check shapes and dtypes, and allocate what fla's functions allocate (read from fla-core
+0.6's source, as the planner's KDA terms are): `chunk_kda` (saved l2-normed q, k, contiguous v,
+float32 rstd, Aqk/Akk; forward w, u, qg, kg, h; backward those again plus dh, dAqk/dAkk and the
+input gradients), `causal_conv1d` (its input; dx and a float32 dw), `rms_norm_gated` (inputs and
+float32 rstd), `build_cp_context` (a placeholder). Not given: values, time, Triton scratch.
 
-- `chunk_kda`: keeps for backward the l2-normalised q, k and a contiguous v (a·H·K each), their
-  float32 rstd (4·H each), Aqk and Akk [T, H, C] (a each) and a float32 [T, H]; forward builds
-  w, u, qg, kg (a·H·K each) and the chunk states h [NT, H, K, V] of one call; backward rebuilds
-  those, adds dh and the float32 dAqk / dAkk, and returns dq, dk, dv (a) and dg (float32, cast
-  to g's dtype).
-- `causal_conv1d`: keeps its input; backward dx and a float32 dw.
-- `rms_norm_gated`: keeps its inputs and a float32 rstd per row.
-- `build_cp_context`: a placeholder (the state exchange runs inside fla's kernels).
-
-What the stand-ins do not give: the kernels' values, their time, and any scratch the Triton
-kernels take that fla's Python does not allocate.
-
-Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C.
-"""
+Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C."""
 
 from __future__ import annotations
 

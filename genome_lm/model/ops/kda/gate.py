@@ -1,25 +1,17 @@
 """KDA's forget gate as one op that keeps only its compute-dtype input for backward.
 
-Upstream's `Glm5NextTextForgetGate.forward(x)` (the reference, `upstream_forget_gate`) computes,
-with raw = f_b_proj(f_a_proj(x)) `[B, T, H·K]` in the compute dtype:
+Upstream's `Glm5NextTextForgetGate.forward(x)` (the reference, `upstream_forget_gate`), with
+raw = f_b_proj(f_a_proj(x)) [B, T, H·K], computes in float32 [B, T, H, K]:
 
     g = lower_bound · sigmoid(exp(A_log) · (raw + dt_bias))      (GLM-5.3-Flash: lower_bound -5)
     g = -exp(A_log) · softplus(raw + dt_bias)                   (lower_bound None)
 
-in float32, `[B, T, H, K]`; autograd keeps three float32 [B, T, H, K] tensors (the biased input,
-the sigmoid and the output the KDA op saves). Here the gate is split where fla's kernel splits it
-(`fla.ops.kda.chunk_kda(..., use_gate_in_kernel=True)`): `KDAForgetGate.forward(x)` returns the
-gate's inputs (raw, A_log, dt_bias), and the KDA op applies the gate itself (`chunk.chunk_kda`:
-fla's kernel on CUDA, with `safe_gate` for a bound in [-5, 0); `kda_gate` per checkpointed
-segment in the torch op), so what stays for backward is raw in the compute dtype.
-
-`kda_gate(raw, A_log, dt_bias, lower_bound)` is one autograd function (upstream's arithmetic in
-float32, in blocks of tokens), saving raw, A_log and dt_bias and recomputing the rest.
-
-A_log and dt_bias leave the module as copies: the op that uses them runs its backward before the
-gradient reaches the gate module, when FSDP2 has already freed a sharded module's gathered
-parameters; the copies' gradients flow to the parameters through autograd (`clone`).
-"""
+keeping three float32 tensors. Here the gate is split where fla's kernel splits it
+(`use_gate_in_kernel=True`): `KDAForgetGate.forward(x)` returns (raw, A_log, dt_bias) and the KDA op
+applies the gate itself (fla on CUDA; `kda_gate` per checkpointed segment in the torch op), so only
+raw in the compute dtype stays for backward. `kda_gate` is one autograd function (float32, token
+blocks) saving raw, A_log and dt_bias. A_log and dt_bias leave the module as copies (`clone`): their
+use runs its backward after FSDP2 has freed the module's gathered parameters."""
 
 from __future__ import annotations
 

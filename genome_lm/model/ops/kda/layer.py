@@ -1,10 +1,8 @@
 """Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`.
 
-`LongKDA` is `Glm5NextTextLinearAttention` on the module's own parameters (names unchanged)
-calling `chunk_kda`, so activations stay O(T·H·K); `chunk_kda` picks fla or torch by device
-and the layer's `backend` setting (see `chunk.py`), through `kda_layer_step` (`step.py`), the
-functional form: given the state after some prefix, process the next piece of tokens and return the new state.
-`LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place.
+`LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place (names
+unchanged), whose forward calls `chunk_kda` through `kda_layer_step` (`step.py`: given the state
+after a prefix, process the next piece and return the new state), so activations stay O(T·H·K).
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
@@ -13,11 +11,9 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     o    = KDA(l2norm(q), l2norm(k), v, g, beta)                          # [B, T, H, V]
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
 
-The conv + SiLU, the forget gate and the gated output norm compute in float32 upstream, and
-autograd keeps their float32 intermediates; here each is one op that keeps its compute-dtype
-inputs and recomputes the rest (`conv.py`, `gate.py`, `norm.py`, fla's kernels on CUDA), and the
-gate is applied inside the recurrent op as fla's `use_gate_in_kernel` does.
-"""
+The conv + SiLU, forget gate and gated output norm are each one op that keeps its compute-dtype
+inputs and recomputes the rest (`conv.py`, `gate.py`, `norm.py`, fla's kernels on CUDA); the gate is
+applied inside the recurrent op, as fla's `use_gate_in_kernel` does."""
 
 import torch
 

@@ -1,23 +1,16 @@
 """The dense SwiGLU MLP as one autograd function that keeps its two projections and recomputes the rest.
 
-Upstream's `Glm5NextTextMLP` (GLM-5.3-Flash's first three layers, width I = 12,288) clamps its
-gate and up projections and multiplies, and autograd keeps six [T, I] tensors for backward: the
-gate, the up projection, both clamped, the SiLU and their product (the down projection's input).
-Its forward is the reference (`upstream_mlp`).
-
-`swiglu_mlp(x, w_gate, w_up, w_down, limit)` computes the same values with the same ops in the
-same order and dtypes, and saves only `x` [T, D] and the two projections `gate`, `up` [T, I] as
-computed: 2·I + D compute-dtype values per token instead of 6·I + D. Clamps, SiLU, product and
-every gradient are rebuilt in backward in row blocks of `ROW_BLOCK`, so the [T, I] temporaries
-of forward and backward are bounded by a block; the weight gradients add up block by block in
-float32.
+Upstream's `Glm5NextTextMLP` (the reference, `upstream_mlp`) keeps six [T, I] tensors for backward.
+`swiglu_mlp(x, w_gate, w_up, w_down, limit)` computes the same values with the same ops, order and
+dtypes, and saves only `x` and the projections `gate`, `up` (2·I + D values per token instead of
+6·I + D); the rest and every gradient are rebuilt in backward in row blocks of `ROW_BLOCK`, weight
+gradients summed in float32.
 
     gate = x @ w_gate.T, up = x @ w_up.T                       [T, I] (saved)
     h    = silu(min(gate, limit)) * clamp(up, -limit, limit)   [T, I] (per block, not saved)
     y    = h @ w_down.T                                        [T, D]
 
-`LeanMLP.install(module)` makes an upstream `Glm5NextTextMLP` call it (parameters and names unchanged).
-"""
+`LeanMLP.install(module)` makes an upstream `Glm5NextTextMLP` call it (parameters unchanged)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Which expert each token goes to is data: under expert parallelism the number of rows per expert
 decides the all-to-all split sizes, and so the memory of the expert computation. A rehearsal on
-fake tensors (`genome_lm.train.rehearse`) has shapes but no values, so a MoE layer whose
+fake tensors (`genome_lm.plan.rehearse`) has shapes but no values, so a MoE layer whose
 `routing` setting is an `AssumedRouting` takes its counts from that stated assumption instead of
 from the router's choice (the setting comes with the model's `ValueSource`, `model/values.py`):
 

@@ -1,27 +1,14 @@
 """MoE in token blocks: bounded transient memory, per-expert load statistics, upstream semantics.
 
-Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per token,
-M = `block_tokens`.
+Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per token, M = `block_tokens`.
 
-Routing and expert math are per token in upstream (`Glm5NextTextTopkRouter`, experts, shared
-experts), so running upstream's own submodules on consecutive blocks of M tokens gives the same
-result as running them on all N tokens at once; only the transient buffers shrink from O(N*k*E)
-(dispatch masks) and O(N*k*I) (expert activations) to the same with M in place of N.
-
-With `recompute=True` and autograd on, each block runs under non-reentrant activation
-checkpointing, so what a block keeps for backward is only its input slice (a view of the layer
-input); its expert activations are rebuilt one block at a time during backward. This is what
-makes 1M-token MoE layers fit even inside a per-layer recompute, where the layer's whole
-backward otherwise materialises O(N*k*I) activations at once.
-
-Parameter names are upstream's (`BlockedGlm5NextTextMoE.install(module, ...)` makes the module an
-instance of the subclass in place), so checkpoints load unchanged. After each forward
-`module.last_expert_counts` holds the [E] int64 token counts.
-
-With an `ep` context (`parallel.ep`) the routed experts run over the EP group (`moe/ep.py`); the
-ranks agree on the number of blocks (the most any of them needs) so that they meet in every
-block's all-to-alls.
-"""
+Routing and experts are per token upstream, so running upstream's submodules on consecutive blocks
+of M tokens gives the result of all N at once, with transients O(M*k*I) instead of O(N*k*I). With
+`recompute=True` each block runs under non-reentrant checkpointing and keeps only its input slice:
+what lets 1M-token MoE layers fit inside a per-layer recompute. Parameter names stay upstream's
+(`BlockedGlm5NextTextMoE.install`); after each forward `module.last_expert_counts` holds the [E]
+int64 token counts. With an `ep` context the routed experts run over the EP group (`moe/ep.py`),
+the ranks agreeing on the number of blocks so that they meet in every block's all-to-alls."""
 
 from __future__ import annotations
 

@@ -1,28 +1,17 @@
-"""Expert parallelism inside the MoE layer: routed experts split over the ranks of an EP group,
-tokens sent to the rank that holds their expert and back (all-to-all), as torchtitan's
+"""Expert parallelism inside the MoE layer: routed experts split over the ranks of an EP group, rows
+sent to the rank that holds their expert and back (all-to-all), as torchtitan's
 `distributed/expert_parallel.py` does.
 
 Shapes: M tokens of this rank's block, D model dim, E routed experts, k experts per token,
 P = EP ranks, El = E / P experts per rank (rank p holds experts [p * El, (p + 1) * El)).
 
-`ExpertParallelExperts` (installed on `Glm5NextTextExperts` by `parallel.ep.apply_expert_parallel`;
-same parameters, which become DTensors sharded over the EP group) computes upstream's
-`experts(x, idx, w)` as:
-  1. the M * k (token, expert) pairs sorted by expert (stable: token order within an expert);
-  2. counts per expert exchanged (`all_to_all_single`, no gradient) -> how many rows each rank
-     receives from each source, for each of its experts;
-  3. rows sent (`all_to_all_single_autograd`: its backward is the reverse all-to-all), received
-     ordered by source rank, then by expert;
-  4. each local expert runs upstream's SwiGLU (`_apply_gate`) on its rows, eagerly, as upstream's
-     loop does (`expert_linear`: the same matmuls, with one weight gradient per call); outputs go
-     back by the reverse all-to-all;
-  5. each output times its routing weight, added into its token in expert order: the sums of
-     upstream's loop (`index_add_` in expert order), so one rank with P = 1 gives upstream's bits.
-The router and the shared experts stay replicated and run on each rank's own tokens.
-
-Every rank of the group must run the same number of blocks (`blocked_moe_forward` agrees on the
-count), because each block is two collectives in forward and two in backward.
-"""
+`ExpertParallelExperts` (installed by `parallel.ep.apply_expert_parallel`; same parameters, as
+DTensors sharded over the group) computes upstream's `experts(x, idx, w)`: the M * k (token, expert)
+pairs sorted by expert (stable); counts exchanged (no gradient); rows sent with
+`all_to_all_single_autograd`; each local expert runs upstream's SwiGLU on its rows (`expert_linear`);
+outputs come back by the reverse all-to-all and are weighted and added in expert order, upstream's
+sums, so P = 1 gives upstream's bits. The router and shared experts run replicated on each rank's
+tokens. Every rank runs the same number of blocks (`blocked_moe_forward` agrees on the count)."""
 
 from __future__ import annotations
 

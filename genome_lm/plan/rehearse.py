@@ -1,35 +1,23 @@
 """`genome-lm rehearse EXP --gpus N --gpu b200`: one full-size training step measured on a CPU.
 
-The pattern is torchtitan's memory estimator: the experiment's real model is built on the meta
-device, joins a fake process group of N ranks (`FakeStore`, one rank simulated) with the
-experiment's dp x cp x ep mesh, goes through the trainer's own `parallelize` (long-context ops,
-CP, EP, recompute and offload, FSDP2 with the mixed-precision policy), is materialised as fake
-tensors (shapes, no data: nothing is allocated), and runs `steps` of the trainer's own
-`train_step` (forward, backward, gradient clipping, AdamW step, scheduler, zero_grad, the expert
-balancer; no checkpoint) under torch's `FSDPMemTracker`, which counts every live tensor by kind.
-The planner's prediction for the same run is printed beside each figure.
+torchtitan's memory estimator pattern: the experiment's real model is built on the meta device, joins
+a fake process group of N ranks (`FakeStore`, one rank simulated) with the dp x cp x ep mesh, goes
+through the trainer's `parallelize`, is materialised as fake tensors, and runs `steps` of the
+trainer's own `train_step` (no checkpoint) under torch's `FSDPMemTracker`, which counts every live
+tensor by kind. The planner's prediction for the same run is printed beside each figure.
 
-What fake tensors cannot decide is assumed and said, set on the model as its `ValueSource`
-(`model/values.fake_values`): the routing (`moe/assumed.py`: this rank is the busiest expert rank,
-`expert_imbalance` x the mean rows, as the planner assumes; or uniform), checks that read values
-(skipped), and fla's Triton kernels, which do not run on fake tensors: the CUDA path is rehearsed
-with stand-ins that take fla's arguments and allocate what fla's functions allocate
-(`model/ops/kda/fake_fla.py`). The DSA top-k is indices of the right shape (the memory does not
-depend on which). The tensors are CPU fake tensors, so device-only code (CUDA streams, pinned
-memory) is not exercised. Offloaded layer inputs are parked on the meta device
-(`train/recompute.park_host_copies_on`), counted apart as host memory.
+What fake tensors cannot decide is assumed and said, through the model's `ValueSource`
+(`model/values.fake_values`): the routing (`moe/assumed.py`: this rank the busiest, as the planner
+assumes, or uniform), value checks (skipped), and fla's kernels (stand-ins that allocate what fla
+allocates, `fake_fla.py`). Offloaded layer inputs are parked on the meta device and counted as host
+memory. Device-only code (CUDA streams, pinned memory), kernel scratch, NCCL buffers, fragmentation
+and the CUDA context (the planner's margins) are not measured.
 
-Fewer layers (`layers`): the rehearsed model is the first `layers` decoder layers of the real
-one (every layer kind among them), and the figures are lifted by what the omitted layers hold on
-this rank: their sharded float32 parameters, AdamW state and (in the backward of the rehearsed
-layers and at the optimizer step) gradients, measured on the full model's FSDP2 shards on the
-meta device; the optimizer step's temporaries scale with the shard; host memory with the number
-of offloaded layers. That is exact when the omitted layers keep nothing on the device between
-forward and backward (per-layer recompute with offload); otherwise all layers are rehearsed.
-
-Not covered on a real GPU: kernel scratch and speed, NCCL's buffers, the caching allocator's
-fragmentation and the CUDA context (the planner's margins), and the real routing and top-k.
-"""
+Fewer layers (`layers`): the first `layers` decoder layers (every kind among them) are rehearsed and
+the figures lifted by what the omitted layers hold on this rank (sharded parameters, AdamW state,
+gradients, measured on the full model's FSDP2 shards on the meta device; host memory by the number of
+offloaded layers): exact when omitted layers keep nothing on the device between forward and backward
+(per-layer recompute with offload); otherwise all layers are rehearsed."""
 
 from __future__ import annotations
 
@@ -128,14 +116,6 @@ class Rehearsal:
     wall_s: float
     notes: list[str] = field(default_factory=list)
     peaks: list[Peak] = field(default_factory=list)  # the highest of each (phase, module), highest first
-
-    def phase_peak(self, phase: str, module: str) -> Peak:
-        """The highest peak of `phase` ("forward", "backward", "optimizer step") in `module` or below it."""
-        inside = [p for p in self.peaks if p.phase == phase and (p.module == module or
-                                                                   p.module.startswith(module + "."))]
-        if not inside:
-            raise KeyError(f"no {phase} peak recorded in {module}")
-        return inside[0]
 
     @property
     def difference(self) -> float:
