@@ -23,7 +23,7 @@ from pydantic.config import JsonDict
 
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
-from genome_lm.outputs import check_out_path, release_all
+from genome_lm.outputs import check_out_path, holding, release_all
 from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
@@ -174,10 +174,11 @@ def _train(args) -> None:
         from genome_lm.train.launch import train_job
 
         job = train_job(cfg, p.out, p.resume)
-        if run.ray is None:
-            run_local(job, run.nproc or 1, run.max_restarts)
-        else:
-            run_ray(job, run.ray or None, run.nproc, run.max_restarts)
+        with holding(job.work_dir, "train"):  # for the whole launch: restarted workers work under it too
+            if run.ray is None:
+                run_local(job, run.nproc or 1, run.max_restarts)
+            else:
+                run_ray(job, run.ray or None, run.nproc, run.max_restarts)
     else:
         train(cfg, out=p.out, resume=p.resume)
 

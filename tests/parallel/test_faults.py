@@ -75,6 +75,31 @@ def test_kill_during_the_first_async_write_restarts_from_the_start(experiment, r
     assert "no checkpoint in" in capfd.readouterr().err
 
 
+def test_a_restarted_rank_0_works_under_the_launchers_lock(experiment, reference, tmp_path, step_callbacks, capfd,
+                                                          caplog):
+    """Rank 0 killed after step 3 under --max-restarts 1, with the lock of --out left by a process that
+    is gone: the launcher takes that lock over with one warning naming the dead holder, and holds it
+    for the whole launch, so the restarted rank 0 takes over nothing."""
+    import socket
+    import subprocess
+    import sys
+
+    from genome_lm.outputs import lock_file
+
+    run = tmp_path / "run"
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    lock_file(run).write_text(json.dumps({"command": "train", "pid": dead, "host": socket.gethostname()}))
+    step_callbacks(KillAt(3, rank=0))
+    assert main(["train", experiment, "--out", str(run), "--nproc", "2", "--max-restarts", "1"]) == 0
+    assert_same_losses(run, reference)
+    err = capfd.readouterr().err + caplog.text  # the workers' log, and the launcher's (this process)
+    assert "restart 1 of 1: rank 0 on " in err
+    assert [line.split("taking over the lock of ")[1] for line in err.splitlines() if "taking over the lock" in line] \
+        == [f"genome-lm train (pid {dead} on {socket.gethostname()}, started ?), whose process has ended"], err[-3000:]
+    assert not lock_file(run).exists()
+
+
 def test_sigterm_to_the_launcher_checkpoints_and_resumes(experiment, reference, tmp_path, step_callbacks, capfd):
     """SIGTERM to the launcher after step 3: the workers agree at a step boundary, checkpoint there and
     stop; the launch exits with code 75 and one line saying how to resume; the resume has the losses
