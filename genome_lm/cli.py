@@ -376,7 +376,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
-        p.set_defaults(func=command.run)
+        p.set_defaults(func=command.run, parser=p)
         if argv is not None and name != named:
             continue
         for ref in command.models:
@@ -395,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    args = build_parser(argv).parse_args(argv)
+    args, unknown = build_parser(argv).parse_known_args(argv)
+    if unknown:  # the command's own usage and name, where argparse would print the top-level ones
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     rank = int(os.environ.get("RANK", "0"))  # one process of a launch torchrun or srun started: rank 0 speaks
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING,
