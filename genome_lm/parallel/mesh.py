@@ -47,7 +47,9 @@ def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) 
         raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
                             f"use a number of processes that is a multiple of {math.lcm(ep, cp)}"
                             + (f" (parallel.cp={cp} divides it too)" if cp > 1 else "")
-                            + (" and set parallel.dp: auto" if parallel_cfg.dp != "auto" else ""))
+                            + (" and set parallel.dp: auto" if parallel_cfg.dp != "auto" else "")
+                            + ("" if n_routed_experts else " (--dry-run also checks that it divides the model's routed "
+                               "experts)"))
     return dp, cp
 
 

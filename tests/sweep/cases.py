@@ -207,7 +207,7 @@ TRAIN = [
     _t("seq_len longer than the windows", EXP_SET + " data.seq_len=8k", ("data.seq_len", "4,096")),
     _t("unknown model preset", EXP_SET + " model.name=glm53-nope", ("glm53-nope",)),
     _t("unknown model override", EXP_SET + " model.overrides.index_top_k=1", ("index_top_k", "index_topk")),
-    _t("ep does not divide the experts", EXP_SET + " parallel.ep=3", ("parallel.ep",)),
+    _t("ep does not divide the experts", EXP_SET + " parallel.ep=3", ("parallel.ep=3", "--dry-run", "routed experts")),
     _t("out is a file", "{exp} --out {tmp}/f", ("{tmp}/f",), setup=write("f", "x")),
     _t("out is an eval", "{exp} --out {tmp}/e", ("an eval", "not a run directory"), setup=copy("ev", "e")),
     _t("out is shards", "{exp} --out {shards}", ("shards", "not a run directory")),
