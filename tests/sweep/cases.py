@@ -428,6 +428,42 @@ DEMO = [
        setup=held("{tmp}/d", "demo", inside=True)),
 ]
 
+_o = _c("score")
+SC = "--checkpoint {ckpt} --fasta {fasta} --out {out}"
+BED = "--regions {tmp}/r.bed"
+SCORE = [
+    _o("checkpoint missing", "--checkpoint {tmp}/none --fasta {fasta} --out {out}", ("{tmp}/none",)),
+    _o("checkpoint is shards", "--checkpoint {shards} --fasta {fasta} --out {out}", ("{shards}",)),
+    _o("FASTA missing", "--checkpoint {ckpt} --fasta {tmp}/none.fa --out {out}", ("none.fa",)),
+    _o("FASTA is binary", "--checkpoint {ckpt} --fasta {tmp}/x.fa --out {out}", ("x.fa", "binary"),
+       setup=write("x.fa", PNG)),
+    _o("regions missing", f"{SC} {BED}", ("r.bed",)),
+    _o("regions empty", f"{SC} {BED}", ("r.bed",), setup=write("r.bed", "")),
+    _o("regions on an unknown chromosome", f"{SC} {BED}", ("chr5", "genome.fa.gz"),
+       setup=write("r.bed", "chr5\t0\t100\n")),
+    _o("region past the contig's end", f"{SC} {BED}", ("r.bed", "chr22"),
+       setup=write("r.bed", "chr22\t0\t999999999\n")),
+    _o("region start after its end", f"{SC} {BED}", ("r.bed",), setup=write("r.bed", "chr22\t100\t10\n")),
+    _o("region coordinates not numbers", f"{SC} {BED}", ("r.bed",), setup=write("r.bed", "chr22\tten\t20\n")),
+    _o("chunk not a multiple of 64", f"{SC} --chunk 100", ("--chunk", "64")),
+    _o("chunk 0", f"{SC} --chunk 0", ("--chunk",)),
+    _o("strands choice", f"{SC} --strands up", ("--strands", "up")),
+    _o("embeddings not layers", f"{SC} --embeddings x", ("--embeddings",)),
+    _o("embeddings past the last layer", f"{SC} --embeddings 99", ("--embeddings", "99")),
+    _o("pool not a stride", f"{SC} --pool median", ("--pool", "median")),
+    _o("device tpu", f"{SC} --device tpu", ("tpu",)),
+    _o("dtype choice", f"{SC} --dtype float8", ("--dtype", "float8")),
+    _o("cp without enough processes", f"{SC} --cp 2", ("--cp 2", "--nproc 2")),
+    _o("out is an eval", "--checkpoint {ckpt} --fasta {fasta} --out {tmp}/e --overwrite", ("an eval",),
+       setup=copy("ev", "e")),
+    _o("out holds the FASTA", "--checkpoint {ckpt} --fasta {tmp}/g/x.fa --out {tmp}/g --overwrite", ("input",),
+       setup=write("g/x.fa", GENOME)),
+    _o("config not UTF-8", f"{SC} --config {{tmp}}/c.yaml", ("c.yaml", "UTF-8"), setup=write("c.yaml", PNG)),
+    _o("set unknown key", f"{SC} --set strand=both", ("--set", "strand")),
+    _o("another writer holds out", SC, ("is being written by genome-lm score (pid {holder}",),
+       setup=held("{out}", "score")),
+]
+
 _u = _c("check-upstream")
 CHECK_UPSTREAM = [
     _u("an argument", "extra", ("unrecognized arguments", "extra")),
@@ -437,7 +473,7 @@ CHECK_UPSTREAM = [
 UNKNOWN_FLAG = [Case(c, "an unknown flag", f"{c} {args}--bogus", ("unrecognized arguments", "--bogus"))
                 for c, args in (("prepare", ""), ("synth", ""), ("fetch", ""), ("train", "{exp} "), ("eval", ""),
                                 ("compare", "{ev} {ev} "), ("report", ""), ("export", "{ckpt} "), ("plan", ""),
-                                ("rehearse", "{exp} "), ("demo", ""))]
+                                ("rehearse", "{exp} "), ("demo", ""), ("score", ""))]
 
 CASES = [*UNKNOWN_FLAG, *PREPARE, *SYNTH, *FETCH, *TRAIN, *EVAL, *COMPARE, *REPORT, *EXPORT, *PLAN, *REHEARSE, *DEMO,
-         *CHECK_UPSTREAM]
+         *SCORE, *CHECK_UPSTREAM]
