@@ -81,6 +81,28 @@ def test_second_training_into_the_same_out_is_refused(tiny_shards, tmp_path, cap
     assert "lr: 0.003" in (out / "config.yaml").read_text()
 
 
+def test_a_second_fetch_into_the_same_folder_is_refused(tmp_path, capsys):
+    import hashlib
+
+    srv, out = tmp_path / "srv", tmp_path / "hg38"
+    srv.mkdir()
+    (srv / "chr22.fa.gz").write_bytes(b"chr22")
+    (srv / "md5sum.txt").write_text(f"{hashlib.md5(b'chr22').hexdigest()}  chr22.fa.gz\n")
+    argv = ["fetch", "--chroms", "chr22", "--out", str(out), "--base-url", f"file://{srv}"]
+    hold = ("import sys, time; from genome_lm.outputs import lock_output; lock_output(sys.argv[1], 'fetch', "
+            "inside=True); print(flush=True); time.sleep(600)")
+    first = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        first.stdout.readline()  # it holds the folder's lock
+        refused_by(capsys, argv, first.pid, "fetch")
+        assert not (out / "chr22.fa.gz").exists() and not list(out.glob("*.part"))
+    finally:
+        first.kill()
+        first.wait()
+    assert main(argv) == 0 and (out / "chr22.fa.gz").read_bytes() == b"chr22"
+    assert sorted(p.name for p in out.iterdir()) == ["chr22.fa.gz"]
+
+
 def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_warning(tmp_path, caplog):
     out = tmp_path / "ev"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
