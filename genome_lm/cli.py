@@ -23,7 +23,7 @@ from pydantic.config import JsonDict
 
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
-from genome_lm.outputs import check_out_path, release_all
+from genome_lm.outputs import check_out_path, holding, release_all
 from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
@@ -176,10 +176,11 @@ def _train(args) -> None:
         from genome_lm.train.launch import train_job
 
         job = train_job(cfg, p.out, p.resume)
-        if run.ray is None:
-            run_local(job, run.nproc or 1, run.max_restarts)
-        else:
-            run_ray(job, run.ray or None, run.nproc, run.max_restarts)
+        with holding(job.work_dir, "train"):  # for the whole launch: restarted workers work under it too
+            if run.ray is None:
+                run_local(job, run.nproc or 1, run.max_restarts)
+            else:
+                run_ray(job, run.ray or None, run.nproc, run.max_restarts)
     else:
         train(cfg, out=p.out, resume=p.resume)
 
@@ -377,7 +378,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
-        p.set_defaults(func=command.run)
+        p.set_defaults(func=command.run, parser=p)
         if argv is not None and name != named:
             continue
         for ref in command.models:
@@ -396,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    args = build_parser(argv).parse_args(argv)
+    args, unknown = build_parser(argv).parse_known_args(argv)
+    if unknown:  # the command's own usage and name, where argparse would print the top-level ones
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     rank = int(os.environ.get("RANK", "0"))  # one process of a launch torchrun or srun started: rank 0 speaks
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO if rank == 0 else logging.WARNING,

@@ -188,8 +188,10 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
     except OSError as e:
         if e.errno in STORAGE_ERRORS and e.filename:  # the CLI's one line for a full or read-only disk
             raise
-        raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): {e.strerror}; choose a "
-                            f"writable location with {option}") from None
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): "
+                            f"{f'{blocker} is a file' if blocker else e.strerror}; choose a writable location with "
+                            f"{option}") from None
     if fd is None:
         return
     holder, host = _read_holder(fd), socket.gethostname()

@@ -81,6 +81,28 @@ def test_second_training_into_the_same_out_is_refused(tiny_shards, tmp_path, cap
     assert "lr: 0.003" in (out / "config.yaml").read_text()
 
 
+def test_a_second_fetch_into_the_same_folder_is_refused(tmp_path, capsys):
+    import hashlib
+
+    srv, out = tmp_path / "srv", tmp_path / "hg38"
+    srv.mkdir()
+    (srv / "chr22.fa.gz").write_bytes(b"chr22")
+    (srv / "md5sum.txt").write_text(f"{hashlib.md5(b'chr22').hexdigest()}  chr22.fa.gz\n")
+    argv = ["fetch", "--chroms", "chr22", "--out", str(out), "--base-url", f"file://{srv}"]
+    hold = ("import sys, time; from genome_lm.outputs import lock_output; lock_output(sys.argv[1], 'fetch', "
+            "inside=True); print(flush=True); time.sleep(600)")
+    first = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        first.stdout.readline()  # it holds the folder's lock
+        refused_by(capsys, argv, first.pid, "fetch")
+        assert not (out / "chr22.fa.gz").exists() and not list(out.glob("*.part"))
+    finally:
+        first.kill()
+        first.wait()
+    assert main(argv) == 0 and (out / "chr22.fa.gz").read_bytes() == b"chr22"
+    assert sorted(p.name for p in out.iterdir()) == ["chr22.fa.gz"]
+
+
 def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_warning(tmp_path, caplog):
     out = tmp_path / "ev"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -172,3 +194,37 @@ def test_a_killed_writers_partial_folder_is_removed_by_the_next_one(tmp_path):
     with atomic_directory(tmp_path / "out", "compare") as tmp:
         (tmp / "compare.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _shard_files(shards: Path) -> dict[str, bytes]:
+    """Every file of a shards folder, the manifest without its creation time and checksum."""
+    files = {str(p.relative_to(shards)): p.read_bytes() for p in sorted(shards.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    files["manifest.json"] = json.dumps({k: v for k, v in manifest.items() if k not in ("created_at", "checksum")})
+    return files
+
+
+def test_sigterm_during_prepare_leaves_nothing_and_a_rerun_gives_a_clean_runs_shards(tmp_path):
+    """A real `genome-lm prepare` killed with SIGTERM while it writes its shards: exit 143, one line
+    after its progress log and no traceback, no partial folder and no --out; the rerun's shards equal
+    those of an uninterrupted prepare."""
+    fasta = tmp_path / "g.fa.gz"
+    assert main(["synth", "--out", str(fasta), "--scale", "2"]) == 0
+    argv = [sys.executable, "-m", "genome_lm.cli", "prepare", "--fasta", str(fasta), "--seq-len", "4k",
+            "--reverse-complement", "--leakage-k", "32", "--out"]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen([*argv, str(tmp_path / "sh")], stderr=subprocess.PIPE, text=True, env=env)
+    while not list(tmp_path.glob(".sh.partial-*/train")):  # its first split is being written
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "genome-lm prepare: terminated (SIGTERM)", err
+    assert all(" INFO genome_lm." in line for line in lines[:-1]), err  # its progress log, nothing else
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.fa.gz", "g.repeats.tsv"]
+    for out in ("sh", "clean"):
+        subprocess.run([*argv, str(tmp_path / out)], check=True, env=env, capture_output=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean", "g.fa.gz", "g.repeats.tsv", "sh"]
+    assert _shard_files(tmp_path / "sh") == _shard_files(tmp_path / "clean")

@@ -200,14 +200,18 @@ def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
 def eval_dirs(spec: str | Path | list | tuple, which: str) -> list[Path]:
     """The eval directories of one side of a comparison: a directory, a list of them, or a comma-separated
     string of them (replicates: models trained alike but for their seeds). Errors name `which` (A or B)."""
-    items = [x.strip() for x in str(spec).split(",") if x.strip()] if isinstance(spec, (str, Path)) else list(spec)
-    dirs = [Path(x) for x in items]
+    items = [x.strip() for x in str(spec).split(",")] if isinstance(spec, (str, Path)) else list(spec)
+    dirs = [Path(x) for x in items if str(x)]
     if not dirs:
         raise GenomeLMError(f"eval {which}: no directory given")
+    if len(dirs) < len(items):
+        raise GenomeLMError(f"eval {which} {spec!s}: an empty name between its commas; give the eval directories "
+                            "separated by single commas, e.g. evals/long_s1,evals/long_s2")
     for d in dirs:
         if not d.is_dir():
-            raise GenomeLMError(f"{d} does not exist; give --out directories of `genome-lm eval` (replicates of "
-                                "one model: comma-separated, e.g. evals/long_s1,evals/long_s2)")
+            raise GenomeLMError(f"{d} {'is a file, not a directory' if d.exists() else 'does not exist'}; give --out "
+                                "directories of `genome-lm eval` (replicates of one model: comma-separated, e.g. "
+                                "evals/long_s1,evals/long_s2)")
     return dirs
 
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.options import Names
+from genome_lm.outputs import holding
 
 log = logging.getLogger(__name__)
 
@@ -212,16 +213,17 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
     check_writable(out_dir)  # made once the server and the names are known to be good
     paths = [out_dir / f"{name}.fa.gz" for name in names]
     try:
-        for final in paths:
-            md5 = sums[final.name]
-            if final.exists():
-                if md5_file(final) == md5:
-                    log.info("%s already present, md5 %s matches; skipped", final, md5)
-                    continue
-                log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is "
-                            "replaced only once the new one is verified)", final, md5)
-            log.info("downloading %s/%s -> %s", base_url, final.name, final)
-            _fetch_one(f"{base_url}/{final.name}", final, md5)
+        with holding(out_dir, "fetch", inside=True):  # one fetch at a time appends to a folder's .part files
+            for final in paths:
+                md5 = sums[final.name]
+                if final.exists():
+                    if md5_file(final) == md5:
+                        log.info("%s already present, md5 %s matches; skipped", final, md5)
+                        continue
+                    log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is "
+                                "replaced only once the new one is verified)", final, md5)
+                log.info("downloading %s/%s -> %s", base_url, final.name, final)
+                _fetch_one(f"{base_url}/{final.name}", final, md5)
     except BaseException:
         if not existed and not any(out_dir.iterdir()):  # it made the folder and kept nothing in it
             out_dir.rmdir()

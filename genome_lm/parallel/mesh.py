@@ -41,13 +41,15 @@ def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) 
     check through here; GenomeLMError naming the key otherwise."""
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
     ep = parallel_cfg.ep
+    if n_routed_experts:  # first: the process count the next refusal advises must suit the experts too
+        check_expert_split(ep, n_routed_experts)
     if world % ep:
         raise GenomeLMError(f"parallel.ep={ep} does not divide the {world} processes of this launch; "
                             f"use a number of processes that is a multiple of {math.lcm(ep, cp)}"
                             + (f" (parallel.cp={cp} divides it too)" if cp > 1 else "")
-                            + (" and set parallel.dp: auto" if parallel_cfg.dp != "auto" else ""))
-    if n_routed_experts:
-        check_expert_split(ep, n_routed_experts)
+                            + (" and set parallel.dp: auto" if parallel_cfg.dp != "auto" else "")
+                            + ("" if n_routed_experts else " (--dry-run also checks that it divides the model's routed "
+                               "experts)"))
     return dp, cp
 
 

@@ -82,8 +82,9 @@ def load_dirs(dirs: list[str | Path]) -> tuple[list[EvalResult], list[CompareRes
         elif not d.exists():
             raise GenomeLMError(f"{d} does not exist; give eval or compare output directories")
         else:
+            run = " (a training run's metrics go in with --run)" if (d / "metrics.jsonl").is_file() else ""
             raise GenomeLMError(f"{d} holds neither {SUMMARY_FILE} nor {COMPARE_FILE}; give the --out of "
-                                "`genome-lm eval` or `genome-lm compare`")
+                                f"`genome-lm eval` or `genome-lm compare`{run}")
     return evals, compares
 
 

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from genome_lm.cli import main
+from genome_lm.errors import GenomeLMError
 from genome_lm.eval import compare_evals, format_table, load_compare, load_summary
 
 
@@ -98,3 +99,17 @@ def test_cli_eval_explicit_buckets(evaluated, tmp_path, capsys):
     assert "bits/base" in capsys.readouterr().out
     s = load_summary(tmp_path / "e")
     assert [(b["lo"], b["hi"]) for b in s["buckets"]] == [(0, 16), (16, 256), (256, 1024)]
+
+
+def test_an_empty_name_between_commas_or_a_file_is_refused(tmp_path):
+    from genome_lm.eval.compare import eval_dirs
+
+    a, f = tmp_path / "a", tmp_path / "f"
+    a.mkdir()
+    f.write_text("x")
+    assert eval_dirs(f"{a} , {a}", "A") == [a, a]
+    for spec in (f"{a},", f"{a},,{a}", f",{a}"):
+        with pytest.raises(GenomeLMError, match=r"eval A .*: an empty name between its commas"):
+            eval_dirs(spec, "A")
+    with pytest.raises(GenomeLMError, match=r"/f is a file, not a directory; give --out directories"):
+        eval_dirs(str(f), "A")

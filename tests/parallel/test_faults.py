@@ -10,12 +10,16 @@ import json
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import EXIT_PREEMPTED
+from genome_lm.outputs import lock_file
 from tests.faults import KillAt, SignalLauncherAt, SignalSelfAt, SleepAt, SlowWritesAfter
 from tests.helpers import write_experiment
 
@@ -64,15 +68,24 @@ def test_killed_worker_restarts_and_finishes(experiment, reference, tmp_path, st
 
 
 def test_kill_during_the_first_async_write_restarts_from_the_start(experiment, reference, tmp_path, step_callbacks,
-                                                                   capfd):
+                                                                   capfd, caplog):
     """Rank 0 killed while the first checkpoint (step 2) is being written (every rank's writes made
     slow): no checkpoint was ever complete, so the restarted group starts afresh with a warning and
-    finishes with the uninterrupted run's losses."""
+    finishes with the uninterrupted run's losses. The lock of --out, left by a process that is gone,
+    is taken over by the launcher with one warning naming that process, and held for the whole launch:
+    the restarted rank 0 takes over nothing."""
     run = tmp_path / "run"
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    lock_file(run).write_text(json.dumps({"command": "train", "pid": dead, "host": socket.gethostname()}))
     step_callbacks(SlowWritesAfter(1), KillAt(2, rank=0))
     assert main(["train", experiment, "--out", str(run), "--nproc", "2", "--max-restarts", "1"]) == 0
     assert_same_losses(run, reference)
-    assert "no checkpoint in" in capfd.readouterr().err
+    err = capfd.readouterr().err + caplog.text  # the workers' log, and the launcher's (this process)
+    assert "no checkpoint in" in err and "restart 1 of 1: rank 0 on " in err
+    assert [line.split("taking over the lock of ")[1] for line in err.splitlines() if "taking over the lock" in line] \
+        == [f"genome-lm train (pid {dead} on {socket.gethostname()}, started ?), whose process has ended"], err[-3000:]
+    assert not lock_file(run).exists()
 
 
 def test_sigterm_to_the_launcher_checkpoints_and_resumes(experiment, reference, tmp_path, step_callbacks, capfd):
