@@ -130,11 +130,11 @@ def test_cli_nproc_2_end_to_end(evaluated, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nproc", "3", "--cp", "2"], "--cp 2 does not divide the 3 processes of this eval (dp = processes / cp); "
+    (["--nproc", "3", "--cp", "2"], "--cp 2 does not divide the 3 processes of this launch (dp = processes / cp); "
                                     "use --nproc 2 or 4, or a --cp that divides 3"),
-    (["--cp", "2"], "--cp 2 splits each window over 2 processes, this eval has 1; add --nproc 2"),
-    (["--nproc", "2", "--cp", "4"], "--cp 4 splits each window over 4 processes, this eval has 2; launch with "
-                                    "--nproc 4"),
+    (["--cp", "2"], "--cp 2 splits each window (region) over 2 processes, this launch has 1; add --nproc 2"),
+    (["--nproc", "2", "--cp", "4"], "--cp 4 splits each window (region) over 4 processes, this launch has 2; "
+                                    "launch with --nproc 4"),
     (["--dtype", "float16"], "--dtype: unknown dtype 'float16'; use float32 or bfloat16"),
     (["--nproc", "2", "--engine", "streaming"], "--engine streaming and --parity run on one process"),
     (["--nproc", "2", "--parity"], "--engine streaming and --parity run on one process"),
