@@ -120,8 +120,9 @@ def read_vcf(path: str | Path, labels: str | None = None) -> tuple[list[Variant]
                                 f"QUAL FILTER INFO): {line.strip()[:80]!r}")
         chrom, pos, key = cols[0], int(cols[1]), contig_key(cols[0])
         if key != last and key in seen or pos < seen.get(key, 0):
-            raise GenomeLMError(f"--vcf {path}: line {n} ({chrom}:{pos}) comes after {chrom}:{seen[key]} or another "
-                                "contig; sort the VCF first (bcftools sort)")
+            where = f"{chrom}:{seen[key]}" if key == last else f"other contigs, yet {chrom} came before them"
+            raise GenomeLMError(f"--vcf {path} is not sorted: line {n} ({chrom}:{pos}) comes after {where}; sort it "
+                                "first (bcftools sort)")
         seen[key], last = pos, key
         ref, alts = cols[3].upper(), cols[4].upper().split(",")
         for i, alt in enumerate(alts):
