@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import groupby
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,11 +29,16 @@ from genome_lm.settings import STREAMING_CHUNK_TOKENS
 __all__ = ["score_continuations", "snapshot", "restore"]
 
 
+def _layers(scorer: StreamingScorer) -> list[Any]:
+    """The cache's layers: upstream's linear-attention layers (KDA) and indexed DynamicLayers (DSA)."""
+    return list(scorer.cache.layers)
+
+
 def snapshot(scorer: StreamingScorer) -> tuple:
     """What `restore` needs to bring `scorer` back to this point: per layer, clones of a KDA layer's conv
     and recurrent states (and token count), or a DSA layer's cached length."""
-    layers = []
-    for layer in scorer.cache.layers:
+    layers: list[Any] = []
+    for layer in _layers(scorer):
         if hasattr(layer, "conv_states"):
             layers.append(({i: t.clone() for i, t in layer.conv_states.items() if t is not None},
                            {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None},
@@ -45,7 +51,7 @@ def snapshot(scorer: StreamingScorer) -> tuple:
 def restore(scorer: StreamingScorer, snap: tuple) -> None:
     """Bring `scorer` back to `snap` (in place: the KDA states keep their addresses)."""
     scorer.length, scorer.last_hidden, layers = snap
-    for layer, saved in zip(scorer.cache.layers, layers):
+    for layer, saved in zip(_layers(scorer), layers):
         if isinstance(saved, int):
             layer.crop(saved - layer.get_seq_length())  # a negative count: the rows after the snapshot
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.eval.config import Sizes
 from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -24,7 +24,7 @@ class VariantsParams(BaseModel):
                                "LOF, 1, true; 0: Benign, Likely_benign, FUNC, INT, 0, false; other values unlabelled)")
     labels_tsv: str | None = Field(default=None, json_schema_extra={"metavar": "TSV"},
                                    description="labels as chrom, pos, ref, alt, label lines (same values as --labels)")
-    contexts: Sizes = Field(json_schema_extra={"metavar": "L1,L2,..."},
+    contexts: Sizes = Field(min_length=1, json_schema_extra={"metavar": "L1,L2,..."},
                             description="bases before the variant given to the model, e.g. 1k,8k,64k")
     after: int = Field(default=0, ge=0, json_schema_extra={"metavar": "N"},
                        description="also score the N bases after the variant (its downstream effect)")
@@ -39,10 +39,3 @@ class VariantsParams(BaseModel):
     resamples: int = Field(default=DEFAULT_RESAMPLES, gt=0, description="bootstrap replicates")
     seed: int = Field(default=DEFAULT_SEED, description="bootstrap seed")
     overwrite: bool = False
-
-    @field_validator("contexts")
-    @classmethod
-    def _sorted_lengths(cls, v: list[int]) -> list[int]:
-        if not v or min(v) < 1:
-            raise ValueError("give one or more context lengths of at least 1 base, e.g. 1k,8k")
-        return sorted(set(v))

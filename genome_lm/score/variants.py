@@ -82,10 +82,11 @@ def _score(model, lut: np.ndarray, ref: Reference, variants: list[Variant], L: i
     for members in loci.values():
         tokens = ref.tokens(members[0].chrom)
         parts = [windows(v, tokens, L, strand, p.after) for v in members]
-        conts = [lut[c] for _, r, a in parts for c in (r, a)]
-        logps = score_continuations(model, lut[parts[0][0]], conts, p.chunk)
+        unique = {c.tobytes(): c for _, r, a in parts for c in (r, a)}  # split alleles share their REF
+        logps = dict(zip(unique, score_continuations(model, lut[parts[0][0]], [lut[c] for c in unique.values()],
+                                                     p.chunk)))
         for k, v in enumerate(members):
-            r, a = logps[2 * k], logps[2 * k + 1]
+            r, a = logps[parts[k][1].tobytes()], logps[parts[k][2].tobytes()]
             rows.append({"chrom": v.chrom, "pos": v.pos, "id": v.id, "ref": v.ref, "alt": v.alt, "kind": v.kind,
                          "context": L, "context_used": len(parts[k][0]), "strand": strand,
                          "score": float(np.nansum(a) - np.nansum(r)), "ref_logp": float(np.nansum(r)),
@@ -142,6 +143,7 @@ def run_variants(p: VariantsParams, show_progress: bool | None = None) -> dict:
     from genome_lm.train.checkpoint import resolve_model_dir
 
     t0 = time.perf_counter()
+    p = p.model_copy(update={"contexts": sorted(set(p.contexts))})
     inputs = [p.checkpoint, p.fasta, p.vcf, *([p.labels_tsv] if p.labels_tsv else [])]
     claim_output(p.out, "variants", inputs, p.overwrite)
     variants, counts, ref = _inputs(p)

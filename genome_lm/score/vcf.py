@@ -163,7 +163,7 @@ def check_against(variants: list[Variant], ref: Reference) -> tuple[list[Variant
     """(the variants whose contig is loaded and whose REF matches the FASTA, skipped counts by reason,
     the first 20 mismatches as 'chrom:pos ref>alt (fasta: X)'). Refused as the wrong assembly when
     most REF alleles differ."""
-    kept, listed = [], []
+    kept, listed = [], []  # type: list[Variant], list[str]
     skipped = {"ref_mismatch": 0, "not_in_reference": 0}
     for v in variants:
         if contig_key(v.chrom) not in ref.records:

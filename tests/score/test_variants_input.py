@@ -72,8 +72,10 @@ def test_most_ref_alleles_wrong_is_refused_as_another_assembly(tmp_path, ref):
 
 @pytest.mark.parametrize("records, header, match", [
     (["chr1 2 a C A . . ."], "##fileformat=VCFv4.2\n", "line 2 is a record before the #CHROM header"),
-    (["chr1 5 a A C . . .", "chr1 2 b C A . . ."], HEADER, r"not sorted: line 4 \(chr1:2\) comes after chr1:5; sort it first \(bcftools sort\)"),
-    (["chr1 5 a A C . . .", "chr2 1 b G A . . .", "1 9 c A C . . ."], HEADER, r"line 5 \(1:9\) comes after other contigs, yet 1 came"),
+    (["chr1 5 a A C . . .", "chr1 2 b C A . . ."], HEADER,
+     r"not sorted: line 4 \(chr1:2\) comes after chr1:5; sort it first \(bcftools sort\)"),
+    (["chr1 5 a A C . . .", "chr2 1 b G A . . .", "1 9 c A C . . ."], HEADER,
+     r"line 5 \(1:9\) comes after other contigs, yet 1 came"),
     (["chr1 x a A C . . ."], HEADER, "line 3 is not a VCF record"),
 ])
 def test_bad_vcf_is_one_line(tmp_path, records, header, match):
