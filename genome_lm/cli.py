@@ -45,8 +45,8 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Launch(Params):
-    """Where `train` and `eval` run: one process, N local processes, or Ray."""
+class Workers(Params):
+    """Where `score` runs: one process, N local processes, or Ray."""
 
     nproc: int | None = Field(default=None, ge=1, json_schema_extra={"metavar": "N"},
                               description="run on N local processes (torch elastic launcher; one per GPU, gloo on "
@@ -54,6 +54,11 @@ class Launch(Params):
     ray: str | None = Field(default=None, json_schema_extra={"const": "", "metavar": "ADDRESS"},
                             description="run under Ray on the cluster at ADDRESS (ray://HOST:10001, auto), or on a "
                             "local Ray instance without ADDRESS; one worker per GPU, or --nproc N CPU workers")
+
+
+class Launch(Workers):
+    """Where `train` and `eval` run, and how: also a dry run, and restarts."""
+
     dry_run: bool = Field(default=False, description="check everything on the meta device and print the layout "
                           "and memory per rank; runs nothing, needs no GPU")
     max_restarts: int = Field(default=0, ge=0, json_schema_extra={"metavar": "N"},
@@ -222,6 +227,23 @@ def _eval(args) -> None:
     print(format_summary(s, cfg.out))
 
 
+def _score(args) -> None:
+    from genome_lm.score.params import ScoreParams
+
+    p, run = from_args(ScoreParams, args), from_args(Workers, args)
+    if run.ray is not None or (run.nproc or 1) > 1:
+        from genome_lm.score.launch import launch
+
+        s = launch(p, run.nproc, ray=run.ray)
+    else:
+        from genome_lm.score.run import score
+
+        s = score(p)
+    print(f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
+          + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
+             if s["longer_than_trained"] else ""))
+
+
 def _compare(args) -> None:
     from genome_lm.eval import format_table, write_compare
 
@@ -274,12 +296,19 @@ def storage_message(e: OSError, out: str | None = None) -> str:
 
 
 def _kept(args) -> str:
-    """What a fetch or an eval that stopped early keeps for a rerun: the downloads' `.part` files, the
-    eval's per-window cache (`eval/cache.py`)."""
+    """What a fetch, an eval or a score that stopped early keeps for a rerun: the downloads' `.part` files, the
+    eval's per-window cache (`eval/cache.py`), the score's completed regions (`score/outputs.py`)."""
     if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
         parts = sorted(p.name for p in Path(args.out).glob("*.part"))
         return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
+    if args.command == "score" and getattr(args, "out", None):
+        from genome_lm.score.outputs import work_dir_for
+
+        done = work_dir_for(Path(args.out)) / "done"
+        n = len(list(done.iterdir())) if done.is_dir() else 0
+        return (f"; the {n} region(s) scored so far are kept in {done.parent}, and the same score command resumes "
+                "from them") if n else ""
     if args.command != "eval" or not getattr(args, "out", None):
         return ""
     from genome_lm.eval.cache import cache_dir_for
@@ -304,6 +333,7 @@ class Command:
 
 
 PREPARE, EVAL = "genome_lm.genome.prepare_params:PrepareParams", "genome_lm.eval.config:EvalConfig"
+SCORE = "genome_lm.score.params:ScoreParams"
 COMMANDS = {
     "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
                     "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
@@ -318,6 +348,8 @@ COMMANDS = {
                       "directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),
+    "score": Command(_score, "per-base log-probs (and embeddings) of FASTA regions at any length, chunk by chunk "
+                     "with the model's state carried (equal to one pass)", (SCORE, Workers), files=SCORE),
     "compare": Command(_compare, "paired comparison of two evals of the same windows, by context bucket (or of "
                        "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
     "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",

@@ -49,6 +49,13 @@ def _launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool, max_rest
               describe=f"eval: cp={cfg.cp}, dp=processes/cp",
               keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
               work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
+    run_job(job, nproc, ray, max_restarts)
+    return load_summary(cfg.out)
+
+
+def run_job(job: Job, nproc: int | None, ray: str | None | bool, max_restarts: int = 0) -> None:
+    """Run `job` on `nproc` local processes or under Ray (`ray`: an address, "" or True for a local
+    instance); its work folder is removed afterwards."""
     try:
         if ray is None:
             run_local(job, nproc or 1, max_restarts)
@@ -56,4 +63,3 @@ def _launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool, max_rest
             run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc, max_restarts=max_restarts)
     finally:
         shutil.rmtree(job.work_dir, ignore_errors=True)
-    return load_summary(cfg.out)

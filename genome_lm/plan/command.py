@@ -3,6 +3,7 @@
     genome-lm plan (EXP.yaml | --model PRESET_OR_DIR --seq-len 1M) --gpus 64 [--gpus-per-node 8]
         [--gpu-mem 180GiB] [--host-mem 2TiB] [--gpu b200|h200|h100] [--fit] [--json]
         [--cp 8] [--ep 8] [--recompute per-layer] [--offload] [--set KEY=VALUE] [--assume KEY=VALUE]
+    genome-lm plan --model glm53-flash --score 1M [--chunk 64k] [--gpu h100] [--gpus 8 [--cp 8]]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size
 
 
@@ -50,6 +52,11 @@ class PlanParams(BaseModel):
                               "take those a GPU measured: --assume benchmarks/results/gpu_check.json (repeatable)")
     fit: bool = Field(default=False, description="search recompute/offload/cp/block sizes for the fastest layout that "
                       "fits")
+    score: Size | None = Field(default=None, description="plan scoring a region of this many tokens instead of "
+                               "training (genome-lm score): peak per GPU split into weights, KDA state, DSA caches "
+                               "and activations, and the longest region that fits")
+    chunk: Size = Field(default=STREAMING_CHUNK_TOKENS, ge=1, description="with --score: tokens per streamed chunk "
+                        "(one process or FSDP2 over --gpus; with --cp > 1 the region is one piece over the CP ranks)")
     json_: bool = Field(default=False, json_schema_extra={"flag": "--json"},
                         description="print JSON instead of the report")
 
@@ -122,10 +129,51 @@ def fit_layout(args):
     return layout, fit(shape, layout, cluster, assume, eps)
 
 
+def run_score(args: PlanParams, tokens: int) -> None:
+    """`plan --score`: the peak per GPU of a scoring run and the longest region that fits."""
+    from genome_lm.plan.assumptions import Assumptions
+    from genome_lm.plan.hardware import GiB, make_cluster
+    from genome_lm.plan.inference import longest_region, plan_score
+    from genome_lm.plan.shapes import model_shape
+
+    if args.fit or args.seq_len is not None:
+        raise GenomeLMError("plan --score: --fit and --seq-len are for training plans; --score gives the length")
+    gpus, cp = args.gpus or 1, args.cp or 1
+    if gpus % cp:
+        raise GenomeLMError(f"--cp {cp} does not divide --gpus {gpus}")
+    cfg = _experiment(args.model_copy(update={"seq_len": tokens}))  # its model and memory (block sizes, --set)
+    name = cfg.model.name
+    shape = model_shape(name, args.dtype or cfg.model.dtype, cfg.model.overrides)
+    cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
+    assume = Assumptions().override(args.assume)
+    plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume, memory=cfg.memory)
+    limit = int((cluster.gpu.memory_bytes - assume.runtime_reserved_gib * GiB) / (1 + assume.fragmentation))
+    longest = longest_region(shape, args.chunk, limit, gpus, cp, assume, memory=cfg.memory)
+    how = f"one piece over {cp} context-parallel ranks" if cp > 1 else f"streamed in chunks of {args.chunk:,}"
+    if args.json_:
+        print(json.dumps({"tokens": tokens, "chunk": args.chunk, "gpus": gpus, "cp": cp, "gpu": cluster.gpu.name,
+                          "peak_bytes": plan.peak_bytes, "peak_where": plan.peak_where, "breakdown": plan.breakdown,
+                          "usable_bytes": limit, "fits": plan.peak_bytes <= limit, "longest_region": longest},
+                         indent=2))
+        return
+    print(f"scoring {tokens:,} tokens of {name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
+    for key, label in (("weights", "weights"), ("kda_state", "KDA state"), ("dsa_caches", "DSA caches"),
+                       ("activations", "activations")):
+        print(f"  {label:<12} {plan.breakdown[key] / GiB:>10,.2f} GiB")
+    print(f"peak per GPU: {plan.peak_bytes / GiB:,.2f} GiB at {plan.peak_where}; usable {limit / GiB:,.1f} GiB "
+          f"(after {assume.fragmentation:.0%} allocator overhead and {assume.runtime_reserved_gib:g} GiB runtime): "
+          + ("fits" if plan.peak_bytes <= limit else "does not fit"))
+    print(f"longest region that fits: {longest:,} tokens" if longest else
+          "longest region that fits: none (not even one chunk); add GPUs (--gpus) or shorten --chunk")
+
+
 def run(args: PlanParams) -> None:
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.report import format_plan, plan_json
 
+    if args.score is not None:
+        run_score(args, args.score)
+        return
     if not args.fit:
         plan = make_plan(*build(args)[:4])
         print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))

@@ -19,18 +19,30 @@ kept for backward. At every point the live bytes are
 then the LM head: final hidden and norm, one loss chunk's logits, and the per-token NLL of the
 whole piece (gathered over the CP group). Layouts use `moe_recompute=True`: without autograd the
 MoE keeps no block's activations beyond the block running, which is how that option is counted.
+
+A scoring run (`plan_score`, `genome-lm plan --score`) on one process or with FSDP2 alone walks the
+region in chunks (`model/streaming.py`): the forward of one chunk whose DSA layers attend to every
+token so far, plus the state carried between chunks (`carried_bytes`):
+    KDA state    per KDA layer the float32 recurrent state H·K·K·4 and the conv tail 3·H·K·W·a
+                 (+ a length counter): constant in the region's length
+    DSA caches   per DSA layer the latent rows T·R·a, and where the layer has its own indexer the
+                 index keys, gates and a valid flag T·(2·DI + 1)·a: linear in T
+The chunk's DSA op counts its layer's cache once more: the copy `torch.cat` makes while the cache
+grows. With context parallelism (cp > 1) the region is one piece split over the CP ranks, as eval
+runs it, and `plan_forward` is the plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from genome_lm.config import MemoryConfig
 from genome_lm.plan import activations as act
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
 from genome_lm.plan.ops import loss_transients, ops_by_layer
-from genome_lm.plan.shapes import ModelShape
+from genome_lm.plan.shapes import LayerShape, ModelShape
 
 F32 = 4
 
@@ -45,9 +57,10 @@ class ForwardPlan:
 
 
 def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
-                 sharded: bool | None = None) -> ForwardPlan:
+                 sharded: bool | None = None, keys: int | None = None) -> ForwardPlan:
     """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
-    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1)."""
+    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1).
+    `keys`: the tokens DSA attends to when more than the piece (a streaming chunk: the prefix too)."""
     assume = assume or Assumptions()
     layout.check()
     fsdp = layout.gpus > 1 if sharded is None else sharded
@@ -59,7 +72,7 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
     prefetch = 1 + assume.fsdp_prefetch_layers
     ids = 2 * n * 8  # input ids and labels, int64
     phases: list[tuple[str, dict[str, int]]] = []
-    for i, (lay, ops) in enumerate(zip(m.layers, ops_by_layer(m, layout, backend, assume.expert_imbalance))):
+    for i, (lay, ops) in enumerate(zip(m.layers, ops_by_layer(m, layout, backend, assume.expert_imbalance, keys))):
         streams, op_bytes, op = _nograd_forward(ops, m, n)
         gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
         phases.append((f"forward of layer {i} ({lay.kind}): {op}",
@@ -74,3 +87,62 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
     parts = {k: v for k, v in parts.items() if v}
     return ForwardPlan(peak_bytes=sum(parts.values()), peak_where=where, breakdown=parts, weights_bytes=weights,
                        phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]))
+
+
+def carried_bytes(m: ModelShape, tokens: int) -> dict[str, int]:
+    """{"kda_state", "dsa_caches"}: bytes the streaming scorer carries after `tokens` tokens (batch 1)."""
+    a = m.act_bytes
+    HK = m.kda_heads * m.kda_head_dim
+
+    def dsa(lay: LayerShape) -> int:
+        return tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
+
+    kda = HK * m.kda_head_dim * F32 + 3 * HK * m.kda_conv * a + 8
+    return {"kda_state": sum(kda for lay in m.layers if lay.attn == "kda"),
+            "dsa_caches": sum(dsa(lay) for lay in m.layers if lay.attn == "dsa")}
+
+
+@dataclass
+class ScorePlan:
+    tokens: int  # the region's length
+    chunk: int  # tokens per streaming chunk (cp > 1: the region is one piece)
+    gpus: int
+    cp: int
+    peak_bytes: int
+    peak_where: str
+    breakdown: dict[str, int]  # weights, kda_state, dsa_caches, activations: summing to peak_bytes
+
+
+def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,
+               assume: Assumptions | None = None, backend: str = "fla",
+               memory: MemoryConfig | None = None) -> ScorePlan:
+    """Peak bytes per device of scoring a `tokens`-long region: streamed in chunks of `chunk` tokens
+    (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks.
+    `memory`: block sizes (default: the trainer's)."""
+    base = Layout(tokens, memory.model_copy()) if memory else Layout(tokens)
+    if cp > 1:
+        plan = plan_forward(m, base.replace(cp=cp, dp=gpus // cp, moe_recompute=True), assume, backend)
+        carried = {"kda_state": 0, "dsa_caches": 0}
+    else:
+        layout = base.replace(seq_len=min(chunk, tokens), dp=gpus, moe_recompute=True)
+        plan = plan_forward(m, layout, assume, backend, keys=tokens)
+        carried = carried_bytes(m, tokens)
+    weights = sum(plan.breakdown.get(k, 0) for k in ("weights", "root_gathered", "layer_gathered"))
+    parts = {"weights": weights, **carried, "activations": plan.peak_bytes - weights}
+    return ScorePlan(tokens, chunk, gpus, cp, sum(parts.values()), plan.peak_where, parts)
+
+
+def longest_region(m: ModelShape, chunk: int, limit: int, gpus: int = 1, cp: int = 1,
+                   assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> int:
+    """The most tokens (a multiple of `cp`, below 2^34) whose `plan_score` peak is at most `limit` bytes;
+    0 when not even `chunk` tokens fit."""
+    lo, hi = 0, 2**34 // cp  # in units of cp tokens: lo fits (or is 0), hi does not
+    start = max(1, -(-min(chunk, 2**20) // cp))
+    if plan_score(m, start * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes > limit:
+        return 0
+    lo = start
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        fits = plan_score(m, mid * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes <= limit
+        lo, hi = (mid, hi) if fits else (lo, mid)
+    return lo * cp

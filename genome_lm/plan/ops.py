@@ -26,7 +26,8 @@ activation dtype bytes, float32 where the code computes in float32):
   the float32 [block, HI, P] scores (scaled and relu'd in place) and the row scores before they
   are copied into the buffer (blocks score only the pools complete before their last query).
 - DSA sparse attention: per query block the gathered latent rows [block, W, R] (as stored, then
-  float32) and float32 [block, H, W] scores; backward adds float32 row gradients (two matmuls
+  float32) and float32 [block, H, W] scores, gathered while the previous block's rows and scores
+  are still bound; backward adds float32 row gradients (two matmuls
   and their sum) and the float32 [T, R] latent gradient accumulator.
 - MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
   block's activations live while it runs. Upstream's experts (no expert parallelism): backward adds
@@ -113,9 +114,11 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
     return [proj, core, out]
 
 
-def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
+def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout, keys: int | None = None) -> list[Op]:
+    """`keys`: the tokens attended to (default: the whole sequence, all-gathered under CP; streaming:
+    the cached prefix and the chunk)."""
     n, a, H, R = layout.tokens, m.act_bytes, m.dsa_heads, m.kv_lora
-    T = layout.train.micro_batch * layout.seq_len  # keys: the whole sequence (all-gathered under CP)
+    T = keys or layout.train.micro_batch * layout.seq_len
     t = act.dsa(m, n, T, layer)
     nb = min(layout.memory.dsa_block_queries, n)
     _, W = m.selected_per_query(T)
@@ -132,7 +135,8 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout) -> list[Op]:
     proj = Op("dsa_proj_indexer", proj_saved, fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
     rows = nb * W * R
     gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
-    fwd = max(gather, F32 * rows + 3 * F32 * nb * H * W)
+    before = F32 * rows + 2 * F32 * nb * H * W if n > nb else 0  # the last block's rows and scores, still bound
+    fwd = max(gather + before, F32 * rows + 3 * F32 * nb * H * W)
     bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + 2 * n * a * H * R
     attn_saved: dict[str, int] = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
     attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
@@ -174,7 +178,8 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
     return [Op("moe", act.moe(m, n, layout.memory.moe_recompute, rows_n, ep), fwd=fwd, bwd=bwd, part="moe")]
 
 
-def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> list[Op]:
+def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float,
+              keys: int | None = None) -> list[Op]:
     """The ops of one decoder layer in forward order; their saved bytes sum to input + body."""
     n = layout.tokens
     fr = act.frame(m, n, layout.hc_recompute)
@@ -182,7 +187,7 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     ops = [hc_op(m, n, "attn_hc", layout.hc_recompute,
                  {"layer_input": act.layer_input(m, n)} | ({"hc_weights": hc_extra} if hc_extra else {})),
            norm_op(m, n, "norm_attn")]
-    ops += kda_ops(m, layout, backend) if layer.attn == "kda" else dsa_ops(m, layer, layout)
+    ops += kda_ops(m, layout, backend) if layer.attn == "kda" else dsa_ops(m, layer, layout, keys)
     ops += [combine_op(m, n, "combine_attn", {"mid_stream": fr["mid_stream"]}),
             hc_op(m, n, "ffn_hc", layout.hc_recompute, {"hc_weights": hc_extra} if hc_extra else {}),
             norm_op(m, n, "norm_ffn")]
@@ -191,12 +196,13 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     return ops
 
 
-def ops_by_layer(m: ModelShape, layout: Layout, backend: str, imbalance: float) -> list[list[Op]]:
+def ops_by_layer(m: ModelShape, layout: Layout, backend: str, imbalance: float,
+                 keys: int | None = None) -> list[list[Op]]:
     """`layer_ops` of every decoder layer (layers of one kind share one list, built once)."""
     by_kind: dict[tuple, list[Op]] = {}
     for lay in m.layers:
         if (lay.attn, lay.mlp, lay.indexer) not in by_kind:
-            by_kind[lay.attn, lay.mlp, lay.indexer] = layer_ops(m, lay, layout, backend, imbalance)
+            by_kind[lay.attn, lay.mlp, lay.indexer] = layer_ops(m, lay, layout, backend, imbalance, keys)
     return [by_kind[lay.attn, lay.mlp, lay.indexer] for lay in m.layers]
 
 

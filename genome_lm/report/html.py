@@ -6,7 +6,8 @@
 With a base, a short-context and a long-context fine-tune of it (`matched=(base, short, long)`, or found
 from the runs' `model.init` and context: `matched.find_roles`), the page also answers "is the gain from
 context, or from more training?" (`matched.py`). Two evals give the two-model page. Evals that ran
-with `--context`, `--strands both`, a leakage mask or `--annotate` get a section each (`questions.py`).
+with `--context`, `--strands both`, a leakage mask or `--annotate` get a section each (`questions.py`);
+a `genome-lm variants` output folder gets "Variant effect by context" (`variants.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_file
 from genome_lm.outputs import KINDS, holding, read_marker
-from genome_lm.report import plots, questions, tables
+from genome_lm.report import plots, questions, tables, variants
 from genome_lm.report.data import (
     CompareResult,
     EvalResult,
@@ -187,9 +188,11 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
     section on context vs more training (see the module docstring)."""
-    evals, compares = load_dirs(list(dirs))
+    found = variants.variants_dirs([Path(d) for d in dirs])
+    evals, compares = load_dirs([d for d in dirs if Path(d) not in found])
+    variant_runs = [variants.load_variants(d) for d in found]
     run_metrics = [load_run(r) for r in runs]
-    if not evals and not compares and not run_metrics and matched is None:
+    if not evals and not compares and not run_metrics and not variant_runs and matched is None:
         raise GenomeLMError("nothing to report: give eval or compare directories (and/or --run RUN_DIR)")
     gain = _context_gain(evals, compares, matched)
     if not compares and len(evals) >= 2:
@@ -223,11 +226,13 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                   _figure(plots.plot_repeat_split(evals), "repeat vs non-repeat",
                           "Loss by context on bases outside repeats (left) and on soft-masked repeat bases (right)."),
                   tables.repeat_table(evals)]
+    for v in variant_runs:
+        parts += variants.variants_section(v, _figure)
     if run_metrics:
         parts += ["<h2>Training curves</h2>",
                   _figure(plots.plot_training_curves(run_metrics), "training curves", "From each run's metrics.jsonl."),
                   tables.run_table(run_metrics)]
-    parts.append("<h2>Tables</h2>")
+    parts += ["<h2>Tables</h2>"] if evals or compares else []
     parts += [t for c in compares for t in (tables.compare_table(c), "" if c is seeds else tables.replicates_table(c))]
     parts += [tables.bucket_table(e) for e in evals]
     parts += [tables.parity_table(e) for e in evals]

@@ -40,14 +40,14 @@ class Reference:
     all_names: list[str]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, chroms: Iterable[str], show_progress: bool | None = None,
+    def load(cls, path: str | os.PathLike, chroms: Iterable[str] | None, show_progress: bool | None = None,
              missing_ok: bool = False) -> Reference:
-        """Read `path` once, keeping the contigs named in `chroms` (any alias). A name the file lacks is a
-        one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
-        wanted = {contig_key(c): c for c in chroms}
+        """Read `path` once, keeping the contigs named in `chroms` (any alias; None: every contig). A name the
+        file lacks is a one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
+        wanted = {contig_key(c): c for c in chroms or ()}
         reader = FastaReader(path, show_progress=show_progress)
         records = {}
-        for rec in reader.records(lambda name: contig_key(name) in wanted):
+        for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted):
             records[contig_key(rec.name)] = (rec.name, rec.codes & TOKEN_MASK)
         missing = [c for k, c in wanted.items() if k not in records]
         if missing and not missing_ok:

@@ -4,7 +4,8 @@ Playwright (the `browser` extra, in requirements.lock; its own browser download 
 
 `genome-lm demo --quick` is run once and its page opened from file://. Checked: every section's
 heading is visible with content of non-zero size below it, every image decoded (naturalWidth > 0) and shown,
-every table shown, and the page logs no console error, throws no error and fails no request. A second test
+every table shown, and the page logs no console error, throws no error and fails no request. A report of a
+variants output folder (its "Variant effect by context" section) is checked the same way. A third test
 breaks a copy of the page (a corrupt PNG, a script that throws, a section removed) and checks that the same
 checks name each break. A full-page screenshot goes to build/browser/demo_quick.png (GENOME_LM_BROWSER_OUT:
 another folder); its path is printed.
@@ -106,9 +107,10 @@ def demo_report(tmp_path_factory) -> Path:
     return root / "reports" / "demo_quick.html"
 
 
-def check_page(context, page_path: Path, screenshot: Path | None = None) -> list[str]:
+def check_page(context, page_path: Path, screenshot: Path | None = None,
+               want: tuple[str, list[str], list[str]] = (TITLE, SECTIONS, FIGURES)) -> list[str]:
     """Open `page_path` and return what is wrong with it, one line each (empty: nothing). `screenshot`: write a
-    full-page PNG there."""
+    full-page PNG there. `want`: the page's title, section headings and image alts."""
     page = context.new_page()
     errors = []
     page.on("console", lambda m: errors.append(f"console error: {m.text}") if m.type == "error" else None)
@@ -126,18 +128,19 @@ def check_page(context, page_path: Path, screenshot: Path | None = None) -> list
         page.close()
     problems = list(errors)
     headings = [(s["tag"], s["text"]) for s in sections]
-    want = [("h1", TITLE)] + [("h2", t) for t in SECTIONS]
-    if headings != want:
-        problems.append(f"headings: missing {[t for t in want if t not in headings]}, "
-                        f"unexpected {[t for t in headings if t not in want]}")
+    title, titles, figures = want
+    expected = [("h1", title)] + [("h2", t) for t in titles]
+    if headings != expected:
+        problems.append(f"headings: missing {[t for t in expected if t not in headings]}, "
+                        f"unexpected {[t for t in headings if t not in expected]}")
     for s, shown in zip(sections, visible):
         if not (shown and s["width"] > 0 and s["height"] > 0):
             problems.append(f"heading {s['text']!r} not visible ({s['width']:.0f} x {s['height']:.0f} px)")
         if s["tag"] == "h2" and not (s["body_elements"] and s["body_height"] > 0):
             problems.append(f"section {s['text']!r} is empty ({s['body_elements']} elements, "
                             f"{s['body_height']:.0f} px high)")
-    if [i["alt"] for i in images] != FIGURES:
-        problems.append(f"images: {[i['alt'] for i in images]}, expected {FIGURES}")
+    if [i["alt"] for i in images] != figures:
+        problems.append(f"images: {[i['alt'] for i in images]}, expected {figures}")
     for i in images:
         if not (i["complete"] and i["natural_width"] > 0 and i["natural_height"] > 0):
             problems.append(f"image {i['alt']!r} is broken (naturalWidth {i['natural_width']}, src {i['src']}...)")
@@ -164,6 +167,18 @@ def test_quick_demo_report_renders_in_chromium(browser, demo_report, capsys):
         print(f"\nscreenshot: {kept} (full page, {kept.stat().st_size // 1024} kB)")
     assert not problems, "\n".join(problems)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_variants_section_renders_in_chromium(browser, tmp_path):
+    """A report of a variants output folder (tests/report/conftest.py's fixture): its section, both figures and
+    the AUROC / AUPRC table render."""
+    from genome_lm.report import write_report
+    from tests.report.conftest import write_variants_output
+
+    page = write_report([write_variants_output(tmp_path / "brca1")], out=tmp_path / "variants.html")
+    problems = check_page(browser, page, want=("genome_lm: loss by preceding context", ["Variant effect by context"],
+                                               ["ROC by context", "score shift vs context"]))
+    assert not problems, "\n".join(problems)
 
 
 def test_the_checks_name_each_break(browser, demo_report, tmp_path):

@@ -1,0 +1,257 @@
+"""`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length, one device.
+
+    summary = score(ScoreParams(checkpoint="runs/demo/checkpoints/last", fasta="hg38.fa.gz",
+                                regions="loci.bed", out="scores/loci"))
+
+Steps: 1. check the inputs and that --out is free (`check_inputs`: BED lines, contigs, all-N regions);
+2. for each region not yet done, each strand: stream it through the model in chunks of --chunk tokens
+(`engine.stream`), writing rows and embeddings as they come (`outputs.RegionWriter`); 3. move the work
+folder's files into OUT with regions.parquet and summary.json. Formats and resume: `score/outputs.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genome_lm.errors import GenomeLMError
+from genome_lm.score.params import STRANDS, ScoreParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    chrom: str  # the FASTA's name
+    start: int  # 0-based, half-open
+    end: int
+
+
+def read_bed(path: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each interval line of a BED file (comments, track/browser lines skipped)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GenomeLMError(f"--regions {path}: cannot read it ({getattr(e, 'strerror', None) or e}); give a BED "
+                            "file of chrom, start, end[, name] lines") from None
+    lines = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1)
+             if line.strip() and not line.startswith(("#", "track", "browser"))]
+    if not lines:
+        raise GenomeLMError(f"--regions {path} holds no region; give chrom, start, end[, name] lines")
+    return lines
+
+
+def load_regions(p: ScoreParams):
+    """The reference (`score.reference.Reference`, only the contigs scored) and the regions, checked."""
+    from genome_lm.score.reference import Reference
+
+    lines = read_bed(p.regions) if p.regions else []
+    ref = Reference.load(p.fasta, [f[0] for _, f in lines] if p.regions else None, show_progress=False)
+    if not p.regions:
+        return ref, [Region(name, name, 0, len(ref.tokens(name))) for name in ref.all_names]
+    regions = []
+    for n, f in lines:
+        try:
+            start, end = int(f[1]), int(f[2])
+        except (IndexError, ValueError):
+            raise GenomeLMError(f"--regions {p.regions} line {n}: expected chrom, start, end[, name] (0-based, "
+                                f"half-open), got {' '.join(f)!r}") from None
+        chrom, length = ref.record(f[0]), len(ref.tokens(f[0]))
+        if not 0 <= start < end:
+            raise GenomeLMError(f"--regions {p.regions} line {n}: start {start}, end {end} is no region "
+                                "(0 <= start < end, 0-based half-open)")
+        if end > length:
+            raise GenomeLMError(f"--regions {p.regions} line {n}: {f[0]}:{start}-{end} ends beyond {chrom} "
+                                f"({length:,} bases in {p.fasta}); check the assembly the BED file was made for")
+        regions.append(Region(f[3] if len(f) > 3 else f"{chrom}:{start}-{end}", chrom, start, end))
+    return ref, regions
+
+
+def check_inputs(p: ScoreParams):
+    """One-line errors before anything is scored; claims --out (lock, `outputs.claim_output`). Returns
+    (reference, regions)."""
+    from genome_lm.genome.tokenizer import N_ID
+    from genome_lm.outputs import claim_output
+
+    claim_output(p.out, "score", score_inputs(p), p.overwrite)
+    for path, flag in ((p.checkpoint, "--checkpoint"), (p.fasta, "--fasta")):
+        if not Path(path).exists():
+            raise GenomeLMError(f"{flag} {path} does not exist")
+    ref, regions = load_regions(p)
+    for r in regions:
+        if (ref.tokens(r.chrom)[r.start : r.end] == N_ID).all():
+            raise GenomeLMError(f"region {r.name} ({r.chrom}:{r.start}-{r.end}) is all N: nothing to score; leave "
+                                "it out of --regions")
+    return ref, regions
+
+
+def score_inputs(p: ScoreParams) -> list[Path]:
+    return [Path(p.checkpoint), Path(p.fasta), *([Path(p.regions)] if p.regions else [])]
+
+
+def trained_context(checkpoint: str) -> int | None:
+    """The training seq_len of a run's checkpoint (RUN/config.yaml of RUN/checkpoints/step_N[/model]), else None."""
+    import yaml
+
+    from genome_lm.sizes import parse_size
+
+    for run in Path(checkpoint).resolve().parents[1:3]:
+        try:
+            return parse_size(yaml.safe_load((run / "config.yaml").read_text())["data"]["seq_len"])
+        except (OSError, KeyError, TypeError, ValueError, GenomeLMError, yaml.YAMLError):
+            continue
+    return None
+
+
+def rows_of(regions: list[Region], stride: int | None) -> np.ndarray:
+    """Embedding rows [R + 1] where each region starts (the last: the total) for `stride` bases per row."""
+    per = [1 if stride is None else -(-(r.end - r.start) // stride) for r in regions]
+    return np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+
+
+def score(p: ScoreParams, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
+    """Run the score `p` (one process, or every rank of a launch); return the summary rank 0 wrote."""
+    from genome_lm.config import ParallelConfig
+    from genome_lm.eval import sharded
+    from genome_lm.eval.config import resolve_dtype
+    from genome_lm.outputs import holding
+    from genome_lm.parallel.mesh import init_parallel
+
+    t0 = time.perf_counter()
+    world = sharded.world_size()
+    sharded.layout(p.cp, world)
+    par = init_parallel(ParallelConfig(cp=p.cp), sharded.device_for(p, device, world))
+    try:
+        with holding(p.out, "score") if par.is_main else contextlib.nullcontext():
+            return _score(p.model_copy(update={"dtype": resolve_dtype(p.dtype, par.device)}), par, show_progress, t0)
+    finally:
+        par.shutdown()
+
+
+def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
+    from genome_lm.eval import sharded
+    from genome_lm.eval.run import checkpoint_record
+    from genome_lm.genome.tokenizer import VOCAB
+    from genome_lm.model import token_lut
+    from genome_lm.score.engine import check_layers
+    from genome_lm.score.outputs import open_work
+
+    checked: dict = {}  # rank 0's reference and regions (the other ranks read their own: no FASTA is broadcast)
+    par.on_main(lambda: checked.update(zip(("ref", "regions"), check_inputs(p))))
+    ref, regions = (checked["ref"], checked["regions"]) if par.is_main else load_regions(p)
+    ckpt = checkpoint_record(p.checkpoint)
+    model = sharded.build_model(p, ckpt["model_dir"], par).eval()
+    check_layers(p.embeddings, model.config.num_hidden_layers)
+    lut = torch.from_numpy(token_lut(VOCAB, ckpt["model_dir"]))
+    strands = STRANDS[p.strands]
+    rows = rows_of(regions, p.stride())
+    key = {"checkpoint": ckpt, "fasta": {"path": str(Path(p.fasta).resolve()), "sha256": ref.sha256},
+           "regions": [asdict(r) for r in regions], "strands": strands, "embeddings": p.embeddings,
+           "pool": p.pool, "chunk": p.chunk, "dtype": p.dtype}
+    work, done = open_work(Path(p.out), key) if par.is_main else (None, set())
+    todo = par.broadcast_object([i for i in range(len(regions)) if i not in done])
+    log.info("score %s: %d regions (%s bases) x %d strand(s), %d already done; chunks of %d tokens, %s",
+             ckpt["model_dir"], len(regions), f"{int(rows_of(regions, 1)[-1]):,}", len(strands),
+             len(regions) - len(todo), p.chunk, p.dtype)
+    _score_regions(p, par, model, ref, regions, todo, lut, rows, work, show_progress)
+    trained = trained_context(p.checkpoint)
+    summary = {"command": "score", "checkpoint": ckpt, "reference": key["fasta"], "regions": len(regions),
+               "bases": int(rows_of(regions, 1)[-1]), "strands": strands,
+               "embeddings": {"layers": p.embeddings, "pool": p.pool, "dtype": "float16"},
+               "chunk_tokens": p.chunk, "dtype": p.dtype, "trained_context": trained,
+               "longer_than_trained": [r.name for r in regions if trained and r.end - r.start > trained],
+               "seconds": round(time.perf_counter() - t0, 3)}
+    return par.on_main(lambda: _finish(p, work, regions, rows, summary))
+
+
+def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo: list[int], lut: torch.Tensor,
+                   rows: np.ndarray, work: Path | None, show_progress: bool | None) -> None:
+    """Score the regions `todo`, each strand of each, rank 0 writing them into `work`. One process streams
+    each region (`engine.stream`); a launch scores one region per dp replica at a time, each in one forward
+    split over its CP group (`engine.whole`), and gathers the rows on rank 0."""
+    from genome_lm.eval import sharded
+    from genome_lm.genome.tokenizer import N_ID, reverse_complement
+    from genome_lm.parallel import callbacks
+    from genome_lm.progress import progress
+    from genome_lm.score.engine import head_weight, stream, whole
+    from genome_lm.score.outputs import embedding_files
+
+    strands = STRANDS[p.strands]
+    files = embedding_files(work, p.embeddings, strands, int(rows[-1]), model.config.hidden_size) if work else {}
+    weight = head_weight(model)
+
+    def chunks(i: int, strand: str):
+        r = regions[i]
+        tokens = ref.tokens(r.chrom)[r.start : r.end]
+        seq = torch.from_numpy(tokens if strand == "+" else reverse_complement(tokens)).long()  # [T]
+        for c in (whole if par.distributed else stream)(model, lut[seq], lut[:4], p.chunk, p.embeddings, weight):
+            c.logp[seq[c.start : c.start + len(c.logp)].to(c.logp.device) == N_ID] = float("nan")  # N: no base
+            if not par.distributed:
+                bar.update(len(c.logp))  # a launch counts each region when rank 0 has it
+            yield c
+
+    lengths = np.array([r.end - r.start for r in regions], dtype=np.int64) * len(strands)
+    written: list[int] = []
+    with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"score {Path(p.out).name}",
+                  "bases", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
+        def write(i: int, by_strand: dict) -> None:
+            assert work is not None, "one process, or rank 0 of a launch, writes"
+            _write_region(work, i, regions[i], files, int(rows[i]), p.stride(), by_strand)
+            if par.distributed:
+                bar.update(int(lengths[i]))
+            written.append(i)
+            callbacks.after_step(len(written), par.rank, 0)  # a region done (tests kill a score here)
+
+        if not par.distributed:
+            for i in todo:
+                write(i, {s: chunks(i, s) for s in strands})
+            return
+        for rnd in sharded.rounds(todo, [len(strands)] * len(regions), par.dp):
+            i = rnd.windows[par.dp_rank]
+            mine = None if i is None else (i, {s: [c.cpu() for c in chunks(i, s)] for s in strands})
+            for _ in range(rnd.forwards - (len(strands) if i is not None else 0)):
+                sharded.idle_forward(model, par.cp)
+            for j, by_strand in sharded.gather_on_main(par, mine):
+                write(j, by_strand)
+
+
+def _write_region(work: Path, i: int, region: Region, files: dict, row: int, stride: int | None,
+                  by_strand: dict) -> None:
+    from genome_lm.score.outputs import RegionWriter
+
+    writer = RegionWriter(work, i, region, files, row, stride)
+    for strand, chunks in by_strand.items():
+        for chunk in chunks:
+            writer.add(strand, chunk)
+    writer.close()
+
+
+def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.ndarray, summary: dict) -> dict:
+    """Move the work folder's files into a new OUT with regions.parquet and summary.json."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from genome_lm.files import atomic_directory, write_json_atomic
+
+    assert work is not None, "rank 0 holds the work folder"
+    with atomic_directory(p.out, "score", score_inputs(p), overwrite=p.overwrite) as tmp:
+        (work / "key.json").unlink()  # files leave the work folder: after a failure here a rerun starts anew
+        for name in ("logp", "embeddings"):
+            (work / name).replace(tmp / name)
+        table: dict = {k: [getattr(r, k) for r in regions] for k in ("name", "chrom", "start", "end")}
+        table.update(row=rows[:-1], rows=np.diff(rows))
+        pq.write_table(pa.table(table).rename_columns(["region", "chrom", "start", "end", "row", "rows"]),
+                       tmp / "regions.parquet")
+        write_json_atomic(tmp / "summary.json", summary)
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("score done: %d regions, %s bases -> %s", summary["regions"], f"{summary['bases']:,}", p.out)
+    return summary
