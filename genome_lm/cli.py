@@ -261,6 +261,14 @@ def _report(args) -> None:
     print(f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}")
 
 
+def _variants(args) -> None:
+    from genome_lm.score.variant_params import VariantsParams
+    from genome_lm.score.variants import format_summary, run_variants
+
+    p = from_args(VariantsParams, args)
+    print(format_summary(run_variants(p), p.out))
+
+
 def _plan(args) -> None:
     from genome_lm.plan.command import PlanParams, run
 
@@ -349,6 +357,8 @@ COMMANDS = {
                        "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
     "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
                       (ReportParams,)),
+    "variants": Command(_variants, "score the variants of a VCF by preceding context: log P(alt) - log P(ref) at each "
+                        "context length, AUROC/AUPRC with labels", ("genome_lm.score.variant_params:VariantsParams",)),
     "check-upstream": Command(_check_upstream, "check the installed transformers against every upstream symbol, "
                               "attribute and signature genome_lm relies on"),
     "plan": Command(_plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs",

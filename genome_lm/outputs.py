@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MARKER = ".genome_lm.json"
 HOLDER_ENV = "GENOME_LM_OUTPUT_HOLDER"  # "host:pid" of the process holding the locks a launch's workers use
 COMMANDS = {"shards": "prepare", "eval": "eval", "compare": "compare", "model": "export", "run": "train",
-            "score": "score"}
+            "score": "score", "variants": "variants"}
 _HELD: dict[Path, int] = {}  # lock file -> its open descriptor, for the outputs this process holds
 os.register_at_fork(after_in_child=_HELD.clear)  # a forked child holds none of its parent's locks
 KINDS = {
@@ -42,6 +42,7 @@ KINDS = {
     "model": "a model directory (genome-lm export, or a run's checkpoint)",
     "run": "a run directory (genome-lm train)",
     "score": "a score (genome-lm score)",
+    "variants": "variant scores (genome-lm variants)",
 }
 
 

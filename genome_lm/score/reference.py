@@ -40,17 +40,17 @@ class Reference:
     all_names: list[str]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, chroms: Iterable[str] | None, show_progress: bool | None = None
-             ) -> Reference:
+    def load(cls, path: str | os.PathLike, chroms: Iterable[str] | None, show_progress: bool | None = None,
+             missing_ok: bool = False) -> Reference:
         """Read `path` once, keeping the contigs named in `chroms` (any alias; None: every contig). A name the
-        file lacks is a one-line error listing the file's names."""
+        file lacks is a one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
         wanted = {contig_key(c): c for c in chroms or ()}
         reader = FastaReader(path, show_progress=show_progress)
         records = {}
         for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted):
             records[contig_key(rec.name)] = (rec.name, rec.codes & TOKEN_MASK)
         missing = [c for k, c in wanted.items() if k not in records]
-        if missing:
+        if missing and not missing_ok:
             have = reader.info.records
             shown = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "")
             raise GenomeLMError(f"{path} has no contig {', '.join(missing)} (it has {shown}); check the assembly "
