@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -464,6 +465,44 @@ SCORE = [
        setup=held("{out}", "score")),
 ]
 
+_v = _c("variants")
+VA = "--checkpoint {ckpt} --fasta {fasta} --vcf {tmp}/v.vcf --contexts 1k --out {out}"
+VCF_HEAD = "##fileformat=VCFv4.2\n#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n"
+VCF_ROW = "chr22\t{}\t.\tACGTACGTAC\tA\t.\t.\tLABEL=1\n"
+
+
+def _snv_on_chr22(ctx: dict) -> None:
+    """v.vcf: one SNV whose REF matches chr22 of the world's genome (its first base that is not N)."""
+    from genome_lm.score.reference import Reference
+
+    tokens = Reference.load(ctx["fasta"], ["chr22"]).tokens("chr22")
+    i = int((tokens < 4).argmax())
+    ref, alt = "ACGT"[tokens[i]], "ACGT"[(tokens[i] + 1) % 4]
+    Path(ctx["tmp"], "v.vcf").write_text(VCF_HEAD + f"chr22\t{i + 1}\t.\t{ref}\t{alt}\t.\t.\t.\n")
+
+
+VARIANTS = [
+    _v("VCF missing", VA, ("v.vcf",)),
+    _v("VCF is binary", VA, ("v.vcf",), setup=write("v.vcf", PNG)),
+    _v("VCF without a header", VA, ("#CHROM",), setup=write("v.vcf", VCF_ROW.format(100))),
+    _v("VCF unsorted", VA, ("not sorted", "bcftools sort"),
+       setup=write("v.vcf", VCF_HEAD + VCF_ROW.format(300) + VCF_ROW.format(100))),
+    _v("VCF gzip cut short", VA.replace("v.vcf", "v.vcf.gz"), ("v.vcf.gz", "gzip"),
+       setup=write("v.vcf.gz", gzip.compress((VCF_HEAD + VCF_ROW.format(100) * 50).encode())[:60])),
+    _v("VCF record not tab-separated", VA, ("v.vcf", "line 3"), setup=write("v.vcf", VCF_HEAD + "chr22 100 . A C\n")),
+    _v("REF alleles of another assembly", VA, ("REF alleles differ", "liftOver"),
+       setup=write("v.vcf", VCF_HEAD + VCF_ROW.format(100) + VCF_ROW.format(200) + VCF_ROW.format(300))),
+    _v("contexts longer than every contig", VA.replace("1k", "100m"), ("--contexts",), setup=_snv_on_chr22),
+    _v("contexts not sizes", VA.replace("1k", "abc"), ("--contexts", "abc")),
+    _v("labels and labels-tsv", f"{VA} --labels LABEL --labels-tsv {{tmp}}/l.tsv", ("--labels", "--labels-tsv"),
+       setup=write("l.tsv", "")),
+    _v("after negative", f"{VA} --after -1", ("--after",)),
+    _v("strands reverse", f"{VA} --strands reverse", ("--strands", "reverse")),
+    _v("out is an eval", VA.replace("{out}", "{tmp}/e --overwrite"), ("an eval",), setup=copy("ev", "e")),
+    _v("another writer holds out", VA, ("is being written by genome-lm variants (pid {holder}",),
+       setup=held("{out}", "variants")),
+]
+
 _u = _c("check-upstream")
 CHECK_UPSTREAM = [
     _u("an argument", "extra", ("unrecognized arguments", "extra")),
@@ -473,7 +512,7 @@ CHECK_UPSTREAM = [
 UNKNOWN_FLAG = [Case(c, "an unknown flag", f"{c} {args}--bogus", ("unrecognized arguments", "--bogus"))
                 for c, args in (("prepare", ""), ("synth", ""), ("fetch", ""), ("train", "{exp} "), ("eval", ""),
                                 ("compare", "{ev} {ev} "), ("report", ""), ("export", "{ckpt} "), ("plan", ""),
-                                ("rehearse", "{exp} "), ("demo", ""), ("score", ""))]
+                                ("rehearse", "{exp} "), ("demo", ""), ("score", ""), ("variants", ""))]
 
 CASES = [*UNKNOWN_FLAG, *PREPARE, *SYNTH, *FETCH, *TRAIN, *EVAL, *COMPARE, *REPORT, *EXPORT, *PLAN, *REHEARSE, *DEMO,
-         *SCORE, *CHECK_UPSTREAM]
+         *SCORE, *VARIANTS, *CHECK_UPSTREAM]
