@@ -7,8 +7,9 @@ At every point the live bytes are
     persistent     sharded float32 master weights + two AdamW moments (float32, or bf16 with
                    train.optimizer_state_dtype) (+ the float32 gradients produced so far): 16
                    (bf16 moments: 12) bytes per parameter over the shard degree
-    comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer, and in
-                   backward its unsharded gradients and the float32 reduce-scatter input
+    comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer (routed experts
+                   padded to whole experts per rank), and in backward its unsharded gradients, the
+                   reduce-scatter input (reduce dtype) of the layer after it, still pending, and its own
     kept           what earlier layers keep for backward: everything (recompute none), their
                    input streams (per-layer recompute; zero on the device when offloaded), or
                    everything but the recomputed parts (selective)
@@ -86,6 +87,16 @@ def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
     return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.parallel.ep
 
 
+def gathered_experts(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
+    """Bytes of the layer's routed experts FSDP2 all-gathers on a rank: dim 0 padded to whole experts on
+    each of the F / ep ranks (`experts_per_rank`), in the all-gather's buffer and in the gathered
+    parameters, which are views of padded outputs."""
+    if not layer.expert_count:
+        return 0
+    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
+    return experts_per_rank(m, layout, F) * max(1, F // ep) * (layer.expert_bytes // m.experts)
+
+
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
          assume: Assumptions) -> tuple[int, int, int]:
     """(device bytes, host bytes, pinned host bytes) layer keeps between its forward and backward."""
@@ -130,12 +141,50 @@ def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, 
     return best
 
 
-def _experts_apart(op: Op, layer: LayerShape, layout: Layout) -> int:
-    """Bytes of the layer's gathered parameters FSDP2 does not hold while `op` runs its backward. Under
-    expert parallelism the routed experts are an FSDP2 group of their own (parallel/fsdp.py): gathered
-    for the MoE's backward, then resharded and their gradients reduce-scattered before the rest of the
-    layer runs its backward."""
-    return 0 if op.part == "moe" or layout.parallel.ep == 1 else layer.expert_bytes // layout.parallel.ep
+def _layer_buffers(m: ModelShape, layout: Layout, F: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per layer: its unsharded gradients, gathered routed experts (padded), gathered parameters, and the
+    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py)."""
+    ep = layout.parallel.ep
+    Gs = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
+    Xs = [gathered_experts(lay, m, layout, F) for lay in m.layers]
+    Us = [G - lay.expert_bytes // ep + X for G, lay, X in zip(Gs, m.layers, Xs)]
+    return Gs, Xs, Us, [U - (X if ep > 1 else 0) for U, X in zip(Us, Xs)]
+
+
+def _backward_buffers(ops: list[Op], layer: LayerShape, layout: Layout, sizes: tuple[int, int, int, int, int],
+                      red: float, grouped: bool) -> Callable[[Op], int]:
+    """FSDP2's buffers during each op's backward in `layer`, from `sizes`: (gathered parameters with those
+    prefetched, unsharded gradients, gathered routed experts, the reduce-scatter input pending from the
+    layer after, the LM head's gradient). The experts' gradients exist from the MoE's backward on (`ops`
+    counts the first block's without gate_up's); under ep the experts are a group of their own
+    (parallel/fsdp.py), resharded and reduce-scattered before the layer's ops ahead of the MoE run their
+    backward. FSDP2 keeps the last reduce-scatter's input until the next group reduce-scatters: the
+    pending one lives through the MLP's backward, until the first float32 group (router,
+    hyper-connection; `grouped`) reduce-scatters, or through the layer without them. Under ep an
+    all-gather of the experts (their padded size) stays alive where the rehearsal measures it: in the
+    MoE's backward unless memory.moe_recompute rebuilds its blocks or the default backward prefetch (1)
+    meets several blocks, and with the default prefetch in the backward of the ops ahead of the MoE."""
+    gathered, grads, X, pending, head_grad = sizes
+    ep, default_prefetch = layout.parallel.ep, layout.parallel.backward_prefetch == 1
+    parts = [o.part for o in ops]
+    mlp = parts.index("moe") if "moe" in parts else parts.index("dense")
+    at = {o.name: k - mlp for k, o in enumerate(ops)}  # > 0: after the MLP in forward order
+    experts = layer.expert_bytes // ep  # their unsharded gradients
+    # a rebuilt MoE in one block peaks before its down projection's weight gradient (a third) exists
+    rebuilt_once = ep > 1 and layout.memory.moe_recompute and layout.memory.moe_block_tokens >= layout.tokens
+    blocks = layout.memory.moe_block_tokens < layout.tokens
+    in_moe = 0 if layout.memory.moe_recompute or (default_prefetch and blocks) else X
+    all_gather = (X if default_prefetch else 0, in_moe) if ep > 1 else (0, 0)
+
+    def buffers(op: Op) -> int:
+        order = at[op.name]
+        done = ep > 1 and order < 0  # the experts resharded, their gradients reduce-scattered
+        rs = pending if order >= 0 or ep > 1 or not grouped else 0
+        rs = int(X * red) if done and X and not grouped else rs
+        late = experts if order > 0 or done else experts // 3 if order == 0 and rebuilt_once else 0
+        return (gathered - (X if done else 0) + grads - late + rs
+                + all_gather[order >= 0] + head_grad)
+    return buffers
 
 
 def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str]:
@@ -161,10 +210,8 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         persistent["fsdp_root_unsharded"] = m.root_param_bytes
     layer_grads = [MASTER_BYTES * c for c in shard_counts]
     root_grads = MASTER_BYTES * root_count
-    Us = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
-    # a backward prefetch gathers a layer's FSDP2 group; under ep its experts are one apart (parallel/fsdp.py)
     ep = layout.parallel.ep
-    prefetched = [U - (lay.expert_bytes // ep if ep > 1 else 0) for U, lay in zip(Us, m.layers)]
+    Gs, Xs, Us, prefetched = _layer_buffers(m, layout, F)
 
     def gathered(i: int, ahead: int, step: int) -> int:
         """Layer i's gathered parameters and the `ahead` prefetched after it in step's order (backward: no experts)."""
@@ -182,7 +229,8 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
 
     kept_before = 0
     for i, (ops, lay) in enumerate(zip(all_ops, m.layers)):
-        comm = gathered(i, assume.fsdp_prefetch_layers, 1)
+        # under ep the experts' all-gather buffer lives until the next group's all-gather
+        comm = gathered(i, assume.fsdp_prefetch_layers, 1) + (Xs[i] if fsdp and ep > 1 else 0)
         walk = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk_forward(ops)
         phase(f"forward of layer {i} ({lay.kind}): {walk[2]}", kept_activations=kept_before, current_layer=walk[0],
               op_transient=walk[1], fsdp_buffers=comm, inputs=ids)
@@ -199,11 +247,12 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     for i in reversed(range(m.n_layers)):
         ops, lay = all_ops[i], m.layers[i]
         kept_before -= keeps[i][0]
-        U, U_bwd = Us[i], gathered(i, layout.parallel.backward_prefetch, -1)
-
-        def buffers_during(op: Op) -> int:
-            """During `op`'s backward: the layer's gathered parameters and unsharded gradients, and those prefetched."""
-            return U_bwd + U - 2 * _experts_apart(op, lay, layout) + head_grad if fsdp else 0
+        U_bwd = gathered(i, layout.parallel.backward_prefetch, -1)
+        # its reduce-scatter: the unsharded gradients and their copy in the reduce dtype (ep: the experts' before)
+        own_rs = Gs[i] - (lay.expert_bytes // ep if ep > 1 else 0) + int(prefetched[i] * red)
+        pending = int(prefetched[i + 1] * red) if fsdp and i + 1 < m.n_layers else 0
+        buffers_during = _backward_buffers(ops, lay, layout, (U_bwd, Gs[i], Xs[i], pending, head_grad), red,
+                                           a < MASTER_BYTES) if fsdp else (lambda op: 0)
         # the next backward's offloaded input is copied back during this one (train/recompute.py)
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, buffers, op = _walk_backward(ops, buffers_during)
@@ -213,13 +262,13 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
         grads += layer_grads[i]
         if fsdp:
             phase(f"reduce-scatter of layer {i} ({lay.kind})", kept_activations=kept_before + ahead,
-                  grad_streams=act.layer_input(m, n), fsdp_buffers=U + int(U * red) + head_grad, gradients=grads,
+                  grad_streams=act.layer_input(m, n), fsdp_buffers=own_rs + head_grad, gradients=grads,
                   inputs=ids)
         if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
             saved, transient, op = _walk_forward(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
-                  fsdp_buffers=U_bwd + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
+                  fsdp_buffers=U_bwd + pending + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))

@@ -142,6 +142,29 @@ def test_expert_parallel_shrinks_fsdp_buffers_and_imbalance_grows_moe(flash):
     assert hot.step_time_s > even.step_time_s
 
 
+def moe_backward_buffers(flash, gpus: int, **changes) -> int:
+    """FSDP2 buffers at layer 3's MoE backward (64k tokens; no backward prefetch)."""
+    layout = reference(2**16, cp=4, dp=gpus // 4, backward_prefetch=0, moe_recompute=False, moe_block_tokens=4096,
+                       dsa_block_queries=256, **changes)
+    plan = make_plan(flash, layout, make_cluster("h200", gpus))
+    return plan.memory.phase_parts["backward of layer 3 (dsa+moe): moe"]["fsdp_buffers"]
+
+
+def test_fsdp2_buffers_of_a_moe_backward_by_hand(flash):
+    """Layer 3's MoE backward holds FSDP2's reduce-scatter input of layer 4 (kept until the next group
+    reduce-scatters), in the reduce dtype: reducing in float32 holds layer 4's bf16 parameters once more
+    than bfloat16. Without expert parallelism: layer 3's gathered parameters and gradients, that input
+    and the LM head's gradient. Under ep the experts are gathered padded (288 / ep 4 = 72 over 32 / 4 = 8
+    ranks: 9 each, none; over 64 / 4 = 16: 5 each, 80) and an all-gather of them is alive."""
+    layer3, layer4 = flash.layers[3].param_bytes, flash.layers[4].param_bytes
+    f32, bf16 = (moe_backward_buffers(flash, 16, reduce_dtype=d) for d in ("float32", "bfloat16"))
+    assert f32 - bf16 == layer4
+    assert bf16 == 2 * layer3 + layer4 + flash.lm_head_bytes
+    expert = flash.layers[3].expert_bytes // 288
+    even, padded = (moe_backward_buffers(flash, gpus, reduce_dtype="bfloat16", ep=4) for gpus in (32, 64))
+    assert padded - even == 2 * (80 - 72) * expert  # the gathered experts and their all-gather, 8 experts more
+
+
 def test_tokens_per_s_is_global_tokens_over_step_time(flash):
     plan = make_plan(flash, reference(2**20), make_cluster("b200", 64))
     assert plan.tokens_per_s == pytest.approx(8 * 2**20 / plan.step_time_s)
