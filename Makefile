@@ -55,7 +55,8 @@ test: compiled
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The slow tier (-m slow): the 256k rehearsal, the planner's bound on eight more drawn layouts, the
-# calibration's sequence lengths x strategies, and the longer parallel cases (about half an hour on 2 cores).
+# calibration's sequence lengths x strategies, the longer parallel, score and variants cases, the CLI sweep
+# (about an hour on 2 cores; not in .ci/run).
 test-slow: compiled
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 

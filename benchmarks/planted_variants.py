@@ -35,7 +35,8 @@ def _other(rng, base: str) -> str:
 
 def copy_contigs(n: int, half: int, seed: int = 0, tail: int = 8) -> tuple[str, str]:
     """(FASTA text, VCF text): n contigs `c0..` of 2·half + tail bases, the even ones with a copy (label 1),
-    one SNV each at a position in the last quarter of the second half."""
+    one SNV each at a position in the last quarter of the second half; on a fresh contig (label 0) its REF
+    differs from the base `half` before it, so a model that copies predicts REF only in a copy."""
     rng = np.random.default_rng(seed)
     fasta, vcf = [], [HEADER]
     for i in range(n):
@@ -43,6 +44,9 @@ def copy_contigs(n: int, half: int, seed: int = 0, tail: int = 8) -> tuple[str, 
         second = first if i % 2 == 0 else "".join(rng.choice(list("ACGT"), half))
         seq = first + second + "".join(rng.choice(list("ACGT"), tail))
         pos = int(rng.integers(2 * half - half // 4, 2 * half))  # 0-based, inside the second half
+        if i % 2 and second[pos - half] == first[pos - half]:  # no chance match: only a copy makes REF predictable
+            second = second[:pos - half] + _other(rng, first[pos - half]) + second[pos - half + 1:]
+        seq = first + second + seq[2 * half:]
         fasta.append(f">c{i}\n{seq}\n")
         vcf.append(f"c{i}\t{pos + 1}\tc{i}_{pos + 1}\t{seq[pos]}\t{_other(rng, seq[pos])}\t.\t.\t"
                    f"LABEL={int(i % 2 == 0)};DIST={half}\n")

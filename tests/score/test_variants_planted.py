@@ -17,7 +17,7 @@ from genome_lm.score.vcf import check_against, read_vcf
 from tests.helpers import load_benchmark
 
 planted = load_benchmark("planted_variants")
-COPY_STEPS = 1500  # glm53-demo copies after ~500-700 steps at T 128 (docs/findings.md); margin for the seed
+COPY_STEPS = 3000  # copied-half loss about 1.0 at 1,500 steps, 0.63 at 3,000 (ln 4 = 1.39 without copying)
 
 
 def test_copy_contigs_plant_one_variant_per_contig_labelled_by_the_copy(tmp_path):
@@ -30,7 +30,7 @@ def test_copy_contigs_plant_one_variant_per_contig_labelled_by_the_copy(tmp_path
     assert len(kept) == 10 and skipped["ref_mismatch"] == 0
     for v in kept:
         seq = ref.tokens(v.chrom)
-        assert 48 <= v.start < 64 and (seq[v.start] == seq[v.start - 32]) >= (v.label == 1)
+        assert 48 <= v.start < 64 and (seq[v.start] == seq[v.start - 32]) == (v.label == 1)
         assert (seq[32:64] == seq[:32]).all() == (v.label == 1)
 
 
@@ -71,13 +71,15 @@ def copying_model(tmp_path_factory):
 
 @pytest.mark.slow
 def test_planted_variants_rank_by_the_truth_only_when_the_context_reaches_the_source(copying_model, tmp_path):
-    fasta, vcf = planted.copy_contigs(40, half=64, seed=0)
+    fasta, vcf = planted.copy_contigs(200, half=64, seed=0)
     (tmp_path / "c.fa").write_text(fasta)
     (tmp_path / "c.vcf").write_text(vcf)
     assert main(["variants", "--checkpoint", str(copying_model), "--fasta", str(tmp_path / "c.fa"), "--vcf",
                  str(tmp_path / "c.vcf"), "--labels", "LABEL", "--contexts", "32,128", "--resamples", "500",
                  "--out", str(tmp_path / "out")]) == 0
-    short, long_ = json.loads((tmp_path / "out" / "summary.json").read_text())["metrics"]["by_context"]
-    assert long_["auroc"] >= 0.9 and long_["auroc_ci"][0] > 0.75
-    assert short["auroc_ci"][0] < 0.5 < short["auroc_ci"][1]
-    assert np.isfinite(short["auroc"])
+    metrics = json.loads((tmp_path / "out" / "summary.json").read_text())["metrics"]
+    short, long_ = metrics["by_context"]
+    gain = metrics["paired_vs_shortest"][1]
+    assert long_["auroc_ci"][0] > 0.6  # the source in view: variants that break a copy rank first
+    assert gain["context"] == 128 and gain["d_auroc_ci"][0] > 0  # and better than without it
+    assert np.isfinite(short["auroc"]) and short["auroc"] < 0.65  # the source out of view: near chance
