@@ -19,12 +19,10 @@ Two plantings:
 from __future__ import annotations
 
 import argparse
+import gzip
 from pathlib import Path
 
 import numpy as np
-
-from genome_lm.genome.tokenizer import decode
-from genome_lm.score.reference import Reference
 
 HEADER = ("##fileformat=VCFv4.2\n##INFO=<ID=LABEL,Number=1,Type=Integer,Description=\"1: breaks a copy\">\n"
           "##INFO=<ID=DIST,Number=1,Type=Integer,Description=\"bases from the source copy's start\">\n"
@@ -55,12 +53,24 @@ def copy_contigs(n: int, half: int, seed: int = 0, tail: int = 8) -> tuple[str, 
     return "".join(fasta), "".join(vcf)
 
 
+def _read_fasta(path: Path, chrom: str) -> str:
+    opener = gzip.open if path.suffix == ".gz" else open
+    seq, keep = [], False
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.startswith(">"):
+                keep = line[1:].split()[0] == chrom
+            elif keep:
+                seq.append(line.strip())
+    return "".join(seq).upper()
+
+
 def repeat_variants(fasta: Path, repeats_tsv: Path, chrom: str, n: int, seed: int = 0,
                     min_context: int = 0) -> str:
     """VCF text: n SNVs inside copies with an earlier source on `chrom` (label 1) and n outside every
     copy (label 0), at least `min_context` bases from the chromosome start, sorted by position."""
     rng = np.random.default_rng(seed)
-    seq = decode(Reference.load(fasta, [chrom]).tokens(chrom))
+    seq = _read_fasta(fasta, chrom)
     rows = [line.split("\t") for line in Path(repeats_tsv).read_text().splitlines()[1:]]
     copies = [(int(r[1]), int(r[2]), int(r[5])) for r in rows if r[0] == chrom]
     inside = np.zeros(len(seq), dtype=bool)
