@@ -1,5 +1,5 @@
 """Variant scoring throughput on CPU: variants per second at 1k and 64k contexts with a tiny model, with
-the prefix shared by ref and alt (`genome_lm.score.variant_engine`) and without (ref window and alt window
+the prefix shared by ref and alt (`genome_lm.score.engine`) and without (ref window and alt window
 each scored from scratch, as a windowed score does).
 
     python benchmarks/bench_variants.py                      # contexts 1k, 64k; 4 SNVs each
@@ -20,7 +20,7 @@ import torch
 
 from genome_lm.model import apply_long_context, build
 from genome_lm.model.streaming import score_streaming
-from genome_lm.score.variant_engine import score_continuations
+from genome_lm.score.engine import score_continuations
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import format_size, parse_size
 

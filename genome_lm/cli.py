@@ -235,7 +235,7 @@ def _score(args) -> None:
 
     p, run = from_args(ScoreParams, args), from_args(Workers, args)
     if run.ray is not None or (run.nproc or 1) > 1:
-        from genome_lm.score.launch import launch
+        from genome_lm.score.run import launch
 
         s = launch(p, run.nproc, ray=run.ray)
     else:
@@ -262,7 +262,7 @@ def _report(args) -> None:
 
 
 def _variants(args) -> None:
-    from genome_lm.score.variant_params import VariantsParams
+    from genome_lm.score.params import VariantsParams
     from genome_lm.score.variants import format_summary, run_variants
 
     p = from_args(VariantsParams, args)
@@ -358,7 +358,7 @@ COMMANDS = {
     "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
                       (ReportParams,)),
     "variants": Command(_variants, "score the variants of a VCF by preceding context: log P(alt) - log P(ref) at each "
-                        "context length, AUROC/AUPRC with labels", ("genome_lm.score.variant_params:VariantsParams",)),
+                        "context length, AUROC/AUPRC with labels", ("genome_lm.score.params:VariantsParams",)),
     "check-upstream": Command(_check_upstream, "check the installed transformers against every upstream symbol, "
                               "attribute and signature genome_lm relies on"),
     "plan": Command(_plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs",

@@ -4,7 +4,8 @@ A file is read once, front to back, in large blocks: headers found with `bytes.f
 bytes mapped to codes (`tokenizer`) and stripped of line ends in one `bytes.translate`, only the
 wanted records kept (one chromosome in memory at a time). With a `.fai` index (and bgzip's `.gzi`)
 names and lengths come from pyfaidx up front and wanted records are read by random access. Every
-file is hashed (sha256) as it is read, for the manifest."""
+file is hashed (sha256) as it is read, for the manifest. `Reference`: the wanted contigs of one FASTA
+as token arrays, by any alias (`score`, `variants`)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.tokenizer import CODE_LUT, INVALID
+from genome_lm.genome.prepare_params import chrom_match_key
+from genome_lm.genome.tokenizer import CODE_LUT, INVALID, TOKEN_MASK
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ _CODE_TABLE = CODE_LUT.tobytes()
 _STRIP = b"\r\n\t "  # line ends (and stray blanks) are not bases
 _INVALID_BYTE = bytes([INVALID])
 _GZIP_MAGIC = b"\x1f\x8b"
+_ALIASES = {"m": "mt"}  # chrM (UCSC) is MT (Ensembl, NCBI)
 
 
 @dataclass
@@ -318,3 +321,52 @@ class _RecordParser:
         if not fields:
             raise GenomeLMError(f"{self.path}: a '>' header line without a record name; give every record a name")
         self.start(fields[0].decode("ascii", errors="replace"))
+
+
+def contig_key(name: str) -> str:
+    """The key a contig name matches by: 'chr1', 'Chr1', '1' -> '1'; 'chrM', 'MT' -> 'mt'."""
+    key = chrom_match_key(name)
+    return _ALIASES.get(key, key)
+
+
+@dataclass
+class Reference:
+    """Contigs of one FASTA: `records` maps each match key to (the file's record name, tokens [T] uint8)."""
+
+    path: str
+    sha256: str
+    records: dict[str, tuple[str, np.ndarray]]
+    all_names: list[str]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, chroms: Iterable[str] | None, show_progress: bool | None = None,
+             missing_ok: bool = False) -> Reference:
+        """Read `path` once, keeping the contigs named in `chroms` (any alias; None: every contig). A name the
+        file lacks is a one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
+        wanted = {contig_key(c): c for c in chroms or ()}
+        reader = FastaReader(path, show_progress=show_progress)
+        records = {}
+        for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted):
+            records[contig_key(rec.name)] = (rec.name, rec.codes & TOKEN_MASK)
+        missing = [c for k, c in wanted.items() if k not in records]
+        if missing and not missing_ok:
+            have = reader.info.records
+            shown = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "")
+            raise GenomeLMError(f"{path} has no contig {', '.join(missing)} (it has {shown}); check the assembly "
+                                "and the chromosome names")
+        return cls(str(path), reader.info.sha256, records, list(reader.info.records))
+
+    def record(self, chrom: str) -> str:
+        """The FASTA's name for `chrom` (any alias)."""
+        return self._get(chrom)[0]
+
+    def tokens(self, chrom: str) -> np.ndarray:
+        """Token ids [T] uint8 of the whole contig `chrom` (any alias)."""
+        return self._get(chrom)[1]
+
+    def _get(self, chrom: str) -> tuple[str, np.ndarray]:
+        try:
+            return self.records[contig_key(chrom)]
+        except KeyError:
+            raise GenomeLMError(f"{self.path}: contig {chrom} was not loaded; name it when the reference is "
+                                "loaded") from None

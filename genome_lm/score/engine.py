@@ -1,16 +1,14 @@
-"""Per-base log-probs and embeddings of one sequence, chunk by chunk through the streaming scorer.
+"""The streaming scorer's two uses: per-base log-probs and embeddings of one sequence, chunk by chunk
+(`stream`, for `genome-lm score`), and continuations of one shared prefix scored from a snapshot of its
+state (`score_continuations`, for `genome-lm variants`). Exactness and cost: docs/score.md.
 
     for c in stream(model, ids, cols, chunk=4096, layers=[0, 5]):    # ids int64 [T] (model ids)
         c.start, c.logp, c.logp_acgt, c.embeddings                   # [n], [n, 4], {layer: [n, D]}
+    logps = score_continuations(model, prefix, [ref_cont, alt_cont])   # model ids [L], [n_i] -> log-probs [n_i]
 
-Each chunk of n tokens runs through `model/streaming.py`'s `StreamingScorer` (KDA states and DSA caches
-carried, `total_len` = T for exact top-k ties), so the numbers do not depend on the chunk size: they equal
-one parallel forward over the whole sequence (tests/score/test_score_engine.py). Per position t:
-`logp[t]` = log p(x_t | x_<t) (natural log, float32; NaN at t = 0, where nothing precedes it), and
-`logp_acgt[t]` = the model's log-softmax over its whole vocabulary at t, columns A, C, G, T (N keeps
-its mass). Embeddings: the residual stream after each named decoder layer, the mean over the
-hyper-connection streams ([n, hc, D] -> [n, D]), taken by forward hooks. Only one chunk's logits
-([loss_chunk_tokens, V]) exist at a time.
+Per position t: `logp[t]` = log p(x_t | x_<t) (natural log, float32; NaN at t = 0), `logp_acgt[t]` = the
+log-softmax over the whole vocabulary at t, columns A, C, G, T. Embeddings: the residual stream after each
+named decoder layer, the mean over the hyper-connection streams ([n, hc, D] -> [n, D]).
 """
 
 from __future__ import annotations
@@ -18,10 +16,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
 
+import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.model.streaming import StreamingScorer
+from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
 
 @dataclass
@@ -95,8 +98,6 @@ def stream(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Seq
            weight: torch.Tensor | None = None) -> Iterator[Chunk]:
     """The `Chunk`s of sequence `ids` int64 [T] in model ids, `chunk` tokens each (the last may be shorter);
     `weight`: the LM head's (`head_weight`)."""
-    from genome_lm.model.streaming import StreamingScorer
-
     T = ids.shape[0]
     scorer = StreamingScorer(model, total_len=T)
     weight, cols = head_weight(model) if weight is None else weight, cols.to(model.device)
@@ -139,3 +140,75 @@ def whole(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Sequ
     for t0 in range(0, ids.shape[0], chunk):
         yield Chunk(t0, rows[t0 : t0 + chunk, 0], rows[t0 : t0 + chunk, 1:], {i: out[i][0, t0 : t0 + chunk]
                                                                              for i in layers})
+
+
+def _layers(scorer: StreamingScorer) -> list[Any]:
+    """The cache's layers: upstream's linear-attention layers (KDA) and indexed DynamicLayers (DSA)."""
+    return list(scorer.cache.layers)
+
+
+def snapshot(scorer: StreamingScorer) -> tuple:
+    """What `restore` needs to bring `scorer` back to this point: per layer, clones of a KDA layer's conv
+    and recurrent states (and token count), or a DSA layer's cached length."""
+    layers: list[Any] = []
+    for layer in _layers(scorer):
+        if hasattr(layer, "conv_states"):
+            layers.append(({i: t.clone() for i, t in layer.conv_states.items() if t is not None},
+                           {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None},
+                           layer.cumulative_length_linear.clone()))
+        else:
+            layers.append(layer.get_seq_length())
+    return scorer.length, scorer.last_hidden, layers
+
+
+def restore(scorer: StreamingScorer, snap: tuple) -> None:
+    """Bring `scorer` back to `snap` (in place: the KDA states keep their addresses)."""
+    scorer.length, scorer.last_hidden, layers = snap
+    for layer, saved in zip(_layers(scorer), layers):
+        if isinstance(saved, int):
+            layer.crop(saved - layer.get_seq_length())  # a negative count: the rows after the snapshot
+            continue
+        conv, recurrent, count = saved
+        for i, t in conv.items():
+            layer.conv_states[i].copy_(t)
+        for i, t in recurrent.items():
+            layer.recurrent_states[i].copy_(t)
+        layer.cumulative_length_linear.copy_(count)
+
+
+def _logp(scorer: StreamingScorer, ids: np.ndarray, chunk: int, device) -> np.ndarray:
+    """Log-probs float32 [n] of the next n tokens `ids`; NaN for a sequence's first token."""
+    out = []
+    for t0 in range(0, len(ids), chunk):
+        first = scorer.length == 0
+        x = torch.as_tensor(ids[t0:t0 + chunk], dtype=torch.long, device=device)[None]
+        lp = -scorer.step(x)[0].float().cpu().numpy()
+        if first:
+            lp[0] = np.nan
+        out.append(lp)
+    return np.concatenate(out)
+
+
+def score_continuations(model, prefix: np.ndarray, conts: Sequence[np.ndarray],
+                        chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> list[np.ndarray]:
+    """Log-probs float32 [n_i] of each continuation `conts[i]` (model ids) given `prefix` (model ids [L],
+    possibly empty); the prefix runs once per group of continuations with the same DSA top-k row."""
+    device = model.lm_head.weight.device
+    kpool = int(getattr(model.config, "index_kpool", 1) or 1)
+    L = len(prefix)
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(conts)
+
+    def row(i: int) -> int:  # without a prefix there is no state to share: each continuation alone
+        return (L + len(conts[i])) // kpool if L else -1 - i
+
+    for _, group in groupby(sorted(range(len(conts)), key=row), key=row):
+        members = list(group)
+        scorer = StreamingScorer(model, total_len=L + max(len(conts[i]) for i in members))
+        if L:
+            _logp(scorer, prefix, chunk_tokens, device)
+        snap = snapshot(scorer)
+        for k, i in enumerate(members):
+            if k:
+                restore(scorer, snap)
+            out[i] = _logp(scorer, conts[i], chunk_tokens, device)
+    return out

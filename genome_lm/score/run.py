@@ -7,11 +7,13 @@ Steps: 1. check the inputs and that --out is free (`check_inputs`: BED lines, co
 2. for each region not yet done, each strand: stream it through the model in chunks of --chunk tokens
 (`engine.stream`), writing rows and embeddings as they come (`outputs.RegionWriter`); 3. move the work
 folder's files into OUT with regions.parquet and summary.json. Formats and resume: `score/outputs.py`.
+`--nproc N | --ray`: `launch` runs `score` in every process of a `genome_lm.parallel.launch` `Job`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.outputs import holding
 from genome_lm.score.params import STRANDS, ScoreParams
 
 log = logging.getLogger(__name__)
@@ -49,8 +52,8 @@ def read_bed(path: str) -> list[tuple[int, list[str]]]:
 
 
 def load_regions(p: ScoreParams):
-    """The reference (`score.reference.Reference`, only the contigs scored) and the regions, checked."""
-    from genome_lm.score.reference import Reference
+    """The reference (`genome.fasta.Reference`, only the contigs scored) and the regions, checked."""
+    from genome_lm.genome.fasta import Reference
 
     lines = read_bed(p.regions) if p.regions else []
     ref = Reference.load(p.fasta, [f[0] for _, f in lines] if p.regions else None, show_progress=False)
@@ -121,7 +124,6 @@ def score(p: ScoreParams, show_progress: bool | None = None, device: torch.devic
     from genome_lm.config import ParallelConfig
     from genome_lm.eval import sharded
     from genome_lm.eval.config import resolve_dtype
-    from genome_lm.outputs import holding
     from genome_lm.parallel.mesh import init_parallel
 
     t0 = time.perf_counter()
@@ -255,3 +257,29 @@ def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.n
     shutil.rmtree(work, ignore_errors=True)
     log.info("score done: %d regions, %s bases -> %s", summary["regions"], f"{summary['bases']:,}", p.out)
     return summary
+
+
+def worker(params: dict, device=None, worker=None) -> dict:
+    """Every process of a distributed score (module level: the launchers pickle it)."""
+    return score(ScoreParams(**params), device=device)
+
+
+def launch(p: ScoreParams, nproc: int | None, ray: str | None | bool = None) -> dict:
+    """Run the score `p` on `nproc` local processes, or under Ray (`ray`: an address, "" or True for a local
+    instance); return the summary rank 0 wrote."""
+    from genome_lm.eval.launch import run_job
+    from genome_lm.eval.sharded import layout
+    from genome_lm.parallel.launch import Job
+    from genome_lm.score.outputs import work_dir_for
+
+    if nproc is not None:
+        layout(p.cp, nproc)
+    out = Path(p.out)
+    with holding(out, "score"):  # the workers' rank 0 works under this lock (outputs.HOLDER_ENV)
+        check_inputs(p)
+        job = Job(fn=worker, args=(p.model_dump(mode="json"),), layout=lambda world: layout(p.cp, world),
+                  describe=f"score: cp={p.cp}, dp=processes/cp",
+                  keeps=f"Regions scored so far are kept in {work_dir_for(out)}; rerun the same command to continue",
+                  work_dir=out.parent / f".{out.name}.launch", name=f"score-{out.name}")
+        run_job(job, nproc, ray)
+    return json.loads((out / "summary.json").read_text())

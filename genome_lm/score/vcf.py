@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError, first_line
-from genome_lm.score.reference import Reference, contig_key
+from genome_lm.genome.fasta import Reference, contig_key
 
 POSITIVE = {"pathogenic", "likely_pathogenic", "lof", "1", "true"}
 NEGATIVE = {"benign", "likely_benign", "func", "int", "0", "false"}

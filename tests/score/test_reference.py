@@ -3,7 +3,7 @@ import gzip
 import pytest
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.score.reference import Reference
+from genome_lm.genome.fasta import Reference
 
 
 def test_contigs_load_by_any_alias_and_a_missing_one_is_named(tmp_path):

@@ -13,7 +13,7 @@ import torch
 
 from genome_lm.model import apply_long_context
 from genome_lm.model.streaming import score_streaming
-from genome_lm.score.variant_engine import score_continuations
+from genome_lm.score.engine import score_continuations
 from genome_lm.score.variants import windows
 from genome_lm.score.vcf import Variant
 from tests.helpers import assert_close, tiny_model

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.score.reference import Reference
-from genome_lm.score.variant_stats import auroc_auprc, metrics
+from genome_lm.genome.fasta import Reference
+from genome_lm.score.variants import auroc_auprc, metrics
 from genome_lm.score.vcf import check_against, label_of, read_labels_tsv, read_vcf, with_labels
 
 HEADER = "##fileformat=VCFv4.2\n#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n"

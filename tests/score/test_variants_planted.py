@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from genome_lm.cli import main
-from genome_lm.score.reference import Reference
+from genome_lm.genome.fasta import Reference
 from genome_lm.score.vcf import check_against, read_vcf
 from tests.helpers import load_benchmark
 

@@ -473,7 +473,7 @@ VCF_ROW = "chr22\t{}\t.\tACGTACGTAC\tA\t.\t.\tLABEL=1\n"
 
 def _snv_on_chr22(ctx: dict) -> None:
     """v.vcf: one SNV whose REF matches chr22 of the world's genome (its first base that is not N)."""
-    from genome_lm.score.reference import Reference
+    from genome_lm.genome.fasta import Reference
 
     tokens = Reference.load(ctx["fasta"], ["chr22"]).tokens("chr22")
     i = int((tokens < 4).argmax())
