@@ -2,7 +2,7 @@
 
     python benchmarks/ablation_ceiling.py [--windows 12] [--out benchmarks/results/ablation_ceiling.json]
 
-For each background kind of `genome/markov.py` (a table of its own per isochore), draws `--windows`
+For each background kind of `genome/synth.py` (a table of its own per isochore), draws `--windows`
 chains of `--window` bases, each from a fresh table, and scores the last `--targets` bases of each
 the way `eval --context` does: target t given bases [t0 - L, t). The reader knows the table's form
 and prior but not the table:
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
+from genome_lm.genome.synth import additive_rows, dirichlet_rows, markov_bases
 
 KINDS = [("dirichlet", 1, 0.5), ("dirichlet", 2, 0.5), ("dirichlet", 3, 0.5), ("additive", 6, 0.4)]
 

@@ -113,7 +113,7 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 # The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~90% of the bases)
 # is an order-6 Markov chain with a table of its own per isochore (20-300 kbp), additive in the six
-# preceding bases (genome/markov.py): only the sequence before a token reveals its isochore's table,
+# preceding bases (genome/synth.py): only the sequence before a token reveals its isochore's table,
 # and a small model learns to estimate it in context within ~100 steps, without the phase change
 # that in-context copying needs; an estimate over 7k bases beats one over 1k. Interspersed copies
 # (~10%) lie 500-8000 bases from their source; segmental duplications of chr1/chr2 in chr22 give the

@@ -4,42 +4,309 @@ at a few Mbp and plants information only long context can use. In the order it i
 
 1. N runs: telomeres, a centromere, chr22's acrocentric short arm (~17%), short runs in the arms.
 2. Background: isochore-like segments of 20-300 kbp with their own GC content (35-60%), CpG
-   depleted; or (`markov_order` K > 0) an order-K Markov chain per segment (`markov.py`).
+   depleted; or (`markov_order` K > 0) an order-K Markov chain per segment (`markov_bases`).
 3. Repeat copies (lowercase): clusters of copies of `n_families` consensus sequences, each copy the
    previous one mutated ~3%, `d` bases after it (log-uniform up to `max_distance`); optionally
    tandem arrays (`tandem_*`; none in the demo genome).
 4. A few IUPAC ambiguity codes.
 5. Optionally (`segdup_count` > 0) segmental duplications of earlier records into chr22
-   (`segdups.py`), so the held-out record shares K-mers with the training ones.
+   (`plant_segdups`), so the held-out record shares K-mers with the training ones.
 
-Same parameters and seed -> the same genome (PCG64 per record). Parameters: `synth_params.py`;
-planting: `planting.py`; files: `synth_files.py`. Coordinates 0-based, half-open, forward strand."""
+Same parameters and seed -> the same genome (PCG64 per record). Arrays of base codes 0..3 = A, C, G, T
+(`UPPER` / `LOWER` map them to ASCII); coordinates 0-based, half-open, forward strand. Parameters:
+`synth_params.py`; files: `synth_files.py`."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
-from genome_lm.genome.planting import (
-    UPPER,
-    N,
-    Occupancy,
-    RepeatCopy,
-    first,
-    make_families,
-    n_runs,
-    plant_repeats,
-    plant_tandems,
-    random_bases,
-)
-from genome_lm.genome.segdups import SegDup, plant_segdups
-from genome_lm.genome.synth_params import ChromSpec, SynthParams, make_params
+from genome_lm.genome.synth_params import SPACER, ChromSpec, SynthParams, make_params
 
+UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code
+LOWER = np.frombuffer(b"acgt", dtype=np.uint8)
+N = ord("N")
 IUPAC = np.frombuffer(b"RYKMSWBDHV", dtype=np.uint8)
+_TO_CODE = np.full(256, 255, dtype=np.uint8)
+for _i, _b in enumerate(b"ACGT"):
+    _TO_CODE[_b] = _TO_CODE[_b + 32] = _i  # upper and lower case
+
+
+@dataclass(frozen=True)
+class RepeatCopy:
+    """One planted copy: genome[start:end] (reverse-complemented if strand '-') is the copy in
+    its family's orientation; `source_start` is the start of the copy it was mutated from, or
+    -1 for a cluster founder (mutated from the family consensus)."""
+
+    chrom: str
+    start: int
+    end: int
+    strand: str
+    family: str
+    source_start: int
+
+
+# --- sequence helpers -----------------------------------------------------------------
+
+def random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
+    """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
+    r = rng.random(n)
+    gc = np.broadcast_to(np.asarray(gc, dtype=np.float64), (n,))
+    at_cut = gc + (1.0 - gc) / 2
+    idx = (r >= gc / 2).astype(np.uint8) + (r >= gc) + (r >= at_cut)  # 0 C, 1 G, 2 A, 3 T
+    return np.array([1, 2, 0, 3], dtype=np.uint8)[idx]
+
+
+def substitute(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarray:
+    """Each base changes to one of the three others with probability `rate`."""
+    hit = rng.random(len(seq)) < rate
+    out = seq.copy()
+    out[hit] = (out[hit] + rng.integers(1, 4, size=int(hit.sum()), dtype=np.uint8)) % 4
+    return out
+
+
+def indels(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarray:
+    """Small insertions and deletions (1-3 bp each), about `rate` events per base."""
+    n_events = rng.poisson(rate * len(seq))
+    if n_events == 0:
+        return seq
+    pos = rng.integers(0, len(seq), size=n_events)
+    size = rng.integers(1, 4, size=n_events)
+    is_del = rng.random(n_events) < 0.5
+    keep = np.ones(len(seq), dtype=bool)
+    for p, s in zip(pos[is_del], size[is_del]):
+        keep[p : p + s] = False
+    ins_at = np.repeat(pos[~is_del], size[~is_del])
+    out = np.insert(seq, ins_at, rng.integers(0, 4, size=len(ins_at), dtype=np.uint8))
+    return out[np.insert(keep, ins_at, True)]
+
+
+def first(tries: int, draw, ok):
+    """The first of up to `tries` values `draw()` for which `ok(value)` holds, else None."""
+    for _ in range(tries):
+        if ok(x := draw()):
+            return x
+    return None
+
+
+def make_families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndarray]:
+    lo, hi = np.log(p.family_min_len), np.log(p.family_max_len)
+    lengths = np.exp(rng.uniform(lo, hi, size=p.n_families)).astype(int)
+    gcs = rng.uniform(0.38, 0.55, size=p.n_families)
+    return {f"fam{i:02d}": random_bases(rng, g, n) for i, (n, g) in enumerate(zip(lengths, gcs))}
+
+
+# --- planting into one record ---------------------------------------------------------
+
+def n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float,
+            p: SynthParams) -> list[tuple[int, int]]:
+    """Sorted, disjoint N runs [start, end): telomeres, short arm, centromere, inner gaps."""
+    tel = max(50, min(round(p.telomere * scale), length // 20))
+    runs = [(0, max(tel, round(spec.short_arm * length))), (length - tel, length)]
+    half_cen = max(25, round(p.centromere_frac * length / 2))
+    mid = round(spec.centromere * length)
+    runs.append((mid - half_cen, mid + half_cen))
+    def draw():
+        gap = int(rng.integers(p.inner_gap_min, p.inner_gap_max + 1))
+        a = int(rng.integers(0, length - gap))
+        return a, a + gap
+
+    for _ in range(max(1, round(length / p.inner_gap_every))):
+        if gap := first(100, draw, lambda g: all(g[1] + 1000 <= s or e + 1000 <= g[0] for s, e in runs)):
+            runs.append(gap)
+    return sorted(runs)
+
+
+class Occupancy:
+    """Disjoint intervals already used (N runs, placed copies), for O(log n) overlap tests."""
+
+    def __init__(self, length: int, runs: list[tuple[int, int]]):
+        self.length = length
+        self.starts, self.ends = map(list, zip(*runs))
+
+    def free(self, a: int, b: int) -> bool:
+        if a < 0 or b > self.length:
+            return False
+        i = bisect.bisect_left(self.starts, b + SPACER) - 1
+        return i < 0 or self.ends[i] + SPACER <= a
+
+    def room(self, a: int) -> int:
+        """The largest b such that [a, b) is free (a itself when a is not free)."""
+        i = bisect.bisect_right(self.starts, a) - 1
+        if a < 0 or (i >= 0 and self.ends[i] + SPACER > a):
+            return a
+        nxt = self.starts[i + 1] - SPACER if i + 1 < len(self.starts) else self.length
+        return max(a, nxt)
+
+    def add(self, a: int, b: int) -> None:
+        i = bisect.bisect_left(self.starts, a)
+        self.starts.insert(i, a)
+        self.ends.insert(i, b)
+
+
+def plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[RepeatCopy]:
+    """Place clusters of copies into `seq` (ASCII, modified in place) until the target share."""
+    names = list(families)
+    target = p.repeat_fraction * int((seq != N).sum())
+    copies: list[RepeatCopy] = []
+    covered, failures = 0, 0
+    log_max = np.log(p.max_distance)
+    while covered < target and failures < 200:
+        fam = names[rng.integers(len(names))]
+        oriented = substitute(rng, families[fam], p.founder_divergence)
+        start = first(50, lambda: int(rng.integers(0, len(seq) - len(oriented))),
+                       lambda a: occ.free(a, a + len(oriented)))
+        if start is None:
+            failures += 1
+            continue
+        source_start = -1
+        for k in range(1 + int(rng.geometric(1.0 / (p.mean_copies - 1)))):
+            strand = "-" if rng.random() < p.reverse_fraction else "+"
+            end = start + len(oriented)
+            seq[start:end] = LOWER[(3 - oriented)[::-1] if strand == "-" else oriented]  # '-': reverse complement
+            occ.add(start, end)
+            copies.append(RepeatCopy(name, start, end, strand, fam, source_start))
+            covered += end - start
+            # The next copy: this one mutated, d bases downstream (start to start).
+            child = indels(rng, substitute(rng, oriented, p.substitution_rate), p.indel_rate)
+            lo = np.log(max(p.min_distance, end - start + SPACER))
+            nxt = first(8, lambda: start + int(np.exp(rng.uniform(lo, log_max))),
+                         lambda a: occ.free(a, a + len(child)))
+            if nxt is None or covered >= target:
+                break
+            source_start, start, oriented = start, nxt, child
+    return copies
+
+
+def plant_tandems(rng, name, seq, occ, p: SynthParams) -> list[RepeatCopy]:
+    """Tandem arrays (satellite-like, lowercase): a random unit repeated head to tail, each unit
+    the previous one with `tandem_divergence` substitutions; one RepeatCopy per unit (family
+    'tandem', source = the unit before it, -1 for the first)."""
+    target = p.tandem_fraction * int((seq != N).sum())
+    copies: list[RepeatCopy] = []
+    covered, failures = 0, 0
+    lo, hi = np.log(p.tandem_unit_min), np.log(p.tandem_unit_max)
+    while covered < target and failures < 200:
+        u = int(np.exp(rng.uniform(lo, hi)))
+        n = int(rng.integers(p.tandem_copies_min, p.tandem_copies_max + 1))
+        a = int(rng.integers(0, len(seq) - u * n))
+        n = min(n, (occ.room(a) - a) // u)  # shorten the array to the free stretch at a
+        if n < p.tandem_copies_min:
+            failures += 1
+            continue
+        failures = 0  # give up after 200 misses in a row, not in total
+        unit = random_bases(rng, rng.uniform(p.gc_min, p.gc_max), u)
+        pos, source = a, -1
+        for _ in range(n):
+            seq[pos : pos + u] = LOWER[unit]
+            copies.append(RepeatCopy(name, pos, pos + u, "+", "tandem", source))
+            source, pos = pos, pos + u
+            unit = substitute(rng, unit, p.tandem_divergence)
+        occ.add(a, pos)
+        covered += pos - a
+    return copies
+
+
+@dataclass(frozen=True)
+class SegDup:
+    """chrom[start:end] is source_chrom[source_start:source_end] (reverse-complemented if strand '-')
+    with `substitutions` bases changed."""
+
+    chrom: str
+    start: int
+    end: int
+    strand: str
+    source_chrom: str
+    source_start: int
+    source_end: int
+    substitutions: int
+
+
+def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occupancy, sources: dict[str, bytes],
+                  n: int, min_len: int, max_len: int, region: tuple[float, float], substitution_rate: float) -> list[SegDup]:
+    """Segmental duplications: write up to `n` copies of A/C/G/T-only stretches of `sources` into `seq`
+    (ASCII, in place) within `region` (fractions of its length), where `occ` has room, reserving each in
+    `occ`. A copy is uppercase, every other one reverse-complemented, with `substitution_rate`."""
+    out: list[SegDup] = []
+    names = list(sources)
+    lo, hi = int(region[0] * len(seq)), int(region[1] * len(seq))
+    for i in range(n):
+        length = int(np.exp(rng.uniform(np.log(min_len), np.log(max_len))))
+        src_name = names[rng.integers(len(names))]
+        src = np.frombuffer(sources[src_name], dtype=np.uint8)
+        if len(src) <= length or hi - lo <= length:
+            continue
+        s = first(100, lambda: int(rng.integers(0, len(src) - length)),
+                  lambda s: (_TO_CODE[src[s : s + length]] < 4).all())  # a source stretch of A/C/G/T only
+        if s is None:
+            continue
+        a = first(100, lambda: int(rng.integers(lo, hi - length)), lambda a: occ.free(a, a + length))
+        if a is None:
+            continue
+        codes = _TO_CODE[src[s : s + length]]
+        strand = "-" if i % 2 else "+"
+        oriented = (3 - codes)[::-1] if strand == "-" else codes
+        copy = substitute(rng, oriented, substitution_rate)  # a substitution always changes the base
+        seq[a : a + length] = UPPER[copy]
+        occ.add(a, a + length)
+        out.append(SegDup(name, a, a + length, strand, src_name, s, s + length, int((copy != oriented).sum())))
+    return sorted(out, key=lambda d: d.start)
+
+
+# --- Markov backgrounds (`--set markov_order=K`) -----------------------------------------
+# Each isochore draws its own order-K transition table, written nowhere: a model can only estimate it
+# from the sequence before the token it predicts. Two kinds of table (`markov_rows`):
+# - "dirichlet": every row (the next base given the K bases before it) from a symmetric
+#   Dirichlet(alpha): 4^K * 3 free parameters; a Bayes-optimal reader's excess loss falls about as
+#   4^K * 3 / (2 L) nats per base after L bases of the isochore.
+# - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2)
+#   per isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases,
+#   the regression that a linear-attention (delta rule) layer estimates in context. This is the
+#   demo genome's background (docs/findings.md, "What an ideal reader gains").
+
+def dirichlet_rows(rng: np.random.Generator, order: int, alpha: float) -> np.ndarray:
+    """float64 [4^order, 4]: each row a Dirichlet(alpha) draw."""
+    return rng.dirichlet(np.full(4, alpha), size=4**order)
+
+
+def additive_rows(rng: np.random.Generator, order: int, scale: float) -> np.ndarray:
+    """float64 [4^order, 4]: row c (base at t - 1 - i = bits 2i..2i+1 of c) = softmax over b of
+    sum_i A[i, base_i(c), b], A float64 [order, 4, 4] ~ N(0, scale^2)."""
+    a = rng.normal(0.0, scale, size=(order, 4, 4))
+    ctx = np.arange(4**order)
+    logits = sum(a[i][(ctx >> (2 * i)) & 3] for i in range(order))
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: int, rows) -> np.ndarray:
+    """n base codes (0 A, 1 C, 2 G, 3 T; uint8): consecutive segments of `seg_len` bases (the
+    last cut at n), each an order-`order` Markov chain with its own table `rows(rng)` (float
+    [4^order, 4], rows summing to 1; row c = the K preceding bases, the base at t - 1 in c's
+    lowest two bits); a segment's first bases continue from the bases before it."""
+    out = np.empty(n, dtype=np.uint8)
+    mask = 4**order - 1
+    state, pos = 0, 0
+    for length in np.ceil(seg_len).astype(int):
+        if pos >= n:
+            break
+        m = min(int(length), n - pos)
+        cum = np.cumsum(rows(rng), axis=1)
+        cum[:, 3] = 1.0  # no draw falls past the last base through rounding
+        table = cum.tolist()
+        u = rng.random(m).tolist()
+        seg = [0] * m
+        for i in range(m):
+            b = bisect.bisect_right(table[state], u[i])
+            seg[i] = b
+            state = ((state << 2) | b) & mask
+        out[pos : pos + m] = seg
+        pos += m
+    return out
 
 
 @dataclass

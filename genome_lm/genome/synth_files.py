@@ -9,23 +9,33 @@ import gzip
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.files import atomic_file
 from genome_lm.genome.fasta import check_writable
-from genome_lm.genome.planting import RepeatCopy
-from genome_lm.genome.segdups import format_segdups
-from genome_lm.genome.synth import synthesize_genome
+from genome_lm.genome.synth import RepeatCopy, SegDup, synthesize_genome
 from genome_lm.genome.synth_params import SynthParams
 from genome_lm.outputs import holding
 
 log = logging.getLogger(__name__)
 
 LINE_WIDTH = 60
-TSV_HEADER = "chrom\tstart\tend\tstrand\tfamily\tsource_start\n"
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no extra field, mtime 0: as synth writes
+
+
+def _tsv(cls: type, rows: list) -> str:
+    """A sidecar TSV: a header of `cls`'s field names, then one line per row (a `cls`)."""
+    return "".join("\t".join(map(str, row)) + "\n" for row in [[f.name for f in fields(cls)]] + list(map(astuple, rows)))
+
+
+def _read_tsv(cls: type, path: str | os.PathLike) -> list:
+    rows = (row.split("\t") for row in Path(path).read_text().splitlines()[1:])
+    return [cls(*(int(v) if f.type == "int" else v for f, v in zip(fields(cls), row))) for row in rows]
+
+
+TSV_HEADER = _tsv(RepeatCopy, [])
 
 
 def written_by_synth(fasta: Path) -> bool:
@@ -56,14 +66,18 @@ def repeats_path(fasta: str | os.PathLike) -> Path:
 
 
 def segdups_path(fasta: str | os.PathLike) -> Path:
-    """The segmental duplications' sidecar TSV (`segdups.read_segdups`): genome.fa.gz -> genome.segdups.tsv."""
+    """The segmental duplications' sidecar TSV (`read_segdups`): genome.fa.gz -> genome.segdups.tsv."""
     return _sidecar(fasta, ".segdups.tsv")
 
 
 def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
-    """Read a sidecar TSV written by `write_synthetic_fasta`."""
-    rows = (row.split("\t") for row in Path(path).read_text().splitlines()[1:])
-    return [RepeatCopy(chrom, int(a), int(b), strand, fam, int(src)) for chrom, a, b, strand, fam, src in rows]
+    """The repeat copies' sidecar TSV written by `write_synthetic_fasta`."""
+    return _read_tsv(RepeatCopy, path)
+
+
+def read_segdups(path: str | os.PathLike) -> list[SegDup]:
+    """The segmental duplications' sidecar TSV written by `write_synthetic_fasta`."""
+    return _read_tsv(SegDup, path)
 
 
 @dataclass(frozen=True)
@@ -107,11 +121,10 @@ def _write_synthetic_fasta(out: Path, scale: float, seed: int, overwrite: bool,
 
     try:  # the FASTA last: a failure (a full disk) removes the sidecars written before it
         with atomic_file(tsv, "w") as f:
-            f.write(TSV_HEADER + "".join(f"{c.chrom}\t{c.start}\t{c.end}\t{c.strand}\t{c.family}\t{c.source_start}\n"
-                                         for c in genome.copies))
+            f.write(_tsv(RepeatCopy, genome.copies))
         if genome.segdups:
             with atomic_file(sd_tsv, "w") as f:
-                f.write(format_segdups(genome.segdups))
+                f.write(_tsv(SegDup, genome.segdups))
         else:
             sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
         with atomic_file(out, "wb") as f, \

@@ -40,7 +40,7 @@ class SynthParams(BaseModel):
     isochore_min: int = 20_000  #: shortest isochore (bases; log-uniform lengths)
     isochore_max: int = 300_000  #: longest isochore
     cpg_depletion: float = 0.75  #: probability that a background CG is mutated to TG or CA
-    markov_order: int = 0  #: >0: each isochore's background is an order-K Markov chain of its own (markov.py)
+    markov_order: int = 0  #: >0: each isochore's background is an order-K Markov chain of its own (synth.py)
     markov_rows: Literal["dirichlet", "additive"] = "additive"  #: how each isochore draws its chain's table
     markov_alpha: float = 0.5  #: "dirichlet": concentration of each row (smaller: more predictable)
     markov_scale: float = 0.6  #: "additive": standard deviation of the per-position log-odds A[i, a, b]

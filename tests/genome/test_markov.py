@@ -1,10 +1,10 @@
-"""The per-isochore Markov background of the synthetic genome (genome/markov.py)."""
+"""The per-isochore Markov background of the synthetic genome (genome/synth.py)."""
 
 import numpy as np
 import pytest
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.markov import additive_rows, dirichlet_rows, markov_bases
+from genome_lm.genome.synth import additive_rows, dirichlet_rows, markov_bases
 from genome_lm.genome.synth import synthesize, synthesize_genome
 from genome_lm.genome.synth_params import make_params
 

@@ -11,7 +11,7 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.segdups import read_segdups
+from genome_lm.genome.synth_files import read_segdups
 from genome_lm.genome.synth import synthesize, synthesize_genome
 from genome_lm.genome.synth_files import read_repeats, repeats_path, segdups_path, write_synthetic_fasta
 from genome_lm.genome.synth_params import SynthParams, make_params
