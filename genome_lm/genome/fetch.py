@@ -1,12 +1,5 @@
-"""Download hg38 chromosomes from UCSC and verify them: `genome-lm fetch`.
-
-For each chromosome, `{base_url}/{chrom}.fa.gz` is downloaded to `{out_dir}/{chrom}.fa.gz.part`
-and checked against the md5 listed in `{base_url}/md5sum.txt` (lines "<md5>  <file name>");
-only a verified file is renamed to its final name. An interrupted download resumes from the
-`.part` file with an HTTP `Range: bytes=N-` request (a server that answers 200 instead of
-206 is read from the start again). A final file that is already present and verifies is
-skipped. Standard library only (urllib); progress through tqdm.
-"""
+"""`genome-lm fetch`: download hg38 chromosomes from UCSC, resumable, verified against the server's
+md5sum.txt (docs/prepare.md). Standard library only (urllib); progress through tqdm."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """`genome-lm prepare`: FASTA -> single-nucleotide tokens -> windows -> dataset shards + manifest.
 
-One chromosome is in memory at a time (as one uint8 code per base, see `tokenizer`), plus one
-window. The output is built in a hidden temporary directory beside `--out` and renamed into
-place when complete, so an interrupted run never leaves anything that looks finished.
-
-With `--leakage-k K` the training chromosomes' canonical K-mers are indexed as they stream past
-(`leakage.KmerIndex`, 8 bytes per distinct K-mer), and every eval window gets a `leakage_mask`:
-its tokens covered by a K-mer that occurs in a training chromosome, on either strand. An eval
-chromosome that comes before the last training one in the input is held in memory until the
-index is complete.
-"""
+One chromosome is in memory at a time (one uint8 code per base, see `tokenizer`), plus one window. The
+output is built in a hidden folder beside `--out` and renamed into place when complete. With
+`--leakage-k` an eval chromosome that comes before the last training one in the input is held in memory
+until the K-mer index of the training chromosomes (`leakage.KmerIndex`) is complete."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Dataset shards: one Hugging Face dataset per split, written straight to Arrow.
 
-A split directory is exactly what `datasets.Dataset.save_to_disk` writes (Arrow stream files,
-`dataset_info.json`, `state.json`), so `datasets.load_from_disk` opens it memory-mapped. genome_lm
-writes it itself so that rows stream to disk one window at a time and the same input gives the same
-bytes (the fingerprint comes from the content). Row schema: docs/architecture.md, On-disk formats
-(chrom, start, end, strand, tokens, repeat_mask, n_frac, and leakage_mask on an eval split made
-with `prepare --leakage-k`; shards without it carry no leakage information)."""
+A split directory is exactly what `datasets.Dataset.save_to_disk` writes, so `datasets.load_from_disk`
+opens it memory-mapped; genome_lm writes it itself so that rows stream to disk one window at a time and the
+same input gives the same bytes. Row schema: docs/architecture.md, On-disk formats."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Single-nucleotide tokens: one token per base, one byte per token.
+"""Single-nucleotide tokens, one byte each: A=0, C=1, G=2, T=3, N=4 (IUPAC codes are N; lowercase is
+the same token, its case kept as the repeat mask).
 
-Vocabulary (written to every manifest): A=0, C=1, G=2, T=3, N=4. Soft-masked (lowercase)
-bases map to the same tokens as uppercase; IUPAC ambiguity codes (R, Y, S, W, K, M, B, D, H, V)
-map to N. The source case is kept separately as a per-base repeat mask.
-
-Internally FASTA bytes are first mapped to *codes*: the token id in bits 0-2, `SOFTMASK_BIT`
-(bit 3) for lowercase bases, and for ambiguity codes their 1-based index in `IUPAC_CODES` in
-bits 4-7; bytes that are not bases map to `INVALID`. One code array per chromosome holds
-everything a window needs.
-"""
+FASTA bytes are first mapped to *codes*: the token id in bits 0-2, `SOFTMASK_BIT` (bit 3) for lowercase,
+and for ambiguity codes their 1-based index in `IUPAC_CODES` in bits 4-7; other bytes map to `INVALID`."""
 
 from __future__ import annotations
 

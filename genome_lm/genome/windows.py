@@ -1,10 +1,4 @@
-"""Contigs and windows on one chromosome. Coordinates are 0-based, half-open, forward strand.
-
-A chromosome is cut at N runs of at least `min_gap` bases into contigs. Windows of `seq_len`
-tokens start every `stride` bases inside a contig; the contig's tail (what is left after the
-last full window) becomes one shorter window if `tail == "keep"` and it is at least `min_len`
-long. Windows whose N fraction exceeds `max_n_frac` are dropped by the caller.
-"""
+"""Contigs and windows on one chromosome (docs/prepare.md). Coordinates are 0-based, half-open."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""What `genome-lm score` writes, incrementally, and how a killed score resumes.
-
-    OUT/logp/r000042.parquet      region 42's per-base rows, one row group per chunk: region, chrom, pos
-                                  (0-based, forward coordinates), strand ('+'/'-'), logp, logp_a..logp_t
-                                  (float32; read the folder as one table: pd.read_parquet("OUT/logp"))
-    OUT/embeddings/layerL.S.npy   float16 [rows, D] per layer L and strand S (forward / reverse): one row
-                                  per base (--pool none), per STRIDE bases or per region (--pool mean);
-                                  a region's rows start at regions.parquet's `row`
-    OUT/regions.parquet           region, chrom, start, end, row, rows
-    OUT/summary.json
+"""What `genome-lm score` writes, incrementally, and how a killed score resumes (the files: docs/score.md).
 
 Everything is written into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs)
 and moved into a new OUT (`files.atomic_directory`) when the last region is done. A region is complete when
 its Parquet file is renamed into place and `done/NNNNNN` exists, after its embedding rows are flushed; a
-rerun with the same inputs skips the completed regions and scores the others again; other inputs are
-refused while the work folder exists.
-"""
+rerun with the same inputs scores only the others; other inputs are refused while the work folder exists."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length, one device.
+"""`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length.
 
-    summary = score(ScoreParams(checkpoint="runs/demo/checkpoints/last", fasta="hg38.fa.gz",
-                                regions="loci.bed", out="scores/loci"))
-
-Steps: 1. check the inputs and that --out is free (`check_inputs`: BED lines, contigs, all-N regions);
-2. for each region not yet done, each strand: stream it through the model in chunks of --chunk tokens
-(`engine.stream`), writing rows and embeddings as they come (`outputs.RegionWriter`); 3. move the work
-folder's files into OUT with regions.parquet and summary.json. Formats and resume: `score/outputs.py`.
-`--nproc N | --ray`: `launch` runs `score` in every process of a `genome_lm.parallel.launch` `Job`.
-"""
+1. check the inputs and that --out is free (`check_inputs`); 2. for each region not yet done, each strand:
+stream it through the model in chunks of --chunk tokens (`engine.stream`), writing rows and embeddings as
+they come (`outputs.RegionWriter`); 3. move the work folder's files into OUT with regions.parquet and
+summary.json (`_finish`). `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`."""
 
 from __future__ import annotations
 

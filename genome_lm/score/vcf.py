@@ -1,15 +1,7 @@
 """Variants to score: a VCF (plain or gzip) read into one `Variant` per ALT allele, labelled and checked
-against the reference.
-
-    variants = read_vcf("clinvar.vcf.gz", labels="CLNSIG")      # multi-allelic records split
-    kept, skipped, mismatches = check_against(variants, ref)      # REF must match the FASTA
-
-A small reader (no pysam): the ## meta lines are skipped, the #CHROM line must come before the first
-record, records of one contig must be contiguous and sorted by POS. ALT alleles that are not bases
-(`<DEL>`, `*`, `.`, breakends) are skipped. Labels (`LABEL_VALUES`): 1 = the positive class
-(pathogenic, loss of function), 0 = benign or functional, None = unlabelled; a value made of several
-terms ('Pathogenic/Likely_pathogenic', 'Benign|Likely_benign') is labelled when all its terms agree.
-"""
+against the reference (no pysam). Records of one contig must be contiguous and sorted by POS; ALT alleles
+that are not bases (`<DEL>`, `*`, `.`, breakends) are skipped. Labels (`LABEL_VALUES`): 1, 0 or None
+(unlabelled); a value of several terms ('Pathogenic/Likely_pathogenic') is labelled when all agree."""
 
 from __future__ import annotations
 
