@@ -118,7 +118,7 @@ def worker_index(k: int, train_lens: list[int], eval_len: int) -> dict:
     mask = index.mask(ev, "eval")
     t_query = time.perf_counter() - t0
     return {
-        "kmers_added": index.added, "kmers_distinct": len(index.codes), "index_bytes": index.nbytes,
+        "kmers_added": index.added, "kmers_distinct": len(index.codes), "index_bytes": index.codes.nbytes,
         "add_seconds": t_add, "sort_seconds": t_sort, "build_seconds": t_add + t_sort, "query_seconds": t_query,
         "seconds": time.perf_counter() - t_start,
         "masked_fraction": float(mask.mean()), "planted_fraction": float(planted.mean()),

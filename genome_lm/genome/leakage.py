@@ -16,20 +16,12 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.genome.tokenizer import TOKEN_MASK
 
 log = logging.getLogger(__name__)
 
 MAX_K = 32  # 2 bits per base in a uint64
 CHUNK = 1 << 22  # K-mers per step of the build and the query
-
-
-def check_k(k: int) -> int:
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise GenomeLMError(f"--leakage-k must be an integer in 1..{MAX_K} (K-mers are packed 2 bits per base "
-                            f"into 64 bits; 32 is the usual choice), or 0 for no leakage mask; got {k!r}")
-    return int(k)
 
 
 def _forward_codes(v: np.ndarray, k: int) -> np.ndarray:
@@ -83,16 +75,12 @@ class KmerIndex:
     per distinct k-mer once finalized, plus chunk temporaries (~50 bytes x CHUNK)."""
 
     def __init__(self, k: int, show_progress: bool | None = None):
-        self.k = check_k(k)
+        self.k = k  # 1..MAX_K (`PrepareParams` checks --leakage-k)
         self.show_progress = show_progress
         self.codes = np.empty(0, dtype=np.uint64)
         self.added = 0  # valid k-mers added (with repeats)
         self.sources: list[str] = []
         self.finalized = False
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes
 
     def add(self, codes: np.ndarray, name: str = "") -> int:
         """Add the valid canonical k-mers of one chromosome (uint8 [T]); returns how many."""
@@ -111,7 +99,7 @@ class KmerIndex:
         self.added += added
         self.sources.append(name)
         log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %s)", name or "sequence",
-                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, _gb(self.nbytes))
+                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, _gb(self.codes.nbytes))
         return added
 
     def finalize(self) -> "KmerIndex":
@@ -124,7 +112,7 @@ class KmerIndex:
         self.finalized = True
         log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %s (sorted in %.1fs)",
                  f"{len(self.codes):,}", self.k, ", ".join(self.sources) or "nothing", f"{self.added:,}",
-                 _gb(self.nbytes), time.perf_counter() - t0)
+                 _gb(self.codes.nbytes), time.perf_counter() - t0)
         return self
 
     def contains(self, query: np.ndarray) -> np.ndarray:

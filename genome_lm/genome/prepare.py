@@ -66,11 +66,6 @@ class ChromStats:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def _input_files(params: PrepareParams) -> list[Path]:
-    """The files prepare reads: none may lie inside its --out."""
-    return [Path(f) for f in params.fasta]
-
-
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
     """Return the existing manifest if `out` already holds this exact result (a no-op rerun)."""
     if not out.exists():
@@ -216,7 +211,7 @@ def _prepare(params: PrepareParams, out: Path, overwrite: bool, show_progress: b
                         split, split, split)
     index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
     t0 = time.perf_counter()
-    with atomic_directory(out, "shards", _input_files(params), overwrite=overwrite) as tmp:
+    with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
         writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
         mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
         stats = _write_records(readers, params, spec, index, writers, mwriters)
@@ -299,7 +294,7 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
     for name, st in chrom_stats.items():
         if st.windows == 0:
             log.warning("%s (%s) gives no window: %s", name, split, _why_no_windows(st, params))
-    fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})
+    fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})[:16]
     files = writers[split].finalize(fp, split)
     if split in mwriters:
         mwriters[split].finalize()

@@ -200,7 +200,8 @@ class MegatronWriter:
 
 
 def fingerprint_of(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+    """sha256 of `obj`'s canonical JSON (hex)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
 REBUILD = "rebuild them with the same `genome-lm prepare` command and --overwrite"
@@ -208,8 +209,7 @@ REBUILD = "rebuild them with the same `genome-lm prepare` command and --overwrit
 
 def manifest_checksum(manifest: dict) -> str:
     """sha256 of the manifest's canonical JSON without its own `checksum` field."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return fingerprint_of({k: v for k, v in manifest.items() if k != "checksum"})
 
 
 def load_manifest(directory: str | os.PathLike) -> dict:
@@ -231,10 +231,9 @@ def load_manifest(directory: str | os.PathLike) -> dict:
     return manifest
 
 
-def shard_problems(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> list[str]:
-    """What is missing or damaged in the split folders of `directory` against `manifest`: each
-    recorded file must exist with its recorded size (`file_bytes`; existence alone for manifests
-    without sizes)."""
+def check_shards(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> None:
+    """`GenomeLMError` naming the first file of the split folders of `directory` that is missing or has
+    another size than `manifest` records (`file_bytes`; existence alone for manifests without sizes)."""
     problems = []
     for split in manifest["splits"] if splits is None else splits:
         entry = manifest["splits"].get(split, {})
@@ -245,12 +244,6 @@ def shard_problems(directory: str | os.PathLike, manifest: dict, splits: Iterabl
                 problems.append(f"{split}/{name} is missing")
             elif size is not None and path.stat().st_size != size:
                 problems.append(f"{split}/{name} has {path.stat().st_size:,} bytes, the manifest records {size:,}")
-    return problems
-
-
-def check_shards(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> None:
-    """`GenomeLMError` naming the first problem of `shard_problems` and how to rebuild."""
-    problems = shard_problems(directory, manifest, splits)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise GenomeLMError(f"the shards in {directory} are damaged: {problems[0]}{more}; {REBUILD}")

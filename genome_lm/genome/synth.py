@@ -26,14 +26,12 @@ import numpy as np
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.synth_params import SPACER, ChromSpec, SynthParams, make_params
+from genome_lm.genome.tokenizer import CODE_LUT, TOKEN_MASK
 
 UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code
 LOWER = np.frombuffer(b"acgt", dtype=np.uint8)
 N = ord("N")
 IUPAC = np.frombuffer(b"RYKMSWBDHV", dtype=np.uint8)
-_TO_CODE = np.full(256, 255, dtype=np.uint8)
-for _i, _b in enumerate(b"ACGT"):
-    _TO_CODE[_b] = _TO_CODE[_b + 32] = _i  # upper and lower case
 
 
 @dataclass(frozen=True)
@@ -227,7 +225,8 @@ class SegDup:
 
 
 def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occupancy, sources: dict[str, bytes],
-                  n: int, min_len: int, max_len: int, region: tuple[float, float], substitution_rate: float) -> list[SegDup]:
+                  n: int, min_len: int, max_len: int, region: tuple[float, float],
+                  substitution_rate: float) -> list[SegDup]:
     """Segmental duplications: write up to `n` copies of A/C/G/T-only stretches of `sources` into `seq`
     (ASCII, in place) within `region` (fractions of its length), where `occ` has room, reserving each in
     `occ`. A copy is uppercase, every other one reverse-complemented, with `substitution_rate`."""
@@ -240,14 +239,14 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
         src = np.frombuffer(sources[src_name], dtype=np.uint8)
         if len(src) <= length or hi - lo <= length:
             continue
-        s = first(100, lambda: int(rng.integers(0, len(src) - length)),
-                  lambda s: (_TO_CODE[src[s : s + length]] < 4).all())  # a source stretch of A/C/G/T only
+        s = first(100, lambda: int(rng.integers(0, len(src) - length)),  # a source stretch of A/C/G/T only
+                  lambda s: ((CODE_LUT[src[s : s + length]] & TOKEN_MASK) < 4).all())
         if s is None:
             continue
         a = first(100, lambda: int(rng.integers(lo, hi - length)), lambda a: occ.free(a, a + length))
         if a is None:
             continue
-        codes = _TO_CODE[src[s : s + length]]
+        codes = CODE_LUT[src[s : s + length]] & TOKEN_MASK
         strand = "-" if i % 2 else "+"
         oriented = (3 - codes)[::-1] if strand == "-" else codes
         copy = substitute(rng, oriented, substitution_rate)  # a substitution always changes the base

@@ -27,7 +27,8 @@ GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no extra f
 
 def _tsv(cls: type, rows: list) -> str:
     """A sidecar TSV: a header of `cls`'s field names, then one line per row (a `cls`)."""
-    return "".join("\t".join(map(str, row)) + "\n" for row in [[f.name for f in fields(cls)]] + list(map(astuple, rows)))
+    lines = [[f.name for f in fields(cls)], *map(astuple, rows)]
+    return "".join("\t".join(map(str, line)) + "\n" for line in lines)
 
 
 def _read_tsv(cls: type, path: str | os.PathLike) -> list:

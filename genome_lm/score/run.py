@@ -178,7 +178,7 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
     from genome_lm.parallel import callbacks
     from genome_lm.progress import progress
     from genome_lm.score.engine import head_weight, stream, whole
-    from genome_lm.score.outputs import embedding_files
+    from genome_lm.score.outputs import RegionWriter, embedding_files
 
     strands = STRANDS[p.strands]
     files = embedding_files(work, p.embeddings, strands, int(rows[-1]), model.config.hidden_size) if work else {}
@@ -200,7 +200,11 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
                   "bases", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
         def write(i: int, by_strand: dict) -> None:
             assert work is not None, "one process, or rank 0 of a launch, writes"
-            _write_region(work, i, regions[i], files, int(rows[i]), p.stride(), by_strand)
+            writer = RegionWriter(work, i, regions[i], files, int(rows[i]), p.stride())
+            for strand, chunks_of_strand in by_strand.items():
+                for chunk in chunks_of_strand:
+                    writer.add(strand, chunk)
+            writer.close()
             if par.distributed:
                 bar.update(int(lengths[i]))
             written.append(i)
@@ -217,17 +221,6 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
                 sharded.idle_forward(model, par.cp)
             for j, by_strand in sharded.gather_on_main(par, mine):
                 write(j, by_strand)
-
-
-def _write_region(work: Path, i: int, region: Region, files: dict, row: int, stride: int | None,
-                  by_strand: dict) -> None:
-    from genome_lm.score.outputs import RegionWriter
-
-    writer = RegionWriter(work, i, region, files, row, stride)
-    for strand, chunks in by_strand.items():
-        for chunk in chunks:
-            writer.add(strand, chunk)
-    writer.close()
 
 
 def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.ndarray, summary: dict) -> dict:

@@ -22,10 +22,10 @@ import numpy as np
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.stats import _BLOCK, DEFAULT_RESAMPLES, DEFAULT_SEED, LEVEL, _percentile_ci, jfloat
 from genome_lm.files import atomic_directory, write_json_atomic
+from genome_lm.genome.fasta import Reference, contig_key
 from genome_lm.genome.tokenizer import VOCAB, encode, reverse_complement
 from genome_lm.outputs import claim_output
 from genome_lm.progress import progress
-from genome_lm.genome.fasta import Reference, contig_key
 from genome_lm.score.params import VariantsParams
 from genome_lm.score.vcf import Variant, check_against, read_labels_tsv, read_vcf, with_labels
 
@@ -182,11 +182,11 @@ def format_summary(s: dict, out: str) -> str:
              f"{', '.join(map(str, s['contexts']))}, {s['variants_per_second']:.2f} variant-contexts/s; {out}"]
     m = s["metrics"]
     if m:
-        def ci(lo_hi):
-            return "[" + ", ".join("nan" if x is None else f"{x:.3f}" for x in lo_hi) + "]"
-
         def num(x):
             return "nan" if x is None else f"{x:.3f}"
+
+        def ci(lo_hi):
+            return "[" + ", ".join(map(num, lo_hi)) + "]"
 
         lines.append(f"strand {m['strand']}: {'context':>8} {'pos':>5} {'neg':>5}  AUROC [95% CI]        "
                      "AUPRC [95% CI]        dAUROC vs shortest")

@@ -9,7 +9,7 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome import leakage, load_manifest, load_shards
-from genome_lm.genome.leakage import KmerIndex, canonical_kmers, check_k
+from genome_lm.genome.leakage import KmerIndex, canonical_kmers
 from genome_lm.genome.synth import synthesize_genome
 from genome_lm.genome.synth_params import make_params
 from genome_lm.genome.tokenizer import CODE_LUT, SOFTMASK_BIT, encode, reverse_complement, unpack_mask
@@ -115,12 +115,6 @@ def test_soft_masked_bases_match_case_insensitively():
     assert (mask == mask_of([train.upper()], ev.upper(), 32)).all()
     codes = codes_of(train)
     assert (codes[1000:1500] & SOFTMASK_BIT).all()  # the soft-mask bit really is set
-
-
-@pytest.mark.parametrize("k", [0, 33, -1, 1.5, True])
-def test_k_out_of_range_is_a_user_error(k):
-    with pytest.raises(GenomeLMError, match=r"--leakage-k must be an integer in 1\.\.32"):
-        check_k(k)
 
 
 def test_fast_index_equals_brute_force_on_random_inputs(monkeypatch):
