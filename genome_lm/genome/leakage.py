@@ -1,12 +1,8 @@
-"""The leakage mask: held-out bases covered by an exact K-mer that also occurs in the training data
-(segmental duplications, recent repeats: loss there measures memorised training data).
-
-`KmerIndex` holds every canonical K-mer (K <= 32; the smaller 2-bit code of the K-mer and its
-reverse complement, so either strand matches) of the training chromosomes, skipping K-mers with a
-base other than A, C, G, T; lowercase is the same base. All codes sit in one sorted, deduplicated
-uint64 array (8 bytes per distinct K-mer: chr1 + chr2 ~3.8 GB), queried with `np.searchsorted`:
-exact, unlike a Bloom filter. Work is done in chunks of `CHUNK` K-mers. Eval position p is marked when
-some K-mer [i, i + K) with i <= p < i + K is in the index (a '-' row's mask is the forward one reversed)."""
+"""The leakage mask (`prepare --leakage-k`): held-out bases covered by an exact K-mer that also occurs in
+the training chromosomes. `KmerIndex` holds their canonical K-mers (K <= 32: the smaller 2-bit code of the
+K-mer and its reverse complement, so either strand matches; K-mers with a base other than A, C, G, T are
+skipped, case is ignored) in one sorted, deduplicated uint64 array queried with `np.searchsorted`: exact,
+unlike a Bloom filter. Work is done in chunks of `CHUNK` K-mers."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""A deterministic SYNTHETIC genome for demos and tests (`genome-lm synth`): no base comes from a real
-organism. It imitates hg38's large-scale structure (chr1, chr2, chr22; soft-masked repeats; N gaps)
-at a few Mbp and plants information only long context can use. In the order it is built:
-
-1. N runs: telomeres, a centromere, chr22's acrocentric short arm (~17%), short runs in the arms.
-2. Background: isochore-like segments of 20-300 kbp with their own GC content (35-60%), CpG
-   depleted; or (`markov_order` K > 0) an order-K Markov chain per segment (`markov_bases`).
-3. Repeat copies (lowercase): clusters of copies of `n_families` consensus sequences, each copy the
-   previous one mutated ~3%, `d` bases after it (log-uniform up to `max_distance`); optionally
-   tandem arrays (`tandem_*`; none in the demo genome).
-4. A few IUPAC ambiguity codes.
-5. Optionally (`segdup_count` > 0) segmental duplications of earlier records into chr22
-   (`plant_segdups`), so the held-out record shares K-mers with the training ones.
-
-Same parameters and seed -> the same genome (PCG64 per record). Arrays of base codes 0..3 = A, C, G, T
-(`UPPER` / `LOWER` map them to ASCII); coordinates 0-based, half-open, forward strand. Parameters:
-`synth_params.py`; files: `synth_files.py`."""
+"""A deterministic SYNTHETIC genome for demos and tests (`genome-lm synth`; what it plants: data/README.md).
+Per record, in this order: N runs (`n_runs`); an isochore background of its own GC, or a Markov chain per
+isochore (`markov_bases`); segmental duplications of earlier records (`plant_segdups`); interspersed repeat
+clusters (`plant_repeats`) and tandem arrays (`plant_tandems`); IUPAC codes. Same parameters and seed ->
+the same genome (PCG64 per record). Arrays of base codes 0..3 = A, C, G, T (`UPPER` / `LOWER` map them to
+ASCII); coordinates 0-based, half-open, forward strand. Parameters: `synth_params.py`; files: `synth_files.py`."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ COMP = str.maketrans("ACGTN", "TGCAN")
 
 
 def expected_windows(seq: str, seq_len: int, stride: int, min_gap: int, max_n_frac: float, tail: str, min_len: int):
-    """Reference cut of one chromosome, written independently of genome_lm.genome.windows."""
+    """Reference cut of one chromosome, written independently of genome_lm.genome.prepare."""
     bases = seq.translate(IUPAC_TO_N).upper()
     gaps = [m.span() for m in re.finditer("N+", bases) if m.end() - m.start() >= min_gap]
     bounds, pos = [], 0
