@@ -58,10 +58,8 @@ class FileInfo:
 
 
 class _HashingReader:
-    """Wraps a raw binary file: hashes every byte read (for sha256) and reports its count (progress).
-
-    Hashing runs on a helper thread (hashlib releases the GIL), overlapping the parsing.
-    """
+    """Wraps a raw binary file: hashes every byte read (sha256, on a helper thread: hashlib releases the
+    GIL) and reports its count (progress)."""
 
     def __init__(self, raw: BinaryIO, progress: Callable[[int], None]):
         self.raw = raw

@@ -184,10 +184,8 @@ def _fetch_one(url: str, final: Path, md5: str) -> None:
 
 
 def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL) -> list[Path]:
-    """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir`; return the paths.
-
-    Every requested name is checked against md5sum.txt before anything is downloaded.
-    """
+    """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir` (every name checked against
+    md5sum.txt before anything is downloaded); return the paths."""
     out_dir = Path(out_dir)
     base_url = base_url.rstrip("/")
     names = list(dict.fromkeys(add_chr_prefix(c) for c in chroms))

@@ -65,10 +65,8 @@ def _chunks(n: int, desc: str, show_progress: bool | None):
 
 
 class KmerIndex:
-    """The canonical k-mers of the chromosomes `add`ed, then `finalize`d for `contains` / `mask`.
-
-    Memory: 8 bytes per k-mer added while building (one array, grown in place per chromosome), 8
-    per distinct k-mer once finalized, plus chunk temporaries (~50 bytes x CHUNK)."""
+    """The canonical k-mers of the chromosomes `add`ed, then `finalize`d for `mask`. Memory: 8 bytes per
+    k-mer added (one array, grown in place), 8 per distinct k-mer once finalized, ~50 x CHUNK bytes more."""
 
     def __init__(self, k: int, show_progress: bool | None = None):
         self.k = k  # 1..MAX_K (`PrepareParams` checks --leakage-k)

@@ -59,10 +59,8 @@ class ChromScan:
 
 
 def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
-    """One blockwise pass over codes [T]: N runs of at least `min_gap`, N / soft-mask / IUPAC counts.
-
-    Transient memory is O(block), not O(T).
-    """
+    """One blockwise pass over codes [T] (transient memory O(block)): N runs of at least `min_gap`, N /
+    soft-mask / IUPAC counts."""
     edges: list[np.ndarray] = []
     prev = False
     n_bases = softmasked = 0

@@ -92,10 +92,8 @@ class WrittenGenome:
 
 def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
                           params: SynthParams | None = None) -> WrittenGenome:
-    """Write the synthetic genome to `out` (gzip FASTA, 60 columns) and a sidecar TSV of the
-    planted copies (chrom, start, end, strand, family, source_start) beside it, and one of the
-    segmental duplications when there are any (`segdups_path`). `params` (see `make_params`)
-    replaces the default SynthParams."""
+    """Write the synthetic genome made with `params` (default: SynthParams()) to `out` (gzip FASTA) and the
+    sidecar TSVs of its planted copies and segmental duplications (these when there are any) beside it."""
     out = Path(out)
     if out.is_dir() or not out.name:
         raise GenomeLMError(f"--out {out} is a folder; give the FASTA file to write, e.g. {out / 'genome.fa.gz'}")
