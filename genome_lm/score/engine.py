@@ -88,11 +88,6 @@ def head_weight(model) -> torch.Tensor:
     return weight.full_tensor() if hasattr(weight, "full_tensor") else weight
 
 
-def _first_unscored(logp: torch.Tensor, acgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """NaN rows for token 0 (nothing precedes it) before the rows of tokens 1.."""
-    return torch.cat([logp.new_full((1,), float("nan")), logp]), torch.cat([acgt.new_full((1, 4), float("nan")), acgt])
-
-
 @torch.no_grad()
 def stream(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Sequence[int] = (),
            weight: torch.Tensor | None = None) -> Iterator[Chunk]:
@@ -109,8 +104,9 @@ def stream(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Seq
             scoring = hidden[:-1] if last is None else torch.cat([last, hidden[:-1]])  # [n or n - 1, D]
             last = hidden[-1:]
             logp, acgt = log_probs(scoring, weight, cols, piece[len(piece) - len(scoring):], scorer.loss_chunk_tokens)
-            if t0 == 0:
-                logp, acgt = _first_unscored(logp, acgt)
+            if t0 == 0:  # NaN rows for token 0: nothing precedes it
+                logp = torch.cat([logp.new_full((1,), float("nan")), logp])
+                acgt = torch.cat([acgt.new_full((1, 4), float("nan")), acgt])
             yield Chunk(t0, logp, acgt, {i: out[i][0] for i in layers})
 
 
