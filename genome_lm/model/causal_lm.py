@@ -26,9 +26,7 @@ from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
 @dataclass
 class CausalLMOutput(ModelOutput):
-    """loss []: mean NLL over scored tokens; per_token_nll [B, T] float32 and nll_mask [B, T] bool
-    when asked; num_targets []: how many tokens were scored; hidden [B, T, D] when asked; cache: the
-    transformers `Cache` the call ran with (`use_cache` / `cache`), holding its tokens too."""
+    """What `Glm5NextCausalLM.forward` returns (see there)."""
 
     loss: torch.Tensor | None = None
     per_token_nll: torch.Tensor | None = None
@@ -44,8 +42,6 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
 
 
 class Glm5NextCausalLM(nn.Module):
-    """`model` (upstream `Glm5NextTextModel`) + `lm_head` (`nn.Linear(D, V, bias=False)`)."""
-
     def __init__(self, config: Glm5NextTextConfig):
         super().__init__()
         self.config = config
@@ -66,8 +62,7 @@ class Glm5NextCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        """Final hidden states [B, T, D]: the text model's `norm(mean over hc streams)`. With `cache`
-        (a transformers `Cache`) the T tokens continue what it holds, and it is updated."""
+        """Final hidden states [B, T, D]; with a transformers `cache`, continuing (and updating) it."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                           use_cache=cache is not None).last_hidden_state
 
@@ -85,35 +80,21 @@ class Glm5NextCausalLM(nn.Module):
         return_dict: bool | None = None,
         **unsupported,
     ) -> CausalLMOutput | tuple:
-        """Mean next-token loss over non-ignored labels, optionally per-token NLL.
+        """Mean next-token loss (float32, 0 when nothing is scored) of input_ids [B, T] over `labels`
+        (default: the input ids when `return_per_token_nll`, else no loss), with `num_targets` and,
+        when asked, `per_token_nll` / `nll_mask` [B, T], `hidden_states`, `cache` (`use_cache`: a new
+        `DynamicCache` unless one is given; the loss covers this call's tokens only).
 
-        Args:
-            input_ids: [B, T] int64 (under context parallelism: the full batch on every CP rank).
-            labels: [B, T] int64, normally `input_ids` (shifted inside; -100 = not scored).
-                Without labels, `input_ids` are the labels when `return_per_token_nll` is set;
-                otherwise no loss is computed.
-            attention_mask: optional [B, T] padding mask, as upstream's.
-            use_cache: run with a transformers `Cache` (a new `DynamicCache` unless one is given) and
-                return it; False or None without a cache: none, as in training.
-            cache, past_key_values: the `Cache` (upstream's name, and other transformers models') that
-                the tokens continue; updated in place and returned. The loss covers this call's tokens only.
-            return_dict: False returns `CausalLMOutput.to_tuple()` (the fields that are set, in order).
-            unsupported: any other keyword is refused (`GenomeLMError`, one line).
-        Returns:
-            `CausalLMOutput` with `loss` (float32, 0 when nothing is scored), `num_targets` and,
-            when asked, `per_token_nll` [B, T] float32 with `nll_mask` [B, T], `hidden_states`,
-            `cache`. Under context parallelism (`self.cp`, set by `apply_context_parallel`) the
-            decoder runs this rank's slab [B, T_r]: `loss` is the group's mean (its gradient this
-            rank's share: its NLL sum / the group's target count, so summing the ranks' gradients
-            gives the gradient of the mean), `num_targets` the group's, `per_token_nll` the whole
-            sequence's (gathered, no gradient), `hidden_states` the slab's.
+        Under context parallelism (`self.cp`) every CP rank gets the full batch and runs its slab
+        [B, T_r]: `loss` is the group's mean, its gradient this rank's share (its NLL sum / the
+        group's target count), `num_targets` the group's, `per_token_nll` gathered (no gradient),
+        `hidden_states` the slab's.
         """
         cache = self._call_cache(unsupported, use_cache, cache, past_key_values)
         out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
         return out.to_tuple() if return_dict is False else out
 
     def _call_cache(self, unsupported: dict, use_cache: bool | None, cache, past_key_values):
-        """The `Cache` a call runs with (None: none), after refusing the keywords it does not take."""
         if unsupported:
             raise GenomeLMError(
                 f"Glm5NextCausalLM: {', '.join(sorted(unsupported))} not supported; it takes input_ids, labels, "
@@ -169,12 +150,8 @@ class Glm5NextCausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
-        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens].
-
-        The prompt runs once through `cache` (default a new transformers `DynamicCache`: KDA conv
-        and recurrent state, DSA latent rows and index keys, as upstream fills it), then one
-        token at a time from it. Works on the model with or without `apply_long_context`.
-        """
+        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], the prompt once through `cache`
+        (default a new `DynamicCache`), then one token at a time."""
         from transformers import DynamicCache
 
         if self.cp is not None:

@@ -1,15 +1,8 @@
 """What genome_lm relies on in upstream `transformers` (and private torch), in one place, checked so
-that a mismatch is one line naming the symbol, the installed version, the supported range and the fix.
-
-- `check_symbols()`: classes, functions, signatures genome_lm calls or replaces, `DynamicCache`'s
-  methods and the config fields it reads; run when `model/upstream.py` is first imported.
-- `check_model(model)`: the attributes upstream's `__init__` sets and genome_lm reads (they need
-  instances), on a built model.
-- `check_torch()`: the private torch the rehearsal (`plan/rehearse.py`) subclasses or imports
-  (`FSDPMemTracker`, its `ModTracker`, `FakeStore`), when a rehearsal starts.
-
-`genome-lm check-upstream` runs all three. `SUPPORTED` is pyproject.toml's transformers range and
-`TESTED` the locked version (`tests/model/test_contract.py` keeps them equal)."""
+that a mismatch is one line naming the symbol, the installed version, the supported range and the fix:
+`check_symbols()` when `model/upstream.py` is first imported, `check_model(model)` (attributes set in
+`__init__`) on a built model, `check_torch()` when a rehearsal starts. `SUPPORTED` is pyproject.toml's
+transformers range and `TESTED` the locked version."""
 
 from __future__ import annotations
 
@@ -148,8 +141,7 @@ def _mismatch(problems: list[str]) -> UpstreamMismatch:
     )
 
 
-def _params(fn) -> tuple[str, ...] | None:
-    """Parameter names of `fn`, unwrapping upstream's kernel decorators (None if it has no signature)."""
+def _params(fn) -> tuple[str, ...] | None:  # None if it has no signature
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
     try:
@@ -166,7 +158,6 @@ def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
 
 
 def symbol_problems() -> list[str]:
-    """Every mismatch of SYMBOLS, SIGNATURES, CACHE_METHODS, CLASS_ATTRIBUTES and CONFIG_FIELDS."""
     try:
         glm = importlib.import_module(MODULE)
         config_module = importlib.import_module(CONFIG_MODULE)
@@ -203,7 +194,7 @@ def check_symbols() -> None:
 
 
 def attribute_problems(model: nn.Module) -> list[str]:
-    """Every ATTRIBUTES entry missing on the first module of its class in `model` (classes absent are skipped)."""
+    """Every ATTRIBUTES entry missing on the first module of its class in `model`."""
     glm = importlib.import_module(MODULE)
     seen: set[str] = set()
     problems = []
@@ -218,14 +209,12 @@ def attribute_problems(model: nn.Module) -> list[str]:
 
 
 def check_model(model: nn.Module) -> None:
-    """Raise `UpstreamMismatch` unless every module of `model` has the attributes genome_lm reads."""
     problems = attribute_problems(model)
     if problems:
         raise _mismatch(problems)
 
 
 def torch_problems() -> list[str]:
-    """Every mismatch of TORCH_CLASSES, TORCH_SIGNATURES and TORCH_ATTRIBUTES."""
     classes: dict[str, type] = {}
     problems: list[str | None] = []
     for name, module in TORCH_CLASSES.items():

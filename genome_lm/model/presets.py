@@ -104,8 +104,7 @@ def is_preset(name: str) -> bool:
 
 
 def check_overrides(overrides: dict[str, Any]) -> None:
-    """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field (the
-    config would keep it as an attribute nothing reads)."""
+    """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field."""
     fields = {f.name for f in dataclasses.fields(Glm5NextTextConfig)}
     for key in overrides:
         if key not in fields:
@@ -115,12 +114,8 @@ def check_overrides(overrides: dict[str, Any]) -> None:
 
 
 def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
-    """The upstream text config of preset `name`, with `overrides` applied.
-
-    Per-layer lists (`layer_types`, `indexer_types`, `mlp_layer_types`) are dropped when
-    `num_hidden_layers` is overridden without them, so upstream rebuilds its default schedule.
-    A `pad_token_id` outside the vocabulary (e.g. flash with a small `vocab_size`) becomes None.
-    """
+    """The upstream text config of preset `name` with `overrides`; per-layer lists are dropped when
+    `num_hidden_layers` is overridden without them, a `pad_token_id` outside the vocabulary is None."""
     if name not in PRESETS:
         raise GenomeLMError(
             f"model: unknown preset {name!r}; use one of {', '.join(PRESETS)} or a checkpoint directory"

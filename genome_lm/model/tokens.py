@@ -46,13 +46,8 @@ def _vocab_size(source: Path) -> int | None:
 
 
 def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size: int | None = None) -> torch.Tensor:
-    """LongTensor `m` with `m[shard_id] = model_id` for every symbol of `shard_vocab`.
-
-    Args:
-        shard_vocab: e.g. {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4} (ids 0..S-1).
-        model_source: preset name or checkpoint / tokenizer directory (what `build` was given).
-        vocab_size: the model's vocabulary, to check ids against (default: from the source).
-    """
+    """LongTensor `m[shard_id] = model_id` for `shard_vocab` ({"A": 0, ..., "N": 4}) and what `build` was
+    given; ids are checked against `vocab_size` (default: the source's)."""
     ids = sorted(shard_vocab.values())
     if ids != list(range(len(ids))):
         raise GenomeLMError(f"token map: shard vocabulary ids must be 0..{len(ids) - 1}, got {shard_vocab}")

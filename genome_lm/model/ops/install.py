@@ -1,12 +1,8 @@
 """How a genome_lm class takes over an upstream module: `Cls.install(module, **settings)`.
 
-The long-context classes (`LongKDA`, `LongDSA`, `BlockedGlm5NextTextMoE`, `RecomputedHyperConnection`)
-and the offloaded recompute of `genome_lm.train.recompute` are subclasses of an upstream module's
-class with the same parameters. `swap_class` is the one place in genome_lm that sets
-`module.__class__`: installing a subclass in place, instead of building a new module and moving
-the parameters over, keeps the object itself — its parent's reference, its parameters (no second
-copy of 313B), hooks, and whatever else already holds it. torch's `fully_shard` installs its
-FSDP classes the same way.
+`swap_class` is the one place in genome_lm that sets `module.__class__`: installing a subclass in
+place keeps the object itself (its parent's reference, its parameters, hooks), as torch's
+`fully_shard` installs its FSDP classes.
 """
 
 from __future__ import annotations
@@ -25,8 +21,8 @@ def swap_class(module: nn.Module, cls: type) -> nn.Module:
 
 
 class LongContextModule:
-    """Mixin of the long-context classes. `upstream` is the upstream class a subclass extends;
-    `configure(**settings)` sets its typed settings (shown by `print(model)`)."""
+    """Mixin of the long-context classes: `upstream` is the class a subclass extends, `configure` sets
+    its typed settings (shown by `print(model)`)."""
 
     upstream: type[nn.Module]
 
@@ -35,7 +31,7 @@ class LongContextModule:
 
     @classmethod
     def install(cls, module: nn.Module, **settings) -> nn.Module:
-        """Turn an upstream module into `cls` in place (or reconfigure one that already is); returns it."""
+        """Turn an upstream module into `cls` in place (or reconfigure one); returns it."""
         if type(module) is not cls:
             if type(module) is not cls.upstream:
                 hint = ("; install the long-context classes before recompute and FSDP2 wrap the module"

@@ -1,9 +1,5 @@
 """DSA layers (upstream `Glm5NextTextAttention`) in blockwise latent form.
 
-`LongDSA.install(attn, block_queries=...)` turns one upstream module into a `LongDSA` in place
-(every parameter kept, names and values): the training path, a rank's slab under context
-parallelism, and upstream's `Cache` for decoding and streaming.
-
 Shapes: B batch, T tokens, D model dim, H heads, R kv_lora_rank, DI indexer head dim.
 """
 
@@ -65,15 +61,12 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
     indices [B, T, W]. As upstream, the selection is returned only when `next_skip_topk`.
 
     Settings: `block_queries` per indexer / attention block; `cp`, a `CPContext` once
-    `apply_context_parallel` ran: this rank's queries then attend over the whole causal prefix —
-    the latent rows c [B, T_r, R] are all-gathered differentiably, and for `full` layers the
-    index keys and gates (no gradient) -> the pool keys of the whole sequence, exactly the row of
-    T // kpool pools one process scores, so ties resolve the same way. Memory per rank: the
-    gathered latent O(T·R) and index keys O(T·DI) per layer, the rest O(T_r).
-    With a transformers `Cache` (decoding, `generate`, `model/streaming.py`): the latent rows go
-    through `cache.update` and the index keys through `cache.update_indexer` as upstream stores
-    them, and the new queries attend to every cached row; a cache with a `total_len` (the final
-    length) gives top-k rows of total_len // kpool pools, as one pass over the sequence.
+    `apply_context_parallel` ran: this rank's queries attend over the whole causal prefix, the
+    latent rows c [B, T_r, R] all-gathered differentiably and, for `full` layers, the index keys
+    and gates, so the row of T // kpool pools is the one one process scores.
+    With a transformers `Cache` (`generate`, `model/streaming.py`) the latent rows and index keys
+    are stored as upstream stores them; a cache with a `total_len` gives top-k rows of
+    total_len // kpool pools, as one pass over the sequence.
     """
 
     upstream = Glm5NextTextAttention

@@ -114,14 +114,9 @@ def lean_hc_forward(self, hidden_streams: torch.Tensor):
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """Upstream's Sinkhorn normalisation of comb [..., S, S]: columns, then `iters - 1` times rows
-    and columns, each divided by its sum + eps. -> [..., S, S] contiguous, bit for bit upstream's
-    values and gradients.
-
-    The loop runs on an [S, S, ...] copy: a sum over an [S, S] axis is then S - 1 element-wise adds
-    of contiguous token vectors, in the order upstream's sum over a trailing axis of S takes, instead
-    of a strided reduction of S elements per token (3x faster forward at 8k tokens).
-    """
+    """Upstream's Sinkhorn normalisation of comb [..., S, S] (columns, then `iters - 1` times rows and
+    columns, each over its sum + eps), bit for bit, on an [S, S, ...] copy: a sum is then S - 1 adds
+    of contiguous token vectors in upstream's order, not a strided reduction (3x faster at 8k)."""
     c = comb.movedim((-2, -1), (0, 1)).contiguous()  # [S, S, ...]
     c = c / (c.sum(dim=0, keepdim=True) + eps)
     for _ in range(iters - 1):

@@ -8,10 +8,9 @@ raw = f_b_proj(f_a_proj(x)) [B, T, H·K], computes in float32 [B, T, H, K]:
 
 keeping three float32 tensors. Here the gate is split where fla's kernel splits it
 (`use_gate_in_kernel=True`): `KDAForgetGate.forward(x)` returns (raw, A_log, dt_bias) and the KDA op
-applies the gate itself (fla on CUDA; `kda_gate` per checkpointed segment in the torch op), so only
-raw in the compute dtype stays for backward. `kda_gate` is one autograd function (float32, token
-blocks) saving raw, A_log and dt_bias. A_log and dt_bias leave the module as copies (`clone`): their
-use runs its backward after FSDP2 has freed the module's gathered parameters."""
+applies the gate (`kda_gate`, one autograd function in token blocks, in the torch op), so only raw
+in the compute dtype stays for backward. A_log and dt_bias leave the module as copies (`clone`):
+their use runs its backward after FSDP2 has freed the module's gathered parameters."""
 
 from __future__ import annotations
 
@@ -80,11 +79,9 @@ def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
 
 
 class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
-    """`Glm5NextTextForgetGate` that hands the KDA op the gate's inputs (parameters and names upstream's).
+    """`Glm5NextTextForgetGate` whose forward(x [B, T, D]) returns the gate's inputs (raw [B, T, H·K],
+    A_log [H], dt_bias [H·K]); the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, lower_bound)`."""
 
-    forward(x [B, T, D]) -> (raw [B, T, H·K] compute dtype, A_log [H] float32, dt_bias [H·K] float32);
-    the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, self.safe_gate_lower_bound)`.
-    """
 
     upstream = glm.Glm5NextTextForgetGate
 

@@ -82,18 +82,8 @@ def chunked_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     return_per_token: bool = False,
 ):
-    """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
+    """`naive.naive_cross_entropy`, never holding more than [chunk_tokens, V] logits."""
 
-    Same contract as `naive.naive_cross_entropy`, never holding more than [chunk_tokens, V] logits.
-
-    Args:
-        hidden: [N, D] final hidden states (any float dtype; contiguous is best).
-        weight: [V, D] LM head weight.
-        targets: [N] int64 target ids, `ignore_index` where there is nothing to predict.
-        chunk_tokens: tokens per logits chunk (C).
-    Returns:
-        loss: [] float32; with `return_per_token`, `(loss, nll)` where nll is [N] float32.
-    """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]

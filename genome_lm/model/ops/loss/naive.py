@@ -20,15 +20,9 @@ def naive_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     return_per_token: bool = False,
 ):
-    """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
+    """hidden [N, D], LM head weight [V, D], targets [N] -> mean float32 NLL over the targets that are
+    not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
 
-    Args:
-        hidden: [N, D] final hidden states.
-        weight: [V, D] LM head weight.
-        targets: [N] target ids; `ignore_index` entries contribute nothing (their NLL is 0).
-    Returns:
-        loss: [] float32; with `return_per_token`, `(loss, nll)` where nll is [N] float32.
-    """
     logits = F.linear(hidden, weight).float()  # [N, V]
     nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
     count = (targets != ignore_index).sum().clamp(min=1)

@@ -24,9 +24,8 @@ from genome_lm.settings import DEFAULTS
 
 
 def _experts(experts: Glm5NextTextExperts, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
-    """Upstream's experts on x [M, D]: the implementation the config names (`grouped_mm` by
-    default), except float32 on CUDA, where torch's grouped_mm takes bf16 only: there upstream's
-    eager loop over the experts hit (the same arithmetic)."""
+    """Upstream's experts on x [M, D] as the config names them, except float32 on CUDA, where torch's
+    grouped_mm takes bf16 only: there upstream's eager loop (the same arithmetic)."""
     # upstream's class decorator `use_experts_implementation` sets `config` and wraps `forward` (`__wrapped__`),
     # which its annotations do not show
     if getattr(experts, "ep", None) is None and x.is_cuda and x.dtype == torch.float32 and \
@@ -52,15 +51,8 @@ def blocked_moe_forward(
     module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True,
     assumed: AssumedRouting | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream MoE over blocks of `block_tokens` tokens.
-
-    Args:
-        hidden: [B, T, D] (any leading shape; flattened to N tokens).
-        assumed: counts (and EP splits) from this assumption instead of the router's choice
-            (`moe/assumed.py`; for tensors without values).
-    Returns:
-        out [B, T, D] and counts [E] int64 (tokens per routed expert).
-    """
+    """Upstream MoE over blocks of `block_tokens` tokens: hidden [..., D] -> (out [..., D], tokens per
+    routed expert [E] int64); `assumed`: counts and EP splits from it, not from the router."""
     shape = hidden.shape
     x = hidden.reshape(-1, shape[-1])  # [N, D]
     n = x.shape[0]

@@ -68,9 +68,7 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep, self.routing)
 
 
-class _ExpertLinear(torch.autograd.Function):
-    """`expert_linear`'s forward and backward (the matmuls autograd runs for `F.linear`)."""
-
+class _ExpertLinear(torch.autograd.Function):  # the matmuls autograd runs for `F.linear`
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
@@ -100,8 +98,6 @@ def expert_linear(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> t
 
 
 class _PermuteRows(torch.autograd.Function):
-    """`permute_rows`' forward and backward."""
-
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(inverse)
@@ -121,8 +117,6 @@ def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) ->
 
 
 class _AddRows(torch.autograd.Function):
-    """`add_rows`' forward and backward."""
-
     @staticmethod
     def forward(ctx, like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(index)
@@ -141,9 +135,8 @@ def add_rows(like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torc
 
 
 def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
-    """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
-    local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
-    and exchanged, or taken from the `assumed` routing (no values needed)."""
+    """(rows sent to each rank [P], received from each rank [P], per local expert [El], local expert
+    of each received row [R]) for this rank's expert ids `flat` [M*k]: exchanged, or `assumed`."""
     if assumed is not None:
         send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
         local = torch.arange(n_local, device=flat.device)
@@ -162,9 +155,8 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, a
 
 def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                ep: EPContext, assumed: AssumedRouting | None = None) -> torch.Tensor:
-    """Routed experts over the EP group: x [M, D], idx [M, k] global expert ids, w [M, k] routing
-    weights -> [M, D] (upstream `Glm5NextTextExperts.forward` on all E experts); `assumed`: split by
-    that assumption instead of by `idx` (`moe/assumed.py`)."""
+    """Upstream's `Glm5NextTextExperts.forward` over the EP group: x [M, D], idx [M, k] global expert
+    ids, w [M, k] routing weights -> [M, D]; `assumed`: split by it instead of by `idx`."""
     gate_up, down = _local(experts.gate_up_proj), _local(experts.down_proj)  # [El, 2I, D], [El, D, I]
     n_local = gate_up.shape[0]
     num_experts = n_local * ep.size

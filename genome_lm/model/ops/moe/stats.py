@@ -7,12 +7,9 @@ from torch import nn
 
 
 def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
-    """Per MoE layer: tokens per expert `max`, `mean` and `imbalance` = max / mean.
+    """Per MoE layer name (`model.layers.3.mlp`) with `last_expert_counts` from its last forward:
+    tokens per expert `max`, `mean` and `imbalance` = max / mean."""
 
-    Reads `last_expert_counts` recorded by `BlockedGlm5NextTextMoE` layers during the last forward;
-    layers without counts (unpatched, or no forward yet) are left out. Keys are module names,
-    e.g. `model.layers.3.mlp`. The reference run saw the busiest expert rank carry 4x the mean.
-    """
     stats = {}
     for name, module in model.named_modules():
         counts = getattr(module, "last_expert_counts", None)

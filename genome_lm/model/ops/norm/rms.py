@@ -28,13 +28,11 @@ upstream_rms_norm = glm.Glm5NextTextRMSNorm.forward
 upstream_gated_rms_norm = glm.Glm5NextTextRMSNormGated.forward
 
 
-def row_blocks(n: int, block: int = ROW_BLOCK):
-    """(start, stop) of consecutive row blocks of `block` rows covering n rows."""
+def row_blocks(n: int, block: int = ROW_BLOCK):  # (start, stop) of blocks covering n rows
     return ((a, min(a + block, n)) for a in range(0, n, block))
 
 
 def rstd_of(xf: torch.Tensor, eps: float) -> torch.Tensor:
-    """rsqrt(mean x² + eps) over the last dim of float32 rows [R, D] -> [R, 1]."""
     return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [R, 1]
 
 
