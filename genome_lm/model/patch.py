@@ -4,11 +4,11 @@ Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
     kda   every `Glm5NextTextLinearAttention`  -> `LongKDA` (`ops/kda/layer.py`)
     dsa   every `Glm5NextTextAttention`        -> `LongDSA` (`ops/dsa/layer.py`)
     moe   every `Glm5NextTextMoE`              -> `BlockedGlm5NextTextMoE` (`ops/moe/chunk.py`)
-    hc    every `Glm5NextTextHyperConnection`  -> `RecomputedHyperConnection` (`ops/hc/layer.py`):
+    hc    every `Glm5NextTextHyperConnection`  -> `RecomputedHyperConnection` (`ops/hc.py`):
           its intermediates are recomputed in backward instead of kept
-    norm  every `Glm5NextTextRMSNorm`          -> `LeanRMSNorm` (`ops/norm/rms.py`): keeps only its
+    norm  every `Glm5NextTextRMSNorm`          -> `LeanRMSNorm` (`ops/norm.py`): keeps only its
           input for backward (the decoder layers' norms, DSA's LoRA norms, the final norm)
-    mlp   every dense layer's `Glm5NextTextMLP` -> `LeanMLP` (`ops/mlp/swiglu.py`): keeps its input
+    mlp   every dense layer's `Glm5NextTextMLP` -> `LeanMLP` (`ops/mlp.py`): keeps its input
           and two projections, not the six [T, I] activations (MoE shared experts are left alone:
           blocked MoE rebuilds them in backward)
     loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk

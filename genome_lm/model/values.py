@@ -14,8 +14,7 @@ from genome_lm.model.ops.kda._fla import FlaKernels
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
-from genome_lm.model.ops.moe.assumed import AssumedRouting
-from genome_lm.model.ops.moe.ep import ExpertParallelExperts
+from genome_lm.model.ops.moe.ep import AssumedRouting, ExpertParallelExperts
 
 
 @dataclass(frozen=True)
@@ -24,8 +23,6 @@ class ValueSource:
     read: bool = True  # run the checks that read data
     fla: FlaKernels | None = None  # None: KDA's kernels as configured; else the fla backend on these
 
-
-FROM_DATA = ValueSource()
 
 
 def fake_values(imbalance: float = 1.0) -> ValueSource:

@@ -15,7 +15,7 @@ from torch import nn
 
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_causal_conv1d, use_fla
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend
 
 __all__ = ["BLOCK_TOKENS", "KDAShortConv", "ShortConvFunction", "conv_tail", "short_conv"]

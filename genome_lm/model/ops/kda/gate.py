@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 
 __all__ = ["KDAForgetGate", "KDAGateFunction", "kda_gate", "upstream_forget_gate"]

@@ -13,11 +13,11 @@ the ranks agreeing on the number of blocks so that they meet in every block's al
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import AssumedRouting
-from genome_lm.model.ops.moe.ep import EPContext
+from genome_lm.model.ops.moe.ep import AssumedRouting, EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
@@ -105,3 +105,18 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
         out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute, self.routing)
         self.last_expert_counts = counts
         return out
+
+
+def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
+    """Per MoE layer name (`model.layers.3.mlp`) with `last_expert_counts` from its last forward:
+    tokens per expert `max`, `mean` and `imbalance` = max / mean."""
+    stats = {}
+    for name, module in model.named_modules():
+        counts = getattr(module, "last_expert_counts", None)
+        if not isinstance(counts, torch.Tensor):
+            continue
+        counts = counts.detach().float()
+        mean = counts.mean().item()
+        top = counts.max().item()
+        stats[name] = {"max": top, "mean": mean, "imbalance": top / mean if mean > 0 else 0.0}
+    return stats

@@ -11,10 +11,16 @@ pairs sorted by expert (stable); counts exchanged (no gradient); rows sent with
 `all_to_all_single_autograd`; each local expert runs upstream's SwiGLU on its rows (`expert_linear`);
 outputs come back by the reverse all-to-all and are weighted and added in expert order, upstream's
 sums, so P = 1 gives upstream's bits. The router and shared experts run replicated on each rank's
-tokens. Every rank runs the same number of blocks (`blocked_moe_forward` agrees on the count)."""
+tokens. Every rank runs the same number of blocks (`blocked_moe_forward` agrees on the count).
+
+`AssumedRouting`: for fake tensors (the rehearsal's), which have no values to route by, a MoE layer
+whose `routing` setting is one takes its counts and splits from that stated assumption: a rank
+sends its M * k pairs evenly over the P ranks and receives `imbalance` x M * k rows, evenly over
+sources and local experts (the planner's `expert_imbalance`: the busiest expert rank simulated)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +28,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import AssumedRouting
 from genome_lm.model.upstream import Glm5NextTextExperts
 
 
@@ -36,6 +41,29 @@ class EPContext:
 
     def __repr__(self) -> str:
         return f"rank {self.rank} of {self.size}"
+
+
+@dataclass(frozen=True)
+class AssumedRouting:
+    imbalance: float  # rows this rank receives / the mean over the EP group (>= 1)
+
+    def __post_init__(self) -> None:
+        if self.imbalance < 1:
+            raise ValueError(f"imbalance is the busiest rank over the mean, >= 1; got {self.imbalance}")
+
+    def splits(self, pairs: int, size: int, n_local: int) -> tuple[list[int], list[int], list[int]]:
+        """(rows sent to each rank [P], rows received from each rank [P], rows per local expert
+        [El]) for `pairs` = M·k (token, expert) pairs of this rank."""
+        received = math.ceil(pairs * self.imbalance)
+        return _even(pairs, size), _even(received, size), _even(received, n_local)
+
+    def counts(self, pairs: int, num_experts: int, device: torch.device) -> torch.Tensor:
+        """[E] int64 tokens per expert over the block: the pairs spread evenly."""
+        return torch.tensor(_even(pairs, num_experts), dtype=torch.long, device=device)
+
+
+def _even(total: int, parts: int) -> list[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import rms_backward, row_blocks, rstd_of
+from genome_lm.model.ops.norm import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 
 __all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "sinkhorn",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 
 __all__ = ["ROW_BLOCK", "LeanMLP", "swiglu_mlp", "upstream_mlp"]
