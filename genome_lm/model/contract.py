@@ -14,8 +14,6 @@ from torch import nn
 
 from genome_lm.errors import GenomeLMError
 
-__all__ = ["SUPPORTED", "TESTED", "UpstreamMismatch", "check_model", "check_symbols", "check_torch", "summary"]
-
 SUPPORTED = ">=5.25.0,<5.26"
 TESTED = "5.25.0"
 FIX = f"`make setup` (installs requirements.lock) or `pip install 'transformers{SUPPORTED}'`"

@@ -25,8 +25,6 @@ from genome_lm.settings import STREAMING_CHUNK_TOKENS
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
 
-__all__ = ["StreamingCache", "StreamingScorer", "score_streaming"]
-
 
 class StreamingCache(DynamicCache):
     """`DynamicCache` plus `total_len`, the final length when known: `LongDSA` then scores a top-k row

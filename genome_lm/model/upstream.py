@@ -30,23 +30,10 @@ from transformers.models.glm5_next.modeling_glm5_next import (  # noqa: E402
     Glm5NextTextTopkRouter,
 )
 
-__all__ = [
-    "glm",
-    "Glm5NextConfig",
-    "Glm5NextTextConfig",
-    "Glm5NextTextModel",
-    "Glm5NextTextDecoderLayer",
-    "Glm5NextTextAttention",
-    "Glm5NextTextLinearAttention",
-    "Glm5NextTextMoE",
-    "Glm5NextTextExperts",
-    "Glm5NextTextTopkRouter",
-    "KERNEL_FALLBACK_FUNCTIONS",
-    "torch_fallback",
-    "route_cpu_to_torch",
-    "use_torch_fallbacks",
-    "KEEP_IN_FP32",
-]
+__all__ = ["glm", "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextTextModel", "Glm5NextTextDecoderLayer",
+           "Glm5NextTextAttention", "Glm5NextTextLinearAttention", "Glm5NextTextMoE", "Glm5NextTextExperts",
+           "Glm5NextTextTopkRouter", "KERNEL_FALLBACK_FUNCTIONS", "torch_fallback", "route_cpu_to_torch",
+           "use_torch_fallbacks", "KEEP_IN_FP32"]
 
 # Upstream module globals that may be bound to an optional package's or a hub kernel.
 KERNEL_FALLBACK_FUNCTIONS = (

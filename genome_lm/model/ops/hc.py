@@ -21,9 +21,6 @@ from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.norm import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 
-__all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "sinkhorn",
-           "upstream_hc_forward"]
-
 upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 [S·D] temporaries
 

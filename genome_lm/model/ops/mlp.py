@@ -21,8 +21,6 @@ from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 
-__all__ = ["ROW_BLOCK", "LeanMLP", "swiglu_mlp", "upstream_mlp"]
-
 ROW_BLOCK = 8192  # rows per block of the [rows, I] temporaries
 
 upstream_mlp = glm.Glm5NextTextMLP.forward

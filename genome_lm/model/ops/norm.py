@@ -19,9 +19,6 @@ import torch
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.upstream import glm
 
-__all__ = ["ROW_BLOCK", "LeanRMSNorm", "gated_rms_norm", "rms_backward", "rms_norm", "row_blocks", "rstd_of",
-           "upstream_gated_rms_norm", "upstream_rms_norm"]
-
 ROW_BLOCK = 8192  # rows per block of the float32 temporaries
 
 upstream_rms_norm = glm.Glm5NextTextRMSNorm.forward

@@ -11,16 +11,6 @@ from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 from .layer import LongDSA
 from .naive import naive_dsa_forward, naive_kpool_indexer, naive_mla_attention, naive_selection_mask
 
-__all__ = [
-    "DSASelection",
-    "LongDSA",
-    "absorbed_mla_attention",
-    "chunk_kpool_indexer",
-    "index_inputs",
-    "kpool_keys",
-    "naive_dsa_forward",
-    "naive_kpool_indexer",
-    "naive_mla_attention",
-    "naive_selection_mask",
-    "sparse_latent_attention",
-]
+__all__ = ["DSASelection", "LongDSA", "absorbed_mla_attention", "chunk_kpool_indexer", "index_inputs", "kpool_keys",
+           "naive_dsa_forward", "naive_kpool_indexer", "naive_mla_attention", "naive_selection_mask",
+           "sparse_latent_attention"]

@@ -21,8 +21,6 @@ import torch.nn.functional as F
 
 from .indexer import DSASelection
 
-__all__ = ["sparse_latent_attention", "absorbed_mla_attention"]
-
 
 def _acc(t: torch.Tensor) -> torch.Tensor:  # float32, or float64 for float64 inputs (gradcheck)
     return t if t.dtype == torch.float64 else t.float()

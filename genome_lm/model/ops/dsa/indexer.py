@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DSASelection", "kpool_keys", "chunk_kpool_indexer", "index_inputs"]
-
 
 @dataclass
 class DSASelection:

@@ -15,8 +15,6 @@ from genome_lm.settings import DEFAULTS
 from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 
-__all__ = ["LongDSA"]
-
 
 def _check_supported(attn) -> None:
     cfg = attn.config

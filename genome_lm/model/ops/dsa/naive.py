@@ -31,8 +31,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["naive_kpool_indexer", "naive_selection_mask", "naive_mla_attention", "naive_dsa_forward"]
-
 
 def naive_kpool_indexer(
     q: torch.Tensor,

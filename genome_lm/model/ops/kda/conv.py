@@ -18,8 +18,6 @@ from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_causal_conv1d, use
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend
 
-__all__ = ["BLOCK_TOKENS", "KDAShortConv", "ShortConvFunction", "conv_tail", "short_conv"]
-
 BLOCK_TOKENS = 2048
 ACTIVATIONS = ("silu", "swish")
 

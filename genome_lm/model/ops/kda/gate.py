@@ -20,8 +20,6 @@ from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 
-__all__ = ["KDAForgetGate", "KDAGateFunction", "kda_gate", "upstream_forget_gate"]
-
 upstream_forget_gate = glm.Glm5NextTextForgetGate.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 temporaries
 

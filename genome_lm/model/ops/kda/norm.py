@@ -13,11 +13,9 @@ import torch
 
 from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_rms_norm_gated, use_fla
-from genome_lm.model.ops.norm import gated_rms_norm, upstream_gated_rms_norm
+from genome_lm.model.ops.norm import gated_rms_norm
 from genome_lm.model.upstream import glm
 from genome_lm.settings import DEFAULTS, KDABackend
-
-__all__ = ["KDAOutputNorm", "upstream_gated_rms_norm"]
 
 
 class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
