@@ -42,14 +42,8 @@ class BuiltModel:
     load_report: LoadReport | None = None
 
 
-def build(
-    source: str | Path,
-    *,
-    dtype: torch.dtype | str | None = None,
-    device: str | torch.device | None = None,
-    meta: bool | None = None,
-    **config_overrides,
-) -> BuiltModel:
+def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+          meta: bool | None = None, **config_overrides) -> BuiltModel:
     """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
 
     `dtype` (or its name): upstream's float32 exceptions (router, conv1d, KDA gate, hyper-connection

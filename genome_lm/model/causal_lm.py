@@ -66,20 +66,10 @@ class Glm5NextCausalLM(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                           use_cache=cache is not None).last_hidden_state
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        return_per_token_nll: bool = False,
-        return_hidden: bool = False,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        cache=None,
-        past_key_values=None,
-        return_dict: bool | None = None,
-        **unsupported,
-    ) -> CausalLMOutput | tuple:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, return_per_token_nll: bool = False,
+                return_hidden: bool = False, *, attention_mask: torch.Tensor | None = None,
+                use_cache: bool | None = None, cache=None, past_key_values=None, return_dict: bool | None = None,
+                **unsupported) -> CausalLMOutput | tuple:
         """Mean next-token loss (float32, 0 when nothing is scored) of input_ids [B, T] over `labels`
         (default: the input ids when `return_per_token_nll`, else no loss), with `num_targets` and,
         when asked, `per_token_nll` / `nll_mask` [B, T], `hidden_states`, `cache` (`use_cache`: a new

@@ -77,14 +77,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None
 
 
-def chunked_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    ignore_index: int = IGNORE_INDEX,
-    return_per_token: bool = False,
-):
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
+                          return_per_token: bool = False):
     """`naive_cross_entropy`, never holding more than [chunk_tokens, V] logits."""
 
     if chunk_tokens < 1:
@@ -95,13 +90,8 @@ def chunked_cross_entropy(
     return (loss, nll) if return_per_token else loss
 
 
-def naive_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    ignore_index: int = IGNORE_INDEX,
-    return_per_token: bool = False,
-):
+def naive_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                        ignore_index: int = IGNORE_INDEX, return_per_token: bool = False):
     """hidden [N, D], LM head weight [V, D], targets [N] -> mean float32 NLL over the targets that are
     not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
 

@@ -124,13 +124,8 @@ class _SparseLatentAttention(torch.autograd.Function):
         return dq, dkv, None, None, None
 
 
-def sparse_latent_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    selection: DSASelection,
-    scale: float,
-    block_queries: int = 128,
-) -> torch.Tensor:
+def sparse_latent_attention(q: torch.Tensor, kv: torch.Tensor, selection: DSASelection, scale: float,
+                            block_queries: int = 128) -> torch.Tensor:
     """Every head over its query's selected latent rows (keys = values): absorbed queries q [B, T, H, R]
     of positions selection.start.., latent kv [B, L, R] -> o_lat [B, T, H, R] (zeros: nothing selected)."""
     if selection.num_queries != q.shape[1]:
@@ -149,14 +144,8 @@ def dense_latent_attention(q: torch.Tensor, kv: torch.Tensor, scale: float) -> t
     return o.transpose(1, 2).to(q.dtype)
 
 
-def absorbed_mla_attention(
-    q_nope: torch.Tensor,
-    kv: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    selection: DSASelection,
-    scale: float,
-    block_queries: int = 128,
-) -> torch.Tensor:
+def absorbed_mla_attention(q_nope: torch.Tensor, kv: torch.Tensor, kv_b_weight: torch.Tensor, selection: DSASelection,
+                           scale: float, block_queries: int = 128) -> torch.Tensor:
     """MLA sparse attention through the latent, as expanding kv_b_proj per head: q_nope [B, T, H, DN],
     kv [B, L, R], kv_b_weight [H * (DN + DV), R] (key then value rows per head) -> [B, T, H, DV]."""
     H, DN = q_nope.shape[2], q_nope.shape[3]

@@ -94,18 +94,9 @@ def kpool_keys(keys: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool:
 
 
 @torch.no_grad()
-def chunk_kpool_indexer(
-    q: torch.Tensor,
-    weights: torch.Tensor,
-    pool_keys: torch.Tensor,
-    topk: int,
-    kpool: int,
-    select_tail: bool,
-    scale: float,
-    start: int = 0,
-    row_pools: int | None = None,
-    block_queries: int = 128,
-) -> DSASelection:
+def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch.Tensor, topk: int, kpool: int,
+                        select_tail: bool, scale: float, start: int = 0, row_pools: int | None = None,
+                        block_queries: int = 128) -> DSASelection:
     """Causal top-k pool selection, a block of queries at a time: index queries q [B, T, HI, DI] (of
     positions start..), head weights [B, T, HI] (`index_inputs`), `pool_keys` [B, P, DI] -> pools
     [B, T, min(topk // kpool, row)]. `row_pools` (>= P, default P): the row `torch.topk` sees, extra

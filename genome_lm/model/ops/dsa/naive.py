@@ -32,17 +32,8 @@ import torch
 import torch.nn.functional as F
 
 
-def naive_kpool_indexer(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    gate: torch.Tensor,
-    ape: torch.Tensor,
-    weights: torch.Tensor,
-    topk: int,
-    kpool: int,
-    select_tail: bool,
-    scale: float | None = None,
-) -> torch.Tensor:
+def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, weights: torch.Tensor,
+                        topk: int, kpool: int, select_tail: bool, scale: float | None = None) -> torch.Tensor:
     """Upstream k-pool indexer selection (steps 1-4 above), inputs as `indexer.index_inputs` returns
     them -> int64 token indices [B, T, topk (+ kpool - 1 with the tail)], -1 = empty slot."""
     B, T, HI, DI = q.shape
@@ -82,13 +73,8 @@ def naive_selection_mask(indices: torch.Tensor, kv_len: int) -> torch.Tensor:
     return mask[..., :kv_len]
 
 
-def naive_mla_attention(
-    q_nope: torch.Tensor,
-    kv_latent: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor, mask: torch.Tensor,
+                        scale: float) -> torch.Tensor:
     """Dense MLA attention with keys/values expanded per head (upstream's form) under `mask`
     [B, T, S] (True = attend) -> [B, T, H, DV]; rows without any True are zero."""
     B, T, H, DN = q_nope.shape

@@ -39,25 +39,12 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(dim=dim, keepdim=True) + eps)
 
 
-def chunk_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    lower_bound: float | None = None,
-    head_block: int = 0,
-    backend: KDABackend = DEFAULTS.kda_backend,
-    fla: FlaKernels = FLA,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+              chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+              head_block: int = 0, backend: KDABackend = DEFAULTS.kda_backend,
+              fla: FlaKernels = FLA) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA, arguments as `fla.ops.kda.chunk_kda`: q, k [B, T, H, K], v [B, T, HV, V] (GVA:
     value head h reads q/k head h // (HV / H)), g [B, T, HV, K] log decay (<= 0), beta [B, T, HV],
     initial_state [B, HV, K, V] -> (o [B, T, HV, V] in q's dtype, final state float32 or None).
@@ -117,23 +104,12 @@ def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_
     return torch.cat(outs, dim=2), (None if states[0] is None else torch.cat(states, dim=1))
 
 
-def chunk_kda_torch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    lower_bound: float | None = None,
-    segment_chunks: int = 16,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    scale: float | None = None, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False,
+                    use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                    dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                    segment_chunks: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The pure-torch path of `chunk_kda` (any device), in checkpointed segments of
     `segment_chunks * chunk_size` tokens (~20 floats per token, head and channel while one runs)."""
     if chunk_size < 1 or chunk_size & (chunk_size - 1):

@@ -16,16 +16,9 @@ import torch
 import torch.nn.functional as F
 
 
-def naive_recurrent_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def naive_recurrent_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        scale: float | None = None, initial_state: torch.Tensor | None = None,
+                        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token KDA, shapes as `chunk.chunk_kda` (q, k not normalised here) -> (o in v's dtype,
     final state float32 or None)."""
     dtype = v.dtype

@@ -62,15 +62,9 @@ class KDAState:
         return KDAState(self.conv_state.detach(), recurrent)
 
 
-def kda_layer_step(
-    module: KDAModule,
-    hidden_states: torch.Tensor,
-    state: KDAState | None = None,
-    attention_mask: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-    kda_core: KDACore | None = None,
-    mixed: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, KDAState]:
+def kda_layer_step(module: KDAModule, hidden_states: torch.Tensor, state: KDAState | None = None,
+                   attention_mask: torch.Tensor | None = None, chunk_size: int | None = None,
+                   kda_core: KDACore | None = None, mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, KDAState]:
     """A `LongKDA` over the next T >= 1 tokens [B, T, D], given the `KDAState` after the tokens before
     them (None: sequence start) -> (out [B, T, D], new state). Feeding pieces in order gives one
     pass's outputs; purely functional, so gradients flow through the carried state. `kda_core`
