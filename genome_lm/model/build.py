@@ -1,16 +1,7 @@
-"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset or a local checkpoint.
-
-- Preset (`glm53-demo`, `glm53-tiny`, `glm53-mini`, `glm53-flash`; `model/presets.py`): upstream
-  initialisation (seed with `torch.manual_seed` before calling). `glm53-flash` is built on the meta
-  device unless a non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B
-  parameters).
-- Checkpoint directory: config from `config.json`; the model is built on the meta device, then
-  allocated and filled tensor by tensor from the safetensors shards (`weights.reader.load_weights_`;
-  vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
-  model. Missing weights are an error; unused ones are logged and listed in the `LoadReport`.
-
-Nothing is set on the model or its config after construction. Building checks the installed
-transformers against `contract.py` first: a mismatch is one `UpstreamMismatch` line.
+"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset (upstream
+initialisation: seed first; `glm53-flash` on the meta device unless a non-CPU `device` is given) or
+a checkpoint directory (built on meta, then filled tensor by tensor, so peak host memory is about
+one model). Nothing is set on the model or its config after construction.
 """
 
 from __future__ import annotations

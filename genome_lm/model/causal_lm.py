@@ -3,12 +3,9 @@ keys are a real checkpoint's text part with the `language_model.` level removed.
 
 Shapes: B batch, T tokens, D model dim, V vocabulary.
 
-Labels follow Hugging Face causal LMs (the input ids, -100 where not scored; shifted inside).
-`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]): token t has t tokens of context; column 0 and
-ignored labels hold 0 (`nll_mask` marks the real entries). The loss never builds all [B*T, V] logits
-(`ops.loss.chunked_cross_entropy`); `logits()` is the full path for small T. A call takes upstream's
-`attention_mask`, `labels`, `use_cache`, `cache` / `past_key_values` (a transformers `Cache`) and
-`return_dict`; any other upstream argument is refused in one `GenomeLMError` line."""
+Labels follow Hugging Face causal LMs (-100 where not scored; shifted inside).
+`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]); column 0 and ignored labels hold 0 (`nll_mask`
+marks the real entries). The loss never builds all [B*T, V] logits; `logits()` does, for small T."""
 
 from __future__ import annotations
 

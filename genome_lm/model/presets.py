@@ -1,15 +1,8 @@
-"""Named text configs: the full-size GLM-5.3-Flash and three small models of the same architecture
-(KDA and DSA attention, dense first layer(s) then MoE, `hc_mult` 4 streams, NoPE).
-
-- `glm53-flash`: upstream `Glm5NextTextConfig()` defaults; ~313B parameters, meta device only.
-- `glm53-mini`: ~230M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
-- `glm53-tiny`: ~0.5M parameters, the test suite's: `KDA KDA KDA DSA(full) DSA(shared) KDA`,
-  8 experts top-2, k-pool 4 < top-k 32 (really sparse from a few hundred tokens).
-- `glm53-demo`: ~0.2M parameters, what `make demo` trains from scratch: three layers
-  `KDA DSA(full) DSA(shared)`, four KDA heads of 32, conv 8, DSA top-k 8192 (dense up to 8k: a
-  from-scratch indexer is untrained), dense MLPs (docs/findings.md).
-
-Small presets default to a 16-id vocabulary and no padding id; any config field can be overridden."""
+"""Named text configs: the full-size GLM-5.3-Flash (upstream's defaults, ~313B, meta device only) and
+three small models of its architecture: `glm53-mini` (~230M, one GPU, flash's DSA budget),
+`glm53-tiny` (~0.5M, the tests': k-pool 4 < top-k 32, really sparse from a few hundred tokens) and
+`glm53-demo` (~0.2M, `make demo`'s: DSA top-k 8192, dense up to 8k, as a from-scratch indexer is
+untrained). Small presets use a 16-id vocabulary; any config field can be overridden."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""`token_map`: shard token ids (the manifest's vocabulary) -> model token ids.
-
-- preset name, or a checkpoint directory without `tokenizer.json` whose vocabulary is small
-  (< 256 ids: a model trained on shard ids, e.g. saved from a preset): identity;
-- a directory with `tokenizer.json` (a real GLM tokenizer, or a checkpoint fine-tuned from one):
-  the id of the single-character token for each shard symbol (A, C, G, T, N), read with the
-  `tokenizers` library (no pickles); a missing symbol is an error.
-
-`token_lut`: the same map as a lookup table over every uint8 shard id, for indexing shard tokens.
+"""`token_map`: shard token ids -> model token ids: the identity for a preset or a directory without
+`tokenizer.json` and < 256 ids (a model trained on shard ids), else the id of each symbol's
+single-character token in `tokenizer.json`. `token_lut`: the same over every uint8 shard id.
 """
 
 from __future__ import annotations

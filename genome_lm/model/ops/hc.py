@@ -1,15 +1,10 @@
 """Hyper-connection weights recomputed in backward: upstream's math, a fraction of its memory.
 
-Upstream's `Glm5NextTextHyperConnection.forward(h)` (streams [B, T, S, D]) normalises the streams
-in float32, projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn
-normalisations; autograd keeps every intermediate (docs/model.md, "Hyper-connections").
-
-`RecomputedHyperConnection` runs the same forward (`lean_hc_forward`) under non-reentrant
-checkpointing, keeping only the input streams and the outputs (post [B, T, S], comb [B, T, S, S],
-collapsed [B, T, D]); the rebuild is exact (per token, same ops). The two steps over [T, S·D]
-(`hc_logits`, `hc_collapse`) are autograd functions that keep the compute-dtype streams and work in
-token blocks. Without autograd it is the same forward without the checkpoint. Reference:
-`upstream_hc_forward`."""
+Upstream's forward (`upstream_hc_forward`, streams [B, T, S, D]) normalises the streams in float32,
+projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn normalisations;
+autograd keeps every intermediate. `RecomputedHyperConnection` runs the same forward under
+checkpointing, keeping only the input streams and the outputs; its two steps over [T, S·D]
+(`hc_logits`, `hc_collapse`) keep the compute-dtype streams and work in token blocks."""
 
 from __future__ import annotations
 

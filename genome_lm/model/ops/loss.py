@@ -4,9 +4,8 @@ are computed in the dtype of `hidden`/`weight`, as upstream's `lm_head`, then up
 
 Shapes: N tokens (flattened B*T), D model dim, V vocabulary, C = `chunk_tokens`.
 
-Forward walks the tokens C at a time: logits [C, V] (matmul in the input dtype, as upstream's
-`lm_head`, then float32), log-sum-exp and the target logit give the NLL; only the [N] float32
-log-sum-exp is kept. Backward recomputes each chunk's logits and forms
+Forward walks the tokens C at a time: log-sum-exp and the target logit of [C, V] logits give the
+NLL; only the [N] float32 log-sum-exp is kept. Backward recomputes each chunk's logits and forms
     d logits = (softmax - onehot(target)) * g      (g = incoming grad of that token's NLL)
     d hidden[chunk] = d logits @ W,   d W += d logits^T @ hidden[chunk]   (float32 accumulator)
 so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 0 and no gradient.

@@ -1,16 +1,6 @@
-"""Reading the model's weights: a checkpoint directory's config and safetensors, and
-`load_weights_`, which fills a model in place with the rows each rank holds.
-
-Directories read (safetensors only; pickled `.bin`/`.pt` files are never loaded):
-- a full GLM-5.3-Flash checkpoint: `config.json` of `Glm5NextConfig` (`text_config` inside, or
-  the flat text fields at top level), weights `model.language_model.*` + `lm_head.weight`,
-  plus vision (`model.visual.*`) and MTP (`layers.{L}.*` beyond the last layer, `shared_head`,
-  `eh_proj`, `enorm`, `hnorm`) weights, which are skipped;
-- a text-only directory (`Glm5NextTextConfig`, keys `model.*` + `lm_head.weight`), as
-  `writer.save_pretrained` writes it, or a bare text model's keys (`layers.*`, `embed_tokens.*`).
-
-`load_weights_` fills each tensor with the rows this rank holds, read by DCP's
-`HuggingFaceStorageReader` straight into the model's tensors (`CheckpointReader`).
+"""Reading the model's weights (safetensors only, never pickles) from a full GLM-5.3-Flash checkpoint
+(vision and MTP weights skipped) or a text-only directory, and `load_weights_`, which fills a model
+in place with the rows each rank holds.
 """
 
 from __future__ import annotations

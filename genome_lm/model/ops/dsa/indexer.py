@@ -3,12 +3,9 @@
 Shapes: B batch, T queries, HI indexer heads, DI indexer head dim, P complete k-pools,
 S = min(index_topk // kpool, P) pools picked per query, W tokens attended per query.
 
-Memory: index keys/pool keys O(T·DI), the selection O(T·S) int32, and per query block a
-transient [B, block, HI, P] score tensor; nothing of size T×T. A query block scores only the
-pools complete before its last query (on average half of them over a sequence); `torch.topk`
-still sees the whole row of P pools, future pools at finfo.min as upstream, so that with
-bitwise-equal scores ties resolve the same way.
-See `naive.py` for the selection rules this reproduces.
+Memory: keys O(T·DI), the selection O(T·S) int32, a [B, block, HI, P] score tensor per query block.
+A block scores only the pools complete before its last query; `torch.topk` still sees the whole
+row, future pools at finfo.min as upstream, so equal scores tie the same way (rules: `naive.py`).
 """
 
 from __future__ import annotations

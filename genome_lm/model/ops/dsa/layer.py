@@ -52,19 +52,12 @@ def _attend(attn, q_nope, kv, selection, block) -> torch.Tensor:
 class LongDSA(LongContextModule, Glm5NextTextAttention):
     """`Glm5NextTextAttention` (a DSA layer) in blockwise latent form (parameters upstream's).
 
-    Upstream's call: `out, None, selection_or_None = attn(hidden_states, attention_mask=mask,
-    cache=cache, prev_topk_indices=sel)`. `full` layers run the blockwise k-pool indexer (no
-    gradients, as upstream's `@torch.no_grad()` indexer); `shared` layers reuse
-    `prev_topk_indices`, a `DSASelection` from the previous layer or upstream's raw int token
-    indices [B, T, W]. As upstream, the selection is returned only when `next_skip_topk`.
-
-    Settings: `block_queries` per indexer / attention block; `cp`, a `CPContext` once
-    `apply_context_parallel` ran: this rank's queries attend over the whole causal prefix, the
-    latent rows c [B, T_r, R] all-gathered differentiably and, for `full` layers, the index keys
-    and gates, so the row of T // kpool pools is the one one process scores.
-    With a transformers `Cache` (`generate`, `model/streaming.py`) the latent rows and index keys
-    are stored as upstream stores them; a cache with a `total_len` gives top-k rows of
-    total_len // kpool pools, as one pass over the sequence.
+    Upstream's call and returns; `full` layers run the blockwise indexer (no gradients, as upstream),
+    `shared` layers reuse `prev_topk_indices` (a `DSASelection` or upstream's raw token indices).
+    Under context parallelism (`cp`) the latent rows (differentiably) and, for `full` layers, the
+    index keys are all-gathered, so each rank scores the row one process scores. With a
+    transformers `Cache` they are stored as upstream stores them; a cache with a `total_len` gives
+    top-k rows of total_len // kpool pools, as one pass over the sequence.
     """
 
     upstream = Glm5NextTextAttention

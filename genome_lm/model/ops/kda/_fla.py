@@ -1,9 +1,7 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-Every KDA kernel (recurrent op, short convolution, gated output norm) takes a `backend`, as fla's
-layers take `mode` (`LongKDA` hands on its `kda_backend`; default `settings.DEFAULTS.kda_backend`):
-`auto` (CUDA tensors -> fla's Triton kernels, other devices -> genome_lm's torch op), `fla` (every
-tensor; CPU needs TRITON_INTERPRET=1, as `make test-interpret` runs), `torch` (every tensor).
+Every KDA kernel takes a `backend`, as fla's layers take `mode`: `auto` (CUDA tensors -> fla's Triton
+kernels, others -> genome_lm's torch op), `fla` (every tensor; CPU needs TRITON_INTERPRET=1), `torch`.
 
 On CUDA fla is not optional: a missing or broken fla, or one older than `MIN_FLA_CORE` (0.6.0: int64
 pointer offsets past 262,144 tokens at 64 x 128 heads, no faulting autotune configurations on B200),

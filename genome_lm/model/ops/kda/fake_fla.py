@@ -1,11 +1,8 @@
 """Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
 
 fla's Triton kernels cannot run on fake tensors. These stand-ins take fla's arguments as genome_lm
-passes them, check shapes and dtypes, and allocate what fla's functions allocate (read from fla-core
-0.6's source, as the planner's KDA terms are): `chunk_kda` (saved l2-normed q, k, contiguous v,
-float32 rstd, Aqk/Akk; forward w, u, qg, kg, h; backward those again plus dh, dAqk/dAkk and the
-input gradients), `causal_conv1d` (its input; dx and a float32 dw), `rms_norm_gated` (inputs and
-float32 rstd), `build_cp_context` (a placeholder). Not given: values, time, Triton scratch.
+passes them, check shapes and dtypes, and allocate (and save for backward) what fla-core 0.6's
+functions do, as the planner's KDA terms count it. Not given: values, time, Triton scratch.
 
 Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C."""
 

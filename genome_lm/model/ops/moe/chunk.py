@@ -4,11 +4,8 @@ Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per t
 
 Routing and experts are per token upstream, so running upstream's submodules on consecutive blocks
 of M tokens gives the result of all N at once, with transients O(M*k*I) instead of O(N*k*I). With
-`recompute=True` each block runs under non-reentrant checkpointing and keeps only its input slice:
-what lets 1M-token MoE layers fit inside a per-layer recompute. Parameter names stay upstream's
-(`BlockedGlm5NextTextMoE.install`); after each forward `module.last_expert_counts` holds the [E]
-int64 token counts. With an `ep` context the routed experts run over the EP group (`moe/ep.py`),
-the ranks agreeing on the number of blocks so that they meet in every block's all-to-alls."""
+`recompute=True` each block is checkpointed and keeps only its input slice. With an `ep` context the
+ranks agree on the number of blocks so that they meet in every block's all-to-alls."""
 
 from __future__ import annotations
 

@@ -5,18 +5,14 @@ sent to the rank that holds their expert and back (all-to-all), as torchtitan's
 Shapes: M tokens of this rank's block, D model dim, E routed experts, k experts per token,
 P = EP ranks, El = E / P experts per rank (rank p holds experts [p * El, (p + 1) * El)).
 
-`ExpertParallelExperts` (installed by `parallel.ep.apply_expert_parallel`; same parameters, as
-DTensors sharded over the group) computes upstream's `experts(x, idx, w)`: the M * k (token, expert)
-pairs sorted by expert (stable); counts exchanged (no gradient); rows sent with
-`all_to_all_single_autograd`; each local expert runs upstream's SwiGLU on its rows (`expert_linear`);
-outputs come back by the reverse all-to-all and are weighted and added in expert order, upstream's
-sums, so P = 1 gives upstream's bits. The router and shared experts run replicated on each rank's
-tokens. Every rank runs the same number of blocks (`blocked_moe_forward` agrees on the count).
+`ExpertParallelExperts` computes upstream's `experts(x, idx, w)`: the M * k (token, expert) pairs
+sorted by expert (stable), counts exchanged, rows sent by all-to-all, each local expert's SwiGLU on
+its rows, outputs back by the reverse all-to-all, weighted and added in expert order (upstream's
+sums: P = 1 gives upstream's bits). The router and shared experts run replicated.
 
-`AssumedRouting`: for fake tensors (the rehearsal's), which have no values to route by, a MoE layer
-whose `routing` setting is one takes its counts and splits from that stated assumption: a rank
-sends its M * k pairs evenly over the P ranks and receives `imbalance` x M * k rows, evenly over
-sources and local experts (the planner's `expert_imbalance`: the busiest expert rank simulated)."""
+`AssumedRouting`, for fake tensors (no values to route by): a rank sends its M * k pairs evenly over
+the P ranks and receives `imbalance` x M * k rows, evenly over sources and local experts (the
+planner's `expert_imbalance`: the busiest expert rank simulated)."""
 
 from __future__ import annotations
 
