@@ -131,26 +131,22 @@ def installed_version() -> str:
         return "not installed"
 
 
-def _mismatch(problems: list[str]) -> UpstreamMismatch:
+def _mismatch(problems: list[str], what: str | None = None, fix: str | None = None) -> UpstreamMismatch:
+    """One line: what does not match (the installed transformers), the first problem and how many more."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return UpstreamMismatch(
-        f"transformers {installed_version()} does not match genome_lm: {problems[0]}{more}; genome_lm needs "
-        f"transformers{SUPPORTED} (tested on {TESTED}). Fix: {FIX}"
-    )
-
-
-def _params(fn) -> tuple[str, ...] | None:  # None if it has no signature
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    try:
-        return tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
+    what = what or f"transformers {installed_version()} does not match genome_lm"
+    fix = fix or f"genome_lm needs transformers{SUPPORTED} (tested on {TESTED}). Fix: {FIX}"
+    return UpstreamMismatch(f"{what}: {problems[0]}{more}; {fix}")
 
 
 def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
-    got = _params(fn)
-    if got is None or got == expected:
+    while hasattr(fn, "__wrapped__"):  # upstream's kernel decorators
+        fn = fn.__wrapped__
+    try:
+        got = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if got == expected:
         return None
     return f"{where} takes ({', '.join(got)}), genome_lm calls it as ({', '.join(expected)})"
 
@@ -186,8 +182,7 @@ def symbol_problems() -> list[str]:
 @cache
 def check_symbols() -> None:
     """Raise `UpstreamMismatch` (one line, the first problem and how many more) unless all symbols match."""
-    problems = symbol_problems()
-    if problems:
+    if problems := symbol_problems():
         raise _mismatch(problems)
 
 
@@ -207,8 +202,7 @@ def attribute_problems(model: nn.Module) -> list[str]:
 
 
 def check_model(model: nn.Module) -> None:
-    problems = attribute_problems(model)
-    if problems:
+    if problems := attribute_problems(model):
         raise _mismatch(problems)
 
 
@@ -239,11 +233,9 @@ def check_torch() -> None:
     """Raise `UpstreamMismatch` (one line) unless the private torch the rehearsal relies on matches."""
     import torch
 
-    problems = torch_problems()
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise UpstreamMismatch(f"torch {torch.__version__} does not match genome_lm's rehearsal: {problems[0]}{more}; "
-                               f"tested on torch {TORCH_TESTED}. Fix: `make setup` (installs requirements.lock)")
+    if problems := torch_problems():
+        raise _mismatch(problems, f"torch {torch.__version__} does not match genome_lm's rehearsal",
+                        f"tested on torch {TORCH_TESTED}. Fix: `make setup` (installs requirements.lock)")
 
 
 def summary() -> str:

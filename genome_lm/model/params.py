@@ -10,20 +10,8 @@ if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
     from genome_lm.model.upstream import Glm5NextTextModel
 
-GROUPS = (
-    "embeddings",
-    "lm_head",
-    "kda",
-    "mla",
-    "indexer",
-    "routed_experts",
-    "shared_experts",
-    "dense_mlp",
-    "router",
-    "hyper_connections",
-    "norms",
-    "other",
-)
+GROUPS = ("embeddings", "lm_head", "kda", "mla", "indexer", "routed_experts", "shared_experts", "dense_mlp", "router",
+          "hyper_connections", "norms", "other")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _RULES = [  # (pattern on the name, group); first match wins

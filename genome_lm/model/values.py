@@ -24,7 +24,6 @@ class ValueSource:
     fla: FlaKernels | None = None  # None: KDA's kernels as configured; else the fla backend on these
 
 
-
 def fake_values(imbalance: float = 1.0) -> ValueSource:
     """For fake tensors: `imbalance` x the mean expert rows here, no data checks, fla's fake stand-ins."""
     from genome_lm.model.ops.kda.fake_fla import FAKE_FLA

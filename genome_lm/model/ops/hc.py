@@ -123,9 +123,6 @@ class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnecti
 
     upstream = glm.Glm5NextTextHyperConnection
 
-    def configure(self) -> None:
-        pass
-
     def forward(self, hidden_streams: torch.Tensor):
         if torch.is_grad_enabled() and (hidden_streams.requires_grad
                                         or any(p.requires_grad for p in self.parameters())):

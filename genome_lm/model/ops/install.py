@@ -26,8 +26,8 @@ class LongContextModule:
 
     upstream: type[nn.Module]
 
-    def configure(self, *args: Any, **settings: Any) -> None:  # each subclass names its own settings
-        raise NotImplementedError
+    def configure(self, *args: Any, **settings: Any) -> None:  # a subclass with settings names them
+        pass
 
     @classmethod
     def install(cls, module: nn.Module, **settings) -> nn.Module:

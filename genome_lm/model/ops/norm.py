@@ -119,8 +119,5 @@ class LeanRMSNorm(LongContextModule, glm.Glm5NextTextRMSNorm):
 
     upstream = glm.Glm5NextTextRMSNorm
 
-    def configure(self) -> None:
-        pass
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)

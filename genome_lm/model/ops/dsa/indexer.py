@@ -29,10 +29,6 @@ class DSASelection:
     start: int = 0
     token_indices: torch.Tensor | None = None
 
-    @classmethod
-    def from_token_indices(cls, token_indices: torch.Tensor, start: int = 0) -> "DSASelection":
-        return cls(pools=None, kpool=1, tail=False, start=start, token_indices=token_indices)
-
     def is_dense(self, length: int) -> bool:
         """True when every query of a `length`-token sequence sees every earlier token and itself
         (every pool selected, the tail added): attention is then exactly dense causal attention."""

@@ -32,7 +32,7 @@ def _as_selection(prev, layer_idx: int) -> DSASelection:
         raise ValueError(
             f"layer {layer_idx}: shared DSA layers require top-k indices from a previous full indexer layer."
         )
-    return prev if isinstance(prev, DSASelection) else DSASelection.from_token_indices(prev)
+    return prev if isinstance(prev, DSASelection) else DSASelection(None, kpool=1, tail=False, token_indices=prev)
 
 
 def _projections(attn, hidden_states: torch.Tensor):
@@ -42,11 +42,6 @@ def _projections(attn, hidden_states: torch.Tensor):
     q = attn.q_b_proj(q_resid).view(B, T, attn.num_heads, attn.qk_head_dim)  # [B, T, H, DN] (no rope part)
     c = attn.kv_a_layernorm(attn.kv_a_proj_with_mqa(hidden_states)[..., : attn.kv_lora_rank])  # [B, T, R]
     return q_resid, q, c
-
-
-def _attend(attn, q_nope, kv, selection, block) -> torch.Tensor:
-    o = absorbed_mla_attention(q_nope, kv, attn.kv_b_proj.weight, selection, attn.scaling, block)  # [B, T, H, DV]
-    return attn.o_proj(o.flatten(-2))  # [B, T, D]
 
 
 class LongDSA(LongContextModule, Glm5NextTextAttention):
@@ -115,5 +110,5 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                 ix.softmax_scale, start=start, block_queries=block,
                 row_pools=None if total is None else max(total // ix.index_kpool, pools.shape[1]),
             )
-        out = _attend(self, q, kv, selection, block)
-        return out, None, selection if self.next_skip_topk else None
+        o = absorbed_mla_attention(q, kv, self.kv_b_proj.weight, selection, self.scaling, block)  # [B, T, H, DV]
+        return self.o_proj(o.flatten(-2)), None, selection if self.next_skip_topk else None

@@ -23,7 +23,7 @@ first token of the second half, so both factors are <= 1; the diagonal blocks re
 to single tokens. Underflow only hits products whose true value is below fp32's range too.
 """
 
-from typing import TypedDict
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -118,9 +118,8 @@ def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
-    opts = _SegmentOptions(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
-                           l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel,
-                           lower_bound=lower_bound)
+    segment = partial(_kda_segment, scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
+                      l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
     gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     if T == 0:
@@ -134,20 +133,12 @@ def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
     for q_i, k_i, v_i, g_i, beta_i in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
         if recompute:
-            o, S = checkpoint(_kda_segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False, **opts)
+            o, S = checkpoint(segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False)
         else:
-            o, S = _kda_segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params, **opts)
+            o, S = segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params)
         outs.append(o)
     o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
     return o, (S if output_final_state else None)
-
-
-class _SegmentOptions(TypedDict):
-    scale: float
-    chunk_size: int
-    l2norm_qk: bool
-    gate_in_kernel: bool
-    lower_bound: float | None
 
 
 def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: int, l2norm_qk: bool,

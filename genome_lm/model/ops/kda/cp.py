@@ -32,7 +32,7 @@ import torch
 from genome_lm.model.cp import CPContext, attach, gather_seq
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step
+from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step, kda_projections, mask_padding
 from genome_lm.settings import DEFAULTS, KDABackend
 
 
@@ -93,7 +93,7 @@ def _conv_prefix(module: KDAModule, hidden_states: torch.Tensor, cp: CPContext) 
     W1 = module.conv_kernel_size - 1
     lengths = [min(W1, n) for n in cp.lengths]
     tail = hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:]  # [B, <= W-1, D]
-    mixed = torch.cat([module.q_proj(tail), module.k_proj(tail), module.v_proj(tail)], dim=-1)  # [B, n, C3]
+    mixed = kda_projections(module, tail)  # [B, n, C3]
     tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
     padded = torch.cat([tails.new_zeros(tails.shape[0], W1, tails.shape[2]), tails], dim=1)
     before = sum(lengths[: cp.rank])  # tails rows before this slab
@@ -106,8 +106,7 @@ def cp_kda_forward(module: KDAModule, hidden_states: torch.Tensor,
     cp = module.cp
     assert cp is not None  # LongKDA.forward takes this path only with a cp
     cp.check_local(hidden_states.shape[1])
-    if attention_mask is not None:
-        hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+    hidden_states = mask_padding(hidden_states, attention_mask)
     prefix = _conv_prefix(module, hidden_states, cp)
     core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
     out, _ = kda_layer_step(module, hidden_states, KDAState(prefix, None), None, kda_core=core)
