@@ -50,10 +50,8 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
         config = preset_config(source_str, **config_overrides)
         if source_str in META_ONLY:
             if meta is False and on_cpu:
-                raise GenomeLMError(
-                    f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
-                    "(counting, planning) or on a GPU device"
-                )
+                raise GenomeLMError(f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
+                                    "(counting, planning) or on a GPU device")
             meta = on_cpu if meta is None else meta
         model = _construct(config, "meta" if meta else device)
         if dtype is not None:

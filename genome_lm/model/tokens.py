@@ -53,26 +53,20 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
     elif (source / "tokenizer.json").is_file():
         found = _tokenizer_ids(source / "tokenizer.json", symbols)
         if missing := [s for s, i in zip(symbols, found) if i is None]:
-            raise GenomeLMError(
-                f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
-                "use a GLM tokenizer or a model trained on shard ids"
-            )
+            raise GenomeLMError(f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
+                                "use a GLM tokenizer or a model trained on shard ids")
         mapping = [i for i in found if i is not None]  # all of them: none is missing
     elif source.is_dir():
         vocab_size = vocab_size or _vocab_size(source)
         if vocab_size is None or vocab_size >= SMALL_VOCAB:
-            raise GenomeLMError(
-                f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
-                "copy the GLM tokenizer.json into it"
-            )
+            raise GenomeLMError(f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
+                                "copy the GLM tokenizer.json into it")
         mapping = list(range(len(symbols)))
     else:
         raise GenomeLMError(f"token map: {model_source!r} is neither a preset nor a directory")
     if vocab_size is not None and max(mapping) >= vocab_size:
-        raise GenomeLMError(
-            f"token map: model id {max(mapping)} does not fit the model's {vocab_size}-id vocabulary; "
-            f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)"
-        )
+        raise GenomeLMError(f"token map: model id {max(mapping)} does not fit the model's {vocab_size}-id vocabulary; "
+                            f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)")
     return torch.tensor(mapping, dtype=torch.long)
 
 

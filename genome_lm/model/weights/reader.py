@@ -74,10 +74,8 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
         elif model_type == "glm5_next_text":
             text = raw
         else:
-            raise GenomeLMError(
-                f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
-                "(model_type glm5_next or glm5_next_text)"
-            )
+            raise GenomeLMError(f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
+                                "(model_type glm5_next or glm5_next_text)")
         text = {k: v for k, v in text.items() if k not in ("model_type", "transformers_version", "architectures")}
         text.update(overrides)
         return Glm5NextTextConfig(**text)

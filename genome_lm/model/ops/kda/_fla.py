@@ -83,10 +83,8 @@ def fla_function(module: str, name: str) -> Callable:
     """`module.name` from fla; `GenomeLMError` naming the fix when fla or its kernels do not import."""
     fn, error = _import_fla(module, name)
     if fn is None:
-        raise GenomeLMError(
-            f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
-            f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops"
-        )
+        raise GenomeLMError(f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
+                            f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops")
     _check_fla_version()
     return fn
 

@@ -126,9 +126,7 @@ def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
 
 def kda_projections(module: KDAModule, hidden_states: torch.Tensor) -> torch.Tensor:
     """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
-    return torch.cat(
-        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
-    )
+    return torch.cat([module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1)
 
 
 def conv_state_before(full: torch.Tensor, T: int, width: int) -> torch.Tensor:
