@@ -33,10 +33,6 @@ class CausalLMOutput(ModelOutput):
     cache: object | None = None
 
 
-def shift_labels(labels: torch.Tensor) -> torch.Tensor:
-    """[B, T] labels -> [B, T] targets: targets[:, t] = labels[:, t+1], the last column ignored."""
-    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
-
 
 class Glm5NextCausalLM(nn.Module):
     def __init__(self, config: Glm5NextTextConfig):
@@ -111,7 +107,8 @@ class Glm5NextCausalLM(nn.Module):
         out = CausalLMOutput(hidden_states=hidden if return_hidden else None, cache=cache)
         if labels is None:
             return out
-        targets = shift_labels(labels)[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
+        targets = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)  # shifted
+        targets = targets[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
         loss, nll = chunked_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
                                           chunk_tokens=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
                                           return_per_token=True)  # nll [B*T_r] float32, 0 where ignored

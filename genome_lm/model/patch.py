@@ -1,7 +1,7 @@
 """`apply_long_context(model, settings)`: install the long-context classes, in place, keeping parameter names.
 
 Works on the causal LM from `build` or a bare `Glm5NextTextModel`; each op in `settings.ops` swaps the
-upstream modules of its kind for a subclass (`ops/install.py`), `mlp` only dense layers' MLPs (blocked
+upstream modules of its kind for a subclass (`ops/__init__.py`), `mlp` only dense layers' MLPs (blocked
 MoE rebuilds its shared experts), `loss` sets the causal LM's `loss_chunk_tokens`. `print(model)`
 shows the classes and their settings; applying again reconfigures them.
 """
@@ -15,9 +15,9 @@ from typing import Any
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
-from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.norm import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 

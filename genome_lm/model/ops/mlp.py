@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 

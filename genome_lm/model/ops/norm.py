@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import glm
 
 ROW_BLOCK = 8192  # rows per block of the float32 temporaries

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.cp import CPContext, gather_seq
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
 from genome_lm.settings import DEFAULTS
 

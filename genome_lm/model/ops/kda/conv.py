@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_causal_conv1d, use_fla
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
 

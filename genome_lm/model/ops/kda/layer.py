@@ -15,7 +15,7 @@ applied inside the recurrent op, as fla's `use_gate_in_kernel` does."""
 import torch
 
 from genome_lm.model.cp import CPContext
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.cp import cp_kda_forward

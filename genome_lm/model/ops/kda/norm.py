@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_rms_norm_gated, use_fla
 from genome_lm.model.ops.norm import gated_rms_norm
 from genome_lm.model.upstream import glm

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.moe.ep import AssumedRouting, EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE

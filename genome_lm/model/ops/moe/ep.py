@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextExperts
 
 
