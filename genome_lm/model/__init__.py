@@ -17,20 +17,6 @@ from genome_lm.model.tokens import token_lut, token_map
 from genome_lm.model.upstream import route_cpu_to_torch, use_torch_fallbacks
 from genome_lm.model.weights.writer import save_pretrained
 
-__all__ = [
-    "build",
-    "BuiltModel",
-    "Glm5NextCausalLM",
-    "CausalLMOutput",
-    "save_pretrained",
-    "apply_long_context",
-    "count_parameters",
-    "format_counts",
-    "expert_load",
-    "PRESETS",
-    "preset_config",
-    "token_lut",
-    "token_map",
-    "route_cpu_to_torch",
-    "use_torch_fallbacks",
-]
+__all__ = ["build", "BuiltModel", "Glm5NextCausalLM", "CausalLMOutput", "save_pretrained", "apply_long_context",
+           "count_parameters", "format_counts", "expert_load", "PRESETS", "preset_config", "token_lut", "token_map",
+           "route_cpu_to_torch", "use_torch_fallbacks"]

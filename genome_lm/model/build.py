@@ -1,19 +1,7 @@
-"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset or a local checkpoint.
-
-- Preset (`glm53-demo`, `glm53-tiny`, `glm53-mini`, `glm53-flash`; `model/presets.py`): upstream
-  initialisation (seed with `torch.manual_seed` before calling). `glm53-flash` is built on the meta
-  device unless a non-CPU `device` is given; `meta=False` on CPU for it is refused (~313B
-  parameters).
-- Checkpoint directory: config from `config.json`; the model is built on the meta device, then
-  allocated and filled tensor by tensor from the safetensors shards (`weights.reader.load_weights_`;
-  vision and MTP skipped), so nothing is initialised twice and peak host memory is about one
-  model. Missing weights are an error; unused ones are logged and listed in the `LoadReport`.
-
-`build` returns a `BuiltModel`: the model with what it was built from, in which dtype, and what the
-checkpoint held that it does not use. Nothing is set on the model or its config after construction.
-
-The model's CPU path never calls `fla` kernels (`upstream.route_cpu_to_torch`). Building checks the
-installed transformers against `contract.py` first: a mismatch is one `UpstreamMismatch` line.
+"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset (upstream
+initialisation: seed first; `glm53-flash` on the meta device unless a non-CPU `device` is given) or
+a checkpoint directory (built on meta, then filled tensor by tensor, so peak host memory is about
+one model). Nothing is set on the model or its config after construction.
 """
 
 from __future__ import annotations
@@ -35,17 +23,9 @@ from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_
 
 @dataclass(frozen=True)
 class BuiltModel:
-    """What `build` built.
-
-    model: the causal LM, `.config` its upstream `Glm5NextTextConfig`.
-    source: the preset name or checkpoint directory it was built from (`save_pretrained` copies a
-        directory's tokenizer files with `tokenizer_from=source`).
-    dtype: the dtype of its weights, upstream's float32 exceptions aside: the one asked for, else
-        the one a checkpoint's config.json records; None for a preset in float32. `load_weights_`
-        rounds what it reads into the model to it.
-    load_report: what reading a checkpoint found (`LoadReport`); None when nothing was read (a
-        preset, or `meta=True`).
-    """
+    """What `build` built: the causal LM; the preset or directory it came from; the dtype of its
+    weights (upstream's float32 exceptions aside: the one asked for, else a checkpoint's, None for a
+    preset in float32); what reading a checkpoint found (None when nothing was read)."""
 
     model: Glm5NextCausalLM
     source: str
@@ -53,27 +33,13 @@ class BuiltModel:
     load_report: LoadReport | None = None
 
 
-def build(
-    source: str | Path,
-    *,
-    dtype: torch.dtype | str | None = None,
-    device: str | torch.device | None = None,
-    meta: bool | None = None,
-    **config_overrides,
-) -> BuiltModel:
+def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+          meta: bool | None = None, **config_overrides) -> BuiltModel:
     """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
 
-    Args:
-        source: preset name or local Hugging Face checkpoint directory.
-        dtype: torch dtype or its name ("bfloat16"); what upstream keeps in float32 under bf16/fp16
-            (router, conv1d, KDA gate `dt_bias`/`A_log`, hyper-connection `base`/`scale`) stays
-            float32. None: float32 for presets, as stored for checkpoints.
-        device: where to build (default CPU); ignored with `meta=True`.
-        meta: structure only (counting, planning, dry runs), on the meta device; nothing is
-            allocated. Default: True only for `glm53-flash` without a non-CPU device.
-        config_overrides: `Glm5NextTextConfig` fields, e.g. `vocab_size=16`, `num_hidden_layers=2`.
-    Returns:
-        `BuiltModel`: `.model` the `Glm5NextCausalLM`, with `.source`, `.dtype`, `.load_report`.
+    `dtype` (or its name): upstream's float32 exceptions (router, conv1d, KDA gate, hyper-connection
+    scales) stay float32; None: float32 for presets, as stored for checkpoints. `meta`: structure
+    only, nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
     """
     route_cpu_to_torch()
     dtype = _dtype(dtype)
@@ -84,10 +50,8 @@ def build(
         config = preset_config(source_str, **config_overrides)
         if source_str in META_ONLY:
             if meta is False and on_cpu:
-                raise GenomeLMError(
-                    f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
-                    "(counting, planning) or on a GPU device"
-                )
+                raise GenomeLMError(f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
+                                    "(counting, planning) or on a GPU device")
             meta = on_cpu if meta is None else meta
         model = _construct(config, "meta" if meta else device)
         if dtype is not None:
@@ -106,9 +70,8 @@ def build(
 
 
 def check_upstream() -> str:
-    """The whole check of the installed transformers against `contract.py`: its symbols, then the
-    attributes of a tiny model with every layer kind (built on meta). Returns a one-line summary;
-    a mismatch raises `UpstreamMismatch`."""
+    """The whole check against `contract.py` (symbols, a tiny meta model's attributes, torch) -> a
+    one-line summary; a mismatch raises `UpstreamMismatch`."""
     check_symbols()
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()
@@ -130,7 +93,6 @@ def _construct(config: Glm5NextTextConfig, device: str | torch.device | None) ->
 
 
 def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
-    """Cast parameters and floating buffers in place, keeping upstream's float32 exceptions."""
     for name, param in model.named_parameters():
         param.data = cast_tensor(name, param.data, dtype)
     for module_name, module in model.named_modules():

@@ -3,12 +3,9 @@ keys are a real checkpoint's text part with the `language_model.` level removed.
 
 Shapes: B batch, T tokens, D model dim, V vocabulary.
 
-Labels follow Hugging Face causal LMs (the input ids, -100 where not scored; shifted inside).
-`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]): token t has t tokens of context; column 0 and
-ignored labels hold 0 (`nll_mask` marks the real entries). The loss never builds all [B*T, V] logits
-(`ops.loss.chunked_cross_entropy`); `logits()` is the full path for small T. A call takes upstream's
-`attention_mask`, `labels`, `use_cache`, `cache` / `past_key_values` (a transformers `Cache`) and
-`return_dict`; any other upstream argument is refused in one `GenomeLMError` line."""
+Labels follow Hugging Face causal LMs (-100 where not scored; shifted inside).
+`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]); column 0 and ignored labels hold 0 (`nll_mask`
+marks the real entries). The loss never builds all [B*T, V] logits; `logits()` does, for small T."""
 
 from __future__ import annotations
 
@@ -26,9 +23,7 @@ from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
 @dataclass
 class CausalLMOutput(ModelOutput):
-    """loss []: mean NLL over scored tokens; per_token_nll [B, T] float32 and nll_mask [B, T] bool
-    when asked; num_targets []: how many tokens were scored; hidden [B, T, D] when asked; cache: the
-    transformers `Cache` the call ran with (`use_cache` / `cache`), holding its tokens too."""
+    """What `Glm5NextCausalLM.forward` returns (see there)."""
 
     loss: torch.Tensor | None = None
     per_token_nll: torch.Tensor | None = None
@@ -38,14 +33,8 @@ class CausalLMOutput(ModelOutput):
     cache: object | None = None
 
 
-def shift_labels(labels: torch.Tensor) -> torch.Tensor:
-    """[B, T] labels -> [B, T] targets: targets[:, t] = labels[:, t+1], the last column ignored."""
-    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)
-
 
 class Glm5NextCausalLM(nn.Module):
-    """`model` (upstream `Glm5NextTextModel`) + `lm_head` (`nn.Linear(D, V, bias=False)`)."""
-
     def __init__(self, config: Glm5NextTextConfig):
         super().__init__()
         self.config = config
@@ -66,54 +55,29 @@ class Glm5NextCausalLM(nn.Module):
         return self.lm_head.weight.dtype
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
-        """Final hidden states [B, T, D]: the text model's `norm(mean over hc streams)`. With `cache`
-        (a transformers `Cache`) the T tokens continue what it holds, and it is updated."""
+        """Final hidden states [B, T, D]; with a transformers `cache`, continuing (and updating) it."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                           use_cache=cache is not None).last_hidden_state
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        return_per_token_nll: bool = False,
-        return_hidden: bool = False,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        cache=None,
-        past_key_values=None,
-        return_dict: bool | None = None,
-        **unsupported,
-    ) -> CausalLMOutput | tuple:
-        """Mean next-token loss over non-ignored labels, optionally per-token NLL.
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, return_per_token_nll: bool = False,
+                return_hidden: bool = False, *, attention_mask: torch.Tensor | None = None,
+                use_cache: bool | None = None, cache=None, past_key_values=None, return_dict: bool | None = None,
+                **unsupported) -> CausalLMOutput | tuple:
+        """Mean next-token loss (float32, 0 when nothing is scored) of input_ids [B, T] over `labels`
+        (default: the input ids when `return_per_token_nll`, else no loss), with `num_targets` and,
+        when asked, `per_token_nll` / `nll_mask` [B, T], `hidden_states`, `cache` (`use_cache`: a new
+        `DynamicCache` unless one is given; the loss covers this call's tokens only).
 
-        Args:
-            input_ids: [B, T] int64 (under context parallelism: the full batch on every CP rank).
-            labels: [B, T] int64, normally `input_ids` (shifted inside; -100 = not scored).
-                Without labels, `input_ids` are the labels when `return_per_token_nll` is set;
-                otherwise no loss is computed.
-            attention_mask: optional [B, T] padding mask, as upstream's.
-            use_cache: run with a transformers `Cache` (a new `DynamicCache` unless one is given) and
-                return it; False or None without a cache: none, as in training.
-            cache, past_key_values: the `Cache` (upstream's name, and other transformers models') that
-                the tokens continue; updated in place and returned. The loss covers this call's tokens only.
-            return_dict: False returns `CausalLMOutput.to_tuple()` (the fields that are set, in order).
-            unsupported: any other keyword is refused (`GenomeLMError`, one line).
-        Returns:
-            `CausalLMOutput` with `loss` (float32, 0 when nothing is scored), `num_targets` and,
-            when asked, `per_token_nll` [B, T] float32 with `nll_mask` [B, T], `hidden_states`,
-            `cache`. Under context parallelism (`self.cp`, set by `apply_context_parallel`) the
-            decoder runs this rank's slab [B, T_r]: `loss` is the group's mean (its gradient this
-            rank's share: its NLL sum / the group's target count, so summing the ranks' gradients
-            gives the gradient of the mean), `num_targets` the group's, `per_token_nll` the whole
-            sequence's (gathered, no gradient), `hidden_states` the slab's.
+        Under context parallelism (`self.cp`) every CP rank gets the full batch and runs its slab
+        [B, T_r]: `loss` is the group's mean, its gradient this rank's share (its NLL sum / the
+        group's target count), `num_targets` the group's, `per_token_nll` gathered (no gradient),
+        `hidden_states` the slab's.
         """
         cache = self._call_cache(unsupported, use_cache, cache, past_key_values)
         out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
         return out.to_tuple() if return_dict is False else out
 
     def _call_cache(self, unsupported: dict, use_cache: bool | None, cache, past_key_values):
-        """The `Cache` a call runs with (None: none), after refusing the keywords it does not take."""
         if unsupported:
             raise GenomeLMError(
                 f"Glm5NextCausalLM: {', '.join(sorted(unsupported))} not supported; it takes input_ids, labels, "
@@ -143,7 +107,8 @@ class Glm5NextCausalLM(nn.Module):
         out = CausalLMOutput(hidden_states=hidden if return_hidden else None, cache=cache)
         if labels is None:
             return out
-        targets = shift_labels(labels)[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
+        targets = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)  # shifted
+        targets = targets[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
         loss, nll = chunked_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
                                           chunk_tokens=self.loss_chunk_tokens, ignore_index=IGNORE_INDEX,
                                           return_per_token=True)  # nll [B*T_r] float32, 0 where ignored
@@ -169,12 +134,8 @@ class Glm5NextCausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
-        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens].
-
-        The prompt runs once through `cache` (default a new transformers `DynamicCache`: KDA conv
-        and recurrent state, DSA latent rows and index keys, as upstream fills it), then one
-        token at a time from it. Works on the model with or without `apply_long_context`.
-        """
+        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], the prompt once through `cache`
+        (default a new `DynamicCache`), then one token at a time."""
         from transformers import DynamicCache
 
         if self.cp is not None:

@@ -1,15 +1,8 @@
 """What genome_lm relies on in upstream `transformers` (and private torch), in one place, checked so
-that a mismatch is one line naming the symbol, the installed version, the supported range and the fix.
-
-- `check_symbols()`: classes, functions, signatures genome_lm calls or replaces, `DynamicCache`'s
-  methods and the config fields it reads; run when `model/upstream.py` is first imported.
-- `check_model(model)`: the attributes upstream's `__init__` sets and genome_lm reads (they need
-  instances), on a built model.
-- `check_torch()`: the private torch the rehearsal (`plan/rehearse.py`) subclasses or imports
-  (`FSDPMemTracker`, its `ModTracker`, `FakeStore`), when a rehearsal starts.
-
-`genome-lm check-upstream` runs all three. `SUPPORTED` is pyproject.toml's transformers range and
-`TESTED` the locked version (`tests/model/test_contract.py` keeps them equal)."""
+that a mismatch is one line naming the symbol, the installed version, the supported range and the fix:
+`check_symbols()` when `model/upstream.py` is first imported, `check_model(model)` (attributes set in
+`__init__`) on a built model, `check_torch()` when a rehearsal starts. `SUPPORTED` is pyproject.toml's
+transformers range and `TESTED` the locked version."""
 
 from __future__ import annotations
 
@@ -20,8 +13,6 @@ from functools import cache
 from torch import nn
 
 from genome_lm.errors import GenomeLMError
-
-__all__ = ["SUPPORTED", "TESTED", "UpstreamMismatch", "check_model", "check_symbols", "check_torch", "summary"]
 
 SUPPORTED = ">=5.25.0,<5.26"
 TESTED = "5.25.0"
@@ -140,33 +131,27 @@ def installed_version() -> str:
         return "not installed"
 
 
-def _mismatch(problems: list[str]) -> UpstreamMismatch:
+def _mismatch(problems: list[str], what: str | None = None, fix: str | None = None) -> UpstreamMismatch:
+    """One line: what does not match (the installed transformers), the first problem and how many more."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return UpstreamMismatch(
-        f"transformers {installed_version()} does not match genome_lm: {problems[0]}{more}; genome_lm needs "
-        f"transformers{SUPPORTED} (tested on {TESTED}). Fix: {FIX}"
-    )
-
-
-def _params(fn) -> tuple[str, ...] | None:
-    """Parameter names of `fn`, unwrapping upstream's kernel decorators (None if it has no signature)."""
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    try:
-        return tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
+    what = what or f"transformers {installed_version()} does not match genome_lm"
+    fix = fix or f"genome_lm needs transformers{SUPPORTED} (tested on {TESTED}). Fix: {FIX}"
+    return UpstreamMismatch(f"{what}: {problems[0]}{more}; {fix}")
 
 
 def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
-    got = _params(fn)
-    if got is None or got == expected:
+    while hasattr(fn, "__wrapped__"):  # upstream's kernel decorators
+        fn = fn.__wrapped__
+    try:
+        got = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if got == expected:
         return None
     return f"{where} takes ({', '.join(got)}), genome_lm calls it as ({', '.join(expected)})"
 
 
 def symbol_problems() -> list[str]:
-    """Every mismatch of SYMBOLS, SIGNATURES, CACHE_METHODS, CLASS_ATTRIBUTES and CONFIG_FIELDS."""
     try:
         glm = importlib.import_module(MODULE)
         config_module = importlib.import_module(CONFIG_MODULE)
@@ -197,13 +182,12 @@ def symbol_problems() -> list[str]:
 @cache
 def check_symbols() -> None:
     """Raise `UpstreamMismatch` (one line, the first problem and how many more) unless all symbols match."""
-    problems = symbol_problems()
-    if problems:
+    if problems := symbol_problems():
         raise _mismatch(problems)
 
 
 def attribute_problems(model: nn.Module) -> list[str]:
-    """Every ATTRIBUTES entry missing on the first module of its class in `model` (classes absent are skipped)."""
+    """Every ATTRIBUTES entry missing on the first module of its class in `model`."""
     glm = importlib.import_module(MODULE)
     seen: set[str] = set()
     problems = []
@@ -218,14 +202,11 @@ def attribute_problems(model: nn.Module) -> list[str]:
 
 
 def check_model(model: nn.Module) -> None:
-    """Raise `UpstreamMismatch` unless every module of `model` has the attributes genome_lm reads."""
-    problems = attribute_problems(model)
-    if problems:
+    if problems := attribute_problems(model):
         raise _mismatch(problems)
 
 
 def torch_problems() -> list[str]:
-    """Every mismatch of TORCH_CLASSES, TORCH_SIGNATURES and TORCH_ATTRIBUTES."""
     classes: dict[str, type] = {}
     problems: list[str | None] = []
     for name, module in TORCH_CLASSES.items():
@@ -252,11 +233,9 @@ def check_torch() -> None:
     """Raise `UpstreamMismatch` (one line) unless the private torch the rehearsal relies on matches."""
     import torch
 
-    problems = torch_problems()
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise UpstreamMismatch(f"torch {torch.__version__} does not match genome_lm's rehearsal: {problems[0]}{more}; "
-                               f"tested on torch {TORCH_TESTED}. Fix: `make setup` (installs requirements.lock)")
+    if problems := torch_problems():
+        raise _mismatch(problems, f"torch {torch.__version__} does not match genome_lm's rehearsal",
+                        f"tested on torch {TORCH_TESTED}. Fix: `make setup` (installs requirements.lock)")
 
 
 def summary() -> str:

@@ -1,15 +1,10 @@
 """Context parallelism inside the model: the slab split (`CPContext`) and the autograd-aware
-collectives the long-context layers and the causal LM call once `parallel.cp` has given them a
-`CPContext`.
+collectives the long-context layers and the causal LM call.
 
 Slabs are contiguous, one per rank, boundaries at multiples of 64 tokens (the KDA chunk, whole
-k-pools) when every rank gets one such block, the last taking the remainder; no padding reaches
-the model. `gather_seq(x, lengths, group)`: every rank's [B, n_r, ...] concatenated in rank order on
-every rank; backward gives each rank the summed gradient of its slice (reduce-scatter on NCCL,
-all-reduce and slice on gloo). `attach(x, *deps)`: x with `deps` in its graph (zero gradient), so a
-rank that does not use what it gathered still runs the gather's backward. Every rank runs the same
-collectives in the same order; autograd runs a CPU graph in reverse creation order, so they also
-meet in backward."""
+k-pools) when every rank gets one such block; no padding reaches the model. Every rank runs the
+same collectives in the same order; autograd runs a CPU graph in reverse creation order, so they
+also meet in backward."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ def slab_bounds(T: int, cp: int, align: int = SLAB_ALIGN) -> list[int]:
 
 @dataclass
 class CPContext:
-    """One CP group as a rank sees it; `bounds` are set by each forward of the causal LM."""
+    """One CP group as a rank sees it; each forward of the causal LM sets `bounds`."""
 
     group: object
     rank: int
@@ -111,7 +106,8 @@ class _GatherSeq(torch.autograd.Function):
 
 
 def gather_seq(x: torch.Tensor, lengths: Sequence[int], group) -> torch.Tensor:
-    """[B, lengths[rank], ...] per rank -> [B, sum(lengths), ...] on every rank, differentiable."""
+    """[B, lengths[rank], ...] per rank -> [B, sum(lengths), ...] on every rank; backward gives each rank
+    the summed gradient of its slice (reduce-scatter on NCCL, all-reduce and slice on gloo)."""
     return _GatherSeq.apply(x, tuple(int(n) for n in lengths), group)
 
 
@@ -127,7 +123,8 @@ class _Attach(torch.autograd.Function):
 
 
 def attach(x: torch.Tensor, *deps: torch.Tensor) -> torch.Tensor:
-    """`x`, with `deps` in its autograd graph (they receive zero gradient through it)."""
+    """`x` with `deps` in its graph (zero gradient), so a rank that does not use what it gathered still
+    runs the gather's backward."""
     deps = tuple(d for d in deps if d.requires_grad)
     return _Attach.apply(x, *deps) if deps and torch.is_grad_enabled() else x
 

@@ -1,21 +1,5 @@
-"""Parameter counts by type, for the planner (works on meta-device models; nothing is allocated).
-
-Groups (every parameter lands in exactly one):
-    embeddings        embed_tokens
-    lm_head           lm_head (0 when tied to the embeddings)
-    kda               KDA attention layers' self_attn.* (q/k/v, conv1d, forget gate, beta, o)
-    mla               DSA layers' self_attn.* except the indexer (MLA q/kv LoRA, o_proj)
-    indexer           DSA indexer (wq_b, wk, k_norm, weights_proj, k-pool compression)
-    routed_experts    mlp.experts.* (all E experts)
-    shared_experts    mlp.shared_experts.*
-    dense_mlp         dense layers' mlp.{gate,up,down}_proj
-    router            mlp.gate.weight
-    hyper_connections attn_hc.*, ffn_hc.*
-    norms             input_layernorm, post_attention_layernorm, final norm
-    other             anything else
-plus two summaries: `total` (sum of groups) and `active` (parameters used per token: routed experts
-counted at k / E).
-"""
+"""Parameter counts by group (`_RULES`; `kda` / `mla` are the other self_attn.* of KDA / DSA layers),
+for the planner (meta-device models too), plus `total` and `active` (routed experts at k / E)."""
 
 from __future__ import annotations
 
@@ -26,20 +10,8 @@ if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
     from genome_lm.model.upstream import Glm5NextTextModel
 
-GROUPS = (
-    "embeddings",
-    "lm_head",
-    "kda",
-    "mla",
-    "indexer",
-    "routed_experts",
-    "shared_experts",
-    "dense_mlp",
-    "router",
-    "hyper_connections",
-    "norms",
-    "other",
-)
+GROUPS = ("embeddings", "lm_head", "kda", "mla", "indexer", "routed_experts", "shared_experts", "dense_mlp", "router",
+          "hyper_connections", "norms", "other")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _RULES = [  # (pattern on the name, group); first match wins
@@ -66,8 +38,7 @@ def parameter_group(name: str, layer_types: list[str]) -> str:
 
 
 def count_parameters(model: Glm5NextCausalLM | Glm5NextTextModel) -> dict[str, int]:
-    """Parameter counts by group (see module doc) plus `total` and `active`; shared tensors once.
-    `model`: the causal LM or a bare text model."""
+    """Parameter counts by group plus `total` and `active` (tied tensors once) of a causal or text model."""
     config = model.config
     assert config.layer_types is not None  # the config fills it
     counts = dict.fromkeys(GROUPS, 0)

@@ -1,20 +1,9 @@
 """`apply_long_context(model, settings)`: install the long-context classes, in place, keeping parameter names.
 
-Works on the causal LM from `build` or on a bare upstream `Glm5NextTextModel`:
-    kda   every `Glm5NextTextLinearAttention`  -> `LongKDA` (`ops/kda/layer.py`)
-    dsa   every `Glm5NextTextAttention`        -> `LongDSA` (`ops/dsa/layer.py`)
-    moe   every `Glm5NextTextMoE`              -> `BlockedGlm5NextTextMoE` (`ops/moe/chunk.py`)
-    hc    every `Glm5NextTextHyperConnection`  -> `RecomputedHyperConnection` (`ops/hc/layer.py`):
-          its intermediates are recomputed in backward instead of kept
-    norm  every `Glm5NextTextRMSNorm`          -> `LeanRMSNorm` (`ops/norm/rms.py`): keeps only its
-          input for backward (the decoder layers' norms, DSA's LoRA norms, the final norm)
-    mlp   every dense layer's `Glm5NextTextMLP` -> `LeanMLP` (`ops/mlp/swiglu.py`): keeps its input
-          and two projections, not the six [T, I] activations (MoE shared experts are left alone:
-          blocked MoE rebuilds them in backward)
-    loss  the causal LM's chunked LM head + loss uses `loss_chunk_tokens` tokens per chunk
-Each class is a subclass of the upstream one (`ops/install.py` says how it is installed);
-`print(model)` shows the classes and the settings each was installed with.
-Applying again reconfigures the installed modules.
+Works on the causal LM from `build` or a bare `Glm5NextTextModel`; each op in `settings.ops` swaps the
+upstream modules of its kind for a subclass (`ops/__init__.py`), `mlp` only dense layers' MLPs (blocked
+MoE rebuilds its shared experts), `loss` sets the causal LM's `loss_chunk_tokens`. `print(model)`
+shows the classes and their settings; applying again reconfigures them.
 """
 
 from __future__ import annotations
@@ -26,9 +15,9 @@ from typing import Any
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
-from genome_lm.model.ops.install import LongContextModule
 from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
@@ -42,11 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def apply_long_context(model: nn.Module, settings: LongContextSettings | None = None, **overrides) -> nn.Module:
-    """Install the long-context classes in `model` (in place) and return it.
-
-    `settings` (default `LongContextSettings()`), with any of its fields overridden by keyword,
-    e.g. `apply_long_context(model, moe_block_tokens=8192)`.
-    """
+    """Install the long-context classes in `model` (in place) and return it; keywords override fields
+    of `settings`, e.g. `apply_long_context(model, moe_block_tokens=8192)`."""
     settings = dataclasses.replace(settings or DEFAULTS, **overrides)
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise TypeError("apply_long_context: install the long-context classes before recompute and FSDP2 "

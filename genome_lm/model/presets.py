@@ -1,15 +1,8 @@
-"""Named text configs: the full-size GLM-5.3-Flash and three small models of the same architecture
-(KDA and DSA attention, dense first layer(s) then MoE, `hc_mult` 4 streams, NoPE).
-
-- `glm53-flash`: upstream `Glm5NextTextConfig()` defaults; ~313B parameters, meta device only.
-- `glm53-mini`: ~230M parameters for one GPU; flash's DSA budget (top-k 2048, k-pool 16).
-- `glm53-tiny`: ~0.5M parameters, the test suite's: `KDA KDA KDA DSA(full) DSA(shared) KDA`,
-  8 experts top-2, k-pool 4 < top-k 32 (really sparse from a few hundred tokens).
-- `glm53-demo`: ~0.2M parameters, what `make demo` trains from scratch: three layers
-  `KDA DSA(full) DSA(shared)`, four KDA heads of 32, conv 8, DSA top-k 8192 (dense up to 8k: a
-  from-scratch indexer is untrained), dense MLPs (docs/findings.md).
-
-Small presets default to a 16-id vocabulary and no padding id; any config field can be overridden."""
+"""Named text configs: the full-size GLM-5.3-Flash (upstream's defaults, ~313B, meta device only) and
+three small models of its architecture: `glm53-mini` (~230M, one GPU, flash's DSA budget),
+`glm53-tiny` (~0.5M, the tests': k-pool 4 < top-k 32, really sparse from a few hundred tokens) and
+`glm53-demo` (~0.2M, `make demo`'s: DSA top-k 8192, dense up to 8k, as a from-scratch indexer is
+untrained). Small presets use a 16-id vocabulary; any config field can be overridden."""
 
 from __future__ import annotations
 
@@ -28,52 +21,23 @@ _KDA, _DSA = "linear_attention", "indexed_attention"
 
 PRESETS: dict[str, dict[str, Any]] = {
     "glm53-flash": {},
-    "glm53-mini": dict(
-        vocab_size=NUCLEOTIDE_VOCAB,
-        pad_token_id=None,
-        hidden_size=768,
-        intermediate_size=2048,
-        moe_intermediate_size=384,
+    "glm53-mini": dict(  # one line per part: vocabulary, widths, layers, MLA, indexer, experts
+        vocab_size=NUCLEOTIDE_VOCAB, pad_token_id=None,
+        hidden_size=768, intermediate_size=2048, moe_intermediate_size=384,
         num_hidden_layers=8,  # KDA on i % 4 != 3: DSA at layers 3 and 7
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        linear_num_heads=12,
-        linear_head_dim=64,
-        q_lora_rank=384,
-        kv_lora_rank=256,
-        qk_nope_head_dim=96,
-        v_head_dim=96,
-        index_n_heads=8,
-        index_head_dim=64,
-        index_topk=2048,
-        index_kpool=16,
-        n_routed_experts=32,
-        num_experts_per_tok=4,
-        n_shared_experts=1,
-        mlp_layer_types=["dense"] + ["sparse"] * 7,
+        num_attention_heads=8, num_key_value_heads=8, linear_num_heads=12, linear_head_dim=64,
+        q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=96, v_head_dim=96,
+        index_n_heads=8, index_head_dim=64, index_topk=2048, index_kpool=16,
+        n_routed_experts=32, num_experts_per_tok=4, n_shared_experts=1, mlp_layer_types=["dense"] + ["sparse"] * 7,
     ),
     "glm53-tiny": dict(
-        vocab_size=NUCLEOTIDE_VOCAB,
-        pad_token_id=None,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
+        vocab_size=NUCLEOTIDE_VOCAB, pad_token_id=None,
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=6,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        linear_num_heads=2,
-        linear_head_dim=32,
-        q_lora_rank=32,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        v_head_dim=32,
-        index_n_heads=2,
-        index_head_dim=32,
-        index_topk=32,
-        index_kpool=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
+        num_attention_heads=2, num_key_value_heads=2, linear_num_heads=2, linear_head_dim=32,
+        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, v_head_dim=32,
+        index_n_heads=2, index_head_dim=32, index_topk=32, index_kpool=4,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
         layer_types=[_KDA, _KDA, _KDA, _DSA, _DSA, _KDA],
         indexer_types=["full", "full", "full", "full", "shared", "full"],
         mlp_layer_types=["dense"] + ["sparse"] * 5,
@@ -84,14 +48,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # minutes on a CPU (see the docstring).
 PRESETS["glm53-demo"] = dict(
     PRESETS["glm53-tiny"],
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    linear_num_heads=4,
-    linear_conv_kernel_dim=8,
-    index_topk=8192,
-    layer_types=[_KDA, _DSA, _DSA],
-    indexer_types=["full", "full", "shared"],
+    num_hidden_layers=3, layer_types=[_KDA, _DSA, _DSA],
+    num_attention_heads=4, num_key_value_heads=4, linear_num_heads=4, linear_conv_kernel_dim=8,
+    index_topk=8192, indexer_types=["full", "full", "shared"],
     mlp_layer_types=["dense", "dense", "dense"],
 )
 
@@ -104,8 +63,7 @@ def is_preset(name: str) -> bool:
 
 
 def check_overrides(overrides: dict[str, Any]) -> None:
-    """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field (the
-    config would keep it as an attribute nothing reads)."""
+    """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field."""
     fields = {f.name for f in dataclasses.fields(Glm5NextTextConfig)}
     for key in overrides:
         if key not in fields:
@@ -115,12 +73,8 @@ def check_overrides(overrides: dict[str, Any]) -> None:
 
 
 def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
-    """The upstream text config of preset `name`, with `overrides` applied.
-
-    Per-layer lists (`layer_types`, `indexer_types`, `mlp_layer_types`) are dropped when
-    `num_hidden_layers` is overridden without them, so upstream rebuilds its default schedule.
-    A `pad_token_id` outside the vocabulary (e.g. flash with a small `vocab_size`) becomes None.
-    """
+    """The upstream text config of preset `name` with `overrides`; per-layer lists are dropped when
+    `num_hidden_layers` is overridden without them, a `pad_token_id` outside the vocabulary is None."""
     if name not in PRESETS:
         raise GenomeLMError(
             f"model: unknown preset {name!r}; use one of {', '.join(PRESETS)} or a checkpoint directory"

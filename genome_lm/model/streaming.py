@@ -1,26 +1,13 @@
 """Streaming scoring: the second inference engine, walking a long sequence chunk by chunk.
 
-    nll = score_streaming(model, input_ids, chunk_tokens=4096)      # input_ids [1, T] -> nll [T]
+Same numbers as the parallel forward's `per_token_nll`: element t is -log p(x_t | x_<t) in float32,
+element 0 is 0. The parallel forward is the training path, so the agreement of the two is our
+log-prob parity (the reference run's training-vs-vLLM comparison).
 
-    scorer = StreamingScorer(model, total_len=T)                    # or feed pieces as they come
-    parts = [scorer.step(input_ids[:, t:t + n]) for t, n in ...]    # each [B, n]
-
-Same numbers as the parallel forward's `per_token_nll` (`Glm5NextCausalLM.forward`): element t
-is -log p(x_t | x_<t) in float32, element 0 is 0 (nothing precedes it). The parallel forward is
-the training path, so the agreement of the two is our log-prob parity (the reference run's
-training-vs-vLLM comparison).
-
-Per chunk of n tokens the model runs as upstream decodes, `model.model(input_ids=chunk,
-cache=cache, use_cache=True)`: the long-context classes carry their state in upstream's cache
-(`StreamingCache`, a `DynamicCache`): `LongKDA` its conv tail and [H, K, V] recurrent state,
-`LongDSA` the latent rows [T, R] and the index keys of the earlier tokens; `shared` DSA layers
-take the previous layer's selection for the chunk, as upstream's loop passes it. A model
-without the long-context classes gets them installed (in place, parameters untouched).
-The LM head + NLL run per chunk through `ops.loss.chunked_cross_entropy` (never all logits):
-position t's hidden state scores token t+1, so a chunk's last hidden state is kept and scores the
-first token of the next chunk when it arrives.
-
-Memory: DSA caches O(T·(kv_lora + 2·index_dim)) per DSA layer, KDA O(1) in T, activations
+Per chunk the model runs as upstream decodes, with the long-context classes' state in upstream's
+cache (`StreamingCache`): `LongKDA` its conv tail and recurrent state, `LongDSA` the latent rows
+and index keys of the earlier tokens. A chunk's last hidden state is kept: it scores the first
+token of the next chunk. Memory: DSA O(T·(kv_lora + 2·index_dim)) per layer, KDA O(1), activations
 O(chunk). Shapes: B batch, T tokens, n chunk tokens, D model dim.
 """
 
@@ -38,13 +25,10 @@ from genome_lm.settings import STREAMING_CHUNK_TOKENS
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
 
-__all__ = ["StreamingCache", "StreamingScorer", "score_streaming"]
-
 
 class StreamingCache(DynamicCache):
-    """Upstream's `DynamicCache` plus `total_len`, the final sequence length when known: `LongDSA`
-    then scores a top-k row of total_len // kpool pools, as one pass over the whole sequence does,
-    so exact score ties resolve the same way."""
+    """`DynamicCache` plus `total_len`, the final length when known: `LongDSA` then scores a top-k row
+    of total_len // kpool pools, as one pass does, so exact score ties resolve the same way."""
 
     def __init__(self, config, total_len: int | None = None):
         super().__init__(config=config)
@@ -52,17 +36,10 @@ class StreamingCache(DynamicCache):
 
 
 class StreamingScorer:
-    """Walk one batch of sequences chunk by chunk, carrying each layer's state (no gradients).
-
-    Args:
-        model: the causal LM from `genome_lm.model.build` (its layers get the long-context
-            classes if they do not have them).
-        total_len: final sequence length if known. Give it for parity: indexer scores are sums of
-            relus, so exact ties (often at 0) are common, and without it `torch.topk` sees a
-            shorter row and may pick other tied pools (a different but equally valid selection;
-            log-probs then differed by up to 0.07 on glm53-tiny).
-        loss_chunk_tokens: tokens per LM-head chunk (default `model.loss_chunk_tokens`).
-    """
+    """Walk one batch of sequences chunk by chunk, carrying each layer's state (no gradients); the
+    model gets the long-context classes if it lacks them. Give `total_len` for parity: indexer
+    scores are sums of relus, so exact ties are common, and a shorter row may pick other tied pools
+    (equally valid; log-probs then differed by up to 0.07 on glm53-tiny)."""
 
     def __init__(self, model: Glm5NextCausalLM, total_len: int | None = None, loss_chunk_tokens: int | None = None):
         if not hasattr(model, "lm_head") or not hasattr(model, "model"):
@@ -80,7 +57,7 @@ class StreamingScorer:
         self.last_hidden: torch.Tensor | None = None  # [B, 1, D]: scores the next chunk's first token
 
     def cache_bytes(self) -> dict[str, int]:
-        """Bytes held by the carried state: {"kda": ..., "dsa": ...}."""
+        """Bytes held by the carried state, {"kda": ..., "dsa": ...}."""
         out = {"kda": 0, "dsa": 0}
         assert self.model.config.layer_types is not None  # the config fills it
         for layer, kind in zip(self.cache.layers, self.model.config.layer_types):
@@ -103,10 +80,7 @@ class StreamingScorer:
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """NLL float32 [B, n] of the next n tokens: -log p(x_t | x_<t); the sequence's first token 0.
-
-        The first token of this chunk is scored by the previous chunk's last hidden state.
-        """
+        """NLL float32 [B, n] of the next n tokens: -log p(x_t | x_<t); the sequence's first token 0."""
         B, n = input_ids.shape
         first = self.length == 0
         hidden = self.hidden_step(input_ids)  # [B, n, D]
@@ -130,11 +104,7 @@ class StreamingScorer:
 @torch.no_grad()
 def score_streaming(model: Glm5NextCausalLM, input_ids: torch.Tensor,
                     chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> torch.Tensor:
-    """Per-token NLL float32 [T] of one sequence `input_ids` [1, T], in chunks of `chunk_tokens`.
-
-    Same convention as the parallel forward's `per_token_nll[0]`: element t = -log p(x_t | x_<t),
-    element 0 = 0. Peak memory: the DSA caches (O(T)) plus one chunk's activations.
-    """
+    """Per-token NLL float32 [T] of one sequence `input_ids` [1, T], in chunks of `chunk_tokens`."""
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"score_streaming takes input_ids [1, T], got {tuple(input_ids.shape)}")
     if chunk_tokens < 1:

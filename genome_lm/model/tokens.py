@@ -1,12 +1,6 @@
-"""`token_map`: shard token ids (the manifest's vocabulary) -> model token ids.
-
-- preset name, or a checkpoint directory without `tokenizer.json` whose vocabulary is small
-  (< 256 ids: a model trained on shard ids, e.g. saved from a preset): identity;
-- a directory with `tokenizer.json` (a real GLM tokenizer, or a checkpoint fine-tuned from one):
-  the id of the single-character token for each shard symbol (A, C, G, T, N), read with the
-  `tokenizers` library (no pickles); a missing symbol is an error.
-
-`token_lut`: the same map as a lookup table over every uint8 shard id, for indexing shard tokens.
+"""`token_map`: shard token ids -> model token ids: the identity for a preset or a directory without
+`tokenizer.json` and < 256 ids (a model trained on shard ids), else the id of each symbol's
+single-character token in `tokenizer.json`. `token_lut`: the same over every uint8 shard id.
 """
 
 from __future__ import annotations
@@ -46,13 +40,8 @@ def _vocab_size(source: Path) -> int | None:
 
 
 def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size: int | None = None) -> torch.Tensor:
-    """LongTensor `m` with `m[shard_id] = model_id` for every symbol of `shard_vocab`.
-
-    Args:
-        shard_vocab: e.g. {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4} (ids 0..S-1).
-        model_source: preset name or checkpoint / tokenizer directory (what `build` was given).
-        vocab_size: the model's vocabulary, to check ids against (default: from the source).
-    """
+    """LongTensor `m[shard_id] = model_id` for `shard_vocab` ({"A": 0, ..., "N": 4}) and what `build` was
+    given; ids are checked against `vocab_size` (default: the source's)."""
     ids = sorted(shard_vocab.values())
     if ids != list(range(len(ids))):
         raise GenomeLMError(f"token map: shard vocabulary ids must be 0..{len(ids) - 1}, got {shard_vocab}")
@@ -64,26 +53,20 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
     elif (source / "tokenizer.json").is_file():
         found = _tokenizer_ids(source / "tokenizer.json", symbols)
         if missing := [s for s, i in zip(symbols, found) if i is None]:
-            raise GenomeLMError(
-                f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
-                "use a GLM tokenizer or a model trained on shard ids"
-            )
+            raise GenomeLMError(f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
+                                "use a GLM tokenizer or a model trained on shard ids")
         mapping = [i for i in found if i is not None]  # all of them: none is missing
     elif source.is_dir():
         vocab_size = vocab_size or _vocab_size(source)
         if vocab_size is None or vocab_size >= SMALL_VOCAB:
-            raise GenomeLMError(
-                f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
-                "copy the GLM tokenizer.json into it"
-            )
+            raise GenomeLMError(f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
+                                "copy the GLM tokenizer.json into it")
         mapping = list(range(len(symbols)))
     else:
         raise GenomeLMError(f"token map: {model_source!r} is neither a preset nor a directory")
     if vocab_size is not None and max(mapping) >= vocab_size:
-        raise GenomeLMError(
-            f"token map: model id {max(mapping)} does not fit the model's {vocab_size}-id vocabulary; "
-            f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)"
-        )
+        raise GenomeLMError(f"token map: model id {max(mapping)} does not fit the model's {vocab_size}-id vocabulary; "
+                            f"raise vocab_size (the shard vocabulary has {len(symbols)} symbols)")
     return torch.tensor(mapping, dtype=torch.long)
 
 

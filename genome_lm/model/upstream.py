@@ -1,14 +1,10 @@
 """Access to upstream `transformers.models.glm5_next`, and keeping its CPU path on plain torch.
 
-Upstream picks hub kernels for five functions (`chunk_kimi_delta_attention`,
-`recurrent_kimi_delta_attention`, `causal_conv1d_fn`, `causal_conv1d_update`,
-`causal_conv1d_forward`) at import time, for the devices their package lists; fla's Triton kernels
-cannot run on CPU. The decorated functions keep upstream's torch code as `__wrapped__`, and the
-forward looks them up in the module's globals at call time, so:
-
-- `route_cpu_to_torch()` (idempotent; `build` and `apply_long_context` call it): each name becomes a
-  dispatcher sending CPU tensors to upstream's torch fallback and anything else to upstream's pick.
-- `use_torch_fallbacks()`: a context manager forcing the torch fallbacks on every device (tests)."""
+Upstream picks hub kernels for five functions (`KERNEL_FALLBACK_FUNCTIONS`) at import time; fla's
+Triton kernels cannot run on CPU. The decorated functions keep upstream's torch code as
+`__wrapped__`, and the forward looks them up in the module's globals at call time, so
+`route_cpu_to_torch()` makes each a dispatcher sending CPU tensors to the torch fallback, and
+`use_torch_fallbacks()` forces the fallbacks on every device (tests)."""
 
 from __future__ import annotations
 
@@ -20,10 +16,7 @@ import torch
 
 from genome_lm.model.contract import check_symbols
 
-# Every upstream symbol genome_lm uses is checked before any is touched: a transformers that does
-# not match is one line naming the symbol and the fix (`genome_lm.model.contract`), not an
-# ImportError or an AttributeError inside a forward.
-check_symbols()
+check_symbols()  # a transformers that does not match is one line, not an error inside a forward
 
 from transformers.models.glm5_next import modeling_glm5_next as glm  # noqa: E402
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig, Glm5NextTextConfig  # noqa: E402
@@ -37,26 +30,12 @@ from transformers.models.glm5_next.modeling_glm5_next import (  # noqa: E402
     Glm5NextTextTopkRouter,
 )
 
-__all__ = [
-    "glm",
-    "Glm5NextConfig",
-    "Glm5NextTextConfig",
-    "Glm5NextTextModel",
-    "Glm5NextTextDecoderLayer",
-    "Glm5NextTextAttention",
-    "Glm5NextTextLinearAttention",
-    "Glm5NextTextMoE",
-    "Glm5NextTextExperts",
-    "Glm5NextTextTopkRouter",
-    "KERNEL_FALLBACK_FUNCTIONS",
-    "torch_fallback",
-    "route_cpu_to_torch",
-    "use_torch_fallbacks",
-    "KEEP_IN_FP32",
-]
+__all__ = ["glm", "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextTextModel", "Glm5NextTextDecoderLayer",
+           "Glm5NextTextAttention", "Glm5NextTextLinearAttention", "Glm5NextTextMoE", "Glm5NextTextExperts",
+           "Glm5NextTextTopkRouter", "KERNEL_FALLBACK_FUNCTIONS", "torch_fallback", "route_cpu_to_torch",
+           "use_torch_fallbacks", "KEEP_IN_FP32"]
 
-# Upstream module globals that may be bound to an optional package's kernel (or, for
-# `causal_conv1d_forward`, replaced by a hub kernel through `kernelize`).
+# Upstream module globals that may be bound to an optional package's or a hub kernel.
 KERNEL_FALLBACK_FUNCTIONS = (
     "chunk_kimi_delta_attention",
     "recurrent_kimi_delta_attention",
@@ -70,7 +49,6 @@ KEEP_IN_FP32 = tuple(glm.Glm5NextPreTrainedModel._keep_in_fp32_modules_strict)
 
 
 def torch_fallback(fn: Callable) -> Callable:
-    """Upstream's own torch implementation behind a (possibly dispatching) wrapper."""
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
     return fn
@@ -84,7 +62,6 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
 
 
 def _cpu_to_torch(kernel_fn: Callable) -> Callable:
-    """Wrap `kernel_fn` so that CPU tensors go to upstream's torch fallback."""
     fallback = torch_fallback(kernel_fn)
 
     @functools.wraps(fallback)
@@ -99,7 +76,7 @@ def _cpu_to_torch(kernel_fn: Callable) -> Callable:
 
 
 def route_cpu_to_torch() -> None:
-    """Install the CPU→torch dispatchers on upstream's module globals (idempotent)."""
+    """Install the CPU→torch dispatchers on upstream's module globals (idempotent; `build` calls it)."""
     for name in KERNEL_FALLBACK_FUNCTIONS:
         fn = getattr(glm, name)
         if not getattr(fn, "_genome_lm_dispatch", False):
@@ -108,11 +85,7 @@ def route_cpu_to_torch() -> None:
 
 @contextlib.contextmanager
 def use_torch_fallbacks() -> Iterator[None]:
-    """Run upstream glm5_next with its own torch implementations on every device.
-
-    >>> with use_torch_fallbacks():
-    ...     reference = upstream_model(input_ids).last_hidden_state
-    """
+    """Run upstream glm5_next with its own torch implementations on every device."""
     saved = {name: getattr(glm, name) for name in KERNEL_FALLBACK_FUNCTIONS}
     try:
         for name, fn in saved.items():

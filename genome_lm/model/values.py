@@ -1,11 +1,6 @@
-"""`ValueSource`: where model code gets what it would read from tensor values.
-
-Fake tensors (the rehearsal's, `genome_lm.plan.rehearse`) have shapes but no data, so what the
-model reads from data becomes a stated assumption, set by `use_value_source(model, source)` as
-typed settings on the modules: MoE / EP `routing` (the router's choice, or an `AssumedRouting`),
-DSA's `read_values` (its padding check) and KDA's `fla` kernels (fla's own, or the stand-ins of
-`ops/kda/fake_fla.py` on the fla backend). `FROM_DATA` is every module's default.
-"""
+"""`ValueSource`: where model code gets what it would read from tensor values. Fake tensors (the
+rehearsal's) have none, so that becomes a stated assumption, set on the modules by `use_value_source`:
+MoE / EP `routing`, DSA's `read_values` (its padding check) and KDA's `fla` kernels (`fake_fla.py`)."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ from genome_lm.model.ops.kda._fla import FlaKernels
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
-from genome_lm.model.ops.moe.assumed import AssumedRouting
-from genome_lm.model.ops.moe.ep import ExpertParallelExperts
+from genome_lm.model.ops.moe.ep import AssumedRouting, ExpertParallelExperts
 
 
 @dataclass(frozen=True)
@@ -30,12 +24,8 @@ class ValueSource:
     fla: FlaKernels | None = None  # None: KDA's kernels as configured; else the fla backend on these
 
 
-FROM_DATA = ValueSource()
-
-
 def fake_values(imbalance: float = 1.0) -> ValueSource:
-    """For fake tensors: this rank receives `imbalance` x the mean expert rows, no data checks, and
-    KDA on fla's call contract with the fake stand-ins (`fake_fla.FAKE_FLA`)."""
+    """For fake tensors: `imbalance` x the mean expert rows here, no data checks, fla's fake stand-ins."""
     from genome_lm.model.ops.kda.fake_fla import FAKE_FLA
 
     return ValueSource(AssumedRouting(float(imbalance)), read=False, fla=FAKE_FLA)
@@ -54,8 +44,7 @@ def use_value_source(model: nn.Module, source: ValueSource) -> nn.Module:
 
 
 def has_values(t) -> bool:
-    """False for a fake tensor (shape, dtype and device but no data to read), True otherwise: the
-    trainer's step reads losses, norms and expert counts only where this holds."""
+    """False for a fake tensor (no data to read): the trainer reads losses, norms and counts where True."""
     from torch._subclasses.fake_tensor import is_fake
 
     return not is_fake(t)

@@ -7,7 +7,7 @@ trainer's own `train_step` (no checkpoint) under torch's `FSDPMemTracker`, which
 tensor by kind. The planner's prediction for the same run is printed beside each figure.
 
 What fake tensors cannot decide is assumed and said, through the model's `ValueSource`
-(`model/values.fake_values`): the routing (`moe/assumed.py`: this rank the busiest, as the planner
+(`model/values.fake_values`): the routing (`moe/ep.py`: this rank the busiest, as the planner
 assumes, or uniform), value checks (skipped), and fla's kernels (stand-ins that allocate what fla
 allocates, `fake_fla.py`). Offloaded layer inputs are parked on the meta device and counted as host
 memory. Device-only code (CUDA streams, pinned memory), kernel scratch, NCCL buffers, fragmentation

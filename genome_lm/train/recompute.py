@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
 
-from genome_lm.model.ops.install import swap_class
+from genome_lm.model.ops import swap_class
 
 
 class _HostCopy:
@@ -232,7 +232,7 @@ def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
     our own `_Recompute`: torch's checkpoint keeps the module's inputs referenced on the device
     until backward (so `save_on_cpu` around it would add a host copy and free nothing); ours saves
     only the host copy, so the device input goes (tests/train/test_recompute.py checks it). The module
-    becomes an `Offloaded<Class>` subclass (`ops.install.swap_class`); `print(model)` shows it.
+    becomes an `Offloaded<Class>` subclass (`model.ops.swap_class`); `print(model)` shows it.
     """
     if not offload:
         return checkpoint(module)

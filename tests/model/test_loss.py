@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from genome_lm.model.ops.loss import chunk as chunk_mod
+from genome_lm.model.ops import loss as chunk_mod
 from genome_lm.model.ops.loss import chunked_cross_entropy, naive_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("one_thread")

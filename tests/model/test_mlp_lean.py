@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from genome_lm.model import build
-from genome_lm.model.ops.mlp import LeanMLP, swiglu
+from genome_lm.model.ops import mlp as swiglu
+from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.upstream import glm
 from tests.helpers import assert_close
 

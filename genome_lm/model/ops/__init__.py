@@ -1,1 +1,45 @@
-"""Long-context ops: each `<op>/` keeps a plain reference (`naive.py`) beside the fast version."""
+"""Long-context ops: each `<op>` keeps a plain reference (`naive.py`, or upstream's forward) beside the
+fast version, and how a genome_lm class takes over an upstream module: `Cls.install(module, **settings)`.
+
+`swap_class` is the one place in genome_lm that sets `module.__class__`: installing a subclass in
+place keeps the object itself (its parent's reference, its parameters, hooks), as torch's
+`fully_shard` installs its FSDP classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+def swap_class(module: nn.Module, cls: type) -> nn.Module:
+    """Make `module` an instance of `cls`, a subclass of its class, in place; returns it."""
+    if not issubclass(cls, type(module)):
+        raise TypeError(f"{cls.__name__} is not a subclass of {type(module).__name__}")
+    module.__class__ = cls
+    return module
+
+
+class LongContextModule:
+    """Mixin of the long-context classes: `upstream` is the class a subclass extends, `configure` sets
+    its typed settings (shown by `print(model)`)."""
+
+    upstream: type[nn.Module]
+
+    def configure(self, *args: Any, **settings: Any) -> None:  # a subclass with settings names them
+        pass
+
+    @classmethod
+    def install(cls, module: nn.Module, **settings) -> nn.Module:
+        """Turn an upstream module into `cls` in place (or reconfigure one); returns it."""
+        if type(module) is not cls:
+            if type(module) is not cls.upstream:
+                hint = ("; install the long-context classes before recompute and FSDP2 wrap the module"
+                        if isinstance(module, cls.upstream) else "")
+                raise TypeError(f"{cls.__name__}.install expects a {cls.upstream.__name__}, "
+                                f"got {type(module).__name__}{hint}")
+            swap_class(module, cls)
+        assert isinstance(module, cls)
+        module.configure(**settings)
+        return module

@@ -10,12 +10,6 @@ read); upstream converts at load time (`transformers.conversion_mapping`, "glm5_
     self_attn.{q,k,v}_conv1d.weight [Q, 1, K]    self_attn.conv1d.weight [3Q, 1, K] (concat)
     mlp.experts.{e}.{gate,up}_proj.weight [I, D] mlp.experts.gate_up_proj [E, 2I, D] (stack, cat)
     mlp.experts.{e}.down_proj.weight [D, I]      mlp.experts.down_proj [E, D, I] (stack)
-
-`to_disk_layout` maps an upstream tensor, or any dim-0 slice of one, to its on-disk tensors (views
-of it, and the row where each starts): what is written, and where each rank's rows are read into.
-`text_key` maps a full checkpoint's keys to the causal LM's (vision and MTP skipped);
-`model_tensors` is what is read and written, in writing order; `keep_fp32` / `cast_dtype` /
-`cast_tensor` keep upstream's float32 exceptions under bf16/fp16.
 """
 
 from __future__ import annotations
@@ -46,9 +40,8 @@ def _rename_to_disk(name: str) -> str:
 
 def to_disk_layout(name: str, tensor: torch.Tensor, start: int = 0,
                    rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
-    """Rows `[start, start + len(tensor))` of upstream tensor `name` (`rows` rows in all; None: `tensor`
-    is whole) -> `(on-disk name, first row there, view of tensor)` for each on-disk tensor behind them:
-    the experts `start..` of a stacked expert tensor, the q/k/v parts under a slice of the conv."""
+    """Rows `[start, start + len(tensor))` of upstream tensor `name` (`rows` in all; None: whole) ->
+    `(on-disk name, first row there, view of tensor)` for each on-disk tensor behind them."""
     if name.endswith(".mlp.experts.gate_up_proj"):
         prefix = name.removesuffix(".gate_up_proj")
         gate, up = tensor.chunk(2, dim=1)  # [E, I, D] each
@@ -97,8 +90,8 @@ def keep_fp32(name: str) -> bool:
 
 
 def cast_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype of tensor `name` stored in `stored` once loaded in `dtype`: `dtype` unless upstream
-    keeps `name` in float32 (None, or not floating point: as stored)."""
+    """The dtype of tensor `name` loaded in `dtype`: `dtype`, except upstream's float32 exceptions under
+    bf16/fp16 (None, or not floating point: `stored`)."""
     if dtype is None or not stored.is_floating_point:
         return stored
     if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):
@@ -107,14 +100,12 @@ def cast_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None) -> tor
 
 
 def cast_tensor(name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`tensor` in `cast_dtype` (itself when that is its dtype)."""
     return tensor.to(cast_dtype(name, tensor.dtype, dtype))
 
 
 def model_tensors(model: Glm5NextCausalLM,
                   state_dict: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors read and written, under upstream names, in writing order: `model.state_dict()`
-    (or `state_dict`) without a tied `lm_head.weight`. Sharded (DTensor) entries stay sharded."""
+    """The tensors read and written, in writing order: the state dict without a tied `lm_head.weight`."""
     state = dict(model.state_dict() if state_dict is None else state_dict)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

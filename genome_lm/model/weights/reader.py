@@ -1,18 +1,6 @@
-"""Reading the model's weights: a checkpoint directory's config and safetensors, and
-`load_weights_`, which fills a model in place with the rows each rank holds.
-
-Directories read (safetensors only; pickled `.bin`/`.pt` files are never loaded):
-- a full GLM-5.3-Flash checkpoint: `config.json` of `Glm5NextConfig` (`text_config` inside, or
-  the flat text fields at top level), weights `model.language_model.*` + `lm_head.weight`,
-  plus vision (`model.visual.*`) and MTP (`layers.{L}.*` beyond the last layer, `shared_head`,
-  `eh_proj`, `enorm`, `hnorm`) weights, which are skipped;
-- a text-only directory (`Glm5NextTextConfig`, keys `model.*` + `lm_head.weight`), as
-  `writer.save_pretrained` writes it, or a bare text model's keys (`layers.*`, `embed_tokens.*`).
-
-`load_weights_`: a meta-built model is allocated (`to_empty`) and each tensor filled with the rows
-this rank holds, read by DCP's `HuggingFaceStorageReader` (`get_slice(key)[a:b]`) straight into
-the model's tensors, in the key layout of `layout.py` (`CheckpointReader`). Who calls it:
-docs/checkpoints.md.
+"""Reading the model's weights (safetensors only, never pickles) from a full GLM-5.3-Flash checkpoint
+(vision and MTP weights skipped) or a text-only directory, and `load_weights_`, which fills a model
+in place with the rows each rank holds.
 """
 
 from __future__ import annotations
@@ -64,7 +52,6 @@ def _reading(path: Path):
 
 
 def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
-    """The text config of a checkpoint directory (full `Glm5NextConfig` or text config)."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise GenomeLMError(
@@ -87,10 +74,8 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
         elif model_type == "glm5_next_text":
             text = raw
         else:
-            raise GenomeLMError(
-                f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
-                "(model_type glm5_next or glm5_next_text)"
-            )
+            raise GenomeLMError(f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
+                                "(model_type glm5_next or glm5_next_text)")
         text = {k: v for k, v in text.items() if k not in ("model_type", "transformers_version", "architectures")}
         text.update(overrides)
         return Glm5NextTextConfig(**text)
@@ -99,7 +84,7 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
 
 
 def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
-    """The safetensors shards of a directory (index first, then `model.safetensors`, then `*.safetensors`)."""
+    """The safetensors shards of a directory: its index's, else `model.safetensors`, else `*.safetensors`."""
     ckpt_dir = Path(ckpt_dir)
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -145,17 +130,9 @@ class _RowsPlanner(DefaultLoadPlanner):
 
 class CheckpointReader:
     """The text model's tensors (upstream names) in a checkpoint directory, read with DCP's
-    `HuggingFaceStorageReader` (`safe_open(...).get_slice(key)[rows]`: only the rows asked for).
-
-        reader = CheckpointReader(ckpt_dir, model.config)
-        stored, unused = reader.check({"model.norm.weight": (64,), ...})  # all present, shapes right
-        reader.read_("model.layers.1.mlp.experts.down_proj", local, 3, 8, dtype)  # experts 3..5 into local
-
-    A tensor stored under its upstream name is read directly; otherwise from the on-disk tensors
-    behind its rows (`to_disk_layout`). Every `*.safetensors` file of the directory is indexed
-    (DCP's reader does not read the index json); vision and MTP weights, and layers beyond
-    `config.num_hidden_layers`, are skipped. GenomeLMError on a tensor stored twice, on missing
-    tensors (all listed at once by `check`) or a shape that does not match the config."""
+    `HuggingFaceStorageReader` (only the rows asked for), under their upstream name or from the
+    on-disk tensors behind them (`to_disk_layout`). Every `*.safetensors` file is indexed (DCP's
+    reader does not read the index json); GenomeLMError on a tensor stored twice."""
 
     def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
         self.dir = Path(ckpt_dir)
@@ -172,7 +149,6 @@ class CheckpointReader:
 
     def _disk(self, name: str, tensor: torch.Tensor, start: int = 0,
               rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
-        """`to_disk_layout`, or the tensor itself where the checkpoint holds it under `name`."""
         return iter([(name, start, tensor)]) if name in self.keys else to_disk_layout(name, tensor, start, rows)
 
     def _stored(self, key: str) -> TensorStorageMetadata:
@@ -181,9 +157,8 @@ class CheckpointReader:
         return stored
 
     def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.dtype], list[str]]:
-        """Before reading anything: every checkpoint tensor behind the model tensors `tensors` (name ->
-        full shape) exists with the right shape. Returns the dtype each of them is stored in and the
-        checkpoint's text keys that none of them uses."""
+        """Check that every checkpoint tensor behind `tensors` (name -> full shape) exists with the right
+        shape (GenomeLMError listing the missing) -> (stored dtype by name, unused checkpoint keys)."""
         needed, missing, dtypes = set(), [], {}
         for name, shape in tensors.items():
             for disk, _, part in self._disk(name, torch.empty(shape, device="meta")):
@@ -203,8 +178,8 @@ class CheckpointReader:
         return dtypes, sorted(set(self.keys) - needed)
 
     def read_(self, name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
-        """Rows `[start, start + len(local))` of the model's tensor `name` (`rows` rows in all) into
-        `local`, rounded to `dtype` first (`cast_dtype`; None: copied as stored)."""
+        """Rows `[start, start + len(local))` of tensor `name` (`rows` in all) into `local`, rounded to
+        `dtype` first (`cast_dtype`; None: as stored)."""
         pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]] = {}
         items = []
         for disk, row, view in self._disk(name, local, start, rows):
@@ -218,10 +193,9 @@ class CheckpointReader:
 
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the part of `tensor` this rank holds, its first row in the full tensor); (tensor, 0) for a
-    plain tensor. Sharded tensors must be split on dim 0 only: FSDP2's `Shard(0)`, and with expert
-    parallelism the experts' `Shard(0)` over "ep" then FSDP2's `_StridedShard(0)` over "edp"
-    (torch.chunk sizes: each split takes ceil(rows / n) rows)."""
+    """(the part of `tensor` this rank holds, its first row in the full tensor). Dim-0 sharding only:
+    FSDP2's `Shard(0)`, and under EP `Shard(0)` over "ep" then `_StridedShard(0)` over "edp" (torch.chunk
+    sizes)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -263,19 +237,14 @@ def _allocate_(model: Glm5NextCausalLM, device: str | torch.device) -> None:
 def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, torch.Tensor],
                   device: str | torch.device | None = None, *, dtype: torch.dtype | None,
                   stored_dtypes: bool = False) -> LoadReport:
-    """Fill the tensors of `model.state_dict()` (a tied `lm_head.weight` is the embedding) from
-    `source`, a model directory (`CheckpointReader`) or a plain model's full state dict, in place,
-    one tensor at a time, each with the rows this rank holds (`local_rows`).
+    """Fill `model`'s tensors in place, one at a time, each with the rows this rank holds, from a model
+    directory or a full state dict; missing weights and wrong shapes are found before any read.
 
-    device: allocate `model`, built on the meta device (sharded or not), there first (`to_empty`).
-    dtype: the rows are rounded to it (`cast_tensor`: upstream's float32 exceptions kept; None: as
-        read) before they are copied in. Pass the dtype the model was built in (`BuiltModel.dtype`),
-        so float32 master weights of a bf16 model hold what one process's bf16 model holds.
-    stored_dtypes: with `device`, the meta model's tensors first take the checkpoint's dtypes cast to
-        `dtype` (what `build(dir)` does, with a progress bar over several files); False: every
-        tensor keeps its dtype.
-    Missing weights and shapes that do not match are GenomeLMErrors, found before anything is read.
-    Returns the `LoadReport`: checkpoint weights the model has no place for (also logged)."""
+    device: allocate the meta-built `model` there first (`to_empty`). dtype: round the rows to it
+        (`cast_tensor`) before copying: the dtype the model was built in, so float32 master weights
+        of a bf16 model hold what a bf16 model holds. stored_dtypes: with `device`, the tensors
+        first take the checkpoint's dtypes cast to `dtype` (what `build(dir)` does).
+    """
     unused: list[str]
     progress: str | bool  # the progress bar's description, or False: none
     if isinstance(source, Mapping):

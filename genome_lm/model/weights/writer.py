@@ -30,8 +30,7 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
 def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes: int) -> Iterator[list[Item]]:
-    """`items` in order, in consecutive batches: a batch is closed when the next item would take it
-    past `max_bytes` (a single larger item gets a batch of its own)."""
+    """`items` in order, in consecutive batches of at most `max_bytes` (a larger item alone)."""
     batch: list[Item] = []
     size = 0
     for item in items:
@@ -45,26 +44,20 @@ def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes
 
 
 def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
-    """The output files before anything is gathered: per file, its on-disk tensor names and sizes,
-    in writing order, in files of at most `max_bytes` (`byte_batches`). Computed on the meta device."""
+    """The output files, planned on the meta device: per file, its on-disk tensor names and sizes."""
     parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
              for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
     return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
 
 
 def shard_file_names(n: int) -> list[str]:
-    """`model.safetensors` for one file, else `model-0000k-of-0000n.safetensors` (Hugging Face's names)."""
     return ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
 
 
 class ShardWriter:
-    """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`.
-
-    A file is written, and its tensors dropped, as soon as its last tensor arrives, so the writer
-    holds at most one file plus the rest of the parts of the tensor being added (`peak_bytes`
-    records the most it held). Parts that are views into a larger tensor are copied, so the full
-    tensor they came from can be freed. `finish()` writes `model.safetensors.index.json` when the
-    plan has several files."""
+    """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`, each file
+    as soon as its last tensor arrives (`peak_bytes`: the most it held). Views into a larger tensor
+    are copied, so that tensor can be freed."""
 
     def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
         self.directory, self.plan, self.names = Path(directory), plan, shard_file_names(len(plan))
@@ -115,26 +108,13 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                     state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
                     dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
-    """Write `model` (a `Glm5NextCausalLM`) to `out_dir` as a Hugging Face-style text-only directory:
+    """Write `model` to `out_dir` as a Hugging Face-style text-only directory: `config.json`, safetensors
+    (sharded past `max_shard_bytes`) in the on-disk layout, tokenizer files from `tokenizer_from` (a
+    directory, `BuiltModel.source`). `build(dir)` rebuilds it identically. Atomic: an existing
+    `out_dir` is an error, or replaced with `overwrite`. `dtype`: write in it (`cast_tensor`).
 
-    - `config.json`: the upstream `Glm5NextTextConfig` (`model_type: glm5_next_text`), `dtype` set;
-    - `model.safetensors` (or `model-0000k-of-0000n.safetensors` + `model.safetensors.index.json`
-      past `max_shard_bytes`): keys `model.*` and `lm_head.weight` in the on-disk layout;
-    - tokenizer files copied from `tokenizer_from` (the checkpoint directory the model was built
-      from, `BuiltModel.source`), when it is a directory that has them (`token_map`).
-
-    `Glm5NextTextModel.from_pretrained(dir)` loads it (`lm_head.weight` reported unused), and
-    `build(dir)` rebuilds the causal LM identically. Atomic (`atomic_directory`): an existing
-    `out_dir` is an error, or with `overwrite` replaced once the new one is complete.
-    `state_dict`: the tensors to write, if not `model.state_dict()`. `dtype`: write the weights in
-    this dtype (upstream's float32 exceptions kept float32, `cast_tensor`), e.g. a bf16 model's
-    float32 master weights as bf16; None: as they are.
-
-    Streamed: tensors are taken one at a time, converted to the on-disk layout and written into
-    files planned up front from their shapes (`shard_plan`), each file as soon as it is complete;
-    memory beyond the model: about one file plus one tensor. A sharded (FSDP2) model is gathered
-    one tensor at a time: the call is then collective, every rank calls it, and only the rank
-    with `write=True` writes (the others return once their part is done).
+    Streamed one tensor at a time, about one file plus one tensor beyond the model. A sharded (FSDP2)
+    model is gathered one tensor at a time: every rank calls it, only the one with `write=True` writes.
     """
     from torch.distributed.tensor import DTensor
 
@@ -158,11 +138,9 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
                     tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
                     tokenizer_from: str | Path | None = None) -> Path:
-    """The directory of `save_pretrained` from full tensors that arrive one at a time, in the order
-    of `specs` (upstream name, shape, dtype: what the files are planned from). `model` gives the
-    config (it may be on the meta device); tokenizer files are copied from `tokenizer_from` when
-    it is a directory; `inputs` (what the weights were read from) may not lie inside `out_dir`
-    (`outputs.claim_output`)."""
+    """The directory of `save_pretrained` from full tensors arriving in the order of `specs`; `model`
+    (meta is fine) gives the config; `inputs` (what the weights were read from) may not lie inside
+    `out_dir`."""
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]

@@ -21,21 +21,15 @@ import torch.nn.functional as F
 
 from .indexer import DSASelection
 
-__all__ = ["sparse_latent_attention", "absorbed_mla_attention"]
 
-
-def _acc(t: torch.Tensor) -> torch.Tensor:
-    """Accumulation precision: float32, or float64 for float64 inputs (gradcheck)."""
+def _acc(t: torch.Tensor) -> torch.Tensor:  # float32, or float64 for float64 inputs (gradcheck)
     return t if t.dtype == torch.float64 else t.float()
 
 
 class _Block:
-    """The latent rows one query block attends to: whole pools plus single (tail) tokens.
-
-    A selected pool is copied as one [kpool * R] row, and its gradient added back the same way,
-    which is several times cheaper on CPU than indexing token by token.
-    Row order: the S pools' kpool tokens each, then the WT single tokens (W = S * kpool + WT).
-    """
+    """The latent rows one query block attends to: the S pools' kpool tokens each, then WT single
+    (tail) tokens. A pool is copied (and its gradient added back) as one [kpool * R] row, several
+    times cheaper on CPU than token by token."""
 
     def __init__(self, kv: torch.Tensor, selection: DSASelection, t0: int, t1: int):
         B, L, R = kv.shape
@@ -130,22 +124,10 @@ class _SparseLatentAttention(torch.autograd.Function):
         return dq, dkv, None, None, None
 
 
-def sparse_latent_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    selection: DSASelection,
-    scale: float,
-    block_queries: int = 128,
-) -> torch.Tensor:
-    """Attention of every head over its query's selected latent rows (keys = values = latent).
-
-    Args:
-        q: absorbed queries [B, T, H, R] for positions selection.start .. selection.start+T-1.
-        kv: latent cache [B, L, R] holding at least positions 0 .. selection.start+T-1.
-        selection: which rows each query sees; scale: softmax scale.
-    Returns:
-        o_lat [B, T, H, R]; a query with no selected token gets zeros.
-    """
+def sparse_latent_attention(q: torch.Tensor, kv: torch.Tensor, selection: DSASelection, scale: float,
+                            block_queries: int = 128) -> torch.Tensor:
+    """Every head over its query's selected latent rows (keys = values): absorbed queries q [B, T, H, R]
+    of positions selection.start.., latent kv [B, L, R] -> o_lat [B, T, H, R] (zeros: nothing selected)."""
     if selection.num_queries != q.shape[1]:
         raise ValueError(f"selection covers {selection.num_queries} queries, got {q.shape[1]}")
     if kv.shape[1] == q.shape[1] and selection.is_dense(q.shape[1]):
@@ -154,31 +136,18 @@ def sparse_latent_attention(
 
 
 def dense_latent_attention(q: torch.Tensor, kv: torch.Tensor, scale: float) -> torch.Tensor:
-    """The fast path of `sparse_latent_attention` when the selection is the whole causal prefix
-    (top-k >= the sequence, e.g. short sequences or a dense warm-up): fused causal SDPA over the
-    shared latent, O(T) memory, no gather. q [B, T, H, R], kv [B, T, R] -> [B, T, H, R]."""
+    """`sparse_latent_attention` when the selection is the whole causal prefix: fused causal SDPA over
+    the shared latent, no gather. q [B, T, H, R], kv [B, T, R] -> [B, T, H, R]."""
     B, T, H, R = q.shape
     k = _acc(kv)[:, None].expand(B, H, T, R)
     o = F.scaled_dot_product_attention(_acc(q).transpose(1, 2), k, k, is_causal=True, scale=scale)
     return o.transpose(1, 2).to(q.dtype)
 
 
-def absorbed_mla_attention(
-    q_nope: torch.Tensor,
-    kv: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    selection: DSASelection,
-    scale: float,
-    block_queries: int = 128,
-) -> torch.Tensor:
-    """MLA sparse attention through the latent: same result as expanding kv_b_proj per head.
-
-    Args:
-        q_nope: [B, T, H, DN]; kv: latent [B, L, R]; kv_b_weight: kv_b_proj.weight
-            [H * (DN + DV), R] (key rows then value rows per head, as upstream's `expand_kv`).
-    Returns:
-        [B, T, H, DV].
-    """
+def absorbed_mla_attention(q_nope: torch.Tensor, kv: torch.Tensor, kv_b_weight: torch.Tensor, selection: DSASelection,
+                           scale: float, block_queries: int = 128) -> torch.Tensor:
+    """MLA sparse attention through the latent, as expanding kv_b_proj per head: q_nope [B, T, H, DN],
+    kv [B, L, R], kv_b_weight [H * (DN + DV), R] (key then value rows per head) -> [B, T, H, DV]."""
     H, DN = q_nope.shape[2], q_nope.shape[3]
     w = kv_b_weight.view(H, -1, kv_b_weight.shape[-1])  # [H, DN + DV, R]
     q_lat = torch.einsum("bthd,hdr->bthr", q_nope, w[:, :DN])  # [B, T, H, R]

@@ -3,12 +3,9 @@
 Shapes: B batch, T queries, HI indexer heads, DI indexer head dim, P complete k-pools,
 S = min(index_topk // kpool, P) pools picked per query, W tokens attended per query.
 
-Memory: index keys/pool keys O(T·DI), the selection O(T·S) int32, and per query block a
-transient [B, block, HI, P] score tensor; nothing of size T×T. A query block scores only the
-pools complete before its last query (on average half of them over a sequence); `torch.topk`
-still sees the whole row of P pools, future pools at finfo.min as upstream, so that with
-bitwise-equal scores ties resolve the same way.
-See `naive.py` for the selection rules this reproduces.
+Memory: keys O(T·DI), the selection O(T·S) int32, a [B, block, HI, P] score tensor per query block.
+A block scores only the pools complete before its last query; `torch.topk` still sees the whole
+row, future pools at finfo.min as upstream, so equal scores tie the same way (rules: `naive.py`).
 """
 
 from __future__ import annotations
@@ -18,21 +15,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DSASelection", "kpool_keys", "chunk_kpool_indexer", "index_inputs"]
-
 
 @dataclass
 class DSASelection:
-    """Tokens each query of one DSA layer attends to; `shared` layers reuse it as is.
-
-    Attributes:
-        pools: int32 [B, T, S] complete-pool ids per query, -1 = empty slot; pool p holds tokens
-            p*kpool .. p*kpool + kpool - 1. None when `token_indices` is given instead.
-        kpool: pool size; tail: whether the query's own incomplete pool is added.
-        start: absolute position of query 0 (0 for a full sequence, > 0 when streaming).
-        token_indices: raw token indices [B, T, W] (-1 = empty) in upstream's format, used
-            verbatim when `pools` is None (e.g. a selection made by an unpatched upstream layer).
-    """
+    """Tokens each query of one DSA layer attends to; `shared` layers reuse it as is. `pools`: int32
+    [B, T, S] complete-pool ids per query (-1 = empty), pool p holding tokens p*kpool .. p*kpool +
+    kpool - 1; `tail`: the query's own incomplete pool is added; `start`: position of query 0. Or,
+    with `pools` None, upstream's raw `token_indices` [B, T, W] (e.g. an unpatched layer's)."""
 
     pools: torch.Tensor | None
     kpool: int
@@ -40,14 +29,9 @@ class DSASelection:
     start: int = 0
     token_indices: torch.Tensor | None = None
 
-    @classmethod
-    def from_token_indices(cls, token_indices: torch.Tensor, start: int = 0) -> "DSASelection":
-        return cls(pools=None, kpool=1, tail=False, start=start, token_indices=token_indices)
-
     def is_dense(self, length: int) -> bool:
-        """True when every query of a sequence of `length` tokens (start 0) sees every earlier
-        token and itself: each complete pool is selected (top-k >= the number of pools) and the
-        query's own incomplete pool is added. Attention is then exactly dense causal attention."""
+        """True when every query of a `length`-token sequence sees every earlier token and itself
+        (every pool selected, the tail added): attention is then exactly dense causal attention."""
         return (self.pools is not None and self.start == 0 and (self.tail or self.kpool == 1)
                 and self.pools.shape[-1] >= length // self.kpool)
 
@@ -57,16 +41,12 @@ class DSASelection:
 
     @property
     def _raw(self) -> torch.Tensor:
-        """`token_indices`, which a selection without pools has."""
         assert self.token_indices is not None
         return self.token_indices
 
     def block(self, t0: int, t1: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries t0..t1-1 -> (pool ids int64 [B, n, S], single tokens int64 [B, n, WT]), -1 = empty.
-
-        The tokens of pool p are p*kpool .. p*kpool + kpool - 1; single tokens are the tail
-        (or every token, for a selection given as raw token indices).
-        """
+        """Queries t0..t1-1 -> (pool ids int64 [B, n, S], single tokens int64 [B, n, WT]: the tail, or
+        raw token indices), -1 = empty."""
         if self.pools is None:
             tok = self._raw[:, t0:t1].long()
             return tok.new_empty(*tok.shape[:2], 0), tok
@@ -97,14 +77,8 @@ class DSASelection:
 
 
 def kpool_keys(keys: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool: int) -> torch.Tensor:
-    """Compress complete pools of index keys, exactly as upstream `get_pooled_states`.
-
-    Args:
-        keys: index keys k_norm(wk(x)) [B, T, DI]; gate: x @ compress_gate.T [B, T, DI];
-        ape: [kpool, DI]. Only the first P = T // kpool complete pools are used.
-    Returns:
-        pool keys [B, P, DI]: per channel, softmax over the pool of (gate + ape) weights the keys.
-    """
+    """Upstream's `get_pooled_states`: keys k_norm(wk(x)) and gate x @ compress_gate.T [B, T, DI], ape
+    [kpool, DI] -> pool keys [B, P = T // kpool, DI], per channel softmax(gate + ape)-weighted keys."""
     B, T, DI = keys.shape
     P = T // kpool
     logits = gate[:, : P * kpool].reshape(B, P, kpool, DI).float() + ape.float()[None, None]  # [B, P, kpool, DI]
@@ -113,33 +87,14 @@ def kpool_keys(keys: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool:
 
 
 @torch.no_grad()
-def chunk_kpool_indexer(
-    q: torch.Tensor,
-    weights: torch.Tensor,
-    pool_keys: torch.Tensor,
-    topk: int,
-    kpool: int,
-    select_tail: bool,
-    scale: float,
-    start: int = 0,
-    row_pools: int | None = None,
-    block_queries: int = 128,
-) -> DSASelection:
-    """Causal top-k pool selection, one block of queries at a time.
-
-    Args:
-        q: index queries wq_b(q_resid) [B, T, HI, DI] for positions start .. start+T-1.
-        weights: head weights weights_proj(x).float() * HI^-0.5, [B, T, HI].
-        pool_keys: the complete pools known so far [B, P, DI] (see `kpool_keys`).
-        row_pools: length of the score row given to `torch.topk` (>= P, extra pools score
-            finfo.min like upstream's future pools); default P. A streaming caller that knows
-            the final length L passes L // kpool so that ties resolve as in one pass.
-    Returns:
-        DSASelection with pools int32 [B, T, min(topk // kpool, row_pools)].
-
-    When top-k covers every pool of the row (topk // kpool >= row), every visible pool is picked
-    whatever the scores: nothing is scored, and each query lists its visible pools in pool order
-    (upstream lists the same pools by score). Attention over the selection is the same.
+def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch.Tensor, topk: int, kpool: int,
+                        select_tail: bool, scale: float, start: int = 0, row_pools: int | None = None,
+                        block_queries: int = 128) -> DSASelection:
+    """Causal top-k pool selection, a block of queries at a time: index queries q [B, T, HI, DI] (of
+    positions start..), head weights [B, T, HI] (`index_inputs`), `pool_keys` [B, P, DI] -> pools
+    [B, T, min(topk // kpool, row)]. `row_pools` (>= P, default P): the row `torch.topk` sees, extra
+    pools at finfo.min; a streaming caller passes final length // kpool so ties resolve as one pass.
+    When top-k covers the whole row, nothing is scored: each query lists its visible pools in order.
     """
     B, T, HI, DI = q.shape
     P = pool_keys.shape[1]
@@ -177,13 +132,9 @@ def chunk_kpool_indexer(
 
 @torch.no_grad()
 def index_inputs(indexer, hidden_states: torch.Tensor, q_resid: torch.Tensor):
-    """Upstream `Glm5NextTextIndexer` projections for a run of tokens (no gradients, as upstream).
+    """Upstream `Glm5NextTextIndexer`'s projections of hidden_states [B, T, D] and q_resid (no gradients)
+    -> (q [B, T, HI, DI], weights [B, T, HI] float32 times HI^-0.5, keys [B, T, DI], gate [B, T, DI])."""
 
-    Args:
-        indexer: an upstream `Glm5NextTextIndexer`; hidden_states [B, T, D]; q_resid [B, T, q_lora].
-    Returns:
-        (q [B, T, HI, DI], weights [B, T, HI] float32, keys [B, T, DI], gate [B, T, DI]).
-    """
     B, T, _ = hidden_states.shape
     q = indexer.wq_b(q_resid).view(B, T, indexer.n_heads, indexer.head_dim)  # [B, T, HI, DI]
     keys = indexer.k_norm(indexer.wk(hidden_states))  # [B, T, DI]

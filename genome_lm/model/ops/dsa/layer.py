@@ -1,9 +1,5 @@
 """DSA layers (upstream `Glm5NextTextAttention`) in blockwise latent form.
 
-`LongDSA.install(attn, block_queries=...)` turns one upstream module into a `LongDSA` in place
-(every parameter kept, names and values): the training path, a rank's slab under context
-parallelism, and upstream's `Cache` for decoding and streaming.
-
 Shapes: B batch, T tokens, D model dim, H heads, R kv_lora_rank, DI indexer head dim.
 """
 
@@ -12,14 +8,12 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.cp import CPContext, gather_seq
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
 from genome_lm.settings import DEFAULTS
 
 from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
-
-__all__ = ["LongDSA"]
 
 
 def _check_supported(attn) -> None:
@@ -38,7 +32,7 @@ def _as_selection(prev, layer_idx: int) -> DSASelection:
         raise ValueError(
             f"layer {layer_idx}: shared DSA layers require top-k indices from a previous full indexer layer."
         )
-    return prev if isinstance(prev, DSASelection) else DSASelection.from_token_indices(prev)
+    return prev if isinstance(prev, DSASelection) else DSASelection(None, kpool=1, tail=False, token_indices=prev)
 
 
 def _projections(attn, hidden_states: torch.Tensor):
@@ -50,30 +44,15 @@ def _projections(attn, hidden_states: torch.Tensor):
     return q_resid, q, c
 
 
-def _attend(attn, q_nope, kv, selection, block) -> torch.Tensor:
-    o = absorbed_mla_attention(q_nope, kv, attn.kv_b_proj.weight, selection, attn.scaling, block)  # [B, T, H, DV]
-    return attn.o_proj(o.flatten(-2))  # [B, T, D]
-
-
 class LongDSA(LongContextModule, Glm5NextTextAttention):
     """`Glm5NextTextAttention` (a DSA layer) in blockwise latent form (parameters upstream's).
 
-    Upstream's call: `out, None, selection_or_None = attn(hidden_states, attention_mask=mask,
-    cache=cache, prev_topk_indices=sel)`. `full` layers run the blockwise k-pool indexer (no
-    gradients, as upstream's `@torch.no_grad()` indexer); `shared` layers reuse
-    `prev_topk_indices`, a `DSASelection` from the previous layer or upstream's raw int token
-    indices [B, T, W]. As upstream, the selection is returned only when `next_skip_topk`.
-
-    Settings: `block_queries` per indexer / attention block; `cp`, a `CPContext` once
-    `apply_context_parallel` ran: this rank's queries then attend over the whole causal prefix —
-    the latent rows c [B, T_r, R] are all-gathered differentiably, and for `full` layers the
-    index keys and gates (no gradient) -> the pool keys of the whole sequence, exactly the row of
-    T // kpool pools one process scores, so ties resolve the same way. Memory per rank: the
-    gathered latent O(T·R) and index keys O(T·DI) per layer, the rest O(T_r).
-    With a transformers `Cache` (decoding, `generate`, `model/streaming.py`): the latent rows go
-    through `cache.update` and the index keys through `cache.update_indexer` as upstream stores
-    them, and the new queries attend to every cached row; a cache with a `total_len` (the final
-    length) gives top-k rows of total_len // kpool pools, as one pass over the sequence.
+    Upstream's call and returns; `full` layers run the blockwise indexer (no gradients, as upstream),
+    `shared` layers reuse `prev_topk_indices` (a `DSASelection` or upstream's raw token indices).
+    Under context parallelism (`cp`) the latent rows (differentiably) and, for `full` layers, the
+    index keys are all-gathered, so each rank scores the row one process scores. With a
+    transformers `Cache` they are stored as upstream stores them; a cache with a `total_len` gives
+    top-k rows of total_len // kpool pools, as one pass over the sequence.
     """
 
     upstream = Glm5NextTextAttention
@@ -131,5 +110,5 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
                 ix.softmax_scale, start=start, block_queries=block,
                 row_pools=None if total is None else max(total // ix.index_kpool, pools.shape[1]),
             )
-        out = _attend(self, q, kv, selection, block)
-        return out, None, selection if self.next_skip_topk else None
+        o = absorbed_mla_attention(q, kv, self.kv_b_proj.weight, selection, self.scaling, block)  # [B, T, H, DV]
+        return self.o_proj(o.flatten(-2)), None, selection if self.next_skip_topk else None

@@ -31,29 +31,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["naive_kpool_indexer", "naive_selection_mask", "naive_mla_attention", "naive_dsa_forward"]
 
-
-def naive_kpool_indexer(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    gate: torch.Tensor,
-    ape: torch.Tensor,
-    weights: torch.Tensor,
-    topk: int,
-    kpool: int,
-    select_tail: bool,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Upstream k-pool indexer selection as raw token indices.
-
-    Args:
-        q: index queries [B, T, HI, DI]; k: index keys [B, T, DI]; gate: pool gate logits
-            x @ compress_gate.T [B, T, DI]; ape: [kpool, DI]; weights: head weights already
-            multiplied by HI^-0.5 [B, T, HI].
-    Returns:
-        int64 [B, T, topk + (kpool - 1 if select_tail else 0)] token indices, -1 = empty slot.
-    """
+def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, weights: torch.Tensor,
+                        topk: int, kpool: int, select_tail: bool, scale: float | None = None) -> torch.Tensor:
+    """Upstream k-pool indexer selection (steps 1-4 above), inputs as `indexer.index_inputs` returns
+    them -> int64 token indices [B, T, topk (+ kpool - 1 with the tail)], -1 = empty slot."""
     B, T, HI, DI = q.shape
     scale = DI**-0.5 if scale is None else scale
     P = T // kpool
@@ -91,21 +73,10 @@ def naive_selection_mask(indices: torch.Tensor, kv_len: int) -> torch.Tensor:
     return mask[..., :kv_len]
 
 
-def naive_mla_attention(
-    q_nope: torch.Tensor,
-    kv_latent: torch.Tensor,
-    kv_b_weight: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Dense masked MLA attention with keys/values expanded per head (upstream's form).
-
-    Args:
-        q_nope: [B, T, H, DN]; kv_latent: [B, S, R]; kv_b_weight: [H * (DN + DV), R];
-        mask: [B, T, S] bool, True = attend.
-    Returns:
-        [B, T, H, DV]; rows without any True are zero.
-    """
+def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor, mask: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """Dense MLA attention with keys/values expanded per head (upstream's form) under `mask`
+    [B, T, S] (True = attend) -> [B, T, H, DV]; rows without any True are zero."""
     B, T, H, DN = q_nope.shape
     kv = F.linear(kv_latent, kv_b_weight).view(B, kv_latent.shape[1], H, -1)  # [B, S, H, DN + DV]
     k, v = kv[..., :DN], kv[..., DN:]
@@ -116,14 +87,9 @@ def naive_mla_attention(
 
 
 def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
-    """Reference forward of one upstream `Glm5NextTextAttention` (no cache, no padding, no RoPE).
+    """Reference forward of an upstream `Glm5NextTextAttention` (its parameters, not its forward; no
+    cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
 
-    Args:
-        attn: the upstream module (its parameters are used, its forward is not).
-        hidden_states: [B, T, D]; prev_indices: token indices [B, T, W] for `shared` layers.
-    Returns:
-        (output [B, T, D], token indices [B, T, W] used by this layer).
-    """
     cfg = attn.config
     if cfg.qk_rope_head_dim:
         raise NotImplementedError("naive DSA reference covers NoPE DSA only (qk_rope_head_dim == 0)")

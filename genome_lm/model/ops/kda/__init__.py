@@ -1,8 +1,6 @@
-"""Kimi Delta Attention: `naive.py` (token-by-token reference, the short conv's reference),
-`chunk.py` (chunked op), `conv.py` / `gate.py` / `norm.py` (the short conv + SiLU, forget gate and
-gated output norm, each keeping only its compute-dtype inputs), `layer.py` (`LongKDA`: upstream's
-`Glm5NextTextLinearAttention` on them), `step.py` (`kda_layer_step`: one piece given the
-`KDAState` before it), `cp.py` (the context-parallel slab path)."""
+"""Kimi Delta Attention: `naive` (references), `chunk` (chunked op), `conv` / `gate` / `norm` (lean
+short conv, forget gate and output norm), `layer` (`LongKDA`), `step` (one piece given the state
+before it), `cp` (the context-parallel slab path)."""
 
 from genome_lm.model.ops.kda.chunk import chunk_kda
 from genome_lm.model.ops.kda.conv import KDAShortConv, short_conv

@@ -1,17 +1,13 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
 
-Every KDA kernel (recurrent op, short convolution, gated output norm) takes a `backend`, as fla's
-layers take `mode` (`LongKDA` hands on its `kda_backend`; default `settings.DEFAULTS.kda_backend`):
-`auto` (CUDA tensors -> fla's Triton kernels, other devices -> genome_lm's torch op), `fla` (every
-tensor; CPU needs TRITON_INTERPRET=1, as `make test-interpret` runs), `torch` (every tensor).
+Every KDA kernel takes a `backend`, as fla's layers take `mode`: `auto` (CUDA tensors -> fla's Triton
+kernels, others -> genome_lm's torch op), `fla` (every tensor; CPU needs TRITON_INTERPRET=1), `torch`.
 
 On CUDA fla is not optional: a missing or broken fla, or one older than `MIN_FLA_CORE` (0.6.0: int64
 pointer offsets past 262,144 tokens at 64 x 128 heads, no faulting autotune configurations on B200),
 raises `GenomeLMError` naming the fix, never a silent fallback. fla's kernels are imported lazily
-(`import fla` needs Triton); its pure-torch references load from their source file
-(`load_fla_reference`). Where the fla backend finds its functions is the modules' `fla` setting, a
-`FlaKernels`: fla's own (`FLA`), or stand-ins by "module.name" (the rehearsal's, `fake_fla.py`, set
-through its `ValueSource`)."""
+(`import fla` needs Triton); its pure-torch references load from their source file. The modules'
+`fla` setting, a `FlaKernels`, says where the fla backend finds its functions."""
 
 import functools
 import importlib.metadata
@@ -57,12 +53,8 @@ FLA = FlaKernels()  # fla's own kernels
 
 
 def use_fla(device_type: str, backend: KDABackend, kernels: FlaKernels = FLA) -> bool:
-    """Whether a KDA call with `backend` ("auto", "fla", "torch") on tensors of this device type
-    ("cuda", "cpu", ...) goes to fla (to `kernels`).
-
-    Raises `GenomeLMError` for the fla backend with CPU tensors outside Triton's interpreter,
-    where fla's kernels would fail with "0 active drivers" (stand-ins run on any device).
-    """
+    """Whether a KDA call with `backend` on tensors of `device_type` goes to fla (to `kernels`);
+    `GenomeLMError` for fla's own kernels on CPU outside Triton's interpreter ("0 active drivers")."""
     if backend not in KDA_BACKENDS:
         raise ValueError(f"kda backend {backend!r}: use one of {', '.join(KDA_BACKENDS)}")
     if backend == "torch":
@@ -88,20 +80,16 @@ def _import_fla(module: str, name: str) -> tuple[Callable | None, str]:
 
 
 def fla_function(module: str, name: str) -> Callable:
-    """`module.name` from fla (e.g. "fla.ops.kda", "chunk_kda"); `GenomeLMError` naming the fix when
-    fla or its Triton kernels do not import."""
+    """`module.name` from fla; `GenomeLMError` naming the fix when fla or its kernels do not import."""
     fn, error = _import_fla(module, name)
     if fn is None:
-        raise GenomeLMError(
-            f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
-            f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops"
-        )
+        raise GenomeLMError(f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
+                            f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops")
     _check_fla_version()
     return fn
 
 
 def _check_fla_version() -> None:
-    """`GenomeLMError` when the installed fla-core is older than `MIN_FLA_CORE`."""
     try:
         version = importlib.metadata.version("fla-core")
     except importlib.metadata.PackageNotFoundError:
@@ -114,26 +102,21 @@ def _check_fla_version() -> None:
 
 
 def fla_chunk_kda(kernels: FlaKernels = FLA) -> Callable:
-    """`fla.ops.kda.chunk_kda` of `kernels` (see `fla_function`)."""
     return kernels.function("fla.ops.kda", "chunk_kda")
 
 
 def fla_causal_conv1d(kernels: FlaKernels = FLA) -> Callable:
-    """`fla.modules.causal_conv1d.causal_conv1d`, the kernel behind `fla.modules.ShortConvolution`."""
     return kernels.function("fla.modules.causal_conv1d", "causal_conv1d")
 
 
 def fla_rms_norm_gated(kernels: FlaKernels = FLA) -> Callable:
-    """`fla.modules.norm.fused_norm_gate.rms_norm_gated`, the function behind `fla.modules.FusedRMSNormGated`."""
     return kernels.function("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:
-    """Load function `name` from fla's source file `relpath` (e.g. "ops/kda/naive.py").
+    """Function `name` of fla's source file `relpath` (e.g. "ops/kda/naive.py"), executed on its own so
+    that fla's `__init__` (and Triton) is never imported; None when fla, the file or `name` is absent."""
 
-    The file is executed on its own, so fla's package `__init__` (and Triton) is never
-    imported. Returns None when fla is not installed or the file/function is absent.
-    """
     spec = importlib.util.find_spec("fla")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None

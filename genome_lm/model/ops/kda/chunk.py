@@ -11,12 +11,10 @@ carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channe
     S'  = e^{Γ_C} ⊙ S + (k ⊙ e^{Γ_C - Γ})^T δ
 
 Memory: the [C, C, K] decay tensor of upstream's fallback is never built; the scores A are
-plain [C, C] matmuls of decay-rescaled q/k. Chunks are processed in segments (16 chunks);
-under autograd each segment is recomputed in backward (torch checkpoint), so what stays alive
-is the inputs, the output and one [K, V] state per segment: O(T·H·(K + V)) in all. With
-`use_gate_in_kernel` (as fla's argument) g is the forget gate's raw input and each segment
-applies the gate itself (`gate.kda_gate`), so the input kept is raw g in the compute dtype, not
-the float32 log decay.
+plain [C, C] matmuls of decay-rescaled q/k. Chunks are processed in segments (16 chunks), each
+recomputed in backward (torch checkpoint): what stays alive is the inputs, the output and one
+[K, V] state per segment, O(T·H·(K + V)). With `use_gate_in_kernel` g is the forget gate's raw
+input and each segment applies the gate (`gate.kda_gate`), so raw g is kept, not the fp32 decay.
 
 Stability: exp() is only ever taken of non-positive numbers (g <= 0), so nothing overflows
 for any decay strength (upstream's bound -5, or none). For A this uses a binary split of the
@@ -25,7 +23,7 @@ first token of the second half, so both factors are <= 1; the diagonal blocks re
 to single tokens. Underflow only hits products whose true value is below fp32's range too.
 """
 
-from typing import TypedDict
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -41,56 +39,22 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(dim=dim, keepdim=True) + eps)
 
 
-def chunk_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    lower_bound: float | None = None,
-    head_block: int = 0,
-    backend: KDABackend = DEFAULTS.kda_backend,
-    fla: FlaKernels = FLA,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked KDA; drop-in for `fla.ops.kda.naive.naive_recurrent_kda`.
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+              chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+              head_block: int = 0, backend: KDABackend = DEFAULTS.kda_backend,
+              fla: FlaKernels = FLA) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked KDA, arguments as `fla.ops.kda.chunk_kda`: q, k [B, T, H, K], v [B, T, HV, V] (GVA:
+    value head h reads q/k head h // (HV / H)), g [B, T, HV, K] log decay (<= 0), beta [B, T, HV],
+    initial_state [B, HV, K, V] -> (o [B, T, HV, V] in q's dtype, final state float32 or None).
 
-    Args:
-        q, k: `[B, T, H, K]` queries and keys.
-        v: `[B, T, HV, V]` values; `HV` a multiple of `H` (GVA: value head h uses q/k head h // G).
-        g: `[B, T, HV, K]` per-channel decay in log space (<= 0).
-        beta: `[B, T, HV]` delta-rule step sizes.
-        scale: query scale, default `K ** -0.5`.
-        initial_state: `[B, HV, K, V]` carried state, or None for zeros.
-        output_final_state: return the state after the last token.
-        chunk_size: tokens per chunk (a power of two); the torch path shrinks it for short T.
-        use_qk_l2norm_in_kernel: l2-normalise q and k (in fp32) first, as upstream's layer asks.
-        use_gate_in_kernel: g is the forget gate's raw input (compute dtype) and the op applies
-            the gate, `gate.kda_gate(g, A_log, dt_bias, lower_bound)` (A_log `[HV]`, dt_bias
-            `[HV·K]`), as fla's argument of that name: fla's kernel with `safe_gate` for a bound
-            in [-5, 0); the torch path per checkpointed segment, so only raw g is kept.
-        head_block: on fla, value heads per kernel call (0: all in one). fla's backward rebuilds
-            its chunk intermediates and states for every head of a call at once; calls of
-            `head_block` heads run their backwards one after another, so those transients shrink
-            by HV / head_block (`fla_by_heads`). The torch path ignores it (its segments bound them).
-        backend: "auto", "fla" or "torch" (below; `_fla.py`), as fla's layers take `mode`.
-        fla: the functions the fla backend calls (`_fla.FlaKernels`: fla's own, or stand-ins).
-
-    Returns:
-        `(o, S)`: `o` `[B, T, HV, V]` in `q.dtype`; `S` `[B, HV, K, V]` float32 or None.
-
-    Backend (`backend`; see `_fla`): with auto CUDA tensors go to `fla.ops.kda.chunk_kda` (same
-    argument meaning, g pre-computed in log space; a missing fla is a `GenomeLMError`) and CPU
-    tensors to the torch path; fla sends every tensor to fla (CPU tensors under Triton's
-    interpreter, for tests), torch none. The torch path computes in
-    fp32 and is differentiable w.r.t. every tensor argument, `initial_state` included.
+    With `use_gate_in_kernel` g is the forget gate's raw input and the op applies
+    `gate.kda_gate(g, A_log [HV], dt_bias [HV·K], lower_bound)` (fla: `safe_gate` for a bound in
+    [-5, 0)). `head_block` (fla only): value heads per kernel call, so fla's backward rebuilds its
+    chunk transients for that many heads at a time (`fla_by_heads`). `backend` (`_fla.use_fla`):
+    fla's kernel (of `fla`) or the torch path, which computes in fp32, shrinks the chunk for short
+    T and is differentiable w.r.t. every tensor argument, `initial_state` included.
     """
     if use_fla(q.device.type, backend, fla):
         gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
@@ -140,39 +104,22 @@ def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_
     return torch.cat(outs, dim=2), (None if states[0] is None else torch.cat(states, dim=1))
 
 
-def chunk_kda_torch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    lower_bound: float | None = None,
-    segment_chunks: int = 16,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The pure-torch path of `chunk_kda` (any device); same arguments and returns.
-
-    The sequence is processed in segments of `segment_chunks * chunk_size` tokens. With
-    autograd on, each segment runs under activation checkpointing: what is kept for backward
-    is the inputs (already alive), the output and one [K, V] state per segment; a segment's
-    intermediates (~20 floats per token, head and channel) exist only while it is processed.
-    """
+def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    scale: float | None = None, initial_state: torch.Tensor | None = None,
+                    output_final_state: bool = False, chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False,
+                    use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                    dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                    segment_chunks: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pure-torch path of `chunk_kda` (any device), in checkpointed segments of
+    `segment_chunks * chunk_size` tokens (~20 floats per token, head and channel while one runs)."""
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
-    opts = _SegmentOptions(scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
-                           l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel,
-                           lower_bound=lower_bound)
+    segment = partial(_kda_segment, scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
+                      l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
     gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
     S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     if T == 0:
@@ -186,22 +133,12 @@ def chunk_kda_torch(
     # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
     for q_i, k_i, v_i, g_i, beta_i in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
         if recompute:
-            o, S = checkpoint(_kda_segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False, **opts)
+            o, S = checkpoint(segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False)
         else:
-            o, S = _kda_segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params, **opts)
+            o, S = segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params)
         outs.append(o)
     o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
     return o, (S if output_final_state else None)
-
-
-class _SegmentOptions(TypedDict):
-    """`_kda_segment`'s keyword arguments, the same for every segment."""
-
-    scale: float
-    chunk_size: int
-    l2norm_qk: bool
-    gate_in_kernel: bool
-    lower_bound: float | None
 
 
 def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: int, l2norm_qk: bool,
@@ -251,15 +188,9 @@ def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: 
 
 
 def intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, gc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decay-weighted in-chunk scores.
+    """q, k, gc (in-chunk cumulative log decay) [..., C, K], C a power of two -> A_qk (s <= t) and
+    A_kk (s < t) [..., C, C], `A_xk[t, s] = Σ_d x_t[d] k_s[d] exp(gc_t[d] - gc_s[d])`."""
 
-    Args:
-        q, k, gc: `[..., C, K]` (gc: cumulative log decay within the chunk), C a power of two.
-
-    Returns:
-        `A_qk` `[..., C, C]` (s <= t) and `A_kk` `[..., C, C]` (s < t, zero diagonal), with
-        `A_xk[t, s] = Σ_d x_t[d] k_s[d] exp(gc_t[d] - gc_s[d])`.
-    """
     A = _lower_scores(torch.stack([q, k]), k, gc)  # [2, ..., C, C]
     A_qk, A_kk = A.unbind(0)
     return A_qk, A_kk.tril(-1)

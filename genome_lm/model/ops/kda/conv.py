@@ -2,11 +2,10 @@
 
 Upstream convolves the `[q | k | v]` projections (x `[B, T, C]`, C = 3·H·K) depthwise over W tokens
 with the float32 `conv1d` weight `[C, 1, W]`, applies SiLU in float32 and keeps the float32 copies
-for backward; the reference is `naive.naive_short_conv`. `short_conv(x, weight, prev)` computes the
-same keeping only x (and `prev`, the W-1 projections before x `[B, C, W-1]`: a cache's state or the
-previous CP slab's tail; None = zeros): on CUDA fla's `causal_conv1d`, else `ShortConvFunction`
-(blocks of `block_tokens`, the conv output recomputed in backward). `KDAShortConv` is upstream's
-`conv1d` module with this op as its forward, so FSDP2 gathers its weight."""
+for backward (reference: `naive.naive_short_conv`). `short_conv` keeps only x and `prev` (the W-1
+projections before x: a cache's state or the previous CP slab's tail): fla's `causal_conv1d` on
+CUDA, else `ShortConvFunction` (token blocks, the conv recomputed in backward). `KDAShortConv` is
+upstream's `conv1d` module with this op as its forward, so FSDP2 gathers its weight."""
 
 from __future__ import annotations
 
@@ -14,12 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_causal_conv1d, use_fla
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend
-
-__all__ = ["BLOCK_TOKENS", "KDAShortConv", "ShortConvFunction", "conv_tail", "short_conv"]
 
 BLOCK_TOKENS = 2048
 ACTIVATIONS = ("silu", "swish")
@@ -100,17 +97,8 @@ class ShortConvFunction(torch.autograd.Function):
 def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None, activation: str = "silu",
                block_tokens: int = BLOCK_TOKENS, backend: KDABackend = DEFAULTS.kda_backend,
                fla: FlaKernels = FLA) -> torch.Tensor:
-    """silu(causal depthwise conv of [prev | x]) for the tokens of x.
-
-    Args:
-        x: `[B, T, C]` pre-conv projections (compute dtype).
-        weight: `[C, 1, W]` the depthwise kernel (upstream's `conv1d.weight`, float32).
-        prev: `[B, C, W-1]` the projections before x, or None (zeros: the sequence start).
-        activation: "silu" (= "swish"), upstream's `hidden_act`.
-        backend: "auto", "fla" or "torch" (`_fla.py`): fla's `causal_conv1d` (of `fla`) or the torch op.
-    Returns:
-        `[B, T, C]` in x's dtype, computed in the weight's dtype; differentiable w.r.t. x, weight, prev.
-    """
+    """silu(causal depthwise conv of [prev | x]): x [B, T, C], weight [C, 1, W], prev [B, C, W-1] (None:
+    zeros) -> [B, T, C] in x's dtype, computed in the weight's; differentiable w.r.t. all three."""
     if activation not in ACTIVATIONS:
         raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
     if use_fla(x.device.type, backend, fla):

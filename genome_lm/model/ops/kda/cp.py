@@ -18,11 +18,9 @@ slab: every rank recomputes those of its own last W-1 tokens and they are all-ga
 shorter than W-1 takes the rest from earlier ranks; the sequence start is zero-padded, as
 upstream pads).
 
-On fla (CUDA by default; `_fla.use_fla`) with equal slabs the core is instead fla's own context
-parallelism: one `chunk_kda` per slab with an `FLACPContext` of the CP group, which exchanges the
-same affine maps inside the kernels (forward and backward) without a second pass or o^M kept for
-backward. The two-pass method is the path on every other device and the reference that fla's is
-tested against (`tests/interpret/test_cp.py`).
+On fla with equal slabs the core is instead fla's own context parallelism (an `FLACPContext` of the
+CP group exchanges the same maps inside the kernels, no second pass). The two-pass method is the
+path on every other device and the reference fla's is tested against.
 
 Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv width.
 """
@@ -34,7 +32,7 @@ import torch
 from genome_lm.model.cp import CPContext, attach, gather_seq
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step
+from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step, kda_projections, mask_padding
 from genome_lm.settings import DEFAULTS, KDABackend
 
 
@@ -51,8 +49,7 @@ def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                 chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, head_block: int = 0,
                 backend: KDABackend = DEFAULTS.kda_backend, fla: FlaKernels = FLA, **gate):
-    """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`
-    (`gate`: chunk_kda's use_gate_in_kernel / A_log / dt_bias / lower_bound, given to both passes)."""
+    """`chunk_kda`'s contract for this rank's slab of a sequence split over the CP group `cp`."""
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
     if use_fla(q.device.type, backend, fla) and len(set(cp.lengths)) == 1:
@@ -77,9 +74,8 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
 
 def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, head_block: int,
                     fla: FlaKernels = FLA, **gate):
-    """This rank's slab [B, T, HV, V] of fla's context-parallel `chunk_kda` (equal slabs; each batch
-    row is its own sequence of cp·T tokens; `head_block` value heads per call, as `chunk_kda`'s)
-    -> (o [B, T, HV, V], None): fla's CP gives no final state."""
+    """fla's context-parallel `chunk_kda` on this rank's slab (equal slabs; each batch row its own
+    sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
     build = fla.function("fla.ops.cp", "build_cp_context")
     T = q.shape[1]
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
@@ -97,7 +93,7 @@ def _conv_prefix(module: KDAModule, hidden_states: torch.Tensor, cp: CPContext) 
     W1 = module.conv_kernel_size - 1
     lengths = [min(W1, n) for n in cp.lengths]
     tail = hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:]  # [B, <= W-1, D]
-    mixed = torch.cat([module.q_proj(tail), module.k_proj(tail), module.v_proj(tail)], dim=-1)  # [B, n, C3]
+    mixed = kda_projections(module, tail)  # [B, n, C3]
     tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
     padded = torch.cat([tails.new_zeros(tails.shape[0], W1, tails.shape[2]), tails], dim=1)
     before = sum(lengths[: cp.rank])  # tails rows before this slab
@@ -110,8 +106,7 @@ def cp_kda_forward(module: KDAModule, hidden_states: torch.Tensor,
     cp = module.cp
     assert cp is not None  # LongKDA.forward takes this path only with a cp
     cp.check_local(hidden_states.shape[1])
-    if attention_mask is not None:
-        hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+    hidden_states = mask_padding(hidden_states, attention_mask)
     prefix = _conv_prefix(module, hidden_states, cp)
     core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
     out, _ = kda_layer_step(module, hidden_states, KDAState(prefix, None), None, kda_core=core)

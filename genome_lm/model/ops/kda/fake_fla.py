@@ -1,11 +1,8 @@
 """Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
 
 fla's Triton kernels cannot run on fake tensors. These stand-ins take fla's arguments as genome_lm
-passes them, check shapes and dtypes, and allocate what fla's functions allocate (read from fla-core
-0.6's source, as the planner's KDA terms are): `chunk_kda` (saved l2-normed q, k, contiguous v,
-float32 rstd, Aqk/Akk; forward w, u, qg, kg, h; backward those again plus dh, dAqk/dAkk and the
-input gradients), `causal_conv1d` (its input; dx and a float32 dw), `rms_norm_gated` (inputs and
-float32 rstd), `build_cp_context` (a placeholder). Not given: values, time, Triton scratch.
+passes them, check shapes and dtypes, and allocate (and save for backward) what fla-core 0.6's
+functions do, as the planner's KDA terms count it. Not given: values, time, Triton scratch.
 
 Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C."""
 
@@ -62,8 +59,7 @@ class _ChunkKDA(torch.autograd.Function):
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
               lower_bound=None, safe_gate=False, chunk_size=64, cp_context=None, **kwargs):
-    """`fla.ops.kda.chunk_kda`'s contract: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K],
-    beta [B, T, H] -> (o [B, T, H, V], final state [B, H, K, V] float32 or None)."""
+    """`fla.ops.kda.chunk_kda`'s contract."""
     B, T, H, K = q.shape
     _check("chunk_kda", k.shape == q.shape and v.shape[:3] == (B, T, H) and g.shape == (B, T, H, K)
            and beta.shape == (B, T, H), f"shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
@@ -92,7 +88,7 @@ class _Conv(torch.autograd.Function):
 
 
 def causal_conv1d(x, weight, bias=None, initial_state=None, activation=None, **kwargs):
-    """`fla.modules.causal_conv1d.causal_conv1d`'s contract: x [B, T, D], weight [D, W] -> (y [B, T, D], None)."""
+    """`fla.modules.causal_conv1d.causal_conv1d`'s contract."""
     _check("causal_conv1d", x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[-1],
            f"x {tuple(x.shape)} weight {tuple(weight.shape)}")
     _check("causal_conv1d", initial_state is None or initial_state.shape == (x.shape[0], x.shape[-1], weight.shape[1]),
@@ -114,14 +110,14 @@ class _NormGated(torch.autograd.Function):
 
 
 def rms_norm_gated(x, g, weight, bias=None, activation="swish", eps=1e-6, **kwargs):
-    """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract: x, g [..., V], weight [V] -> [..., V]."""
+    """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract."""
     _check("rms_norm_gated", x.shape == g.shape and weight.shape == x.shape[-1:],
            f"x {tuple(x.shape)} g {tuple(g.shape)} weight {tuple(weight.shape)}")
     return _NormGated.apply(x, g, weight)
 
 
 def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
-    """`fla.ops.cp.build_cp_context`'s contract: a context object for `chunk_kda(cp_context=...)`."""
+    """`fla.ops.cp.build_cp_context`'s contract (a placeholder context)."""
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 

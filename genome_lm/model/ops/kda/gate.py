@@ -8,20 +8,17 @@ raw = f_b_proj(f_a_proj(x)) [B, T, H·K], computes in float32 [B, T, H, K]:
 
 keeping three float32 tensors. Here the gate is split where fla's kernel splits it
 (`use_gate_in_kernel=True`): `KDAForgetGate.forward(x)` returns (raw, A_log, dt_bias) and the KDA op
-applies the gate itself (fla on CUDA; `kda_gate` per checkpointed segment in the torch op), so only
-raw in the compute dtype stays for backward. `kda_gate` is one autograd function (float32, token
-blocks) saving raw, A_log and dt_bias. A_log and dt_bias leave the module as copies (`clone`): their
-use runs its backward after FSDP2 has freed the module's gathered parameters."""
+applies the gate (`kda_gate`, one autograd function in token blocks, in the torch op), so only raw
+in the compute dtype stays for backward. A_log and dt_bias leave the module as copies (`clone`):
+their use runs its backward after FSDP2 has freed the module's gathered parameters."""
 
 from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops import LongContextModule
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
-
-__all__ = ["KDAForgetGate", "KDAGateFunction", "kda_gate", "upstream_forget_gate"]
 
 upstream_forget_gate = glm.Glm5NextTextForgetGate.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 temporaries
@@ -80,16 +77,10 @@ def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
 
 
 class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
-    """`Glm5NextTextForgetGate` that hands the KDA op the gate's inputs (parameters and names upstream's).
-
-    forward(x [B, T, D]) -> (raw [B, T, H·K] compute dtype, A_log [H] float32, dt_bias [H·K] float32);
-    the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, self.safe_gate_lower_bound)`.
-    """
+    """`Glm5NextTextForgetGate` whose forward(x [B, T, D]) returns the gate's inputs (raw [B, T, H·K],
+    A_log [H], dt_bias [H·K]); the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, lower_bound)`."""
 
     upstream = glm.Glm5NextTextForgetGate
-
-    def configure(self) -> None:
-        pass
 
     # upstream's gate returns one tensor; this one returns its parts, which LongKDA (its only caller) combines
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]

@@ -1,8 +1,5 @@
-"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`.
-
-`LongKDA.install(module, chunk_size=64)` turns one upstream module into a `LongKDA` in place (names
-unchanged), whose forward calls `chunk_kda` through `kda_layer_step` (`step.py`: given the state
-after a prefix, process the next piece and return the new state), so activations stay O(T·H·K).
+"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda` through `kda_layer_step`
+(`step.py`), so activations stay O(T·H·K).
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
@@ -18,7 +15,7 @@ applied inside the recurrent op, as fla's `use_gate_in_kernel` does."""
 import torch
 
 from genome_lm.model.cp import CPContext
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels
 from genome_lm.model.ops.kda.conv import KDAShortConv
 from genome_lm.model.ops.kda.cp import cp_kda_forward
@@ -32,13 +29,10 @@ from genome_lm.settings import DEFAULTS, KDABackend
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
 
-    Settings: `chunk_size` and `head_block` of `chunk_kda`; `backend` of its kernels ("auto", "fla",
-    "torch"; shown on `conv1d` and `o_norm`) and `fla`, the functions the fla backend calls
-    (`_fla.FlaKernels`: fla's own, or the rehearsal's stand-ins); `cp`, a `CPContext` once `apply_context_parallel` ran
-    (then the layer runs its rank's slab, `ops/kda/cp.py`). Installing it also installs its
-    parts that keep only compute-dtype inputs for backward (same parameters and names):
-    `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv reads
-    the weight), `forget_gate` -> `KDAForgetGate`, `o_norm` -> `KDAOutputNorm`.
+    Settings: `chunk_size`, `head_block`, `backend` and `fla` of `chunk_kda`; `cp`, a `CPContext` once
+    `apply_context_parallel` ran (then the layer runs its rank's slab, `cp.py`). Installing it also
+    installs `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv
+    reads the weight), `forget_gate` -> `KDAForgetGate`, `o_norm` -> `KDAOutputNorm`.
     """
 
     upstream = Glm5NextTextLinearAttention
@@ -70,15 +64,8 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
                 **kwargs) -> torch.Tensor:
-        """Upstream's call: hidden_states [B, T, D] -> [B, T, D], equal to upstream's output.
-
-        Args:
-            cache: None (training), or a transformers `Cache` with linear-attention layers
-                (`get_conv_state` / `update_conv_state` / `get_recurrent_state` /
-                `update_recurrent_state`, keyed by `layer_idx`), updated as upstream does.
-            attention_mask: optional `[B, T]` padding mask.
-            kwargs: ignored (upstream forwards model kwargs); packed sequences are not supported.
-        """
+        """Upstream's call: hidden_states [B, T, D] -> [B, T, D]; a transformers `cache` is updated as
+        upstream updates it; other kwargs are ignored (packed sequences are refused)."""
         if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
             raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
         if self.cp is not None:
@@ -91,13 +78,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         return self._cached_forward(hidden_states, cache, attention_mask)
 
     def _cached_forward(self, hidden_states: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Upstream's cache path (`causal_conv1d_forward`, then the recurrent core) on `kda_layer_step`.
+        """Upstream's cache path on `kda_layer_step`. The cache gets the T raw projections
+        (`update_conv_state`: it counts them, and keeps them while recording for a `crop`); when it
+        asks for the states after each of its last N tokens, those run one at a time after the rest."""
 
-        The cache gets the T raw projections through `update_conv_state`, so it counts the tokens
-        and, while recording the past for a later `crop`, keeps all of them. When it asks for the
-        recurrent states after each of its last N tokens (`get_recurrent_states_to_keep`), those
-        N tokens run one at a time after the rest, and the cache gets the N states.
-        """
         idx = self.layer_idx
         hidden_states = mask_padding(hidden_states, attention_mask)
         B, T, _ = hidden_states.shape

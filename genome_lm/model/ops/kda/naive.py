@@ -9,40 +9,18 @@ at a time so that it is obviously correct. Per value head, with state S in R^{K 
 
 GVA: q and k have H heads, v / g / beta have HV = G * H heads; value head h reads q/k head h // G.
 
-`naive_short_conv` is the layer's short convolution as it was written before `conv.short_conv`
-(float32 conv of the concatenated [prev | x], SiLU, cast): its reference. The forget gate's and
-the output norm's references are upstream's forwards (`gate.upstream_forget_gate`,
-`ops.norm.upstream_gated_rms_norm`).
+`naive_short_conv` is the reference of `conv.short_conv` (float32 conv of [prev | x], SiLU, cast).
 """
 
 import torch
 import torch.nn.functional as F
 
 
-def naive_recurrent_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token KDA.
-
-    Args:
-        q, k: `[B, T, H, K]` queries and keys (not normalised here).
-        v: `[B, T, HV, V]` values, `HV` a multiple of `H`.
-        g: `[B, T, HV, K]` per-channel decay in log space (<= 0 for a decay).
-        beta: `[B, T, HV]` delta-rule step sizes.
-        scale: query scale, default `K ** -0.5`.
-        initial_state: `[B, HV, K, V]` state before the first token, or None for zeros.
-        output_final_state: also return the state after the last token.
-
-    Returns:
-        `(o, S)`: `o` `[B, T, HV, V]` in `v.dtype`; `S` `[B, HV, K, V]` float32, or None.
-    """
+def naive_recurrent_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        scale: float | None = None, initial_state: torch.Tensor | None = None,
+                        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token KDA, shapes as `chunk.chunk_kda` (q, k not normalised here) -> (o in v's dtype,
+    final state float32 or None)."""
     dtype = v.dtype
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]

@@ -1,25 +1,21 @@
 """KDA's gated output norm as one op that keeps only its compute-dtype inputs for backward.
 
-Upstream's `o_norm` (`Glm5NextTextRMSNormGated`, the reference: `upstream_gated_rms_norm`)
-computes `weight · rmsnorm(o) · sigmoid(gate)` in float32 over each head's V channels and keeps
-four float32 [B, T, H, V] tensors for backward. `KDAOutputNorm` is that module (its `weight`
-unchanged) computing the same with the input o and the gate kept in the compute dtype:
-  - CUDA (the `backend` setting, see `_fla`): fla's `rms_norm_gated` with a sigmoid gate (the
-    function of `fla.modules.FusedRMSNormGated`; it also keeps the per-row rstd, 4 bytes per head);
-  - otherwise `ops.norm.gated_rms_norm` (torch, recomputes the row statistics in backward).
+Upstream's `o_norm` (`Glm5NextTextRMSNormGated`, reference `upstream_gated_rms_norm`) computes
+`weight · rmsnorm(o) · sigmoid(gate)` in float32 per head and keeps four float32 [B, T, H, V]
+tensors. `KDAOutputNorm` computes the same keeping o and the gate in the compute dtype: fla's
+`rms_norm_gated` on the fla backend (it also keeps a float32 rstd per row), else
+`ops.norm.gated_rms_norm` (torch, row statistics recomputed in backward).
 """
 
 from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_rms_norm_gated, use_fla
-from genome_lm.model.ops.norm.rms import gated_rms_norm, upstream_gated_rms_norm
+from genome_lm.model.ops.norm import gated_rms_norm
 from genome_lm.model.upstream import glm
 from genome_lm.settings import DEFAULTS, KDABackend
-
-__all__ = ["KDAOutputNorm", "upstream_gated_rms_norm"]
 
 
 class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):

@@ -1,10 +1,5 @@
-"""One KDA layer as a function of the state before a piece: `kda_layer_step` and `KDAState`.
-
-`kda_layer_step(module, hidden_states, state)` runs a `LongKDA`'s parameters over the next piece of
-a sequence, given the `KDAState` after the tokens before it, and returns the new state: feeding
-pieces in order gives the outputs of one pass. `LongKDA` (`layer.py`) calls it for training and its
-`Cache` path, the context-parallel slab path (`cp.py`) with a core that composes the incoming
-state across ranks.
+"""One KDA layer as a function of the state before a piece: `kda_layer_step` and `KDAState`, called by
+`LongKDA` (training, its `Cache` path) and the context-parallel slab path (`cp.py`).
 
 Shapes: B batch, T tokens, D model dim, H heads, K = V head dim, W conv width.
 """
@@ -28,8 +23,7 @@ from genome_lm.settings import KDABackend
 
 
 class KDAModule(Protocol):
-    """What a KDA step reads of its layer (`layer.LongKDA`): upstream's projections and sizes,
-    the parts `LongKDA.configure` installs, and its settings."""
+    """What a KDA step reads of its layer (`layer.LongKDA`)."""
 
     q_proj: nn.Linear
     k_proj: nn.Linear
@@ -56,12 +50,9 @@ KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 @dataclass
 class KDAState:
-    """What one KDA layer carries from one piece of a sequence to the next.
-
-    conv_state: `[B, 3·H·K, W-1]` the last W-1 pre-conv projections `[q | k | v]` (dtype of x).
-    recurrent_state: `[B, H, K, V]` float32 delta-rule state; None for a zero state coming in, and
-        going out from a core that gives no final state (fla's context parallelism, `cp.py`).
-    """
+    """What one KDA layer carries from one piece of a sequence to the next: `conv_state` [B, 3·H·K, W-1]
+    the last pre-conv projections; `recurrent_state` [B, H, K, V] float32, None for a zero state (in)
+    or from a core that gives no final state (out: fla's context parallelism)."""
 
     conv_state: torch.Tensor
     recurrent_state: torch.Tensor | None
@@ -71,38 +62,16 @@ class KDAState:
         return KDAState(self.conv_state.detach(), recurrent)
 
 
-def kda_layer_step(
-    module: KDAModule,
-    hidden_states: torch.Tensor,
-    state: KDAState | None = None,
-    attention_mask: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-    kda_core: KDACore | None = None,
-    mixed: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, KDAState]:
-    """Run one KDA layer over the next piece of a sequence.
+def kda_layer_step(module: KDAModule, hidden_states: torch.Tensor, state: KDAState | None = None,
+                   attention_mask: torch.Tensor | None = None, chunk_size: int | None = None,
+                   kda_core: KDACore | None = None, mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, KDAState]:
+    """A `LongKDA` over the next T >= 1 tokens [B, T, D], given the `KDAState` after the tokens before
+    them (None: sequence start) -> (out [B, T, D], new state). Feeding pieces in order gives one
+    pass's outputs; purely functional, so gradients flow through the carried state. `kda_core`
+    replaces `chunk_kda` (context parallelism); `mixed`: `kda_projections`, if already computed.
 
-    Args:
-        module: a `LongKDA` (its parameters are used as they are; `LongKDA.install` an upstream one).
-        hidden_states: `[B, T, D]` the next T tokens (T >= 1).
-        state: the `KDAState` after the previous tokens, or None at sequence start.
-        attention_mask: optional `[B, T]` padding mask (0/False zeroes the token's input).
-        chunk_size: chunk of `chunk_kda`; default `module.chunk_size`.
-        kda_core: the recurrent core, called like `chunk_kda` (default `chunk_kda`); context
-            parallelism (`genome_lm.parallel`) passes one that composes the incoming state
-            across ranks.
-        mixed: `kda_projections(module, hidden_states)`, `[B, T, 3·H·K]`, when the caller has
-            them already (the cache path); None computes them.
-
-    Returns:
-        `(out, new_state)`: out `[B, T, D]`; feeding pieces in order with the returned state
-        gives the same outputs as one pass over the whole sequence. Purely functional (no
-        in-place updates), so gradients flow through the carried state too.
-
-    What it keeps for backward, in the compute dtype: the input, the projections `[q | k | v]`
-    before and after the conv, the gate's raw input, beta, the low-rank gate activations, the
-    core's output and the output gate (`conv.py`, `gate.py`, `norm.py`; the core's own in
-    `chunk.py`).
+    Kept for backward, in the compute dtype: the input, `[q | k | v]` before and after the conv,
+    the gate's raw input, beta, the low-rank gate activations, the core's output and the output gate.
     """
     if not isinstance(module.conv1d, KDAShortConv):
         raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
@@ -157,18 +126,13 @@ def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | Non
 
 def kda_projections(module: KDAModule, hidden_states: torch.Tensor) -> torch.Tensor:
     """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
-    return torch.cat(
-        [module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1
-    )
+    return torch.cat([module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1)
 
 
 def conv_state_before(full: torch.Tensor, T: int, width: int) -> torch.Tensor:
-    """The W-1 raw projections before the last T columns of a cache's conv input, `[B, C, W-1]`.
+    """The W-1 raw projections [B, C, W-1] before the last T columns of `full` [B, C, L], what
+    `Cache.update_conv_state` returns; fewer than W-1 cached columns are zero-padded on the left."""
 
-    `full` is what `Cache.update_conv_state` returns, `[B, C, L]` with L >= T: the cached columns
-    (zero-padded at sequence start) followed by the T new ones. Fewer than W-1 cached columns are
-    zero-padded on the left, as the sequence start is.
-    """
     before = full[..., : full.shape[-1] - T][..., -(width - 1):]
     missing = width - 1 - before.shape[-1]
     return F.pad(before, (missing, 0)) if missing else before

@@ -4,29 +4,25 @@ Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per t
 
 Routing and experts are per token upstream, so running upstream's submodules on consecutive blocks
 of M tokens gives the result of all N at once, with transients O(M*k*I) instead of O(N*k*I). With
-`recompute=True` each block runs under non-reentrant checkpointing and keeps only its input slice:
-what lets 1M-token MoE layers fit inside a per-layer recompute. Parameter names stay upstream's
-(`BlockedGlm5NextTextMoE.install`); after each forward `module.last_expert_counts` holds the [E]
-int64 token counts. With an `ep` context the routed experts run over the EP group (`moe/ep.py`),
-the ranks agreeing on the number of blocks so that they meet in every block's all-to-alls."""
+`recompute=True` each block is checkpointed and keeps only its input slice. With an `ep` context the
+ranks agree on the number of blocks so that they meet in every block's all-to-alls."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import AssumedRouting
-from genome_lm.model.ops.moe.ep import EPContext
+from genome_lm.model.ops import LongContextModule
+from genome_lm.model.ops.moe.ep import AssumedRouting, EPContext
 from genome_lm.model.ops.moe.naive import expert_counts
 from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
 
 
 def _experts(experts: Glm5NextTextExperts, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
-    """Upstream's experts on x [M, D]: the implementation the config names (`grouped_mm` by
-    default), except float32 on CUDA, where torch's grouped_mm takes bf16 only: there upstream's
-    eager loop over the experts hit (the same arithmetic)."""
+    """Upstream's experts on x [M, D] as the config names them, except float32 on CUDA, where torch's
+    grouped_mm takes bf16 only: there upstream's eager loop (the same arithmetic)."""
     # upstream's class decorator `use_experts_implementation` sets `config` and wraps `forward` (`__wrapped__`),
     # which its annotations do not show
     if getattr(experts, "ep", None) is None and x.is_cuda and x.dtype == torch.float32 and \
@@ -52,15 +48,8 @@ def blocked_moe_forward(
     module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True,
     assumed: AssumedRouting | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream MoE over blocks of `block_tokens` tokens.
-
-    Args:
-        hidden: [B, T, D] (any leading shape; flattened to N tokens).
-        assumed: counts (and EP splits) from this assumption instead of the router's choice
-            (`moe/assumed.py`; for tensors without values).
-    Returns:
-        out [B, T, D] and counts [E] int64 (tokens per routed expert).
-    """
+    """Upstream MoE over blocks of `block_tokens` tokens: hidden [..., D] -> (out [..., D], tokens per
+    routed expert [E] int64); `assumed`: counts and EP splits from it, not from the router."""
     shape = hidden.shape
     x = hidden.reshape(-1, shape[-1])  # [N, D]
     n = x.shape[0]
@@ -113,3 +102,18 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
         out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute, self.routing)
         self.last_expert_counts = counts
         return out
+
+
+def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
+    """Per MoE layer name (`model.layers.3.mlp`) with `last_expert_counts` from its last forward:
+    tokens per expert `max`, `mean` and `imbalance` = max / mean."""
+    stats = {}
+    for name, module in model.named_modules():
+        counts = getattr(module, "last_expert_counts", None)
+        if not isinstance(counts, torch.Tensor):
+            continue
+        counts = counts.detach().float()
+        mean = counts.mean().item()
+        top = counts.max().item()
+        stats[name] = {"max": top, "mean": mean, "imbalance": top / mean if mean > 0 else 0.0}
+    return stats

@@ -5,24 +5,25 @@ sent to the rank that holds their expert and back (all-to-all), as torchtitan's
 Shapes: M tokens of this rank's block, D model dim, E routed experts, k experts per token,
 P = EP ranks, El = E / P experts per rank (rank p holds experts [p * El, (p + 1) * El)).
 
-`ExpertParallelExperts` (installed by `parallel.ep.apply_expert_parallel`; same parameters, as
-DTensors sharded over the group) computes upstream's `experts(x, idx, w)`: the M * k (token, expert)
-pairs sorted by expert (stable); counts exchanged (no gradient); rows sent with
-`all_to_all_single_autograd`; each local expert runs upstream's SwiGLU on its rows (`expert_linear`);
-outputs come back by the reverse all-to-all and are weighted and added in expert order, upstream's
-sums, so P = 1 gives upstream's bits. The router and shared experts run replicated on each rank's
-tokens. Every rank runs the same number of blocks (`blocked_moe_forward` agrees on the count)."""
+`ExpertParallelExperts` computes upstream's `experts(x, idx, w)`: the M * k (token, expert) pairs
+sorted by expert (stable), counts exchanged, rows sent by all-to-all, each local expert's SwiGLU on
+its rows, outputs back by the reverse all-to-all, weighted and added in expert order (upstream's
+sums: P = 1 gives upstream's bits). The router and shared experts run replicated.
+
+`AssumedRouting`, for fake tensors (no values to route by): a rank sends its M * k pairs evenly over
+the P ranks and receives `imbalance` x M * k rows, evenly over sources and local experts (the
+planner's `expert_imbalance`: the busiest expert rank simulated)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.moe.assumed import AssumedRouting
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextExperts
 
 
@@ -36,6 +37,29 @@ class EPContext:
 
     def __repr__(self) -> str:
         return f"rank {self.rank} of {self.size}"
+
+
+@dataclass(frozen=True)
+class AssumedRouting:
+    imbalance: float  # rows this rank receives / the mean over the EP group (>= 1)
+
+    def __post_init__(self) -> None:
+        if self.imbalance < 1:
+            raise ValueError(f"imbalance is the busiest rank over the mean, >= 1; got {self.imbalance}")
+
+    def splits(self, pairs: int, size: int, n_local: int) -> tuple[list[int], list[int], list[int]]:
+        """(rows sent to each rank [P], rows received from each rank [P], rows per local expert
+        [El]) for `pairs` = M·k (token, expert) pairs of this rank."""
+        received = math.ceil(pairs * self.imbalance)
+        return _even(pairs, size), _even(received, size), _even(received, n_local)
+
+    def counts(self, pairs: int, num_experts: int, device: torch.device) -> torch.Tensor:
+        """[E] int64 tokens per expert over the block: the pairs spread evenly."""
+        return torch.tensor(_even(pairs, num_experts), dtype=torch.long, device=device)
+
+
+def _even(total: int, parts: int) -> list[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -68,9 +92,7 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep, self.routing)
 
 
-class _ExpertLinear(torch.autograd.Function):
-    """`expert_linear`'s forward and backward (the matmuls autograd runs for `F.linear`)."""
-
+class _ExpertLinear(torch.autograd.Function):  # the matmuls autograd runs for `F.linear`
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
@@ -100,8 +122,6 @@ def expert_linear(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> t
 
 
 class _PermuteRows(torch.autograd.Function):
-    """`permute_rows`' forward and backward."""
-
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(inverse)
@@ -121,8 +141,6 @@ def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) ->
 
 
 class _AddRows(torch.autograd.Function):
-    """`add_rows`' forward and backward."""
-
     @staticmethod
     def forward(ctx, like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(index)
@@ -141,9 +159,8 @@ def add_rows(like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torc
 
 
 def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
-    """(rows sent to each rank [P], rows received from each rank [P], rows per local expert [El],
-    local expert of each received row [R]) for the expert ids `flat` [M*k] of this rank: counted
-    and exchanged, or taken from the `assumed` routing (no values needed)."""
+    """(rows sent to each rank [P], received from each rank [P], per local expert [El], local expert
+    of each received row [R]) for this rank's expert ids `flat` [M*k]: exchanged, or `assumed`."""
     if assumed is not None:
         send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
         local = torch.arange(n_local, device=flat.device)
@@ -162,9 +179,8 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, a
 
 def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
                ep: EPContext, assumed: AssumedRouting | None = None) -> torch.Tensor:
-    """Routed experts over the EP group: x [M, D], idx [M, k] global expert ids, w [M, k] routing
-    weights -> [M, D] (upstream `Glm5NextTextExperts.forward` on all E experts); `assumed`: split by
-    that assumption instead of by `idx` (`moe/assumed.py`)."""
+    """Upstream's `Glm5NextTextExperts.forward` over the EP group: x [M, D], idx [M, k] global expert
+    ids, w [M, k] routing weights -> [M, D]; `assumed`: split by it instead of by `idx`."""
     gate_up, down = _local(experts.gate_up_proj), _local(experts.down_proj)  # [El, 2I, D], [El, D, I]
     n_local = gate_up.shape[0]
     num_experts = n_local * ep.size

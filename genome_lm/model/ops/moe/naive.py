@@ -21,14 +21,7 @@ def expert_counts(topk_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def naive_moe_forward(module: Glm5NextTextMoE, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream forward on all tokens, plus per-expert token counts.
-
-    Args:
-        module: an (unpatched or patched) `Glm5NextTextMoE`; its upstream forward is used.
-        hidden: [B, T, D].
-    Returns:
-        out [B, T, D] and counts [E] int64.
-    """
+    """Upstream's forward of a (patched or not) `Glm5NextTextMoE` on hidden [B, T, D] -> (out, counts [E])."""
     out = Glm5NextTextMoE.forward(module, hidden)
     with torch.no_grad():
         _, _, topk_indices = module.gate(hidden)  # [N, k]

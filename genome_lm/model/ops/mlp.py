@@ -17,11 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import row_blocks
+from genome_lm.model.ops import LongContextModule
+from genome_lm.model.ops.norm import row_blocks
 from genome_lm.model.upstream import glm
-
-__all__ = ["ROW_BLOCK", "LeanMLP", "swiglu_mlp", "upstream_mlp"]
 
 ROW_BLOCK = 8192  # rows per block of the [rows, I] temporaries
 

@@ -1,10 +1,11 @@
-"""Chunked LM head + cross-entropy: float32 loss and per-token NLL without all N x V logits.
+"""LM head + cross-entropy: float32 loss and per-token NLL, `chunked_cross_entropy` without all N x V
+logits, `naive_cross_entropy` (the reference) with all of them, then `F.cross_entropy`. The logits
+are computed in the dtype of `hidden`/`weight`, as upstream's `lm_head`, then upcast to float32.
 
 Shapes: N tokens (flattened B*T), D model dim, V vocabulary, C = `chunk_tokens`.
 
-Forward walks the tokens C at a time: logits [C, V] (matmul in the input dtype, as upstream's
-`lm_head`, then float32), log-sum-exp and the target logit give the NLL; only the [N] float32
-log-sum-exp is kept. Backward recomputes each chunk's logits and forms
+Forward walks the tokens C at a time: log-sum-exp and the target logit of [C, V] logits give the
+NLL; only the [N] float32 log-sum-exp is kept. Backward recomputes each chunk's logits and forms
     d logits = (softmax - onehot(target)) * g      (g = incoming grad of that token's NLL)
     d hidden[chunk] = d logits @ W,   d W += d logits^T @ hidden[chunk]   (float32 accumulator)
 so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 0 and no gradient.
@@ -13,8 +14,9 @@ so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from genome_lm.model.ops.loss.naive import IGNORE_INDEX
+from genome_lm.genome.tokenizer import IGNORE_INDEX
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -74,29 +76,26 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None
 
 
-def chunked_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    ignore_index: int = IGNORE_INDEX,
-    return_per_token: bool = False,
-):
-    """Mean NLL over non-ignored targets (0 when all are ignored), and optionally NLL per token.
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk_tokens: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
+                          return_per_token: bool = False):
+    """`naive_cross_entropy`, never holding more than [chunk_tokens, V] logits."""
 
-    Same contract as `naive.naive_cross_entropy`, never holding more than [chunk_tokens, V] logits.
-
-    Args:
-        hidden: [N, D] final hidden states (any float dtype; contiguous is best).
-        weight: [V, D] LM head weight.
-        targets: [N] int64 target ids, `ignore_index` where there is nothing to predict.
-        chunk_tokens: tokens per logits chunk (C).
-    Returns:
-        loss: [] float32; with `return_per_token`, `(loss, nll)` where nll is [N] float32.
-    """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]
+    count = (targets != ignore_index).sum().clamp(min=1)
+    loss = nll.sum() / count
+    return (loss, nll) if return_per_token else loss
+
+
+def naive_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                        ignore_index: int = IGNORE_INDEX, return_per_token: bool = False):
+    """hidden [N, D], LM head weight [V, D], targets [N] -> mean float32 NLL over the targets that are
+    not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
+
+    logits = F.linear(hidden, weight).float()  # [N, V]
+    nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
     count = (targets != ignore_index).sum().clamp(min=1)
     loss = nll.sum() / count
     return (loss, nll) if return_per_token else loss

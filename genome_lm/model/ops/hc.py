@@ -1,15 +1,10 @@
 """Hyper-connection weights recomputed in backward: upstream's math, a fraction of its memory.
 
-Upstream's `Glm5NextTextHyperConnection.forward(h)` (streams [B, T, S, D]) normalises the streams
-in float32, projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn
-normalisations; autograd keeps every intermediate (docs/model.md, "Hyper-connections").
-
-`RecomputedHyperConnection` runs the same forward (`lean_hc_forward`) under non-reentrant
-checkpointing, keeping only the input streams and the outputs (post [B, T, S], comb [B, T, S, S],
-collapsed [B, T, D]); the rebuild is exact (per token, same ops). The two steps over [T, S·D]
-(`hc_logits`, `hc_collapse`) are autograd functions that keep the compute-dtype streams and work in
-token blocks. Without autograd it is the same forward without the checkpoint. Reference:
-`upstream_hc_forward`."""
+Upstream's forward (`upstream_hc_forward`, streams [B, T, S, D]) normalises the streams in float32,
+projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn normalisations;
+autograd keeps every intermediate. `RecomputedHyperConnection` runs the same forward under
+checkpointing, keeping only the input streams and the outputs; its two steps over [T, S·D]
+(`hc_logits`, `hc_collapse`) keep the compute-dtype streams and work in token blocks."""
 
 from __future__ import annotations
 
@@ -17,12 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from genome_lm.model.ops.install import LongContextModule
-from genome_lm.model.ops.norm.rms import rms_backward, row_blocks, rstd_of
+from genome_lm.model.ops import LongContextModule
+from genome_lm.model.ops.norm import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
-
-__all__ = ["RecomputedHyperConnection", "hc_collapse", "hc_logits", "lean_hc_forward", "sinkhorn",
-           "upstream_hc_forward"]
 
 upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 [S·D] temporaries
@@ -114,14 +106,9 @@ def lean_hc_forward(self, hidden_streams: torch.Tensor):
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """Upstream's Sinkhorn normalisation of comb [..., S, S]: columns, then `iters - 1` times rows
-    and columns, each divided by its sum + eps. -> [..., S, S] contiguous, bit for bit upstream's
-    values and gradients.
-
-    The loop runs on an [S, S, ...] copy: a sum over an [S, S] axis is then S - 1 element-wise adds
-    of contiguous token vectors, in the order upstream's sum over a trailing axis of S takes, instead
-    of a strided reduction of S elements per token (3x faster forward at 8k tokens).
-    """
+    """Upstream's Sinkhorn normalisation of comb [..., S, S] (columns, then `iters - 1` times rows and
+    columns, each over its sum + eps), bit for bit, on an [S, S, ...] copy: a sum is then S - 1 adds
+    of contiguous token vectors in upstream's order, not a strided reduction (3x faster at 8k)."""
     c = comb.movedim((-2, -1), (0, 1)).contiguous()  # [S, S, ...]
     c = c / (c.sum(dim=0, keepdim=True) + eps)
     for _ in range(iters - 1):
@@ -135,9 +122,6 @@ class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnecti
     returns (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]) as upstream."""
 
     upstream = glm.Glm5NextTextHyperConnection
-
-    def configure(self) -> None:
-        pass
 
     def forward(self, hidden_streams: torch.Tensor):
         if torch.is_grad_enabled() and (hidden_streams.requires_grad

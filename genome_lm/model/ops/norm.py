@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.ops.install import LongContextModule
+from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import glm
-
-__all__ = ["ROW_BLOCK", "LeanRMSNorm", "gated_rms_norm", "rms_backward", "rms_norm", "row_blocks", "rstd_of",
-           "upstream_gated_rms_norm", "upstream_rms_norm"]
 
 ROW_BLOCK = 8192  # rows per block of the float32 temporaries
 
@@ -28,13 +25,11 @@ upstream_rms_norm = glm.Glm5NextTextRMSNorm.forward
 upstream_gated_rms_norm = glm.Glm5NextTextRMSNormGated.forward
 
 
-def row_blocks(n: int, block: int = ROW_BLOCK):
-    """(start, stop) of consecutive row blocks of `block` rows covering n rows."""
+def row_blocks(n: int, block: int = ROW_BLOCK):  # (start, stop) of blocks covering n rows
     return ((a, min(a + block, n)) for a in range(0, n, block))
 
 
 def rstd_of(xf: torch.Tensor, eps: float) -> torch.Tensor:
-    """rsqrt(mean x² + eps) over the last dim of float32 rows [R, D] -> [R, 1]."""
     return torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [R, 1]
 
 
@@ -123,9 +118,6 @@ class LeanRMSNorm(LongContextModule, glm.Glm5NextTextRMSNorm):
     """`Glm5NextTextRMSNorm` computed by `rms_norm`: upstream's values, only the input kept for backward."""
 
     upstream = glm.Glm5NextTextRMSNorm
-
-    def configure(self) -> None:
-        pass
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
