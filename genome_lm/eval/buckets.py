@@ -1,13 +1,5 @@
-"""Context buckets: how much sequence precedes a token, grouped into ranges [lo, hi).
-
-The preceding context of a token is the number of tokens before it that the model saw: its
-position within the scored piece (the whole window by default; see `scoring.py`).
-
-    edges = bucket_edges("log2", max_context=1000)   # [0, 1, 2, 4, ..., 512, 1024]
-    idx = assign(contexts, edges)                    # bucket of each token, -1 outside
-
-Bucket k is [edges[k], edges[k+1]): `lo` inclusive, `hi` exclusive.
-"""
+"""Context buckets: the tokens before a token that the model saw (its position in the scored piece,
+`scoring.py`), grouped into ranges: bucket k is [edges[k], edges[k+1])."""
 
 from __future__ import annotations
 

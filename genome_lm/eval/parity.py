@@ -1,9 +1,5 @@
-"""Log-prob parity: the parallel (training) forward vs the streaming engine on the same tokens.
-
-`genome-lm eval --parity` scores every window with both engines and reports, per context
-bucket and overall, max and mean |delta log-prob| = |NLL_a - NLL_b| (nats) over tokens scored
-by both: our counterpart of the reference run's comparison against an inference engine.
-"""
+"""`eval --parity`: the parallel (training) forward vs the streaming engine on the same tokens, max and
+mean |delta log-prob| = |NLL_a - NLL_b| (nats) per context bucket and overall, over tokens both scored."""
 
 from __future__ import annotations
 
@@ -14,11 +10,8 @@ from genome_lm.eval.stats import jfloat
 
 
 class ParityTable:
-    """Accumulates |delta log-prob| by bucket over windows; `edges` int64 [K+1].
-
-    Columns 0..K-1 are the buckets, column K the tokens outside every bucket; `total_*` hold
-    all tokens scored by both engines.
-    """
+    """|delta log-prob| by bucket over windows: columns 0..K-1 the buckets of `edges` int64 [K+1], column K
+    the tokens outside every bucket."""
 
     def __init__(self, edges: np.ndarray):
         self.edges = edges

@@ -1,20 +1,8 @@
-"""Per-token scoring of one window, with the parallel (training) forward or the streaming engine.
-
-A window of L tokens is scored in consecutive pieces of at most `seq_len` tokens. Each piece
-is an independent forward pass: the model's context restarts at the start of every piece, so
-the preceding context of a token is its position within its piece (`buckets.contexts_of`).
-With the default `seq_len` = the whole window there is one piece and context = position.
-
-Labels follow the trainer (`genome_lm.train.data`): a token is not scored when it is an N
-base, when its shard id has no model id (a token map that does not cover it), or when it
-starts a piece (nothing precedes it). The result is NLL float32 [L], NaN where not scored.
-
-Engines:
-- "parallel": `model(input_ids [1, T], labels, return_per_token_nll=True)`: the chunked
-  LM head + loss of training, no gradients.
-- "streaming": `genome_lm.model.streaming.score_streaming(model, input_ids [1, T],
-  chunk_tokens)` -> NLL [T], carrying the recurrent state and caches from chunk to chunk.
-"""
+"""Per-token NLL of one window, scored in consecutive pieces of at most `seq_len` tokens, each an
+independent forward (context restarts at every piece: `buckets.contexts_of`). As in training
+(`train.data`), N bases, shard ids the token map lacks and the first token of a piece are not scored
+(NaN). Engines: "parallel" (the training forward's chunked per-token NLL) and "streaming"
+(`model.streaming.score_streaming`, state carried from chunk to chunk)."""
 
 from __future__ import annotations
 
@@ -29,11 +17,8 @@ ENGINES = ("parallel", "streaming")
 
 
 def piece_inputs(piece: np.ndarray, lut: np.ndarray, n_known: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shard ids uint8 [T] -> (input_ids, labels) int64 [1, T] in the model vocabulary.
-
-    `lut` [256] maps shard ids to model ids; ids >= `n_known` are not covered by the token map:
-    they are fed as N and, like N itself, get label -100.
-    """
+    """Shard ids uint8 [T] -> (input_ids, labels) int64 [1, T] of the model (`lut` [256]); ids >= `n_known`
+    (not in the token map) are fed as N and, like N, get label -100."""
     ids = piece.astype(np.int64)
     known = ids < n_known
     ids = np.where(known, ids, N_ID)
