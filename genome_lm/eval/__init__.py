@@ -10,7 +10,7 @@ reading results (compare, report) imports no torch and `config.EvalConfig` (read
 from importlib import import_module
 from typing import Any
 
-_HOME = {"assign": "buckets", "bucket_edges": "buckets", "contexts_of": "buckets", "log2_edges": "buckets",
+_HOME = {"assign": "stats", "bucket_edges": "stats", "contexts_of": "stats", "log2_edges": "stats",
          "compare_evals": "compare", "format_table": "compare", "load_compare": "compare", "write_compare": "compare",
          "EvalConfig": "config", "evaluate": "run", "format_summary": "text",
          "iter_windows": "outputs", "load_summary": "outputs", "read_meta": "outputs"}

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.outputs import iter_windows, load_summary, read_json, read_meta
 from genome_lm.eval.stats import (
     DEFAULT_RESAMPLES,
@@ -19,6 +18,8 @@ from genome_lm.eval.stats import (
     LN2,
     StrataAccumulator,
     bootstrap_ci,
+    bucket_edges,
+    contexts_of,
     jfloat,
     paired_stat,
     ratio,

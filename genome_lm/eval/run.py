@@ -16,14 +16,12 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import ablation, sharded, strands
-from genome_lm.eval import parity as parity_mod
 from genome_lm.eval.annotate import load_annotations
-from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
-from genome_lm.eval.scoring import ENGINES, score_window
-from genome_lm.eval.stats import StrataAccumulator, summarize
+from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
+from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
@@ -295,7 +293,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     both = cfg.strands == "both"
     acc = StrataAccumulator(n, strata, edges)
     acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
-    par = parity_mod.ParityTable(edges) if cfg.parity else None
+    par = ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
     with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \

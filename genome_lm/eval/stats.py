@@ -1,5 +1,8 @@
 """Statistics of per-token NLL by context bucket, with a bootstrap over windows.
 
+A token's context is the tokens before it that the model saw (its position in the scored piece,
+`scoring.py`); bucket k of `edges` [K+1] is [edges[k], edges[k+1]).
+
 Tokens of one window are not independent (a repeat-rich window is hard everywhere), so the
 resampling unit is the window: each replicate draws W windows with replacement and recomputes the
 token-weighted mean sum(NLL) / count, all replicates at once as matrix products (weights [R, W] @
@@ -14,15 +17,52 @@ from typing import Callable
 
 import numpy as np
 
-from genome_lm.eval.buckets import assign
+from genome_lm.errors import GenomeLMError
 from genome_lm.eval.strata import REPEAT, Stratum, masks, place
 
 LN2 = math.log(2.0)
-CLASSES = REPEAT.labels  # ("unmasked", "masked")
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
 _BLOCK = 256  # bootstrap replicates per matrix product (bounds memory at 256 x W weights)
+
+
+def log2_edges(max_context: int) -> np.ndarray:
+    """[0, 1, 2, 4, ..., 2^k] with 2^k > max_context: every context 0..max_context has a bucket."""
+    return np.concatenate([[0], 2 ** np.arange(max(max_context, 0).bit_length() + 1)]).astype(np.int64)
+
+
+def parse_edges(spec: str) -> np.ndarray:
+    """'0,16,256,4096' -> int64 [K+1]; strictly increasing, non-negative integers (k/M allowed)."""
+    from genome_lm.sizes import parse_size
+
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    try:
+        edges = np.asarray([parse_size(p, "--buckets") for p in parts], dtype=np.int64)
+    except GenomeLMError:
+        raise GenomeLMError(f"--buckets {spec!r}: use 'log2' or comma-separated integer edges, "
+                            "e.g. 0,16,256,4k") from None
+    if len(edges) < 2 or np.any(np.diff(edges) <= 0):
+        raise GenomeLMError(f"--buckets {spec!r}: give at least two strictly increasing edges, e.g. 0,16,256,4k")
+    return edges
+
+
+def bucket_edges(spec: str, max_context: int) -> np.ndarray:
+    """Edges int64 [K+1] for a `--buckets` value: 'log2' (default) or explicit edges."""
+    spec = (spec or "log2").strip()
+    return log2_edges(max_context) if spec == "log2" else parse_edges(spec)
+
+
+def assign(contexts: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bucket index int64 [N] of each context in `contexts` [N]; -1 where outside [edges[0], edges[-1])."""
+    idx = np.searchsorted(edges, contexts, side="right") - 1
+    idx[(contexts < edges[0]) | (contexts >= edges[-1])] = -1
+    return idx
+
+
+def contexts_of(length: int, seq_len: int) -> np.ndarray:
+    """Preceding context int64 [length] of each token of a window scored in pieces of `seq_len`."""
+    return np.arange(length, dtype=np.int64) % seq_len
 
 
 def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edges: np.ndarray):

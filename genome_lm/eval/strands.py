@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from genome_lm.eval.buckets import assign
-from genome_lm.eval.stats import StrataAccumulator, bootstrap_ci, jfloat, ratio, summarize
+from genome_lm.eval.stats import StrataAccumulator, assign, bootstrap_ci, jfloat, ratio, summarize
 
 ORIENTATIONS = ("forward", "reverse")
 FLIP: dict[str | None, str] = {"+": "-", "-": "+"}
