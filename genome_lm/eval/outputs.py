@@ -146,6 +146,7 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
 
 
 def read_json(directory: str | Path, name: str, command: str) -> dict:
+    """DIR/name as JSON; one `GenomeLMError` when it is missing or damaged."""
     path = _file(directory, name, command)
     with readable(path, command):
         return json.loads(path.read_text())

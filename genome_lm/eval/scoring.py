@@ -77,8 +77,7 @@ class ParityTable:
         K = len(self.edges) - 1
         both = ~(np.isnan(nll_a) | np.isnan(nll_b))
         diff = np.abs(nll_a[both].astype(np.float64) - nll_b[both])
-        bucket = assign(contexts[both], self.edges)
-        bucket = np.where(bucket < 0, K, bucket)
+        bucket = assign(contexts[both], self.edges, outside=K)
         self.n += np.bincount(bucket, minlength=K + 1)
         self.sum += np.bincount(bucket, weights=diff, minlength=K + 1)
         np.maximum.at(self.max, bucket, diff)

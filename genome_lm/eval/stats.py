@@ -53,10 +53,10 @@ def bucket_edges(spec: str, max_context: int) -> np.ndarray:
     return log2_edges(max_context) if spec == "log2" else parse_edges(spec)
 
 
-def assign(contexts: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bucket index int64 [N] of each context in `contexts` [N]; -1 where outside [edges[0], edges[-1])."""
+def assign(contexts: np.ndarray, edges: np.ndarray, outside: int = -1) -> np.ndarray:
+    """Bucket index int64 [N] of each context in `contexts` [N]; `outside` where outside [edges[0], edges[-1])."""
     idx = np.searchsorted(edges, contexts, side="right") - 1
-    idx[(contexts < edges[0]) | (contexts >= edges[-1])] = -1
+    idx[(contexts < edges[0]) | (contexts >= edges[-1])] = outside
     return idx
 
 
@@ -70,8 +70,7 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
     `contexts` int64 [L], `repeat` bool [L] (each token's class: any stratum's mask) and `edges` [K+1]."""
     K = len(edges) - 1
     scored = ~np.isnan(nll)
-    bucket = assign(contexts, edges)
-    bucket = np.where(bucket < 0, K, bucket)  # outside every bucket: counted in "all" only
+    bucket = assign(contexts, edges, outside=K)  # outside every bucket: counted in "all" only
     cell = (repeat.astype(np.int64) * (K + 1) + bucket)[scored]
     sums, ctx, counts = (np.bincount(cell, weights=w, minlength=2 * (K + 1)).reshape(2, K + 1)
                          for w in (nll[scored].astype(np.float64), contexts[scored].astype(np.float64), None))

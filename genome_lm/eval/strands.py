@@ -9,7 +9,6 @@ import numpy as np
 
 from genome_lm.eval.stats import StrataAccumulator, assign, bootstrap_ci, jfloat, ratio, summarize
 
-ORIENTATIONS = ("forward", "reverse")
 FLIP: dict[str | None, str] = {"+": "-", "-": "+"}
 _MOMENTS = 7  # n, sum f, sum r, sum f^2, sum r^2, sum f r, sum |f - r|
 
@@ -45,8 +44,7 @@ class Agreement:
         shorter = np.minimum(contexts_f, contexts_rc[::-1])
         both = ~(np.isnan(f) | np.isnan(r))
         K = len(self.edges) - 1
-        bucket = assign(shorter, self.edges)
-        bucket = np.where(bucket < 0, K, bucket)[both]
+        bucket = assign(shorter, self.edges, outside=K)[both]
         f, r = f[both], r[both]
         for m, w in enumerate((None, f, r, f * f, r * r, f * r, np.abs(f - r))):
             col = np.bincount(bucket, weights=w, minlength=K + 1)
