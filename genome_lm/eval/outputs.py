@@ -138,9 +138,8 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
             rec["repeat"] = unpack_mask(_values(table.column("repeat_mask"), row), L)
             rec["leakage"] = unpack_mask(_values(table.column("leakage_mask"), row), L) if "leakage_mask" in cols \
                 else None
-            per_name = table.column("annotation_masks")[row].values if names else None  # list<list<uint8>> [A]
-            rec["annotations"] = {n: unpack_mask(per_name[k].values.to_numpy(zero_copy_only=False), L)
-                                  for k, n in enumerate(names)} if per_name is not None else {}
+            per_name = table.column("annotation_masks")[row].values if names else []  # list<list<uint8>> [A]
+            rec["annotations"] = {n: unpack_mask(_values(per_name, k), L) for k, n in enumerate(names)}
             rec["rc"] = rc
             yield rec
 
