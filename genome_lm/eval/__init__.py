@@ -3,20 +3,14 @@
     summary = evaluate(EvalConfig(checkpoint=..., shards=..., out="evals/base"))
     result = write_compare("evals/base", "evals/longctx", out="evals/base_vs_longctx")
 
-An eval directory holds `tokens.parquet` (per-token NLL, see `outputs.py`) and `summary.json`
-(`{"overall": {"mean_nll", "n_tokens", ...}, "buckets": [{"lo", "hi", "n_tokens", "mean_nll",
-"ci_low", "ci_high", ...}], "repeat": {...}, ...}`; with `--leakage-k` shards, `--annotate`,
-`--strands both` and `--context` also "leakage", "annotations", "strands", "context_ablation", see
-docs/architecture.md, On-disk formats); a compare directory holds `compare.json`.
-The names below are imported on first use: reading results (compare, report) does not import torch,
-and a module of this package (`config.EvalConfig`, which `genome-lm eval --help` reads) does not
-import pyarrow.
+Output files: docs/architecture.md, On-disk formats. The names below are imported on first use, so
+reading results (compare, report) imports no torch and `config.EvalConfig` (read by `--help`) no pyarrow.
 """
 
 from importlib import import_module
 from typing import Any
 
-_HOME = {"assign": "buckets", "bucket_edges": "buckets", "contexts_of": "buckets", "log2_edges": "buckets",
+_HOME = {"assign": "stats", "bucket_edges": "stats", "contexts_of": "stats", "log2_edges": "stats",
          "compare_evals": "compare", "format_table": "compare", "load_compare": "compare", "write_compare": "compare",
          "EvalConfig": "config", "evaluate": "run", "format_summary": "text",
          "iter_windows": "outputs", "load_summary": "outputs", "read_meta": "outputs"}

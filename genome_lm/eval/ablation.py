@@ -1,15 +1,7 @@
-"""Context ablation (`eval --context 1k,2k,4k [--ablation-targets n]`): the same target tokens scored
-with exactly L preceding tokens, for each L, so differences between lengths are paired.
-
-Per window the targets are its last n tokens [t0, end) (default n = length // 8); for each L tokens
-[t0 - L, end) are one sequence and only the targets are scored. Windows with t0 < max(L) take no
-part (counted in `summary.json`); an L past every window's t0, L < 1, L + n past `--seq-len`, or n
-not below the window length is a `GenomeLMError`. The forward strand only. Engines: "parallel" (one
-forward over L + n tokens, the prefix's labels -100) and "streaming" (`StreamingScorer`: the prefix
-through `hidden_step`, then the targets through `step`; nothing is shared between two L).
-
-Output `context_ablation.parquet`, a row per window: window, chrom, start, end, strand, target_start
-(t0), nll (list<list<float32>> [n_L][n], `--context` ascending; NaN = not scored)."""
+"""Context ablation (`eval --context 1k,2k,4k [--ablation-targets n]`, docs/eval.md): a window's last n
+tokens [t0, end) scored given exactly L preceding tokens (one sequence [t0 - L, end) per L), so
+differences between lengths are paired; windows with t0 < max(L) take no part. The forward strand only.
+`context_ablation.parquet`: a row per window, its targets' nll list<list<float32>> [n_L][n]."""
 
 from __future__ import annotations
 
@@ -23,7 +15,7 @@ import pyarrow.parquet as pq
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.outputs import iter_windows, readable
-from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, ratio
+from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, paired_stat, ratio
 from genome_lm.eval.strata import masks, merged_strata, place, strata_of
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
@@ -34,7 +26,7 @@ SCHEMA = pa.schema([("window", pa.int64()), ("chrom", pa.string()), ("start", pa
 
 
 def n_targets(length: int, targets: int | None) -> int:
-    """Targets of a window of `length` tokens: `targets`, else length // 8 (at least 1)."""
+    """Targets of a window of `length` tokens."""
     return int(targets) if targets else max(1, int(length) // TARGET_FRACTION)
 
 
@@ -66,9 +58,8 @@ def plan(window_lengths: np.ndarray, lengths: list[int], targets: int | None, se
 def score_ablation(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, lengths: list[int], n: int,
                    engine: str = "parallel", chunk_tokens: int = STREAMING_CHUNK_TOKENS,
                    main_nll: np.ndarray | None = None) -> np.ndarray:
-    """NLL float32 [n_L, n] of the last n tokens of a window (shard ids uint8 [T]) given exactly L
-    preceding tokens, for each L of `lengths`. `main_nll` float32 [T], the window scored as one
-    piece with the same engine, serves an L equal to T - n."""
+    """NLL float32 [n_L, n] of the last n tokens of a window (uint8 [T]) given exactly L preceding tokens,
+    for each L of `lengths`; `main_nll` [T], the window scored as one piece, serves an L of T - n."""
     from genome_lm.eval.scoring import IGNORE_INDEX, piece_inputs, score_piece
 
     t0 = len(tokens) - n
@@ -87,8 +78,8 @@ def score_ablation(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, len
 
 
 def _stream_targets(model, ids, labels, L: int, chunk_tokens: int) -> np.ndarray:
-    """The streaming engine on ids [1, L + n]: the prefix through `hidden_step` only, the targets
-    through `step` (the prefix's last hidden state scores the first target). NLL float32 [n]."""
+    """NLL float32 [n] by the streaming engine on ids [1, L + n]: the prefix through `hidden_step` only,
+    the targets through `step` (the prefix's last hidden state scores the first target)."""
     import torch
 
     from genome_lm.eval.scoring import IGNORE_INDEX
@@ -120,7 +111,7 @@ class AblationWriter(pq.ParquetWriter):
 
 
 def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
-    """Rows of `context_ablation.parquet`: window, chrom, start, end, strand, target_start, nll float32 [n_L, n]."""
+    """Rows of `context_ablation.parquet`, nll float32 [n_L, n]."""
     path = Path(eval_dir) / ABLATION_FILE
     with readable(path, "eval"):
         pf = pq.ParquetFile(path, page_checksum_verification=True)
@@ -142,10 +133,8 @@ def window_sums(nll: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.nda
 
 
 def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: int, seed: int) -> dict:
-    """{"by_length": [...], "paired_differences": [...], "span": {...}} from per-window sums [W, n_L] and
-    counts [W] (the same targets at every L); CIs: the window bootstrap. mean_delta = mean(to) -
-    mean(from); `paired_differences` step between consecutive L, `span` from the shortest L to the
-    longest (None with one L)."""
+    """{"by_length", "paired_differences" (consecutive L), "span" (shortest to longest L; None with one
+    L)} from per-window sums [W, n_L] and counts [W] of the same targets at every L."""
     n = np.broadcast_to(counts[:, None], sums.shape).astype(np.float64)
     total, tokens = sums.sum(axis=0), int(counts.sum())
     mean = ratio(total, n.sum(axis=0))
@@ -172,8 +161,7 @@ def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: i
 
 
 class AblationStats:
-    """Per-window ablation sums of the windows taking part, overall and per stratum class; `result`
-    is summary.json's `context_ablation`."""
+    """Per-window ablation sums, overall and per stratum class -> summary.json's `context_ablation`."""
 
     def __init__(self, lengths: list[int], strata: list):
         self.lengths, self.strata = list(lengths), list(strata)
@@ -206,14 +194,12 @@ class AblationStats:
                              "mean_nll(to) - mean_nll(from) over the same tokens (negative: more context helps); "
                              "CIs: bootstrap over windows",
                "engine": engine}
-        per = [{label: part(1 + 2 * i + c) for c, label in enumerate(st.labels)} for i, st in enumerate(self.strata)]
-        return place(out, self.strata, per)
+        return place(out, self.strata, lambda i, c: part(1 + 2 * i + c))
 
 
 def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
-    """Per-window sums of compare.json's `context_ablation`: (common lengths, strata, sa, sb float64 [W, 1 + 2 S, n_C],
-    counts int [W, 1 + 2 S]) over the targets both scored at every common L (all targets, then each
-    stratum's classes), or a string saying why the evals cannot be paired."""
+    """(common lengths, strata, sa, sb [W, 1 + 2 S, n_C], counts [W, 1 + 2 S]) over the targets both scored
+    at every common L (all, then each stratum's classes), or why the evals cannot be paired."""
     a, b = Path(a), Path(b)
     if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
         return "both evals need --context (context_ablation.parquet)"
@@ -249,9 +235,7 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
 
 
 def ablation_tables(sums, resamples: int, seed: int) -> dict:
-    """compare.json's `context_ablation` from `ablation_sums`' tuple (or the pooled sums of replicate pairs):
-    both evals' tables at the common lengths, per L the paired difference B - A, and `gain_difference`
-    (per step from L_i to L_i+1, B's mean_delta minus A's), also per class of each stratum."""
+    """compare.json's `context_ablation` from `ablation_sums`' tuple (or replicates' pooled sums)."""
     common, strata, sa, sb, counts = sums
 
     def part(i: int) -> dict:
@@ -261,20 +245,18 @@ def ablation_tables(sums, resamples: int, seed: int) -> dict:
            "definition": "a, b: each eval's ablation over the targets both scored at every L; diff = mean_nll_B - "
                          "mean_nll_A at each L; gain_difference = B's mean_delta - A's from L_i to L_i+1 "
                          "(negative: B gains more from the added context); CIs: paired bootstrap over windows"}
-    per = [{label: part(1 + 2 * i + c) for c, label in enumerate(st.labels)} for i, st in enumerate(strata)]
-    return place(out, strata, per)
+    return place(out, strata, lambda i, c: part(1 + 2 * i + c))
 
 
 def _paired_ablation(sa: np.ndarray, sb: np.ndarray, counts: np.ndarray, common: list[int], resamples: int,
                      seed: int) -> dict:
-    """{"a", "b", "difference", "gain_difference"} of per-window NLL sums sa, sb [W, n_C] over the same
-    targets (counts [W]) at the lengths `common`."""
+    """{"a", "b", "difference", "gain_difference"} of per-window sums sa, sb [W, n_C] and counts [W]."""
     nn = np.broadcast_to(counts[:, None], sa.shape).astype(np.float64)
     k = len(common)
 
     def stat(a, b, n):  # [r, n_C] each -> diff [n_C], rel % [n_C], gain difference [n_C - 1]
         gain = ratio((b[:, 1:] - b[:, :-1]) - (a[:, 1:] - a[:, :-1]), n[:, 1:])
-        return np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1), gain], axis=1)
+        return np.concatenate([paired_stat(a, b, n), gain], axis=1)
 
     est = stat(sa.sum(0)[None], sb.sum(0)[None], nn.sum(0)[None])[0]
     low, high = bootstrap_ci(stat, {"a": sa, "b": sb, "n": nn}, resamples, seed)

@@ -1,14 +1,6 @@
-"""BED annotations as eval strata: `genome-lm eval --annotate FILE.bed[:NAME]` (repeatable).
-
-    ann = load_annotations(["rmsk_Alu.bed", "gencode_exons.bed.gz:exons"])
-    inside = ann[0].mask("chr22", 10_000, 11_024, "+")     # bool [1024], token order
-
-Each file is one stratum NAME (default: the file name without `.gz` and its last suffix): a token
-is "in" when its coordinate lies in one of the file's intervals (BED's 0-based half-open, strand
-column ignored); a '-' row's mask is the forward mask reversed. Chromosome names match as `prepare`
-matches them (`chrom_match_key`). Empty, '#', 'track' and 'browser' lines are skipped; others need
-three fields with integer 0 <= start <= end, else a `GenomeLMError` names the file, line and flag.
-Intervals are merged per chromosome, so a mask is one `np.searchsorted` pair and a cumulative sum."""
+"""BED annotations as eval strata (`eval --annotate FILE.bed[:NAME]`, docs/eval.md): a token is "in" when
+its coordinate lies in one of the file's intervals (strand column ignored). Intervals are merged per
+chromosome, so a mask is one `np.searchsorted` pair and a cumulative sum."""
 
 from __future__ import annotations
 
@@ -49,7 +41,7 @@ class Annotation:
         return inside[::-1].copy() if strand == "-" else inside
 
     def record(self) -> dict:
-        """What summary.json says about it (under `strata["annotations:NAME"]`)."""
+        """summary.json's `strata["annotations:NAME"]`."""
         return {"file": self.path, "intervals": self.n_lines,
                 "merged_intervals": int(sum(len(s) for s, _ in self.intervals.values())),
                 "bases": int(sum(int((e - s).sum()) for s, e in self.intervals.values())),
@@ -88,7 +80,7 @@ def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def read_bed(path: Path, name: str) -> Annotation:
-    """Parse and merge one BED file (see the module docstring for the rules and errors)."""
+    """Parse and merge one BED file; a malformed line is a `GenomeLMError` naming the file and line."""
     if not path.is_file():
         raise GenomeLMError(f"{FLAG} {path}: no such file (give a BED file: chrom, start, end; 0-based half-open)")
     by_chrom: dict[str, tuple[list[int], list[int]]] = {}

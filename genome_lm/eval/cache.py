@@ -1,13 +1,7 @@
-"""Resumable per-window cache: an interrupted eval continues where it stopped.
-
-The cache lives beside the output, `PARENT/.NAME.eval-cache/`:
-    key.json        what the scores depend on (checkpoint, shards, split, seq_len, engine...)
-    w0000042.npz    window 42: `nll` float32 [L] (NaN = not scored), `nll_alt` for --parity
-The folder is made with the first scored window, so an eval that stops before it has scored one
-leaves nothing. Each window file is written under a temporary name and renamed, so a killed eval
-leaves only complete windows. A cache whose key differs from the current run is discarded. After
-the outputs are complete the cache is removed.
-"""
+"""Resumable per-window cache beside the output, `PARENT/.NAME.eval-cache/`: key.json (what the scores
+depend on; a cache of another key is discarded) and wNNNNNNN.npz per window (`nll` float32 [L], NaN =
+not scored, and the other passes' arrays), each written under a temporary name and renamed. The folder
+is made with the first scored window and removed once the outputs are complete."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`genome-lm compare EVAL_A EVAL_B`: paired comparison of two evals of the same windows.
-
-Each token scored by both counts once, in the bucket of its preceding context (with different
---seq-len, the longer pieces' context). Per bucket, overall and per class of each stratum
-(`strata.py`): diff = mean_B - mean_A (nats/token; negative: B better) and rel_change_pct =
-100 * (mean_B / mean_A - 1), with 95% CIs from a paired bootstrap over windows; `concentration`
-gives each bucket's share of the total reduction and the bucket with the largest relative gain.
-`A1,A2,... B1,B2,...` compares replicates (`replicates.py`)."""
+"""`genome-lm compare EVAL_A EVAL_B`: paired comparison of two evals of the same windows (docs/eval.md).
+Each token scored by both counts once, in the bucket of its context (with different --seq-len, the
+longer pieces'); 95% CIs from a paired bootstrap over windows. Replicates: `replicates.py`."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.outputs import iter_windows, load_summary, read_json, read_meta
 from genome_lm.eval.stats import (
     DEFAULT_RESAMPLES,
@@ -24,7 +18,10 @@ from genome_lm.eval.stats import (
     LN2,
     StrataAccumulator,
     bootstrap_ci,
+    bucket_edges,
+    contexts_of,
     jfloat,
+    paired_stat,
     ratio,
 )
 from genome_lm.eval.strata import merged_strata, place, strata_of
@@ -38,7 +35,7 @@ MIN_SHARE_FOR_HEADLINE = 0.01  # a bucket needs >= 1% of the tokens to be named 
 
 
 def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
-    """The window columns of `a`'s `orientation` rows (`read_meta`), after checking that `b` scored the same."""
+    """`read_meta(a, orientation)`, after checking that `b` scored the same windows."""
     ma, mb = read_meta(a, orientation), read_meta(b, orientation)
     keys = ("chrom", "start", "end", "strand")
     if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
@@ -55,8 +52,7 @@ def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
 
 
 def _same_data(summaries: dict[Path, dict]) -> None:
-    """Refuse evals of different genomes (the FASTA files' sha256) or of shards prepared with other
-    parameters (--leakage-k aside), as each summary.json's `shards` records them, naming what differs."""
+    """Refuse evals of different genomes or of shards prepared otherwise (--leakage-k aside)."""
     (d0, s0), *rest = summaries.items()
     x = s0.get("shards", {})
     for d, s in rest:
@@ -74,8 +70,7 @@ def _same_data(summaries: dict[Path, dict]) -> None:
 
 
 def _dropped(pair: tuple[dict, dict], paired: int) -> dict:
-    """The tokens each eval of `pair` scored that the comparison leaves out (the other did not score them),
-    logged when there are any."""
+    """The tokens of each eval of `pair` that the other did not score, logged when there are any."""
     a, b = (s["overall"]["n_tokens"] - paired for s in pair)
     why = (f"scored by one eval only: the first token of each piece is not scored, and the evals' seq_len differ "
            f"({pair[0]['config']['seq_len']} vs {pair[1]['config']['seq_len']})"
@@ -87,8 +82,7 @@ def _dropped(pair: tuple[dict, dict], paired: int) -> dict:
 
 
 def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarray, orientation: str = "forward"):
-    """One pass over the `orientation` rows of both evals -> (strata, acc_a, acc_b): `StrataAccumulator`s
-    of A's and B's NLL over the tokens both scored (the counts and contexts are in both)."""
+    """(strata, acc_a, acc_b): `StrataAccumulator`s of A's and B's NLL over the tokens both scored."""
     acc_a = acc_b = strata = None
     for i, (wa, wb) in enumerate(zip(iter_windows(a, orientation), iter_windows(b, orientation))):
         rec = merged_strata(wa, wb)
@@ -111,18 +105,15 @@ def paired_tables(strata, acc_a, acc_b, edges, resamples, seed) -> dict:
 
     result = _paired_table(acc_a.sums[:, 0].sum(1), acc_b.sums[:, 0].sum(1), acc_a.counts[:, 0].sum(1),
                            acc_a.ctx[0].sum(0), edges, resamples, seed)
-    per = [{label: table((slice(None), i, c)) for c, label in enumerate(st.labels)} for i, st in enumerate(strata)]
-    return place(result, strata, per)
+    return place(result, strata, lambda i, c: table((slice(None), i, c)))
 
 
 def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
-    """sa, sb [W, K+1] NLL sums of A and B over the same tokens, n [W, K+1] counts, ctx [K+1]
-    summed contexts."""
+    """From NLL sums sa, sb and counts n [W, K+1] of the same tokens, and summed contexts ctx [K+1]."""
     K = len(edges) - 1
     ta, tb, tn = sa.sum(0), sb.sum(0), n.sum(0)
     mean_a, mean_b = ratio(ta, tn), ratio(tb, tn)
-    stat = lambda a, b, n: np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1)], axis=1)  # noqa: E731
-    low, high = bootstrap_ci(stat, {"a": sa, "b": sb, "n": n}, resamples, seed)  # [2 (K+1)]: diff, then rel
+    low, high = bootstrap_ci(paired_stat, {"a": sa, "b": sb, "n": n}, resamples, seed)  # [2 (K+1)]: diff, then rel
 
     def entry(k: int) -> dict:
         return {"n_tokens": int(tn[k]), "mean_nll_a": jfloat(mean_a[k]), "mean_nll_b": jfloat(mean_b[k]),
@@ -151,9 +142,7 @@ def _concentration(table: dict) -> dict:
 
 
 def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
-    """compare.json's `strands`: the paired tables of the forward rows (the top level), of the
-    reverse-complement rows and of both pooled; `{"absent": why}` unless every eval has both strands.
-    `pairs` [(A dir, B dir)] and `summaries` [(A summary, B summary)]: one pair, or one per replicate."""
+    """compare.json's `strands`; `{"absent": why}` unless every eval of `pairs` has both strands."""
     from genome_lm.eval.strands import merged
 
     lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
@@ -175,9 +164,8 @@ def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resample
 
 
 def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
-    """`paired_stats` results of replicate pairs -> one (strata, acc_a, acc_b) whose window sums are the
-    mean over the pairs: each token's NLL averaged over a group's replicates. Every pair must have
-    scored the same tokens (same counts), so the counts are those of one pair."""
+    """`paired_stats` of replicate pairs -> one, whose window sums are the mean over the pairs (each
+    token's NLL averaged over a side's replicates); the pairs must have scored the same tokens."""
     strata, acc_a, acc_b = stats[0]
     if len(stats) == 1:
         return stats[0]
@@ -198,8 +186,7 @@ def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
 
 
 def eval_dirs(spec: str | Path | list | tuple, which: str) -> list[Path]:
-    """The eval directories of one side of a comparison: a directory, a list of them, or a comma-separated
-    string of them (replicates: models trained alike but for their seeds). Errors name `which` (A or B)."""
+    """The eval directories of side `which` (A or B): a directory, a list, or a comma-separated string."""
     items = [x.strip() for x in str(spec).split(",")] if isinstance(spec, (str, Path)) else list(spec)
     dirs = [Path(x) for x in items if str(x)]
     if not dirs:
@@ -217,11 +204,7 @@ def eval_dirs(spec: str | Path | list | tuple, which: str) -> list[Path]:
 
 def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = DEFAULT_RESAMPLES,
                   seed: int = DEFAULT_SEED) -> dict:
-    """The paired comparison of eval directories `a` and `b` (see module docstring) as a dict. With
-    replicates (`a`, `b` lists of as many evals, or comma-separated strings; `replicates.py`), replicate i
-    of A is paired with replicate i of B (one eval on a side is paired with each of the other's), the
-    tables pool the pairs, and `replicates` holds each pair's numbers and CIs that also cover the spread
-    between training seeds."""
+    """The paired comparison of eval directories `a` and `b` (or of their replicates) as a dict."""
     A, B = eval_dirs(a, "A"), eval_dirs(b, "B")
     n = max(len(A), len(B))
     A, B = (A * n if len(A) == 1 else A), (B * n if len(B) == 1 else B)  # one model against the other's replicates
@@ -293,8 +276,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
 
 
 def _pooled_ablation(per_pair: list):
-    """`ablation_sums` of replicate pairs -> one, whose window sums are the mean over the pairs (the
-    pairs must have scored the same targets: equal counts)."""
+    """`ablation_sums` of replicate pairs -> one, as `_pooled` does."""
     common, strata, sa, sb, n = per_pair[0]
     for c, s, xa, _, xn in per_pair[1:]:
         if c != common or xa.shape != sa.shape or [t.key for t in s] != [t.key for t in strata] \
@@ -306,9 +288,7 @@ def _pooled_ablation(per_pair: list):
 
 
 def check_sides(A: list[Path], B: list[Path]) -> None:
-    """What `genome-lm compare` refuses or warns of in its sides (lists of eval directories): an eval
-    given twice on one side is refused (replicates are evals of models trained with different seeds);
-    the same eval(s) on both sides are compared, with a warning that every difference is 0."""
+    """Refuse an eval given twice on one side; warn when both sides are the same eval(s)."""
     for which, dirs in (("A", A), ("B", B)):
         seen: dict[Path, Path] = {}
         for d in dirs:
@@ -322,7 +302,7 @@ def check_sides(A: list[Path], B: list[Path]) -> None:
 
 
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:
-    """compare_evals(a, b) -> OUT/compare.json (atomically); returns the result."""
+    """compare_evals(a, b) -> OUT/compare.json; returns the result."""
     out = Path(out)
     inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
     check_sides(eval_dirs(a, "A"), eval_dirs(b, "B"))

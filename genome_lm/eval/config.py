@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
 
 from genome_lm.config import BlockSizes
 from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -57,7 +57,7 @@ class EvalConfig(BlockSizes):
     strands: Literal["forward", "both"] = Field(default="forward", description="'both': also score the reverse "
                                                 "complement of each window (summary.json strands: forward, reverse, "
                                                 "average, per-base agreement)")
-    context: Sizes = Field(
+    context: Annotated[Sizes, AfterValidator(lambda v: sorted(set(v)))] = Field(
         default=[], json_schema_extra={"metavar": "L1,L2,..."},
         description="context ablation: score the last --ablation-targets tokens of each window given exactly L "
         "preceding tokens, for each L (comma-separated, e.g. 1k,2k,4k; each at most the window length minus the "
@@ -69,30 +69,15 @@ class EvalConfig(BlockSizes):
     seed: int = Field(default=DEFAULT_SEED, description="bootstrap seed")
     overwrite: bool = False
 
-    @field_validator("context")
+    @field_validator("dtype", "device", "buckets")
     @classmethod
-    def _sorted_lengths(cls, v: list[int]) -> list[int]:
-        return sorted(set(v))
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, v: str | None) -> str | None:
-        if v is not None and v not in DTYPES:
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "dtype" and v is not None and v not in DTYPES:
             raise ValueError(f"unknown dtype {v!r}; use float32 or bfloat16 "
                              "(default: float32 on CPU, bfloat16 on CUDA)")
-        return v
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+        if info.field_name == "device" and v is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", v):
             raise ValueError(f"unknown device {v!r}; use cpu, cuda or cuda:N (default: cuda if available)")
-        return v
-
-    @field_validator("buckets")
-    @classmethod
-    def _some_buckets(cls, v: str) -> str:
-        if not v.strip():
+        if info.field_name == "buckets" and not (v or "").strip():
             raise ValueError("is empty; use 'log2' or bucket edges such as 0,16,256,4k")
         return v
 

@@ -1,11 +1,5 @@
-"""`genome-lm eval --nproc N | --ray [ADDRESS]`: eval as a `Job` of `genome_lm.parallel.launch`.
-
-    launch(cfg, nproc=8)            # genome-lm eval ... --nproc 8 [--cp 2]
-    launch(cfg, None, ray=ADDRESS)  # genome-lm eval ... --ray [ADDRESS]
-
-Every worker runs `genome_lm.eval.run.evaluate(cfg)`, which joins the process group the launcher
-prepared and lays the ranks out as `--cp` says (`eval/sharded.py`).
-"""
+"""`genome-lm eval --nproc N | --ray [ADDRESS]`: eval as a `Job` of `genome_lm.parallel.launch`; every
+worker runs `evaluate(cfg)`, which lays the ranks out as `--cp` says (`eval/sharded.py`)."""
 
 from __future__ import annotations
 
@@ -37,25 +31,19 @@ def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, ma
     if not cfg.out:
         check_inputs(cfg)  # refuses it
     assert cfg.out is not None
+    out = Path(cfg.out)
     with holding(cfg.out, "eval"):  # the workers' rank 0 works under this lock (outputs.HOLDER_ENV)
         check_inputs(cfg)
-        return _launch(cfg, nproc, ray, max_restarts)
-
-
-def _launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool, max_restarts: int) -> dict:
-    assert cfg.out is not None
-    out = Path(cfg.out)
-    job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
-              describe=f"eval: cp={cfg.cp}, dp=processes/cp",
-              keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
-              work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
-    run_job(job, nproc, ray, max_restarts)
-    return load_summary(cfg.out)
+        job = Job(fn=worker, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
+                  describe=f"eval: cp={cfg.cp}, dp=processes/cp",
+                  keeps=f"Windows scored so far are kept in {cache_dir_for(out)}; rerun the same command to continue",
+                  work_dir=out.parent / f".{out.name}.launch", name=f"eval-{out.name}")
+        run_job(job, nproc, ray, max_restarts)
+        return load_summary(cfg.out)
 
 
 def run_job(job: Job, nproc: int | None, ray: str | None | bool, max_restarts: int = 0) -> None:
-    """Run `job` on `nproc` local processes or under Ray (`ray`: an address, "" or True for a local
-    instance); its work folder is removed afterwards."""
+    """Run `job` as `launch` runs an eval's; its work folder is removed afterwards."""
     try:
         if ray is None:
             run_local(job, nproc or 1, max_restarts)

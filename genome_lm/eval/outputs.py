@@ -1,13 +1,6 @@
-"""The per-token output of an eval: `tokens.parquet`, one row per window (columns: docs/architecture.md,
-On-disk formats).
-
-window (int64, row of the shard split), chrom, start, end (0-based half-open, forward strand),
-strand (of the tokens scored), nll (list<float32> [L], nats; NaN = not scored), repeat_mask
-(packbits); when the eval has them: leakage_mask, annotation_masks (one per `--annotate` file, named
-in the schema metadata `genome_lm.annotations`) and reverse_complement (`--strands both`: True on the
-row after a window's forward row). Masks are in token order; token j is at `start + j` on '+' rows
-and `end - 1 - j` on '-' rows. One row group per row, so readers stream; every data page carries a
-CRC32 the readers verify, so a changed byte is a "damaged" error naming the file."""
+"""The per-token output of an eval, `tokens.parquet` (columns: docs/architecture.md, On-disk formats),
+and the readers of an eval's files. One row group per window row, so readers stream; every data page
+carries a CRC32 the readers verify, so a changed byte is a "damaged" error naming the file."""
 
 from __future__ import annotations
 
@@ -39,7 +32,7 @@ SCHEMA = pa.schema([
 
 
 def schema(leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False) -> pa.Schema:
-    """SCHEMA plus the optional columns an eval writes (see the module docstring)."""
+    """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
     fields = list(SCHEMA)
     if leakage:
         fields.append(pa.field("leakage_mask", pa.list_(pa.uint8())))
@@ -52,21 +45,21 @@ def schema(leakage: bool = False, annotations: Sequence[str] = (), strands: bool
 
 
 class TokensWriter(pq.ParquetWriter):
-    """Writes `tokens.parquet` one window (row group) at a time; use as a context manager. The
-    optional columns are written when the writer is made with them (`schema`)."""
+    """Writes `tokens.parquet` one window (row group) at a time; a context manager."""
 
     def __init__(self, path: Path, leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False):
         self.schema_ = schema(leakage, annotations, strands)
         super().__init__(str(path), self.schema_, compression="zstd", write_page_checksum=True)
 
-    def add(self, window: int, chrom: str, start: int, end: int, strand: str, nll: np.ndarray,
-            repeat_packed: np.ndarray, leakage_packed: np.ndarray | None = None,
-            annotation_packed: list[np.ndarray] | None = None, reverse_complement: bool | None = None) -> None:
-        row = {"window": window, "chrom": chrom, "start": start, "end": end, "strand": strand,
-               "nll": np.asarray(nll, dtype=np.float32), "repeat_mask": np.asarray(repeat_packed, dtype=np.uint8),
-               "leakage_mask": leakage_packed, "annotation_masks": annotation_packed,
-               "reverse_complement": reverse_complement}
+    def add(self, window: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
+        """One row: `where` (chrom, start, end, strand), a window record as `iter_windows` yields them (masks
+        bool [L]) and `rc`, whether the row scored the reverse complement."""
         names = self.schema_.names
+        row = {"window": window, "chrom": where[0], "start": where[1], "end": where[2], "strand": where[3],
+               "nll": np.asarray(rec["nll"], dtype=np.float32), "repeat_mask": np.packbits(rec["repeat"]),
+               "leakage_mask": None if rec["leakage"] is None else np.packbits(rec["leakage"]),
+               "annotation_masks": [np.packbits(m) for m in rec["annotations"].values()] or None,
+               "reverse_complement": rc if "reverse_complement" in names else None}
         missing = [k for k in names if row[k] is None]
         if missing or any(row[k] is not None for k in row if k not in names):
             raise ValueError(f"TokensWriter: columns {names}, row gives {[k for k in row if row[k] is not None]}")
@@ -74,7 +67,6 @@ class TokensWriter(pq.ParquetWriter):
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:
-    """DIR/name, written by `genome-lm command`; a GenomeLMError if it is not there."""
     path = Path(directory) / name
     if not path.is_file():
         raise GenomeLMError(f"{directory} has no {name}; is it the --out of `genome-lm {command}`?")
@@ -83,8 +75,7 @@ def _file(directory: str | Path, name: str, command: str) -> Path:
 
 @contextlib.contextmanager
 def readable(path: Path, command: str) -> Iterator[None]:
-    """Turn a parse failure of `path` (not JSON, not Parquet, truncated) into one `GenomeLMError`
-    naming the file and the command that rebuilds it."""
+    """A parse failure of `path` (not JSON, not Parquet, truncated) as one `GenomeLMError`."""
     try:
         yield
     except (ValueError, pa.ArrowException, OSError) as e:
@@ -113,7 +104,7 @@ def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str,
 
 
 def annotation_names(eval_dir: str | Path) -> list[str]:
-    """NAMEs of the `--annotate` masks in tokens.parquet (in column order); [] without any."""
+    """NAMEs of the `--annotate` masks in tokens.parquet, in column order."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         meta = pq.read_schema(path).metadata or {}
@@ -147,9 +138,8 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
             rec["repeat"] = unpack_mask(_values(table.column("repeat_mask"), row), L)
             rec["leakage"] = unpack_mask(_values(table.column("leakage_mask"), row), L) if "leakage_mask" in cols \
                 else None
-            per_name = table.column("annotation_masks")[row].values if names else None  # list<list<uint8>> [A]
-            rec["annotations"] = {n: unpack_mask(per_name[k].values.to_numpy(zero_copy_only=False), L)
-                                  for k, n in enumerate(names)} if per_name is not None else {}
+            per_name = table.column("annotation_masks")[row].values if names else []  # list<list<uint8>> [A]
+            rec["annotations"] = {n: unpack_mask(_values(per_name, k), L) for k, n in enumerate(names)}
             rec["rc"] = rc
             yield rec
 
@@ -162,8 +152,7 @@ def read_json(directory: str | Path, name: str, command: str) -> dict:
 
 
 def load_summary(eval_dir: str | Path) -> dict:
-    """OUT/summary.json of an eval directory; one `GenomeLMError` when it lacks what every eval writes
-    (overall, buckets, config.seq_len, config.buckets)."""
+    """OUT/summary.json of an eval directory, checked for what every eval writes."""
     summary = read_json(eval_dir, SUMMARY_FILE, "eval")
     config = summary.get("config") if isinstance(summary, dict) else None
     missing = [k for k in ("overall", "buckets", "config") if not isinstance(summary, dict) or k not in summary

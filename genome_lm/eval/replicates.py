@@ -1,18 +1,13 @@
-"""Training-seed replicates in `genome-lm compare A1,A2,A3 B1,B2,B3 --out DIR`: is a difference
-between two models larger than what their training seeds alone move?
-
-Replicate i of A is paired with replicate i of B (one eval on a side pairs with every replicate of
-the other). compare.json's tables are those of the replicates pooled (each token's NLL averaged over
-a side's replicates, window bootstrap); `replicates` adds per-pair overall diffs (and ablation
-spans), their spread, and the pooled diff with a two-level bootstrap (`stats.two_level_ci`: R pairs
-drawn whole, then W windows), which covers the spread between seeds as well as between windows. With
-R replicates the seed level has only C(2R - 1, R) distinct draws (10 for R = 3)."""
+"""compare.json's `replicates` (`compare A1,A2,A3 B1,B2,B3`, docs/eval.md): per-pair overall diffs and
+ablation spans, their spread, and the pooled diff with a two-level bootstrap (`stats.two_level_ci`),
+covering the seeds' spread as well as the windows'. With R replicates the seed level has only
+C(2R - 1, R) distinct draws (10 for R = 3)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from genome_lm.eval.stats import LN2, jfloat, ratio, two_level_ci
+from genome_lm.eval.stats import LN2, jfloat, paired_stat, ratio, two_level_ci
 
 
 def _overall(stats: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -24,10 +19,7 @@ def _overall(stats: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _diff_entry(sa: np.ndarray, sb: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict:
     """diff and rel_change_pct of B - A with two-level CIs, from sums and counts [R, W]."""
-    def stat(a, b, n):
-        return np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1)], axis=1)
-
-    low, high = two_level_ci(stat, {"a": sa[..., None], "b": sb[..., None], "n": n[..., None]}, resamples, seed)
+    low, high = two_level_ci(paired_stat, {"a": sa[..., None], "b": sb[..., None], "n": n[..., None]}, resamples, seed)
     d = float(sb.sum() / n.sum() - sa.sum() / n.sum())  # as the two-eval compare: mean_B - mean_A
     return {"diff": jfloat(d), "diff_ci_low": jfloat(low[0]), "diff_ci_high": jfloat(high[0]),
             "diff_bits_per_base": jfloat(d / LN2), "rel_change_pct": jfloat(100 * (sb.sum() / sa.sum() - 1)),
@@ -73,8 +65,7 @@ def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, se
 
 def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[tuple[str, str]], resamples: int,
                        seed: int) -> dict:
-    """compare.json's `replicates` (module docstring) from each pair's `paired_stats` result, each pair's
-    `ablation.ablation_sums` (None: no ablation in both) and the pairs' directories."""
+    """From each pair's `paired_stats`, its `ablation.ablation_sums` (None: no ablation) and directories."""
     sums = [_overall(st) for st in per_pair]
     sa, sb, n = (np.stack([s[j] for s in sums]) for j in range(3))  # [R, W]
     pairs = []

@@ -1,12 +1,6 @@
-"""`genome-lm eval`: score the windows of a split, then summarise loss by preceding context.
-
-    summary = evaluate(EvalConfig(checkpoint="runs/demo/checkpoints/last", shards="shards/demo", out="evals/demo"))
-
-1. check the inputs and that --out is free (`check_inputs`); 2. score, without gradients and a
-window at a time, every window not yet in the per-window cache (`cache.py`); 3. write tokens.parquet,
-summary.json (+ parity.json) under a temporary name and drop the cache (`_write_outputs`). A
-distributed eval runs this on every rank (`sharded.py`: FSDP2, windows over dp, each split over a CP
-group; rank 0 does 1 and 3). dtype: `cfg.dtype`, else float32 on CPU and bfloat16 on CUDA."""
+"""`genome-lm eval`: check the inputs (`check_inputs`), score every window the per-window cache lacks
+(`cache.py`), then write tokens.parquet and summary.json and drop the cache (`_write_outputs`). Every
+rank of a distributed eval runs it (`sharded.py`); rank 0 checks and writes."""
 
 from __future__ import annotations
 
@@ -22,14 +16,12 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import ablation, sharded, strands
-from genome_lm.eval import parity as parity_mod
 from genome_lm.eval.annotate import load_annotations
-from genome_lm.eval.buckets import bucket_edges, contexts_of
 from genome_lm.eval.cache import WindowCache
 from genome_lm.eval.config import EvalConfig, resolve_dtype
 from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
-from genome_lm.eval.scoring import ENGINES, score_window
-from genome_lm.eval.stats import StrataAccumulator, summarize
+from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
+from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
@@ -59,8 +51,7 @@ def checkpoint_record(checkpoint: str) -> dict:
 
 
 def check_inputs(cfg: EvalConfig) -> list:
-    """One-line errors for the inputs (out, checkpoint, shards, split, pieces for --cp, the --annotate
-    BED files) before anything is scored or written; returns the annotations (`annotate.Annotation`)."""
+    """One-line errors for the inputs before anything is scored or written; returns the annotations."""
     if not cfg.shards:
         raise GenomeLMError("--shards: give the directory written by `genome-lm prepare`")
     if not cfg.out:
@@ -95,8 +86,7 @@ def check_inputs(cfg: EvalConfig) -> list:
 
 
 def check_annotations(annotations: list, chroms: list[str], split: str) -> None:
-    """A BED file with no interval, or none on a chromosome of the scored split, would make an "in"
-    stratum of 0 tokens: refused in one line naming the file and the chromosomes on each side."""
+    """Refuse a BED file with no interval, or none on a chromosome of the split (an empty "in" stratum)."""
     keys = {chrom_match_key(c) for c in chroms}
     for a in annotations:
         if not any(len(s) for s, _ in a.intervals.values()):
@@ -139,15 +129,15 @@ def window_indices(n_split: int, max_windows: int | None, pick: Literal["first",
 
 
 def window_lengths(ds, max_windows: int | None, pick: Literal["first", "spread"] = "first") -> np.ndarray:
-    """Tokens [W] of the windows of a shard split that an eval scores (`window_indices`)."""
+    """Tokens [W] of the windows an eval scores (`window_indices`)."""
     rows = ds.select_columns(["start", "end"]).select(window_indices(len(ds), max_windows, pick))
     return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
 
 def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None,
              attempt: int = 0) -> dict:
-    """Run the eval described by `cfg` (on one process, or on every rank of a distributed launch, whose
-    `attempt` the step callbacks get); return the summary (also written to OUT/summary.json by rank 0)."""
+    """Run the eval `cfg` on this process (one rank of a launch, whose `attempt` the step callbacks get);
+    return the summary rank 0 writes. dtype: `cfg.dtype`, else float32 on CPU and bfloat16 on CUDA."""
     from genome_lm.config import ParallelConfig
     from genome_lm.parallel.mesh import init_parallel
 
@@ -223,7 +213,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
 
 def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str], targets: np.ndarray,
                rows: np.ndarray) -> dict:
-    """What a cached window's scores depend on: another key starts the cache anew (`cache.py`)."""
+    """What a cached window's scores depend on (`cache.py`)."""
     assert cfg.shards is not None, "check_inputs refuses an eval without --shards"
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
@@ -241,8 +231,7 @@ def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str
 def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, lengths: np.ndarray,
            targets: np.ndarray, todo: list[int], seq_len: int, engines: list[str], cache: WindowCache | None,
            show_progress: bool | None) -> int:
-    """Score the windows `todo` in rounds of one window per dp replica, rank 0 putting each into
-    `cache`; returns the tokens scored."""
+    """Score the windows `todo` in rounds of one per dp replica, rank 0 caching each; returns the tokens scored."""
     from genome_lm.model import token_lut
     from genome_lm.parallel import callbacks
 
@@ -285,26 +274,17 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
 
 
 def _forwards(length: int, seq_len: int, passes: int, context: list[int], targets: int) -> int:
-    """Forward passes window scoring makes (the dp replicas of a round make as many): its pieces per
-    whole-window pass, plus one per ablation length (less one that the main pass serves)."""
+    """Forward passes of a window: its pieces per whole-window pass, plus one per ablation length (less
+    one that the main pass serves); the dp replicas of a round make as many."""
     pieces = sharded.n_pieces(length, seq_len)
     extra = len(context) - (pieces == 1 and length - targets in context) if targets else 0
     return pieces * passes + extra
 
 
-def _write_row(writer: TokensWriter, i: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
-    """One tokens.parquet row from a window record (masks bool [L] packed again); `rc`: the row scored
-    the reverse complement (a column only with --strands both)."""
-    writer.add(i, *where, rec["nll"], np.packbits(rec["repeat"]),
-               leakage_packed=None if rec["leakage"] is None else np.packbits(rec["leakage"]),
-               annotation_packed=[np.packbits(m) for m in rec["annotations"].values()] or None,
-               reverse_complement=rc if "reverse_complement" in writer.schema_.names else None)
-
-
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
                    cache: WindowCache, engines: list[str], extra: dict, annotations: list, targets: np.ndarray) -> dict:
-    """tokens.parquet + summary.json (+ parity.json, context_ablation.parquet), built under a temporary
-    name; then the cache goes. `targets` [W]: ablation targets per window (0: none)."""
+    """All output files, built under a temporary name; then the cache goes. `targets` [W]: ablation
+    targets per window (0: none)."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     n = len(meta["chrom"])
@@ -313,7 +293,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     both = cfg.strands == "both"
     acc = StrataAccumulator(n, strata, edges)
     acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
-    par = parity_mod.ParityTable(edges) if cfg.parity else None
+    par = ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
     abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
     with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \
@@ -332,12 +312,12 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 acc.add(i, rec, contexts)
                 if par is not None:
                     par.add(nll, arrays["nll_alt"], contexts)
-                _write_row(writer, row_id, where, rec, False)
+                writer.add(row_id, where, rec, False)
                 if acc_rc is not None and agree is not None:  # --strands both
                     rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
                     agree.add(i, nll, rc["nll"], contexts, contexts)
-                    _write_row(writer, row_id, (*where[:3], rc["strand"]), rc, True)
+                    writer.add(row_id, (*where[:3], rc["strand"]), rc, True)
                 if targets[i]:
                     assert abl is not None and abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])

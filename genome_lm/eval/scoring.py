@@ -1,20 +1,9 @@
-"""Per-token scoring of one window, with the parallel (training) forward or the streaming engine.
-
-A window of L tokens is scored in consecutive pieces of at most `seq_len` tokens. Each piece
-is an independent forward pass: the model's context restarts at the start of every piece, so
-the preceding context of a token is its position within its piece (`buckets.contexts_of`).
-With the default `seq_len` = the whole window there is one piece and context = position.
-
-Labels follow the trainer (`genome_lm.train.data`): a token is not scored when it is an N
-base, when its shard id has no model id (a token map that does not cover it), or when it
-starts a piece (nothing precedes it). The result is NLL float32 [L], NaN where not scored.
-
-Engines:
-- "parallel": `model(input_ids [1, T], labels, return_per_token_nll=True)`: the chunked
-  LM head + loss of training, no gradients.
-- "streaming": `genome_lm.model.streaming.score_streaming(model, input_ids [1, T],
-  chunk_tokens)` -> NLL [T], carrying the recurrent state and caches from chunk to chunk.
-"""
+"""Per-token NLL of one window, scored in consecutive pieces of at most `seq_len` tokens, each an
+independent forward (context restarts at every piece: `stats.contexts_of`). As in training
+(`train.data`), N bases, shard ids the token map lacks and the first token of a piece are not scored
+(NaN). Engines: "parallel" (the training forward's chunked per-token NLL) and "streaming"
+(`model.streaming.score_streaming`, state carried from chunk to chunk). `eval --parity` scores with both
+and reports |delta log-prob| = |NLL_a - NLL_b| (nats) over the tokens both scored (`ParityTable`)."""
 
 from __future__ import annotations
 
@@ -22,6 +11,7 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.eval.stats import assign, jfloat
 from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
@@ -29,11 +19,8 @@ ENGINES = ("parallel", "streaming")
 
 
 def piece_inputs(piece: np.ndarray, lut: np.ndarray, n_known: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shard ids uint8 [T] -> (input_ids, labels) int64 [1, T] in the model vocabulary.
-
-    `lut` [256] maps shard ids to model ids; ids >= `n_known` are not covered by the token map:
-    they are fed as N and, like N itself, get label -100.
-    """
+    """Shard ids uint8 [T] -> (input_ids, labels) int64 [1, T] of the model (`lut` [256]); ids >= `n_known`
+    (not in the token map) are fed as N and, like N, get label -100."""
     ids = piece.astype(np.int64)
     known = ids < n_known
     ids = np.where(known, ids, N_ID)
@@ -72,3 +59,40 @@ def score_window(model, tokens: np.ndarray, lut: np.ndarray, n_known: int, seq_l
         ids, labels = piece_inputs(piece, lut, n_known)
         out[start : start + len(piece)] = score_piece(model, ids, labels, engine, chunk_tokens)
     return out
+
+
+class ParityTable:
+    """|delta log-prob| by bucket over windows: columns 0..K-1 the buckets of `edges` int64 [K+1], column K
+    the tokens outside every bucket."""
+
+    def __init__(self, edges: np.ndarray):
+        self.edges = edges
+        K = len(edges) - 1
+        self.n = np.zeros(K + 1, dtype=np.int64)
+        self.sum = np.zeros(K + 1)
+        self.max = np.zeros(K + 1)
+
+    def add(self, nll_a: np.ndarray, nll_b: np.ndarray, contexts: np.ndarray) -> None:
+        """nll_a, nll_b float32 [L] (NaN = not scored), contexts int64 [L]."""
+        K = len(self.edges) - 1
+        both = ~(np.isnan(nll_a) | np.isnan(nll_b))
+        diff = np.abs(nll_a[both].astype(np.float64) - nll_b[both])
+        bucket = assign(contexts[both], self.edges, outside=K)
+        self.n += np.bincount(bucket, minlength=K + 1)
+        self.sum += np.bincount(bucket, weights=diff, minlength=K + 1)
+        np.maximum.at(self.max, bucket, diff)
+
+    def result(self, engines: list[str]) -> dict:
+        K = len(self.edges) - 1
+
+        def entry(n, s, m) -> dict:
+            return {"n_tokens": int(n), "max_abs_diff": jfloat(m) if n else None,
+                    "mean_abs_diff": jfloat(s / n) if n else None}
+
+        return {
+            "engines": engines,
+            "quantity": "|delta log-prob| per token, nats",
+            "overall": entry(self.n.sum(), self.sum.sum(), self.max.max()),
+            "buckets": [{"lo": int(self.edges[k]), "hi": int(self.edges[k + 1]),
+                         **entry(self.n[k], self.sum[k], self.max[k])} for k in range(K)],
+        }

@@ -1,13 +1,5 @@
-"""Eval over several processes: the model sharded by FSDP2, long windows split by context parallelism.
-
-    genome-lm eval --checkpoint C --shards S --out O --nproc 8 [--cp 2]    # one node (torch elastic)
-    genome-lm eval --checkpoint C --shards S --out O --ray [ADDRESS]       # Ray, one worker per GPU
-
-Every rank runs the same `evaluate` (`eval/run.py`); this module holds what differs from one process:
-the dp x cp layout (`--cp`, dp = W / cp), the model, the scoring rounds and the gather on rank 0 (which alone
-writes); `eval/launch.py` starts the processes. The streaming engine and `--parity` stay one-process. Why and how:
-docs/parallel.md, Distributed eval.
-"""
+"""Eval over several processes (docs/parallel.md, Distributed eval): what differs from one process in the
+`evaluate` every rank runs: the dp x cp layout, the FSDP2 model, the scoring rounds, the gather on rank 0."""
 
 from __future__ import annotations
 
@@ -61,9 +53,8 @@ def check_engine(cfg) -> None:
 
 
 def device_for(cfg, device, world: int) -> torch.device | None:
-    """The device of this process: `device` (Ray gives one), `cfg.device`, or None for the default
-    (`mesh.default_device`: the GPU of LOCAL_RANK, else CPU). A plain 'cuda' on several processes
-    means each its own GPU."""
+    """The device of this process: `device` (Ray gives one), `cfg.device`, or None for
+    `mesh.default_device`; a plain 'cuda' on several processes means each its own GPU."""
     if device is not None:
         return torch.device(device)
     if cfg.device is None:
@@ -95,8 +86,7 @@ def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
 
 
 def build_model(cfg, model_dir: str, par):
-    """The causal LM ready to score: long-context ops (eval's block sizes), CP, FSDP2 (`parallelize`).
-    Distributed: meta device, then each rank reads its rows (`load_weights_`)."""
+    """The causal LM ready to score (`parallelize`); distributed: built on meta, then each rank reads its rows."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model import build
     from genome_lm.model.weights.reader import load_weights_

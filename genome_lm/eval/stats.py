@@ -1,16 +1,13 @@
 """Statistics of per-token NLL by context bucket, with a bootstrap over windows.
 
-Tokens of one window are not independent (a repeat-rich window is hard everywhere), so the
-resampling unit is the window: each bootstrap replicate draws W windows with replacement and
-recomputes the token-weighted mean sum(NLL) / count over the drawn windows. All replicates
-are computed at once as matrix products (replicate weights [R, W] @ per-window sums [W, M]).
+A token's context is the tokens before it that the model saw (its position in the scored piece,
+`scoring.py`); bucket k of `edges` [K+1] is [edges[k], edges[k+1]).
 
-Per-window sufficient statistics, for W windows, C = 2 classes of a stratum (0: mask False, 1:
-mask True; the repeat classes unmasked / repeat-masked by default) and K buckets plus one last
-column for "all scored tokens":
-    sums   float64 [W, C, K+1]   sum of NLL (nats)
-    counts int64   [W, C, K+1]   number of scored tokens
-With several strata (`strata.py`: repeat, leakage, annotations) they stack to [W, S, C, K+1].
+Tokens of one window are not independent (a repeat-rich window is hard everywhere), so the
+resampling unit is the window: each replicate draws W windows with replacement and recomputes the
+token-weighted mean sum(NLL) / count, all replicates at once as matrix products (weights [R, W] @
+per-window sums [W, M]). Per-window sums (float64, nats) and counts (int64) are [W, S, C, K+1]: S
+strata (`strata.py`), C = 2 classes (mask False, True), K buckets plus a last column of all tokens.
 """
 
 from __future__ import annotations
@@ -20,26 +17,60 @@ from typing import Callable
 
 import numpy as np
 
-from genome_lm.eval.buckets import assign
+from genome_lm.errors import GenomeLMError
 from genome_lm.eval.strata import REPEAT, Stratum, masks, place
 
 LN2 = math.log(2.0)
-CLASSES = REPEAT.labels  # ("unmasked", "masked")
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
 _BLOCK = 256  # bootstrap replicates per matrix product (bounds memory at 256 x W weights)
 
 
+def log2_edges(max_context: int) -> np.ndarray:
+    """[0, 1, 2, 4, ..., 2^k] with 2^k > max_context: every context 0..max_context has a bucket."""
+    return np.concatenate([[0], 2 ** np.arange(max(max_context, 0).bit_length() + 1)]).astype(np.int64)
+
+
+def parse_edges(spec: str) -> np.ndarray:
+    """'0,16,256,4096' -> int64 [K+1]; strictly increasing, non-negative integers (k/M allowed)."""
+    from genome_lm.sizes import parse_size
+
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    try:
+        edges = np.asarray([parse_size(p, "--buckets") for p in parts], dtype=np.int64)
+    except GenomeLMError:
+        raise GenomeLMError(f"--buckets {spec!r}: use 'log2' or comma-separated integer edges, "
+                            "e.g. 0,16,256,4k") from None
+    if len(edges) < 2 or np.any(np.diff(edges) <= 0):
+        raise GenomeLMError(f"--buckets {spec!r}: give at least two strictly increasing edges, e.g. 0,16,256,4k")
+    return edges
+
+
+def bucket_edges(spec: str, max_context: int) -> np.ndarray:
+    """Edges int64 [K+1] for a `--buckets` value: 'log2' (default) or explicit edges."""
+    spec = (spec or "log2").strip()
+    return log2_edges(max_context) if spec == "log2" else parse_edges(spec)
+
+
+def assign(contexts: np.ndarray, edges: np.ndarray, outside: int = -1) -> np.ndarray:
+    """Bucket index int64 [N] of each context in `contexts` [N]; `outside` where outside [edges[0], edges[-1])."""
+    idx = np.searchsorted(edges, contexts, side="right") - 1
+    idx[(contexts < edges[0]) | (contexts >= edges[-1])] = outside
+    return idx
+
+
+def contexts_of(length: int, seq_len: int) -> np.ndarray:
+    """Preceding context int64 [length] of each token of a window scored in pieces of `seq_len`."""
+    return np.arange(length, dtype=np.int64) % seq_len
+
+
 def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edges: np.ndarray):
-    """One window -> (sums float64 [C, K+1], counts int64 [C, K+1], context sums float64 [C, K+1]),
-    from `nll` float32 [L] (NaN: not scored), `contexts` int64 [L] (preceding context of each
-    token), `repeat` bool [L] (the class of each token: repeat-masked bases, or any stratum's
-    mask) and bucket `edges` int64 [K+1]."""
+    """One window -> (sums, counts, context sums) [C, K+1], from `nll` float32 [L] (NaN: not scored),
+    `contexts` int64 [L], `repeat` bool [L] (each token's class: any stratum's mask) and `edges` [K+1]."""
     K = len(edges) - 1
     scored = ~np.isnan(nll)
-    bucket = assign(contexts, edges)
-    bucket = np.where(bucket < 0, K, bucket)  # outside every bucket: counted in "all" only
+    bucket = assign(contexts, edges, outside=K)  # outside every bucket: counted in "all" only
     cell = (repeat.astype(np.int64) * (K + 1) + bucket)[scored]
     sums, ctx, counts = (np.bincount(cell, weights=w, minlength=2 * (K + 1)).reshape(2, K + 1)
                          for w in (nll[scored].astype(np.float64), contexts[scored].astype(np.float64), None))
@@ -49,15 +80,8 @@ def window_stats(nll: np.ndarray, contexts: np.ndarray, repeat: np.ndarray, edge
     return sums, counts.astype(np.int64), ctx
 
 
-def strata_stats(nll: np.ndarray, contexts: np.ndarray, masks: list[np.ndarray], edges: np.ndarray):
-    """`window_stats` for each of S masks bool [L] -> (sums [S, C, K+1], counts [S, C, K+1], ctx [S, C, K+1])."""
-    parts = [window_stats(nll, contexts, m, edges) for m in masks]
-    return tuple(np.stack([p[i] for p in parts]) for i in range(3))
-
-
 class StrataAccumulator:
-    """Per-window statistics of W windows over S strata: `sums`, `counts` [W, S, C, K+1] and the
-    summed contexts `ctx` [S, C, K+1], filled window by window (`add`), read by `summarize`."""
+    """`sums`, `counts` [W, S, C, K+1] and summed contexts `ctx` [S, C, K+1], filled window by window."""
 
     def __init__(self, n_windows: int, strata: list[Stratum], edges: np.ndarray):
         self.strata, self.edges = list(strata), edges
@@ -67,19 +91,19 @@ class StrataAccumulator:
 
     def add(self, i: int, rec: dict, contexts: np.ndarray, nll: np.ndarray | None = None) -> None:
         """Window i: `rec` holds the masks (`strata.mask_of`) and, unless given, `nll` float32 [L]."""
-        s, n, c = strata_stats(rec["nll"] if nll is None else nll, contexts, masks(rec, self.strata), self.edges)
-        self.sums[i] += s
-        self.counts[i] += n
-        self.ctx += c
+        nll = rec["nll"] if nll is None else nll
+        s, n, c = zip(*(window_stats(nll, contexts, m, self.edges) for m in masks(rec, self.strata)))
+        self.sums[i] += np.stack(s)
+        self.counts[i] += np.stack(n)
+        self.ctx += np.stack(c)
 
 
 def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.ndarray],
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
     """Percentile bootstrap CI over windows: `statistic(**sums)` maps the sums over the drawn windows of
-    each `per_window` array [W, M] (each sum [r, M]) to the statistic [r, S]. Returns (low [S], high [S]),
-    NaN where the statistic is undefined in most replicates, and where fewer than two windows define it
-    on their own (one window, or a bucket that only one window reaches): resampling one window has no
-    spread to show, and a zero-width interval would claim a precision the data do not have."""
+    each `per_window` array [W, M] (each sum [r, M]) to [r, S]. Returns (low [S], high [S]), NaN where the
+    statistic is undefined in most replicates or fewer than two windows define it on their own: one
+    window has no spread to show, and a zero-width interval would claim a precision the data lack."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
     W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
     reps: list[np.ndarray] = []
@@ -93,8 +117,7 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
 
 
 def _percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):
-    """(low [S], high [S]) percentiles of bootstrap replicates `reps` [R, S]; NaN where not `usable` or
-    where the statistic is undefined in most replicates."""
+    """(low [S], high [S]) of replicates [R, S]; NaN where not `usable` or mostly undefined."""
     alpha = (1.0 - level) / 2
     low, high = np.full(reps.shape[1], np.nan), np.full(reps.shape[1], np.nan)
     ok = (np.isfinite(reps).mean(axis=0) >= 0.5) & usable
@@ -105,13 +128,10 @@ def _percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):
 
 def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.ndarray],
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, level: float = LEVEL):
-    """Percentile CI of a two-level bootstrap, over training runs and then windows: each resample draws
-    R replicates (models trained alike but for their seeds) with replacement, then W windows with
-    replacement, the same windows for every drawn replicate. `statistic(**sums)` maps the sums over the
-    drawn (replicate, window) cells of each `per_cell` array [R, W, M] (each sum [r, M]) to [r, S].
-    With one replicate only the windows are drawn, with the same draws as `bootstrap_ci`, so the CI is
-    the window bootstrap's. Returns (low [S], high [S]); NaN everywhere with fewer than 2 windows, and
-    where the statistic is undefined in most resamples."""
+    """Percentile CI of a two-level bootstrap: each resample draws R replicates (training seeds) with
+    replacement, then W windows, the same for every drawn replicate; `statistic` maps the sums over the
+    drawn cells of each `per_cell` array [R, W, M] to [r, S]. One replicate: the draws of `bootstrap_ci`.
+    (low [S], high [S]); NaN with fewer than 2 windows or where mostly undefined."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(v.shape[0], v.shape[1], -1) for k, v in per_cell.items()}
     R, W = next(iter(arrays.values())).shape[:2]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -132,6 +152,11 @@ def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.divide(num, den, out=np.full(np.broadcast(num, den).shape, np.nan), where=den > 0)
 
 
+def paired_stat(a: np.ndarray, b: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """A's and B's NLL sums and counts [r, M] -> [r, 2M]: diff (b - a) / n, then rel % 100 (b / a - 1)."""
+    return np.concatenate([ratio(b - a, n), 100 * (ratio(b, a) - 1)], axis=1)
+
+
 def jfloat(x) -> float | None:
     """A JSON-safe float: None for NaN/inf."""
     x = float(x)
@@ -140,9 +165,7 @@ def jfloat(x) -> float | None:
 
 def bucket_table(s: np.ndarray, n: np.ndarray, c: np.ndarray, edges: np.ndarray,
                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
-    """{"overall": entry, "buckets": [entry + lo, hi, context_mean]} from per-window NLL sums `s` and
-    counts `n` [W, K+1] and summed contexts `c` [K+1]; entry = n_tokens, n_windows, mean_nll,
-    bits_per_base, ci_low, ci_high (nats; window bootstrap)."""
+    """{"overall", "buckets"} from per-window NLL sums `s` and counts `n` [W, K+1] and summed contexts `c` [K+1]."""
     total_s, total_n = s.sum(axis=0), n.sum(axis=0)
     mean = ratio(total_s, total_n)
     low, high = bootstrap_ci(lambda s, n: ratio(s, n), {"s": s, "n": n}, resamples, seed)
@@ -162,13 +185,8 @@ def bucket_table(s: np.ndarray, n: np.ndarray, c: np.ndarray, edges: np.ndarray,
 def summarize(sums: np.ndarray, counts: np.ndarray, ctx_sums: np.ndarray, edges: np.ndarray,
               resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
               strata: list[Stratum] | None = None) -> dict:
-    """Per-window statistics -> {"overall", "buckets", "repeat": {"unmasked", "masked"}, ...}.
-
-    Either [W, C, K+1] (the repeat classes; `ctx_sums` [C, K+1]) or, with `strata` [S], [W, S, C, K+1]
-    (`ctx_sums` [S, C, K+1]); each stratum's classes get a `bucket_table`, filed by `strata.place`
-    (`"leakage": {...}`, `"annotations": {NAME: {"out", "in"}}`). `ctx_sums` (summed over windows)
-    gives each bucket's mean context.
-    """
+    """Per-window statistics [W, C, K+1] (the repeat classes) or, with `strata`, [W, S, C, K+1] ->
+    {"overall", "buckets"} and a `bucket_table` per class of each stratum (`strata.place`)."""
     if strata is None:
         sums, counts, ctx_sums, strata = sums[:, None], counts[:, None], ctx_sums[None], [REPEAT]
 
@@ -176,6 +194,4 @@ def summarize(sums: np.ndarray, counts: np.ndarray, ctx_sums: np.ndarray, edges:
         return bucket_table(s, n, c, edges, resamples, seed)
 
     result = table(sums[:, 0].sum(axis=1), counts[:, 0].sum(axis=1), ctx_sums[0].sum(axis=0))
-    per = [{label: table(sums[:, i, c], counts[:, i, c], ctx_sums[i, c]) for c, label in enumerate(st.labels)}
-           for i, st in enumerate(strata)]
-    return place(result, strata, per)
+    return place(result, strata, lambda i, c: table(sums[:, i, c], counts[:, i, c], ctx_sums[i, c]))

@@ -1,29 +1,20 @@
-"""Both strands: `genome-lm eval --strands both` also scores the reverse complement of each window.
-
-Every row is scored as stored ("forward") and as its reverse complement ("reverse": token j' is the
-complement of forward token L-1-j'); the reverse row's masks are the forward ones reversed and its
-contexts are positions in the reverse row (`contexts_of`).
-
-summary.json `strands`: `forward` and `reverse` (each strand's tables; the top level stays the
-forward strand), `average` (both strands pooled, a window's strands bootstrapped together), and
-`agreement` (the same base scored from each side: Pearson r of per-base NLL, mean |delta| and mean
-delta, overall and by the shorter of the two contexts, with window-bootstrap CIs)."""
+"""`eval --strands both`: each window is also scored as its reverse complement (token j' the complement
+of forward token L-1-j'; masks reversed; contexts: positions in the reverse row). summary.json `strands`
+(docs/eval.md): `forward`, `reverse`, `average` (a window's strands bootstrapped together) and
+`agreement` (the same base scored from each side)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from genome_lm.eval.buckets import assign
-from genome_lm.eval.stats import StrataAccumulator, bootstrap_ci, jfloat, ratio, summarize
+from genome_lm.eval.stats import StrataAccumulator, assign, bootstrap_ci, jfloat, ratio, summarize
 
-ORIENTATIONS = ("forward", "reverse")
 FLIP: dict[str | None, str] = {"+": "-", "-": "+"}
 _MOMENTS = 7  # n, sum f, sum r, sum f^2, sum r^2, sum f r, sum |f - r|
 
 
 def reverse_record(rec: dict, nll_rc: np.ndarray) -> dict:
-    """The reverse-complement row of a forward window record: `nll_rc` float32 [L] in its own token
-    order, every mask reversed, strand flipped."""
+    """The reverse-complement row of a forward window record, `nll_rc` [L] in its own token order."""
     out = dict(rec, nll=nll_rc, strand=FLIP.get(rec.get("strand"), rec.get("strand")), rc=True)
     for key in ("repeat", "leakage"):
         if rec.get(key) is not None:
@@ -33,15 +24,15 @@ def reverse_record(rec: dict, nll_rc: np.ndarray) -> dict:
 
 
 def merged(x: StrataAccumulator, y: StrataAccumulator) -> StrataAccumulator:
-    """Both accumulators' windows added row by row (the same windows and strata): the pooled strands."""
+    """The pooled strands: both accumulators (same windows and strata) added."""
     out = StrataAccumulator(len(x.sums), x.strata, x.edges)
     out.sums, out.counts, out.ctx = x.sums + y.sums, x.counts + y.counts, x.ctx + y.ctx
     return out
 
 
 class Agreement:
-    """Per-window moments of the paired per-base NLL (forward f, reverse r aligned to genome order),
-    by bucket of the shorter context: [W, 7, K+1] (last column: all pairs)."""
+    """Per-window moments [W, 7, K+1] of the per-base NLL pairs (forward f, reverse r in genome order), by
+    bucket of the shorter context (last column: all pairs)."""
 
     def __init__(self, n_windows: int, edges: np.ndarray):
         self.edges = edges
@@ -49,13 +40,11 @@ class Agreement:
 
     def add(self, i: int, nll_f: np.ndarray, nll_rc: np.ndarray, contexts_f: np.ndarray,
             contexts_rc: np.ndarray) -> None:
-        """Window i: forward NLL [L] and contexts [L], and the reverse row's [L] in its own order."""
         f, r = nll_f.astype(np.float64), nll_rc[::-1].astype(np.float64)  # r[j]: genome position of f[j]
         shorter = np.minimum(contexts_f, contexts_rc[::-1])
         both = ~(np.isnan(f) | np.isnan(r))
         K = len(self.edges) - 1
-        bucket = assign(shorter, self.edges)
-        bucket = np.where(bucket < 0, K, bucket)[both]
+        bucket = assign(shorter, self.edges, outside=K)[both]
         f, r = f[both], r[both]
         for m, w in enumerate((None, f, r, f * f, r * r, f * r, np.abs(f - r))):
             col = np.bincount(bucket, weights=w, minlength=K + 1)
@@ -92,7 +81,6 @@ class Agreement:
 
 def strand_tables(fwd: StrataAccumulator, rev: StrataAccumulator, agreement: Agreement,
                   resamples: int, seed: int) -> dict:
-    """summary.json's `strands` (see the module docstring)."""
     def tables(acc):
         return summarize(acc.sums, acc.counts, acc.ctx, acc.edges, resamples, seed, strata=acc.strata)
 

@@ -1,21 +1,10 @@
-"""Strata: binary splits of the scored tokens, each summarised like the whole eval.
-
-A stratum sorts every token of a window into class 0 or 1 by a mask bool [L] in token order:
-
-    repeat      unmasked / masked   the soft-mask (lowercase) flag of the FASTA (always present)
-    leakage     unmasked / masked   `prepare --leakage-k K`'s leakage_mask (when the shards have it)
-    annotations NAME: out / in      the token's genomic coordinate lies in an interval of a BED file
-                                    (`eval --annotate FILE.bed[:NAME]`, `annotate.py`)
-
-Per-window statistics are stacked over the strata: sums / counts / context sums [S, 2, K+1]
-(S strata, 2 classes, K buckets + "all"), each stratum's two classes adding up to every scored
-token. `place` files the per-stratum results under `summary["repeat"]`, `summary["leakage"]`
-and `summary["annotations"][NAME]`, each keyed by the class labels.
-"""
+"""Strata: binary splits of the scored tokens by a mask bool [L] in token order, each summarised like
+the whole eval: repeat (soft-mask), leakage (`prepare --leakage-k`), one per `--annotate` BED file."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,14 +29,13 @@ def annotation(name: str) -> Stratum:
 
 
 def strata_of(rec: dict) -> list[Stratum]:
-    """The strata a window record carries: `repeat`, `leakage` if present, one per `annotations` name."""
+    """The strata a window record carries."""
     return [REPEAT] + ([LEAKAGE] if rec.get("leakage") is not None else []) + \
         [annotation(n) for n in rec.get("annotations") or {}]
 
 
 def merged_strata(wa: dict, wb: dict) -> dict:
-    """Window record `wa` with the strata `wb` has and `wa` lacks (two evals of the same window, so the
-    same tokens): B's leakage mask when A has none, B's annotations under A's."""
+    """Window record `wa` with the strata that `wb` (the same window, another eval) has and `wa` lacks."""
     rec = dict(wa)
     if rec.get("leakage") is None:
         rec["leakage"] = wb.get("leakage")
@@ -56,7 +44,7 @@ def merged_strata(wa: dict, wb: dict) -> dict:
 
 
 def mask_of(rec: dict, stratum: Stratum) -> np.ndarray:
-    """Mask bool [L] of `stratum` in a window record ({"repeat", "leakage", "annotations": {NAME: mask}})."""
+    """Mask bool [L] of `stratum` in a window record."""
     return rec[stratum.section] if stratum.name is None else rec["annotations"][stratum.name]
 
 
@@ -64,9 +52,10 @@ def masks(rec: dict, strata: list[Stratum]) -> list[np.ndarray]:
     return [mask_of(rec, s) for s in strata]
 
 
-def place(result: dict, strata: list[Stratum], per_stratum: list) -> dict:
-    """Put per_stratum[s] ({label: ...}) at result[section] or result[section][name]; returns `result`."""
-    for stratum, value in zip(strata, per_stratum):
+def place(result: dict, strata: list[Stratum], table: Callable[[int, int], dict]) -> dict:
+    """File {label: table(s, c)} of each class c of stratum s at result[section] (or [section][name])."""
+    for i, stratum in enumerate(strata):
+        value = {label: table(i, c) for c, label in enumerate(stratum.labels)}
         if stratum.name is None:
             result[stratum.section] = value
         else:
@@ -75,7 +64,7 @@ def place(result: dict, strata: list[Stratum], per_stratum: list) -> dict:
 
 
 def describe(strata: list[Stratum]) -> dict:
-    """What each section of the summary splits by (recorded in summary.json as `strata`)."""
+    """summary.json's `strata`: what each section splits by."""
     meaning = {"repeat": "soft-masked (lowercase) bases of the FASTA",
                "leakage": "tokens in a K-mer that occurs in a training chromosome (prepare --leakage-k)",
                "annotations": "tokens whose genomic coordinate lies in an interval of the BED file"}

@@ -1,13 +1,7 @@
-"""What `genome-lm eval` and `genome-lm compare` print: short fixed-width tables from summary.json
-and compare.json, each number beside the count of tokens it rests on.
-
-    print(format_summary(summary))     # eval: overall, per stratum (repeat, leakage, annotations), ablation
-    print(format_table(result))        # compare: per bucket, overall, per stratum, ablation
-"""
+"""What `genome-lm eval` (`format_summary`) and `genome-lm compare` (`format_table`) print: fixed-width
+tables from summary.json and compare.json, each number beside the count of tokens it rests on."""
 
 from __future__ import annotations
-
-STRATUM_TITLES = {"repeat": "repeat", "leakage": "leakage"}
 
 
 def _num(x, spec: str, width: int = 0) -> str:
@@ -15,12 +9,9 @@ def _num(x, spec: str, width: int = 0) -> str:
 
 
 def strata_rows(result: dict) -> list[tuple[str, dict]]:
-    """(label, table) for every class of every stratum in a summary or compare result, in order:
-    repeat, leakage, then the annotations ("NAME in" before "NAME out")."""
-    rows = []
-    for section in ("repeat", "leakage"):
-        for label, table in (result.get(section) or {}).items():
-            rows.append((f"{STRATUM_TITLES[section]} {label}", table))
+    """(label, table) for every class of every stratum in a summary or compare result."""
+    rows = [(f"{section} {label}", table) for section in ("repeat", "leakage")
+            for label, table in (result.get(section) or {}).items()]
     for name, classes in (result.get("annotations") or {}).items():
         rows.extend((f"{name} {label}", classes[label]) for label in ("in", "out") if label in classes)
     return rows
@@ -31,7 +22,7 @@ def absent_lines(result: dict) -> list[str]:
 
 
 def format_summary(summary: dict, out: str | None = None) -> str:
-    """An eval's summary as text: the overall line, then one row per stratum class."""
+    """An eval's summary as text."""
     o = summary["overall"]
     head = f"{out}: " if out else ""
     lines = [f"{head}{o['n_tokens']:,} tokens, mean NLL {_num(o['mean_nll'], '.4f')} nats/token = "
@@ -41,11 +32,7 @@ def format_summary(summary: dict, out: str | None = None) -> str:
     rows = strata_rows(summary)
     if rows:
         lines.append(f"{'':>22} {'tokens':>12} {'windows':>7} {'nats':>8} {'bits/base':>9} {'95% CI (nats)':>17}")
-        for label, t in rows:
-            e = t["overall"]
-            ci = f"[{_num(e['ci_low'], '.4f')}, {_num(e['ci_high'], '.4f')}]"
-            lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
-                         f"{_num(e['bits_per_base'], '.4f', 9)} {ci:>17}")
+        lines += [_summary_row(label, t["overall"]) for label, t in rows]
     lines += absent_lines(summary)
     lines += strand_lines(summary.get("strands"))
     lines += ablation_lines(summary.get("context_ablation"))
@@ -55,15 +42,17 @@ def format_summary(summary: dict, out: str | None = None) -> str:
 STRAND_LABELS = {"forward": "forward strand", "reverse": "reverse complement", "average": "both strands"}
 
 
+def _summary_row(label: str, e: dict) -> str:
+    return (f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
+            f"{_num(e['bits_per_base'], '.4f', 9)} {_ci(e['ci_low'], e['ci_high'], '.4f'):>17}")
+
+
 def strand_lines(strands: dict | None) -> list[str]:
     """--strands both: each strand's and the pooled mean NLL, and the per-base agreement."""
     if not strands:
         return []
     lines = ["strands (the lines above: forward strand):"]
-    for key, label in STRAND_LABELS.items():
-        e = strands[key]["overall"]
-        lines.append(f"{label:>22} {e['n_tokens']:>12,} {e['n_windows']:>7} {_num(e['mean_nll'], '.4f', 8)} "
-                     f"{_num(e['bits_per_base'], '.4f', 9)} {_ci(e['ci_low'], e['ci_high'], '.4f'):>17}")
+    lines += [_summary_row(label, strands[key]["overall"]) for key, label in STRAND_LABELS.items()]
     g = strands["agreement"]["overall"]
     lines.append(f"strand agreement over {g['n_tokens']:,} bases scored on both strands: Pearson r "
                  f"{_num(g['pearson_r'], '.3f')} {_ci(g['pearson_ci_low'], g['pearson_ci_high'], '.3f')}, mean |delta| "
@@ -113,11 +102,12 @@ def compare_ablation_lines(abl: dict | None) -> list[str]:
     return lines
 
 
-def _compare_row(label: str, e: dict) -> str:
-    ci = f"[{_num(e['rel_ci_low'], '+.2f')}, {_num(e['rel_ci_high'], '+.2f')}]"
-    share = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
-    return (f"{label:>17} {e['n_tokens']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
-            f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} {ci:>17} {share:>6}")
+def _compare_row(label: str, e: dict, share: bool = True) -> str:
+    row = (f"{label:>17} {e['n_tokens']:>10,} {_num(e['mean_nll_a'], '.4f', 8)} {_num(e['mean_nll_b'], '.4f', 8)} "
+           f"{_num(e['diff'], '+.4f', 8)} {_num(e['rel_change_pct'], '+.2f', 7)} "
+           f"{_ci(e['rel_ci_low'], e['rel_ci_high'], '+.2f'):>17}")
+    gain = "" if e.get("gain_share") is None else f"{100 * e['gain_share']:5.1f}%"
+    return f"{row} {gain:>6}" if share else row
 
 
 def format_table(result: dict) -> str:
@@ -152,9 +142,8 @@ def format_table(result: dict) -> str:
 
 
 def replicate_lines(rep: dict | None, pooled_above: bool = True) -> list[str]:
-    """compare with replicates: each pair's overall change, their spread, and the pooled change with
-    CIs over seeds and windows (also for the ablation spans). `pooled_above`: the lines follow the
-    pooled tables (as `format_table` prints them) and say so."""
+    """compare with replicates: each pair's overall change, their spread, and the pooled change with CIs
+    over seeds and windows. `pooled_above`: the lines follow the pooled tables and say so."""
     if not rep:
         return []
     abl = rep.get("context_ablation")
@@ -166,9 +155,7 @@ def replicate_lines(rep: dict | None, pooled_above: bool = True) -> list[str]:
              f"{'pair':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17}"
              + span]
     for i, p in enumerate(rep["pairs"], 1):
-        row = (f"{i:>17} {p['n_tokens']:>10,} {_num(p['mean_nll_a'], '.4f', 8)} {_num(p['mean_nll_b'], '.4f', 8)} "
-               f"{_num(p['diff'], '+.4f', 8)} {_num(p['rel_change_pct'], '+.2f', 7)} "
-               f"{_ci(p['rel_ci_low'], p['rel_ci_high'], '+.2f'):>17}")
+        row = _compare_row(str(i), p, share=False)
         if abl and "ablation_span" in p:
             row += f" {_num(p['ablation_span']['a']['mean_delta'], '+.4f', 8)} " \
                    f"{_num(p['ablation_span']['b']['mean_delta'], '+.4f', 8)}"

@@ -1,9 +1,4 @@
-"""What a report is built from: eval directories, compare directories and training runs.
-
-    ev = load_eval("evals/base")            # EvalResult(label, dir, summary)
-    cmp = load_compare_dir("evals/a_vs_b")  # CompareResult(label, dir, result)
-    run = load_run("runs/demo_base")        # RunMetrics(label, dir, columns)
-"""
+"""What a report is built from: eval directories, compare directories and training runs."""
 
 from __future__ import annotations
 
@@ -42,8 +37,7 @@ class RunMetrics:
 
 
 def windows_text(summary: dict) -> str:
-    """How many windows an eval scored, and which of its split: "12 windows" (all of them), "12 of the
-    split's 66 windows (its first 12)" or "... (spread evenly over it)" (`eval --window-pick`)."""
+    """How many windows an eval scored, and which of its split (`eval --window-pick`)."""
     shards = summary.get("shards", {})
     n, m = shards.get("n_windows", "?"), shards.get("n_windows_in_split")
     if m is None or n == m:

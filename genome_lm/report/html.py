@@ -1,13 +1,6 @@
-"""`genome-lm report`: one self-contained HTML page (PNG plots embedded as base64 data URIs).
-
-    write_report(["evals/base", "evals/longctx", "evals/base_vs_longctx"], runs=["runs/demo_base"],
-                 out="reports/demo.html")
-
-With a base, a short-context and a long-context fine-tune of it (`matched=(base, short, long)`, or found
-from the runs' `model.init` and context: `matched.find_roles`), the page also answers "is the gain from
-context, or from more training?" (`matched.py`). Two evals give the two-model page. Evals that ran
-with `--context`, `--strands both`, a leakage mask or `--annotate` get a section each (`questions.py`);
-a `genome-lm variants` output folder gets "Variant effect by context" (`variants.py`).
+"""`genome-lm report`: one self-contained HTML page (PNG plots embedded as base64 data URIs), with the
+sections of docs/report.md: context vs more training (`matched.py`, for `matched=(base, short, long)` or
+the roles `find_roles` sees), the questions (`questions.py`), variant effects (`variants.py`).
 """
 
 from __future__ import annotations
@@ -57,8 +50,7 @@ def _figure(fig, alt: str, caption: str) -> str:
 
 
 def headline(compares: list[CompareResult], gain: ContextGain | None = None, seeds: CompareResult | None = None) -> str:
-    """The page's opening lines: the context-vs-training reading (pooled over `seeds` too when given), then
-    each compare's overall change and where it is largest."""
+    """The page's opening lines: the context-vs-training reading, then each compare's overall change."""
     lines = [f"<p><b>{html.escape(reading(gain, seeds))}</b></p>"] if gain else []
     for cmp in compares:
         o = cmp.result["overall"]
@@ -76,8 +68,7 @@ def headline(compares: list[CompareResult], gain: ContextGain | None = None, see
 
 def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
                   matched: tuple | None) -> ContextGain | None:
-    """The three-way comparison of `matched` (base, short, long eval dirs; added to `evals` if missing),
-    else of the roles `find_roles` sees among three or more evals, else None."""
+    """The three-way comparison of `matched` (added to `evals` if missing), else of `find_roles`' roles."""
     if matched is not None:
         if len(matched) != 3:
             raise GenomeLMError(f"matched takes 3 eval directories (base, short, long), got {len(matched)}")
@@ -110,8 +101,7 @@ def _seeds_of(gain: ContextGain, compares: list[CompareResult]) -> CompareResult
 
 
 def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None) -> list[str]:
-    """The section on context vs more training; `seeds`: a replicate compare of its short and long fine-tunes
-    (`_seeds_of`), read (pooled over the seeds) and tabled there too."""
+    """The section on context vs more training, with the replicate compare `seeds` (`_seeds_of`) if any."""
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in "
               f"{windows_text(gain.evals['base'].summary)} (95% CI: "
@@ -137,42 +127,36 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
                [tables.replicates_table(seeds)] if seeds else [])
 
 
-def _section(title: str, fig, alt: str, caption: str, reading_text: str | None, table: str | None) -> list[str]:
-    out = [f"<h2>{html.escape(title)}</h2>"]
-    if reading_text:
-        out.append(f'<p class="headline">{html.escape(reading_text)}</p>')
-    if fig is not None:
-        out.append(_figure(fig, alt, caption))
-    return out + ([table] if table else [])
-
-
 def _questions_sections(evals: list[EvalResult]) -> list[str]:
-    """One section per question of `questions.py` the evals can answer (none for older evals)."""
+    """One section per question of `questions.py` the evals can answer."""
     out = []
-    if questions.context_ablation_table(evals):
-        out += _section("Does the model read distant sequence? (context ablation)",
-                        questions.plot_context_ablation(evals), "context ablation",
-                        "The same target tokens (the end of each window) scored with exactly L preceding tokens "
-                        "(eval --context); error bars: 95% bootstrap CI over windows. Position in the window plays "
-                        "no part: a falling curve means the model uses the added distant sequence.",
-                        questions.context_ablation_reading(evals), questions.context_ablation_table(evals))
-    if questions.strands_table(evals):
-        out += _section("Does it hold on the other strand?", questions.plot_strands(evals), "both strands",
-                        "Overall loss on each window (forward strand), its reverse complement, and both pooled "
-                        "(eval --strands both); error bars: 95% bootstrap CI over windows.",
-                        questions.strands_reading(evals), questions.strands_table(evals))
-    if questions.strata_table(evals):
-        out += _section("Is the held-out chromosome really held out? (leakage and annotation strata)",
-                        questions.plot_leakage(evals), "leakage",
-                        "Loss on eval tokens covered by an exact K-mer that also occurs in a training chromosome "
-                        "(prepare --leakage-k, either strand) and on the rest; error bars: 95% bootstrap CI.",
-                        questions.leakage_reading(evals), questions.strata_table(evals))
+    for title, alt, caption, plot, read, table in (
+            ("Does the model read distant sequence? (context ablation)", "context ablation",
+             "The same target tokens (the end of each window) scored with exactly L preceding tokens (eval --context); "
+             "error bars: 95% bootstrap CI over windows. Position in the window plays no part: a falling curve means "
+             "the model uses the added distant sequence.",
+             questions.plot_context_ablation, questions.context_ablation_reading, questions.context_ablation_table),
+            ("Does it hold on the other strand?", "both strands",
+             "Overall loss on each window (forward strand), its reverse complement, and both pooled (eval --strands "
+             "both); error bars: 95% bootstrap CI over windows.",
+             questions.plot_strands, questions.strands_reading, questions.strands_table),
+            ("Is the held-out chromosome really held out? (leakage and annotation strata)", "leakage",
+             "Loss on eval tokens covered by an exact K-mer that also occurs in a training chromosome (prepare "
+             "--leakage-k, either strand) and on the rest; error bars: 95% bootstrap CI.",
+             questions.plot_leakage, questions.leakage_reading, questions.strata_table)):
+        if not (found := table(evals)):
+            continue
+        out.append(f"<h2>{html.escape(title)}</h2>")
+        if text := read(evals):
+            out.append(f'<p class="headline">{html.escape(text)}</p>')
+        if (fig := plot(evals)) is not None:
+            out.append(_figure(fig, alt, caption))
+        out.append(found)
     return out
 
 
 def _shards_note(evals) -> str:
-    """A warning paragraph (also logged) when the evals scored different shards (their manifests'
-    sha256 differ: another genome, other windows or a rebuild), else ''."""
+    """A warning (also logged) when the evals' shard manifests differ, else ''."""
     by_shards: dict[str, list[str]] = {}
     for e in evals:
         by_shards.setdefault(e.summary.get("shards", {}).get("manifest_sha256", "?"), []).append(e.label)
@@ -186,8 +170,7 @@ def _shards_note(evals) -> str:
 
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
-    """The report page as an HTML string. `matched`: (base, short, long) eval directories, for the
-    section on context vs more training (see the module docstring)."""
+    """The report page as an HTML string; `matched`: (base, short, long) eval directories."""
     found = variants.variants_dirs([Path(d) for d in dirs])
     evals, compares = load_dirs([d for d in dirs if Path(d) not in found])
     variant_runs = [variants.load_variants(d) for d in found]
@@ -246,8 +229,8 @@ REPORT_SUFFIXES = (".html", ".htm")
 
 
 def claim_report(out: Path, overwrite: bool) -> None:
-    """Refuse, in one line, an `out` that a report may not replace: a folder; an existing file without
-    `overwrite`; with it, a file that is neither a genome_lm report nor an HTML page (a summary.json)."""
+    """Refuse an `out` that a report may not replace: a folder, an existing file without `overwrite`, or
+    with it a file that is neither a genome_lm report nor an HTML page."""
     if out.is_dir():
         raise GenomeLMError(f"--out {out} is a folder; give the HTML file to write (e.g. {out / 'report.html'})")
     if not out.exists():
@@ -267,8 +250,7 @@ def claim_report(out: Path, overwrite: bool) -> None:
 
 def write_report(dirs: Sequence[str | Path], out: str | Path, runs: Sequence[str | Path] = (), overwrite: bool = False,
                  **kwargs) -> Path:
-    """build_report(...) -> `out`, written to a temporary name and renamed. An existing `out` needs
-    `overwrite` and must be a report or an HTML page (`claim_report`), checked before the build."""
+    """build_report(...) -> `out`, written to a temporary name and renamed (`claim_report` first)."""
     out = Path(out)
     with holding(out, "report"):
         claim_report(out, overwrite)

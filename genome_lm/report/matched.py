@@ -1,20 +1,12 @@
-"""Is the gain from context, or from more training? The compute-matched comparison of three evals of
-the same windows: the base, a fine-tune of it at the base's short context and one at long context,
-both fine-tunes on the same number of training tokens.
+"""Is the gain from context, or from more training? Three evals of the same windows: the base, and
+fine-tunes of it at the base's short context and at long context on as many training tokens.
+short - base is more training alone, long - base training + context, long - short the context.
 
     gain = context_gain("evals/demo_base", "evals/demo_shortctx", "evals/demo_longctx")
-    print(format_context_gain(gain))          # the demo's three-way table
     gain.pair("long", "short").result          # compare_evals(short, long): B = long, A = short
-    reading(gain, seeds)                       # the report's reading (seeds: a replicate compare, optional)
 
-    short - base   more training alone
-    long  - base   more training + context
-    long  - short  the gain attributable to context
-
-Each difference is `genome_lm.eval.compare.compare_evals` of the pair (B - A on the tokens both
-scored, paired bootstrap over windows), taken from a compare directory given to the report when
-it pairs the same two evals, else computed. Training tokens come from each eval's run (the run
-directory above its `checkpoints/`): steps x tokens per step of its metrics.jsonl.
+Each difference is `compare_evals` of the pair, or a compare directory of the same two evals given to
+the report. Training tokens: steps x tokens per step of the metrics.jsonl of each eval's run.
 """
 
 from __future__ import annotations
@@ -38,9 +30,8 @@ PAIRS = (("short", "base", "more training"), ("long", "base", "training + contex
 
 @dataclass
 class Training:
-    """What a run trained: `steps` optimizer steps of `tokens_per_step` tokens at context `seq_len`,
-    the longest sequence it trained on (metrics.jsonl's `seq_tokens`; config.yaml's data.seq_len for
-    runs that did not record it)."""
+    """What a run trained; `seq_len`: the longest sequence (metrics.jsonl's `seq_tokens`, else
+    config.yaml's data.seq_len)."""
     run: Path
     steps: int
     tokens_per_step: int
@@ -124,8 +115,8 @@ def _init_is(init: str | None, model_dir: Path) -> bool:
 
 
 def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalResult] | None:
-    """(base, short, long) among `evals`: one eval whose checkpoint two others' runs started from
-    (`model.init`), the one trained at the shorter context being `short`; None if there is none."""
+    """(base, short, long) among `evals`: an eval whose checkpoint two others' runs started from
+    (`model.init`), at different contexts; None if there is none."""
     runs = {id(ev): t for ev in evals if (t := training_of(ev)) is not None}  # the evals whose run is readable
     for base in evals:
         model_dir = _model_dir(base)
@@ -148,16 +139,12 @@ def rel_ci_text(o: dict) -> str:
 
 
 def _verdict(o: dict, evidence: str = "these windows") -> str:
-    """How a change with relative CI `o` reads: clear of zero, worse, or not told from no effect by
-    `evidence` (what the CI resamples)."""
-    lo, hi = o.get("rel_ci_low"), o.get("rel_ci_high")
-    if lo is None or hi is None:
-        return ": no CI, which needs at least 2 eval windows."
-    if hi < 0:
-        return ", its CI clear of zero."
-    if lo > 0:
-        return ": the long-context model is worse, its CI clear of zero."
-    return f": its CI includes zero, so {evidence} cannot tell it from no effect."
+    """How a change with relative CI `o` reads; `evidence`: what the CI resamples."""
+    words = {"no CI": ": no CI, which needs at least 2 eval windows.",
+             "falls, CI clear of zero": ", its CI clear of zero.",
+             "rises, CI clear of zero": ": the long-context model is worse, its CI clear of zero.",
+             "CI includes zero": f": its CI includes zero, so {evidence} cannot tell it from no effect."}
+    return words[change_in_words(o.get("rel_ci_low"), o.get("rel_ci_high"))]
 
 
 def seeds_reading(seeds: CompareResult) -> str:
@@ -171,9 +158,8 @@ def seeds_reading(seeds: CompareResult) -> str:
 
 
 def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
-    """One sentence: the long- and short-context fine-tunes against the base, and their difference;
-    with `seeds` (a replicate compare of the short and long fine-tunes, `compare SHORT,... LONG,...`)
-    a second one on long vs short pooled over the seeds."""
+    """The fine-tunes against the base and each other; with `seeds` (a replicate compare of the short
+    and long fine-tunes) a second sentence on long vs short pooled over the seeds."""
     lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
     text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
@@ -232,9 +218,7 @@ def change_in_words(lo, hi) -> str:
 
 
 def format_ablation(gain: ContextGain) -> str | None:
-    """The three models' context ablations side by side as fixed-width text (printed by `make demo`):
-    per L, bits/base of the same target tokens and the paired change from the previous L [95% CI];
-    then the change from the shortest to the longest L. None when an eval has no ablation."""
+    """The three models' context ablations side by side (printed by `make demo`); None unless all have one."""
     found = {role: gain.evals[role].summary.get("context_ablation") for role in ROLES}
     abl = {role: a for role, a in found.items() if isinstance(a, dict) and "by_length" in a}
     if len(abl) != len(found):

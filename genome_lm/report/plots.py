@@ -1,9 +1,5 @@
-"""Report figures (matplotlib, object-oriented API: no pyplot state, no GUI backend needed).
-
-Each function returns a `matplotlib.figure.Figure`; `figure_png(fig)` renders it with Agg.
-x positions of a context bucket [lo, hi) are the mean context of its tokens (`context_mean`);
-empty buckets are left out. Losses are in bits per base (nats / ln 2), with nats per token on
-the right-hand axis.
+"""Report figures (matplotlib `Figure`s, no pyplot state; `figure_png` renders one with Agg). A context
+bucket is plotted at the mean context of its tokens; empty buckets are left out. Losses in bits per base.
 """
 
 from __future__ import annotations
@@ -141,8 +137,7 @@ def plot_training_curves(runs: list[RunMetrics], title: str = "Training") -> Fig
 
 
 def plot_context_gain(gain: ContextGain, title: str = "Is the gain from context, or from more training?") -> Figure:
-    """Left: the three paired changes over all tokens (short vs base, long vs base, long vs short) with
-    their 95% CIs; right: the same per context bucket, with bands."""
+    """Left: the three paired changes over all tokens, with 95% CIs; right: the same per context bucket."""
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.6])
     left.axvline(0, color="0.3", lw=1)

@@ -1,16 +1,7 @@
-"""The report's answers to three questions a reader asks of a loss-by-context result.
-
-1. Does the model read distant sequence? The context ablation (`eval --context`): the same target
-   tokens scored with exactly L preceding tokens, per model (`context_ablation` in summary.json).
-2. Does it hold on the other strand? `eval --strands both`: loss per strand and the per-base
-   agreement between them (`strands`).
-3. Is the held-out chromosome really held out? Loss on tokens covered by a K-mer of the training
-   chromosomes (`prepare --leakage-k`) against the rest (`leakage`); also any `--annotate` strata.
-
-For each: a figure (`plot_*`, matplotlib Figure), an HTML table (`*_table`) and a one-sentence
-reading (`*_reading`) that says how many tokens the numbers rest on. Every function takes the
-evals that have the section and returns None where none has it, so a report of older evals
-simply leaves the section out. Losses are in bits per base.
+"""The report's answers to three questions: does the model read distant sequence (`eval --context`)?
+does it hold on the other strand (`--strands both`)? is the held-out chromosome held out (leakage and
+`--annotate` strata)? For each a figure (`plot_*`), an HTML table (`*_table`) and a reading
+(`*_reading`), in bits per base; each returns None where no eval has the section, which is then left out.
 """
 
 from __future__ import annotations
@@ -22,11 +13,7 @@ from genome_lm.eval.stats import LN2
 from genome_lm.report.data import EvalResult, windows_text
 from genome_lm.report.matched import change_in_words
 from genome_lm.report.plots import COLORS, _context_axis, _tokens
-from genome_lm.report.tables import _num, _table
-
-
-def _bits(x):
-    return None if x is None else x / LN2
+from genome_lm.report.tables import _bits, _num, _table
 
 
 def _ci(lo, hi) -> str:
@@ -50,10 +37,8 @@ def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
 
 
 def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
-    """Per eval, left: mean loss of the fixed target tokens vs the preceding context L given, 95% CIs
-    over windows; right: the paired change from the previous L (same tokens), 95% paired CIs, the
-    panel that says whether added context helps (the left panel's CIs mostly hold window-to-window
-    variation that the pairing removes)."""
+    """Per eval, left: loss of the fixed targets vs L; right: the paired change from the previous L, the
+    panel that says whether added context helps (the left CIs mostly hold variation between windows)."""
     evals = _with(evals, "context_ablation")
     if not evals:
         return None
@@ -104,8 +89,7 @@ def context_ablation_table(evals: list[EvalResult]) -> str | None:
 
 
 def context_ablation_reading(evals: list[EvalResult]) -> str | None:
-    """One sentence per eval: the paired change from the shortest L to the longest (`span`; the
-    first step for evals written before it) and whether its CI clears zero."""
+    """Per eval, the paired change from the shortest L to the longest (`span`, else the first step)."""
     evals = _with(evals, "context_ablation")
     if not evals:
         return None
@@ -126,27 +110,32 @@ def context_ablation_reading(evals: list[EvalResult]) -> str | None:
 # --- 2. both strands ------------------------------------------------------------------------
 
 
+def _bars(evals: list[EvalResult], section: str, names: tuple, ticks: list[str], title: str):
+    """(fig, ax): per eval, a bar per class `names` of summary[section] (overall loss, 95% CIs)."""
+    fig = Figure(figsize=(8.5, 4))
+    ax = fig.add_subplot()
+    width = 0.8 / len(evals)
+    for i, ev in enumerate(evals):
+        y, yerr = _bits_ci([ev.summary[section][k]["overall"] for k in names])
+        x = np.arange(len(names)) + (i - (len(evals) - 1) / 2) * width
+        ax.bar(x, y, width, yerr=yerr, capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
+    ax.set_xticks(np.arange(len(names)), ticks)
+    ax.set_ylabel("bits per base")
+    ax.set_title(title)
+    ax.legend()
+    return fig, ax
+
+
 def plot_strands(evals: list[EvalResult]) -> Figure | None:
     """Per eval: overall loss on the forward strand, the reverse complement and both, with 95% CIs."""
     evals = _with(evals, "strands")
     if not evals:
         return None
-    fig = Figure(figsize=(8.5, 4))
-    ax = fig.add_subplot()
     names = ("forward", "reverse", "average")
-    width = 0.8 / len(evals)
-    for i, ev in enumerate(evals):
-        st = ev.summary["strands"]
-        y, yerr = _bits_ci([st[k]["overall"] for k in names])
-        x = np.arange(len(names)) + (i - (len(evals) - 1) / 2) * width
-        ax.bar(x, y, width, yerr=yerr, capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
-    ax.set_xticks(np.arange(len(names)), ["forward strand", "reverse complement", "both"])
-    ax.set_ylabel("bits per base")
+    fig, ax = _bars(evals, "strands", names, ["forward strand", "reverse complement", "both"], "Both strands")
     overall = [ev.summary["strands"][k]["overall"] for ev in evals for k in names]
     ymin = min(o["mean_nll"] if o["ci_low"] is None else o["ci_low"] for o in overall) / LN2  # no CI: one window
     ax.set_ylim(bottom=max(0.0, ymin - 0.05))
-    ax.set_title("Both strands")
-    ax.legend()
     return fig
 
 
@@ -203,22 +192,12 @@ def _classes(ev: EvalResult) -> list[tuple[str, str, dict]]:
 
 def plot_leakage(evals: list[EvalResult]) -> Figure | None:
     """Per eval: loss on tokens inside a training K-mer vs the rest, 95% CIs."""
-    evals = [ev for ev in evals if isinstance(ev.summary.get("leakage"), dict)]
+    evals = _with(evals, "leakage")
     if not evals:
         return None
-    fig = Figure(figsize=(8.5, 4))
-    ax = fig.add_subplot()
-    names = ("unmasked", "masked")
-    width = 0.8 / len(evals)
-    for i, ev in enumerate(evals):
-        y, yerr = _bits_ci([ev.summary["leakage"][k]["overall"] for k in names])
-        x = np.arange(2) + (i - (len(evals) - 1) / 2) * width
-        ax.bar(x, y, width, yerr=yerr, capsize=3, color=COLORS[i % len(COLORS)], label=ev.label)
-    ax.set_xticks(np.arange(2), ["not in a training K-mer", "in a training K-mer (prepare --leakage-k)"])
-    ax.set_ylabel("bits per base")
-    ax.set_title("Is the held-out chromosome held out? Loss with and without shared K-mers")
-    ax.legend()
-    return fig
+    ticks = ["not in a training K-mer", "in a training K-mer (prepare --leakage-k)"]
+    title = "Is the held-out chromosome held out? Loss with and without shared K-mers"
+    return _bars(evals, "leakage", ("unmasked", "masked"), ticks, title)[0]
 
 
 def strata_table(evals: list[EvalResult]) -> str | None:
@@ -236,7 +215,7 @@ def strata_table(evals: list[EvalResult]) -> str | None:
 
 
 def leakage_reading(evals: list[EvalResult]) -> str | None:
-    evals = [ev for ev in evals if isinstance(ev.summary.get("leakage"), dict)]
+    evals = _with(evals, "leakage")
     if not evals:
         return None
     lk = evals[0].summary["leakage"]

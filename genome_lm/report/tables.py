@@ -25,6 +25,15 @@ def _num(x, fmt: str = "{:.4f}") -> str:
     return "\u2013" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
 
 
+def _range(lo, hi, fmt: str = "{:.4f}") -> str:
+    return f"{_num(lo, fmt)} &ndash; {_num(hi, fmt)}"
+
+
+def _bits(x):
+    """nats -> bits, keeping None (and 0.0)."""
+    return x and x / LN2
+
+
 def _label(b: dict) -> str:
     """A bucket's context range, or 'all' for an overall entry (no 'lo')."""
     return "<b>all</b>" if b.get("lo") is None else f"[{b['lo']:,}, {b['hi']:,})"
@@ -40,9 +49,8 @@ def bucket_table(ev: EvalResult) -> str:
     s = ev.summary
     rows = []
     for b in _rows(s):
-        ci = (f"{_num(b['ci_low'] and b['ci_low'] / LN2)} &ndash; {_num(b['ci_high'] and b['ci_high'] / LN2)}")
-        rows.append([_label(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")),
-                     _num(b["mean_nll"]), _num(b["bits_per_base"]), ci])
+        rows.append([_label(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")), _num(b["mean_nll"]),
+                     _num(b["bits_per_base"]), _range(_bits(b["ci_low"]), _bits(b["ci_high"]))])
     cfg = s.get("config", {})
     caption = (f"{ev.label}: loss by preceding context (checkpoint {s.get('checkpoint', {}).get('path', '?')}, "
                f"seq_len {cfg.get('seq_len', '?')}, engine {cfg.get('engine', '?')})")
@@ -71,7 +79,7 @@ def compare_table(cmp: CompareResult) -> str:
     for b in _rows(r):
         rows.append([_label(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
                      _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"), _num(b["rel_change_pct"], "{:+.2f}%"),
-                     f"{_num(b['rel_ci_low'], '{:+.2f}')} &ndash; {_num(b['rel_ci_high'], '{:+.2f}')}",
+                     _range(b["rel_ci_low"], b["rel_ci_high"], "{:+.2f}"),
                      _num(b.get("gain_share"), "{:.1%}") if b.get("lo") is not None else ""])
     caption = f"{cmp.label}: A = {r['a']['dir']}, B = {r['b']['dir']} (negative change: B has lower loss)"
     return _table(["context (tokens)", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)",
@@ -79,28 +87,25 @@ def compare_table(cmp: CompareResult) -> str:
 
 
 def replicates_table(cmp: CompareResult) -> str:
-    """A compare of replicate evals (`eval/replicates.py`): each pair's overall change with its window CI
-    (and ablation spans), then the pooled change with CIs over pairs and windows; empty without replicates."""
+    """A compare's replicate pairs, then the pooled change with CIs over pairs and windows; '' without any."""
     rep = cmp.result.get("replicates")
     if not rep:
         return ""
     abl = rep.get("context_ablation")
-    ci = lambda e, lo, hi, f: f"{_num(e[lo], f)} &ndash; {_num(e[hi], f)}"  # noqa: E731
     rows = []
     for i, p in enumerate(rep["pairs"], 1):
         span = p.get("ablation_span")
         rows.append([f"pair {i}: {html.escape(Path(p['b']).name)} vs {html.escape(Path(p['a']).name)}",
                      f"{p['n_tokens']:,}", _num(p["mean_nll_a"]), _num(p["mean_nll_b"]), _num(p["diff"], "{:+.4f}"),
-                     _num(p["rel_change_pct"], "{:+.2f}%"), ci(p, "rel_ci_low", "rel_ci_high", "{:+.2f}")]
+                     _num(p["rel_change_pct"], "{:+.2f}%"), _range(p["rel_ci_low"], p["rel_ci_high"], "{:+.2f}")]
                     + ([_num(span["a"]["mean_delta"], "{:+.4f}"), _num(span["b"]["mean_delta"], "{:+.4f}")]
                        if abl else []))
     o, s = rep["overall"], rep["spread"]["rel_change_pct"]
     rows.append([f"<b>pooled</b> (CI over pairs, then windows; sd over pairs {_num(s['sd'], '{:.2f}')}%)", "", "", "",
                  _num(o["diff"], "{:+.4f}"), _num(o["rel_change_pct"], "{:+.2f}%"),
-                 ci(o, "rel_ci_low", "rel_ci_high", "{:+.2f}")]
-                + ([f"{_num(abl['a']['mean_delta'], '{:+.4f}')} ({ci(abl['a'], 'ci_low', 'ci_high', '{:+.4f}')})",
-                    f"{_num(abl['b']['mean_delta'], '{:+.4f}')} ({ci(abl['b'], 'ci_low', 'ci_high', '{:+.4f}')})"]
-                   if abl else []))
+                 _range(o["rel_ci_low"], o["rel_ci_high"], "{:+.2f}")]
+                + ([f"{_num(d['mean_delta'], '{:+.4f}')} ({_range(d['ci_low'], d['ci_high'], '{:+.4f}')})"
+                    for d in (abl["a"], abl["b"])] if abl else []))
     span_head = [f"A: L {abl['from']:,} \u2192 {abl['to']:,} (nats)", f"B: L {abl['from']:,} \u2192 {abl['to']:,}"] \
         if abl else []
     return _table(["replicate pair", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)"]
@@ -110,8 +115,7 @@ def replicates_table(cmp: CompareResult) -> str:
 
 
 def context_gain_table(gain: ContextGain) -> str:
-    """The three models (training tokens, held-out tokens, bits/base with CI), then the three paired
-    differences (tokens both scored, B - A in bits/base and relative, with paired 95% CIs)."""
+    """The three models, then the three paired differences, B - A in bits/base and relative."""
     rows = []
     for role, name in ROLES.items():
         ev, t = gain.evals[role], gain.training.get(role)
@@ -119,16 +123,15 @@ def context_gain_table(gain: ContextGain) -> str:
         trained = "&ndash;" if t is None else f"{t.tokens:,} ({t.steps:,} steps at context {t.seq_len:,})"
         rows.append([f"<b>{name}</b> ({html.escape(ev.label)})", trained, f"{o['n_tokens']:,}",
                      str(ev.summary.get("shards", {}).get("n_windows", "")), _num(o["bits_per_base"]),
-                     f"{_num(o['ci_low'] and o['ci_low'] / LN2)} &ndash; {_num(o['ci_high'] and o['ci_high'] / LN2)}",
-                     ""])
+                     _range(_bits(o["ci_low"]), _bits(o["ci_high"])), ""])
     for b, a, what in PAIRS:
         r = gain.pair(b, a).result
         d = r["overall"]
-        bits = lambda x: _num(x if x is None else x / LN2, "{:+.4f}")  # noqa: E731
         rows.append([f"<b>{b} &minus; {a}</b> ({html.escape(what)})", "", f"{d['n_tokens']:,}", str(r["n_windows"]),
-                     bits(d["diff"]), f"{bits(d['diff_ci_low'])} &ndash; {bits(d['diff_ci_high'])}",
-                     f"{_num(d['rel_change_pct'], '{:+.2f}%')} ({_num(d['rel_ci_low'], '{:+.2f}')} &ndash; "
-                     f"{_num(d['rel_ci_high'], '{:+.2f}')})"])
+                     _num(_bits(d["diff"]), "{:+.4f}"),
+                     _range(_bits(d["diff_ci_low"]), _bits(d["diff_ci_high"]), "{:+.4f}"),
+                     f"{_num(d['rel_change_pct'], '{:+.2f}%')} "
+                     f"({_range(d['rel_ci_low'], d['rel_ci_high'], '{:+.2f}')})"])
     return _table(["model / paired difference", "training tokens", "held-out tokens", "windows", "bits/base",
                    "95% CI (bits/base)", "change (95% CI, %)"], rows,
                   "Base, short- and long-context fine-tunes on the same held-out tokens (differences: paired "

@@ -1,12 +1,5 @@
-"""The report section "variant effect by context", from a `genome-lm variants` output folder.
-
-    found = variants_dirs(dirs)     # the folders whose summary.json says "command": "variants"
-    html = variants_section(load_variants(found[0]))
-
-Its summary.json's "metrics" (docs/score.md) give, per context L: AUROC and AUPRC with 95% bootstrap CIs, the
-paired difference against the shortest context, the ROC curve, and the mean score of positive and negative
-variants. Unlabelled runs ("metrics": null) get the counts only.
-"""
+"""The report section "variant effect by context", from a `genome-lm variants` output folder (its
+summary.json's "metrics", docs/score.md); unlabelled runs ("metrics": null) get the counts only."""
 
 from __future__ import annotations
 
@@ -25,7 +18,7 @@ SUMMARY = "summary.json"
 
 
 def summary_command(d: Path) -> str | None:
-    """The "command" of d/summary.json ("variants", "score"), None for an eval's or when it has none."""
+    """The "command" of d/summary.json ("variants", "score"); None for an eval's."""
     try:
         summary = json.loads((d / SUMMARY).read_text())
     except (OSError, ValueError):

@@ -8,9 +8,19 @@ import numpy as np
 import pytest
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.buckets import assign, bucket_edges, contexts_of, log2_edges, parse_edges
 from genome_lm.eval.scoring import IGNORE_INDEX, piece_inputs
-from genome_lm.eval.stats import bootstrap_ci, ratio, summarize, two_level_ci, window_stats
+from genome_lm.eval.stats import (
+    assign,
+    bootstrap_ci,
+    bucket_edges,
+    contexts_of,
+    log2_edges,
+    parse_edges,
+    ratio,
+    summarize,
+    two_level_ci,
+    window_stats,
+)
 
 
 def test_log2_edges_cover_every_context():
