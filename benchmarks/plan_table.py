@@ -60,7 +60,7 @@ def main() -> None:
                     print(f"{variant:<30} {gpu} x{gpus:<3} {seq:>5}: fits={r['fits']} peak {r['peak_gib']:.1f} GiB "
                           f"host {r['host_gib']:.0f} GiB {r['tokens_per_s']:,.0f} tok/s  {r['layout']}", flush=True)
     out = {"model": "glm53-flash", "experiment": EXPERIMENT.name, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "assumptions": {k: v["value"] for k, v in Assumptions().describe().items()}, "rows": rows}
+           "assumptions": Assumptions().model_dump(), "rows": rows}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -276,9 +276,9 @@ def _plan(args) -> None:
 
 
 def _rehearse(args) -> None:
-    from genome_lm.plan.rehearse_command import RehearseParams, run
+    from genome_lm.plan.command import RehearseParams, run_rehearse
 
-    run(from_args(RehearseParams, args))
+    run_rehearse(from_args(RehearseParams, args))
 
 
 def _check_upstream(args) -> None:
@@ -365,7 +365,7 @@ COMMANDS = {
                     ("genome_lm.plan.command:PlanParams",)),
     "rehearse": Command(_rehearse, "one full-size training step on fake tensors and N fake ranks, its memory "
                         "measured by FSDP2's tracker beside the planner's prediction",
-                        ("genome_lm.plan.rehearse_command:RehearseParams",)),
+                        ("genome_lm.plan.command:RehearseParams",)),
 }
 
 

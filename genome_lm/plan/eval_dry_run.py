@@ -1,16 +1,8 @@
 """`genome-lm eval --dry-run`: check an eval and print the memory each rank needs; nothing is scored.
 
-    genome-lm eval --checkpoint $GLM53_FLASH_DIR --shards shards/hg38_512k --out evals/base \
-        --nproc 64 --cp 8 --dry-run                                   # the command to run, checked
-    genome-lm eval --checkpoint glm53-flash --seq-len 1M --nproc 64 --cp 8 --dry-run   # no shards
-
-The model is built on the meta device (a checkpoint's config.json, or a preset), so no weights
-are read and no GPU is needed. It plans GPUs (`--device cpu` plans CPU processes), in bfloat16
-unless `--dtype` says otherwise. Per rank (`plan.inference.plan_forward`, the planner's byte
-counts): the FSDP2 shard of the weights, the parameters FSDP2 gathers (root for the whole
-forward, the running and prefetched layers), and the activations of one slab of the longest
-piece (residual streams, the largest op, the LM head chunk, the gathered per-token NLL). Without
---shards it plans one window of --seq-len tokens.
+The model is built on the meta device (a checkpoint's config.json, or a preset): no weights are read
+and no GPU is needed. Per rank it prints `plan.inference.plan_forward`'s parts for one slab of the
+longest piece (or of one --seq-len window without --shards), on GPUs unless `--device cpu`.
 """
 
 from __future__ import annotations

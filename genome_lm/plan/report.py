@@ -53,7 +53,7 @@ def plan_json(plan) -> dict:
         "largest_phases": [{"where": w, "bytes": b} for w, b in mem.phases[:5]],
         "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s,
-        "assumptions": {k: v["value"] for k, v in plan.assume.describe().items()},
+        "assumptions": plan.assume.model_dump(),
     }
     if plan.cluster is not None:
         c = plan.cluster
@@ -112,8 +112,8 @@ def format_plan(plan) -> str:
         lines.append(f"note: {note}")
     lines.append("")
     lines.append("assumptions (override with --assume KEY=VALUE):")
-    for key, info in plan.assume.describe().items():
-        lines.append(f"  {key} = {info['value']}")
+    for key, value in plan.assume.model_dump().items():
+        lines.append(f"  {key} = {value}")
     return "\n".join(lines)
 
 

@@ -1,10 +1,5 @@
-"""`genome-lm train EXP --dry-run [--nproc N]`: check an experiment end to end without training.
-
-`dry_run` builds the model on the meta device (nothing is allocated), reads the data's pieces and
-prints what a run would do: parameters, token map, shapes, memory strategy, precision, and the
-per-rank shapes of the experiment's `parallel: {cp, dp}` layout (`layout_lines`): the slab each
-CP rank keeps, what the CP layers exchange, and how many parameters each rank holds once FSDP2
-shards them (dim 0 over all dp x cp ranks, padded).
+"""`genome-lm train EXP --dry-run [--nproc N]`: check an experiment end to end without training, and
+print what a run would do, down to the per-rank shapes of its dp x cp (x ep) layout.
 """
 
 from __future__ import annotations
