@@ -132,8 +132,7 @@ def build(args):
     layout = layout_from_config(cfg, gpus)
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
-    layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})
-    layout.check()
+    layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it
     # the experiment's checkpoint mode unless --assume checkpoint_async says otherwise
     assume = Assumptions(checkpoint_async=cfg.train.checkpoint_mode == "async").override(args.assume)
     shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
