@@ -115,18 +115,3 @@ def format_plan(plan) -> str:
     for key, value in plan.assume.model_dump().items():
         lines.append(f"  {key} = {value}")
     return "\n".join(lines)
-
-
-def format_table(rows: list[dict]) -> str:
-    """Markdown table of `benchmarks/plan_table.py` rows (docs/plan.md). Rows that do not fit show the
-    layout with the lowest peak and no tokens/s."""
-    head = ("| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | + ckpt staging GiB/GPU | tokens/s | "
-            "layout (--fit) |")
-    sep = "|---|---:|---:|---|---:|---:|---:|---:|---|"
-    body = []
-    for r in rows:
-        tps = f"{r['tokens_per_s']:,.0f}" if r["fits"] else "–"
-        layout = r["layout"] if r["fits"] else f"lowest peak: {r['layout']}"
-        body.append(f"| {r['gpu']} | {r['gpus']} | {r['seq']} | {'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} | "
-                    f"{r['host_gib']:.0f} | {r.get('staging_gib', 0):.0f} | {tps} | {layout} |")
-    return "\n".join([head, sep, *body])
