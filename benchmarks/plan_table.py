@@ -39,9 +39,23 @@ def row(gpu: str, gpus: int, seq: str, ep: int | None) -> dict:
             "search_s": round(time.perf_counter() - t0, 2)}
 
 
+def format_table(rows: list[dict]) -> str:
+    """Markdown table of `row`s (docs/plan.md). Rows that do not fit show the
+    layout with the lowest peak and no tokens/s."""
+    head = ("| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | + ckpt staging GiB/GPU | tokens/s | "
+            "layout (--fit) |")
+    sep = "|---|---:|---:|---|---:|---:|---:|---:|---|"
+    body = []
+    for r in rows:
+        tps = f"{r['tokens_per_s']:,.0f}" if r["fits"] else "–"
+        layout = r["layout"] if r["fits"] else f"lowest peak: {r['layout']}"
+        body.append(f"| {r['gpu']} | {r['gpus']} | {r['seq']} | {'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} | "
+                    f"{r['host_gib']:.0f} | {r.get('staging_gib', 0):.0f} | {tps} | {layout} |")
+    return "\n".join([head, sep, *body])
+
+
 def main() -> None:
     from genome_lm.plan import Assumptions
-    from genome_lm.plan.report import format_table
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus-list", default="8,16,32,64")
@@ -60,7 +74,7 @@ def main() -> None:
                     print(f"{variant:<30} {gpu} x{gpus:<3} {seq:>5}: fits={r['fits']} peak {r['peak_gib']:.1f} GiB "
                           f"host {r['host_gib']:.0f} GiB {r['tokens_per_s']:,.0f} tok/s  {r['layout']}", flush=True)
     out = {"model": "glm53-flash", "experiment": EXPERIMENT.name, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "assumptions": {k: v["value"] for k, v in Assumptions().describe().items()}, "rows": rows}
+           "assumptions": Assumptions().model_dump(), "rows": rows}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

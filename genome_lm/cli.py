@@ -168,9 +168,9 @@ def _train(args) -> None:
     p, run = from_args(TrainParams, args), from_args(Launch, args)
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
-        from genome_lm.plan.train_dry_run import dry_run
+        from genome_lm.plan.dry_run import train_dry_run
 
-        _planned_peak(p, dry_run(cfg, world=run.nproc))
+        _planned_peak(p, train_dry_run(cfg, world=run.nproc))
     elif run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.launch import train_job
@@ -213,9 +213,9 @@ def _eval(args) -> None:
 
     cfg, run = from_args(EvalConfig, args), from_args(Launch, args)
     if run.dry_run:
-        from genome_lm.plan.eval_dry_run import dry_run
+        from genome_lm.plan.dry_run import eval_dry_run
 
-        dry_run(cfg, world=run.nproc)
+        eval_dry_run(cfg, world=run.nproc)
         return
     if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.eval.launch import launch
@@ -276,9 +276,9 @@ def _plan(args) -> None:
 
 
 def _rehearse(args) -> None:
-    from genome_lm.plan.rehearse_command import RehearseParams, run
+    from genome_lm.plan.command import RehearseParams, run_rehearse
 
-    run(from_args(RehearseParams, args))
+    run_rehearse(from_args(RehearseParams, args))
 
 
 def _check_upstream(args) -> None:
@@ -365,7 +365,7 @@ COMMANDS = {
                     ("genome_lm.plan.command:PlanParams",)),
     "rehearse": Command(_rehearse, "one full-size training step on fake tensors and N fake ranks, its memory "
                         "measured by FSDP2's tracker beside the planner's prediction",
-                        ("genome_lm.plan.rehearse_command:RehearseParams",)),
+                        ("genome_lm.plan.command:RehearseParams",)),
 }
 
 

@@ -1,33 +1,13 @@
 """Bytes autograd keeps for backward, per decoder layer and per part, read off the code.
 
-Each function returns `{term: bytes}` for `n` tokens on one rank. The terms are the tensors the
-forward of genome_lm's patched model saves (upstream decoder layer and hyper-connections,
-`ops/kda`, `ops/dsa`, `ops/moe`), with `a` the activation dtype's bytes and float32 where the
-code computes in float32. `tests/plan/test_activations.py` checks every part against the
-storages autograd actually saves (saved-tensor hooks) on glm53-tiny in float32 and bfloat16.
-
-Per token (S streams of width D):
-- layer input   a·S·D (the residual streams; what per-layer recompute keeps or offloads)
-- frame         mid stream a·S·D; two RMSNorm inputs 2·a·D (ops/norm: the input only, rstd
-                recomputed); two hc combines (block output a·D, post a·S, comb a·S²); unpatched
-                hyper-connections also keep a float32 copy and normalised copy of the streams and
-                ~2·iters Sinkhorn [S, S] matrices (ops/hc recomputes them instead)
-- KDA           masked input a·D, conv input a·3HK (ops/kda/conv.py: the input only), raw gate
-                a·HK (ops/kda/gate.py: the gate applied inside the op), beta a·H, two low-rank gate
-                projections 2·a·K, gated output norm input and gate 2·a·HK (ops/kda/norm.py),
-                o_proj input a·HK, float32 copies of A_log and dt_bias per layer; torch op: q, k, v
-                (the conv output) a·3HK and one [H, K, K] float32 state per 16-chunk segment; fla
-                op: l2-normed q, k and a contiguous v 3·a·HK, their rstd 8·H, Aqk/Akk 2·a·H·C,
-                the norm's rstd 4·H; under CP the torch op runs twice (+ zero values a·HK and o^M
-                in float32 4·HK), fla's CP once
-- DSA           input a·D; q LoRA norm input + normalised 2·a·ql; kv LoRA norm input a·R; latent
-                a·R per *sequence* token (all-gathered under CP); q_nope copy a·H·DN; absorbed
-                query and output 2·a·H·R; row LSE 4·H; o_proj input a·H·DV; selection int32 per
-                query (kept by the attention's context, not by autograd)
-- dense MLP     input a·D, gate and up projections 2·a·I (ops/mlp: clamps, silu and product rebuilt)
-- MoE           input a·D; with moe_recompute nothing else (blocks rebuilt in backward); otherwise
-                router (float32 input copy, sigmoid scores 4·E, group/top-k indices and masks),
-                routed rows k·(2·a·D + 6·a·I + 28) and the shared expert 6·a·I
+Each function returns `{term: bytes}` for `n` tokens on one rank: the tensors the forward of
+genome_lm's patched model saves (a the activation dtype's bytes, float32 where the code computes in
+float32); `tests/plan/test_activations.py` checks every part against what autograd saves. Choices
+of the code the terms follow: RMSNorm, the KDA conv and the dense MLP keep their inputs only (rstd,
+conv output, clamps and silu rebuilt); the KDA gate is applied inside the op; ops/hc recomputes the
+hyper-connection's float32 copies and Sinkhorn matrices that upstream's keeps; the DSA latent is kept
+per *sequence* token (all-gathered under CP) and the selection by the attention's context; under CP
+the torch KDA op runs twice (fla's once); with moe_recompute the MoE keeps only its input.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Every assumption the planner makes that is not a count of bytes or FLOPs, in one place.
-
-Each field has a default, a one-line reason, and can be overridden: `genome-lm plan ...
---assume matmul_efficiency=0.35 --assume expert_imbalance=2`. The plan prints the values it
-used, so a reader always sees what a number rests on. Nothing here was tuned to make the
-reference run's published figures come out; see docs/plan.md for how each default was chosen.
+"""Every assumption the planner makes that is not a count of bytes or FLOPs, each with its reason and
+overridable with `--assume KEY=VALUE`; docs/plan.md says how each default was chosen.
 """
 
 from __future__ import annotations
@@ -93,11 +89,6 @@ class Assumptions(BaseModel):
                 example = f"{item}=VALUE" if item in raw else "matmul_efficiency=0.35"
                 apply_override(raw, item, "--assume", example=example)
         return validate(Assumptions, raw, "--assume")
-
-    def describe(self) -> dict[str, dict]:
-        """{name: {"value": v, "why": description}} for reports and JSON."""
-        fields = type(self).model_fields
-        return {name: {"value": getattr(self, name), "why": f.description} for name, f in fields.items()}
 
 
 def _assume_file(path: str) -> dict:

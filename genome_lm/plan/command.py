@@ -1,9 +1,5 @@
-"""`genome-lm plan`: argument handling and output; `cli.py` only registers it.
-
-    genome-lm plan (EXP.yaml | --model PRESET_OR_DIR --seq-len 1M) --gpus 64 [--gpus-per-node 8]
-        [--gpu-mem 180GiB] [--host-mem 2TiB] [--gpu b200|h200|h100] [--fit] [--json]
-        [--cp 8] [--ep 8] [--recompute per-layer] [--offload] [--set KEY=VALUE] [--assume KEY=VALUE]
-    genome-lm plan --model glm53-flash --score 1M [--chunk 64k] [--gpu h100] [--gpus 8 [--cp 8]]
+"""`genome-lm plan` and `genome-lm rehearse`: argument handling and output; `cli.py` only registers them
+(the usage of each: docs/plan.md).
 """
 
 from __future__ import annotations
@@ -61,6 +57,29 @@ class PlanParams(BaseModel):
                         description="print JSON instead of the report")
 
 
+class RehearseParams(BaseModel):
+    """The parameters of `genome-lm rehearse`: an experiment on N fake ranks, with the planner's
+    prediction for the same run beside the measured figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiment: str = Field(json_schema_extra={"positional": True}, description="experiment YAML")
+    gpus: int = Field(ge=1, description="ranks of the fake process group (the experiment's dp becomes gpus / cp)")
+    gpu: str = Field(default="b200", description="the GPU the planner's prediction is for: b200, h200 or h100")
+    routing: Literal["busiest", "uniform"] = Field(default="busiest", description="routing assumed under expert "
+                                                   "parallelism: this rank receives expert_imbalance x the mean "
+                                                   "rows (the planner's assumption), or the mean")
+    layers: int | Literal["all"] | None = Field(default=None, description="decoder layers to run (default: the "
+                                                "first ones holding every layer kind, the rest added from their "
+                                                "shards; 'all': every layer)")
+    steps: int = Field(default=2, ge=2, description="training steps (the peak is taken after the first)")
+    overrides: list[str] = Field(default=[], json_schema_extra={"flag": "--set", "repeat": True, "metavar": "KEY=V"},
+                                 description="override an experiment value, e.g. --set data.seq_len=32k (repeatable)")
+    assume: list[str] = Field(default=[], json_schema_extra={"repeat": True, "metavar": "KEY=VALUE"},
+                              description="override a planner assumption (as genome-lm plan --assume); "
+                              "expert_imbalance also sets the routing of --routing busiest")
+
+
 def _experiment(args):
     """An ExperimentConfig from the YAML or from --model/--seq-len (trainer defaults elsewhere)."""
     from genome_lm.config import apply_override, load_experiment, parse_experiment
@@ -113,8 +132,7 @@ def build(args):
     layout = layout_from_config(cfg, gpus)
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
-    layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})
-    layout.check()
+    layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it
     # the experiment's checkpoint mode unless --assume checkpoint_async says otherwise
     assume = Assumptions(checkpoint_async=cfg.train.checkpoint_mode == "async").override(args.assume)
     shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
@@ -193,3 +211,34 @@ def run(args: PlanParams) -> None:
         print(format_plan(chosen))
     if result.best is None:
         raise GenomeLMError(f"plan --fit: nothing fits among {result.tried} layouts (the lowest peak is shown above)")
+
+
+def run_rehearse(args: RehearseParams) -> None:
+    from genome_lm.plan.planner import make_plan
+    from genome_lm.plan.rehearse import format_rehearsal, rehearse
+
+    assume = list(args.assume)
+    if args.routing == "uniform":
+        assume.append("expert_imbalance=1")
+    plan_args = PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus, gpu=args.gpu,
+                           assume=assume)
+    shape, layout, cluster, assumptions, _ = build(plan_args)
+    cfg = experiment_for(args)
+    if cfg.model.dtype == "float32" and cfg.parallel.ep == 1 and any(lay.mlp == "moe" for lay in shape.layers):
+        raise GenomeLMError(f"rehearse {args.experiment}: model.dtype is float32, and without expert parallelism the "
+                            "routed experts run torch's grouped matmul (aten._grouped_mm), which takes bfloat16 "
+                            "inputs only on fake tensors; rehearse it with --set model.dtype=bfloat16 (or "
+                            "parallel.ep > 1)")
+    plan = make_plan(shape, layout, cluster, assumptions)
+    layers = shape.n_layers if args.layers == "all" else args.layers
+    result = rehearse(cfg, args.gpus, args.gpu, args.routing, layers, args.steps, args.experiment, plan=plan)
+    print(format_rehearsal(result))
+
+
+def experiment_for(args: RehearseParams):
+    """The experiment as the rehearsal runs it: `--set` applied, dp resolved for --gpus (as `plan` does)."""
+    from genome_lm.config import load_experiment
+
+    cfg = load_experiment(args.experiment, list(args.overrides))  # `build` has checked that cp divides --gpus
+    cfg.parallel.dp = "auto"
+    return cfg

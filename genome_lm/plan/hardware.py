@@ -1,8 +1,5 @@
-"""GPU and node specifications the planner uses, each one overridable from the command line.
-
-Numbers are vendor peak figures (per GPU; bandwidths per direction); how much of a peak a run
-achieves is an *assumption* (`assumptions.py`), never folded in here. The table and the source of
-every figure: docs/plan.md (Assumptions, Hardware).
+"""GPU and node specifications: vendor peak figures per GPU (bandwidths per direction; the achieved
+fraction is an assumption). The table and its sources: docs/plan.md (Hardware).
 """
 
 from __future__ import annotations
@@ -53,18 +50,13 @@ class Cluster:
         return -(-self.gpus // self.gpus_per_node)
 
 
-def gpu_spec(name: str) -> GPUSpec:
-    key = name.strip().lower()
-    if key not in GPUS:
-        raise GenomeLMError(f"--gpu: unknown GPU {name!r}; use one of {', '.join(GPUS)} "
-                            "(and --gpu-mem / --host-mem to describe anything else)")
-    return GPUS[key]
-
-
 def make_cluster(gpu: str = "b200", gpus: int = 8, gpus_per_node: int | None = None,
                  gpu_mem: int | None = None, host_mem: int | None = None) -> Cluster:
     """A cluster description; `gpu_mem` / `host_mem` (bytes) override the spec's figures."""
-    spec = gpu_spec(gpu)
+    if gpu.strip().lower() not in GPUS:
+        raise GenomeLMError(f"--gpu: unknown GPU {gpu!r}; use one of {', '.join(GPUS)} "
+                            "(and --gpu-mem / --host-mem to describe anything else)")
+    spec = GPUS[gpu.strip().lower()]
     if gpus < 1:
         raise GenomeLMError(f"--gpus: need at least 1 GPU, got {gpus}")
     per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node

@@ -1,35 +1,17 @@
-"""Memory per GPU of a forward pass without gradients: what `genome-lm eval` needs on each rank.
+"""Memory per GPU of a forward pass without gradients: what `genome-lm eval` and `score` need per rank.
 
-    plan = plan_forward(model_shape("glm53-flash"), Layout(seq_len=2**20).replace(cp=8, dp=8, moe_recompute=True))
-    plan.peak_bytes, plan.peak_where, plan.breakdown
+`plan_forward` walks the forward layer by layer, as `memory.plan_memory` walks training's, keeping
+nothing for backward: the FSDP2 shard of the weights, the root (embeddings, final norm, LM head)
+gathered for the whole forward, the running and prefetched layers gathered, the residual streams in
+and out, the largest op's tensors and transient, and at the end the LM head chunk and the gathered
+per-token NLL. Layouts use `moe_recompute=True`: without autograd the MoE keeps no block's
+activations beyond the block running.
 
-The forward is walked layer by layer, as `memory.plan_memory` walks training's, but nothing is
-kept for backward. At every point the live bytes are
-    weights          the FSDP2 shard of every parameter (1 / (dp x cp) of the model; on one
-                     process the whole model)
-    root gathered    embeddings, final norm and LM head, all-gathered for the whole forward
-                     (FSDP2 does not reshard its root after forward)
-    layer gathered   the running decoder layer's parameters all-gathered, plus the prefetched
-                     next layer(s) (`fsdp_prefetch_layers`)
-    streams          the residual streams entering and leaving the layer (2 x a·S·D per token)
-    op               the layer's largest op: the tensors it computes (the `ops.layer_ops` saved
-                     terms, alive while it runs; under CP the DSA latent of the whole sequence)
-                     plus its transient
-    input ids        this rank's slab of input ids and labels
-then the LM head: final hidden and norm, one loss chunk's logits, and the per-token NLL of the
-whole piece (gathered over the CP group). Layouts use `moe_recompute=True`: without autograd the
-MoE keeps no block's activations beyond the block running, which is how that option is counted.
-
-A scoring run (`plan_score`, `genome-lm plan --score`) on one process or with FSDP2 alone walks the
-region in chunks (`model/streaming.py`): the forward of one chunk whose DSA layers attend to every
-token so far, plus the state carried between chunks (`carried_bytes`):
-    KDA state    per KDA layer the float32 recurrent state H·K·K·4 and the conv tail 3·H·K·W·a
-                 (+ a length counter): constant in the region's length
-    DSA caches   per DSA layer the latent rows T·R·a, and where the layer has its own indexer the
-                 index keys, gates and a valid flag T·(2·DI + 1)·a: linear in T
-The chunk's DSA op counts its layer's cache once more: the copy `torch.cat` makes while the cache
-grows. With context parallelism (cp > 1) the region is one piece split over the CP ranks, as eval
-runs it, and `plan_forward` is the plan.
+`plan_score` (`genome-lm plan --score`) streams a region in chunks (`model/streaming.py`): one
+chunk's forward, whose DSA layers attend to every token so far (its op counts the layer's cache once
+more: `torch.cat`'s copy), plus what is carried between chunks (`carried_bytes`): the KDA state,
+constant, and the DSA caches, linear in the tokens. With cp > 1 the region is one piece over the CP
+ranks, as eval runs it.
 """
 
 from __future__ import annotations

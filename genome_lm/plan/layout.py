@@ -1,10 +1,7 @@
 """The parallel layout and memory strategy of a run: what the planner evaluates and `--fit` varies.
 
-A `Layout` holds the experiment's own `memory`, `parallel` and `train` sections (config.MemoryConfig,
-ParallelConfig, TrainConfig) with dp resolved to a number, plus the sequence length:
-`layout_from_config(cfg, gpus)` takes them from an ExperimentConfig, so a plan describes exactly what
-`genome-lm train` would run. `replace(**keys)` changes keys of those sections by their config names
-(`cp=8`, `recompute="per-layer"`, `offload_layer_inputs=True`), validated by their models.
+A `Layout` holds the experiment's own `memory`, `parallel` and `train` sections with dp resolved,
+plus the sequence length, so a plan describes exactly what `genome-lm train` would run.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Memory per GPU over one training step: the peak, where it happens, and what it is made of.
 
-The step is walked phase by phase, as the trainer runs it:
-    forward of each layer (op by op) -> loss forward/backward -> backward of each layer from the
-    last (recomputing it first when it is wrapped) -> optimizer step.
-At every point the live bytes are
-    persistent     sharded float32 master weights + two AdamW moments (float32, or bf16 with
-                   train.optimizer_state_dtype) (+ the float32 gradients produced so far): 16
-                   (bf16 moments: 12) bytes per parameter over the shard degree
-    comm buffers   FSDP2 all-gathered parameters of the current (+ prefetched) layer (routed experts
-                   padded to whole experts per rank), and in backward its unsharded gradients, the
-                   reduce-scatter input (reduce dtype) of the layer after it, still pending, and its own
-    kept           what earlier layers keep for backward: everything (recompute none), their
-                   input streams (per-layer recompute; zero on the device when offloaded), or
-                   everything but the recomputed parts (selective)
-    current layer  saved tensors of the ops run so far + the transient of the running op
-    grad streams   in backward, the incoming and outgoing stream gradients (2 x a·S·D per token)
-On a CPU (one process, no FSDP) parameters and optimizer states are part of the process
-baseline (measured, not modelled); the step adds gradients, activations and transients.
+The step is walked phase by phase as the trainer runs it (docs/plan.md, The memory model): forward
+of each layer op by op, the loss, backward of each layer from the last (its recompute first when
+wrapped), the optimizer step. A phase's live bytes: the persistent shards (float32 master weights,
+AdamW moments, the gradients so far), FSDP2's buffers, what earlier layers keep for backward, the
+current layer's saved tensors and its running op's transient, and in backward the stream gradients.
+On a CPU (one process, no FSDP) parameters and optimizer states are part of the measured process
+baseline; the step adds gradients, activations and transients.
 """
 
 from __future__ import annotations

@@ -1,44 +1,22 @@
 """A decoder layer as an ordered list of ops: what each saves and its transient peak.
 
-`layer_ops(...)` returns the layer's ops in forward order. Each `Op` carries the bytes it saves
-for backward (`activations.py` terms), the extra bytes alive at its forward peak, and the extra
-bytes alive at its backward peak (its own intermediates rebuilt inside, gradients of its
-activations, block buffers). `memory.py` walks these lists forward and backward.
-
-Transients are counted from the code of each op at its block size (n tokens on the rank, a the
-activation dtype bytes, float32 where the code computes in float32):
-- hyper-connection (ops/hc recompute): float32 [S, D] temporaries in blocks of 4,096 tokens (two
-  forward, three backward) + the stream gradient a·S·D; upstream's (no recompute): a float32
-  [S, D] temporary forward, three float32 [S, D] gradient buffers backward.
-- RMSNorm (ops/norm): float32 temporaries in blocks of 8,192 rows (two forward, three backward) +
-  the input gradient a·D.
-- combine: two a·S·D temporaries (post*out, comb^T@residual / their gradients).
-- KDA projections + conv (ops/kda/conv.py): the conv output a·3HK, its float32 temporaries in
-  blocks of 2,048 tokens, backward the qkv and input gradients; gated output norm: float32
-  buffers in blocks of 8,192 rows + its two input gradients a·HK.
-- KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head),
-  doubled in backward (rebuilt + gradients), plus the concatenated input gradients.
-- KDA fla op (CUDA): chunk_kda_fwd intermediates w, u, qg, kg, h [NT, H, K, V], v_new; backward
-  rebuilds them and adds dh, dAqk/dAkk (float32), dq, dk, dv, dg. With memory.kda_head_block
-  the heads go to fla in calls of that many, so the intermediates are those of one call.
-- DSA indexer (no grad, in forward): index queries/keys/gates, k-pool build (float32 logits and
-  softmax over T·DI), a float32 [block, P] row buffer kept for all blocks, and at the last block
-  the float32 [block, HI, P] scores (scaled and relu'd in place) and the row scores before they
-  are copied into the buffer (blocks score only the pools complete before their last query).
-- DSA sparse attention: per query block the gathered latent rows [block, W, R] (as stored, then
-  float32) and float32 [block, H, W] scores, gathered while the previous block's rows and scores
-  are still bound; backward adds float32 row gradients (two matmuls
-  and their sum) and the float32 [T, R] latent gradient accumulator.
-- MoE block: routed output before and after un-permuting (2·rows·a·D); with moe_recompute the
-  block's activations live while it runs. Upstream's experts (no expert parallelism): backward adds
-  row gradients rows·a·(2·D + 3·I) and, with more than one block, the block's new gradient of the
-  larger routed-expert weight (E·2I·D·a) before it is added to the gradient accumulated so far.
-  Expert parallelism (ops/moe/ep.py): backward peaks in the down projection's backward, with the
-  rows' output and input gradients rows·a·(D + I) and, past the first block, the block's new down
-  gradient (E/ep·D·I·a); both add the MoE output's gradient and the blocks' input gradients (2·n·a·D).
-- dense MLP (ops/mlp): per block of 8,192 rows four a·I temporaries forward (clamps, silu,
-  product), eight backward (those, the product's gradient, the sigmoid, the two projection
-  gradients), three float32 weight-gradient accumulators [I, D] and the input gradient a·D.
+Each `Op` carries the bytes it saves for backward (`activations.py` terms) and the extra bytes alive
+at its forward and at its backward peak (intermediates rebuilt inside, gradients, block buffers),
+counted from each op's code at its block size (n tokens on the rank, a the activation dtype's bytes,
+float32 where the code computes in float32); `memory.py` walks the lists forward and backward.
+- hyper-connection, RMSNorm, KDA conv and gated norm, dense MLP: float32 temporaries in blocks of
+  `HC_BLOCK`, `NORM_BLOCK`, `CONV_BLOCK`, `MLP_BLOCK` tokens (upstream's hyper-connection without
+  recompute: whole), plus their input gradients in backward.
+- KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head), doubled
+  in backward; fla op: chunk_kda_fwd's w, u, qg, kg, h, v_new, rebuilt in backward beside dh,
+  dAqk/dAkk and the input gradients (per call of `memory.kda_head_block` heads).
+- DSA indexer (no grad): index queries/keys, the k-pool build and a float32 [block, P] row buffer,
+  and at the last block the float32 [block, HI, P] scores; sparse attention: per query block the
+  gathered latent rows and float32 scores, beside the previous block's; backward adds the row
+  gradients and the float32 [T, R] latent gradient.
+- MoE block: the routed output before and after un-permuting; with moe_recompute the block's
+  activations while it runs; backward the row gradients and, past the first block, the block's new
+  routed-expert weight gradient (under ep: the down projection's, peaking in its backward).
 """
 
 from __future__ import annotations

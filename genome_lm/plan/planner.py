@@ -1,14 +1,8 @@
-"""`make_plan(...)`: memory per GPU, host memory, step time and whether it all fits.
+"""`make_plan(...)`: memory per GPU, host memory, step time, checkpoint cost and whether it all fits.
 
-    shape = model_shape("glm53-flash")                       # meta device, exact counts
-    layout = Layout(seq_len=2**20).replace(cp=8, dp=8, recompute="per-layer", offload_layer_inputs=True)
-    plan = make_plan(shape, layout, make_cluster("b200", 64))
-    plan.peak_gpu_bytes, plan.fits, report.plan_json(plan)
-
-On a CPU (`cluster=None`) the plan predicts what the trainer logs as `peak_mem_bytes` there:
-the process's peak resident set = `process_baseline_bytes` (interpreter, torch, model and
-optimizer state already in place before the step, measured by the caller) + the step's
-gradients, activations and transients.
+On a CPU (`cluster=None`) the plan predicts the trainer's `peak_mem_bytes` there: the process's peak
+resident set = `process_baseline_bytes` (measured by the caller) + the step's gradients, activations
+and transients.
 """
 
 from __future__ import annotations
@@ -17,12 +11,52 @@ from dataclasses import dataclass, field
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.checkpoint import CheckpointPlan, plan_checkpoint
 from genome_lm.plan.hardware import Cluster, GiB
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.memory import MemoryPlan, plan_memory
+from genome_lm.plan.memory import MASTER_BYTES, MemoryPlan, plan_memory, shard_degree
 from genome_lm.plan.shapes import ModelShape
 from genome_lm.plan.throughput import TimePlan, plan_time
+
+GB = 1e9
+
+
+@dataclass
+class CheckpointPlan:
+    asynchronous: bool
+    train_state_bytes: int  # the whole train_state/ (all ranks)
+    export_bytes: int  # model/ in the model's dtype
+    state_bytes_per_gpu: int  # what each GPU writes (and, asynchronously, stages)
+    staging_host_bytes_per_gpu: int  # pinned host memory of the staged copy (0 when sync)
+    stall_s: float  # training waits this long per checkpoint
+    write_s: float  # writing train_state/ at the assumed filesystem bandwidth
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    def describe(self, write_gbps: float) -> str:
+        mode = "async (staged in pinned host memory)" if self.asynchronous else "sync"
+        return (f"checkpoint ({mode}): train_state {self.train_state_bytes / 1e12:,.2f} TB "
+                f"({self.state_bytes_per_gpu / GB:,.1f} GB per GPU), model/ {self.export_bytes / 1e12:,.2f} TB when "
+                f"exported; training stalls {self.stall_s:,.1f} s per checkpoint, the write takes "
+                f"{self.write_s:,.0f} s at {write_gbps:g} GB/s (--assume checkpoint_write_gbps)")
+
+
+def plan_checkpoint(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster) -> CheckpointPlan:
+    """What a training checkpoint costs (docs/plan.md, Checkpoints): train_state/ is (4 + 2 x the AdamW
+    moment bytes) per parameter, each GPU writing its shard. Async: training stalls while each GPU copies
+    its shard to pinned host memory, staged until the background write (at `checkpoint_write_gbps`)
+    ends. Sync: training stalls for the whole write and stages nothing."""
+    per_param = MASTER_BYTES + 2 * layout.state_bytes
+    total = per_param * m.param_count
+    per_gpu = total // shard_degree(layout, assume)
+    write_s = total / (assume.checkpoint_write_gbps * GB)
+    if assume.checkpoint_async:
+        stall = per_gpu / (cluster.gpu.host_link_bytes_per_s * assume.host_link_efficiency)
+        staging = per_gpu
+    else:
+        stall, staging = write_s, 0
+    return CheckpointPlan(assume.checkpoint_async, total, m.act_bytes * m.param_count, per_gpu, staging, stall,
+                          write_s)
 
 
 @dataclass

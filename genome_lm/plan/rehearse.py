@@ -1,32 +1,21 @@
 """`genome-lm rehearse EXP --gpus N --gpu b200`: one full-size training step measured on a CPU.
 
-torchtitan's memory estimator pattern: the experiment's real model is built on the meta device, joins
-a fake process group of N ranks (`FakeStore`, one rank simulated) with the dp x cp x ep mesh, goes
-through the trainer's `parallelize`, is materialised as fake tensors, and runs `steps` of the
-trainer's own `train_step` (no checkpoint) under torch's `FSDPMemTracker`, which counts every live
-tensor by kind. The planner's prediction for the same run is printed beside each figure.
-
-What fake tensors cannot decide is assumed and said, through the model's `ValueSource`
-(`model/values.fake_values`): the routing (`moe/ep.py`: this rank the busiest, as the planner
-assumes, or uniform), value checks (skipped), and fla's kernels (stand-ins that allocate what fla
-allocates, `fake_fla.py`). Offloaded layer inputs are parked on the meta device and counted as host
-memory. Device-only code (CUDA streams, pinned memory), kernel scratch, NCCL buffers, fragmentation
-and the CUDA context (the planner's margins) are not measured.
-
-Fewer layers (`layers`): the first `layers` decoder layers (every kind among them) are rehearsed and
-the figures lifted by what the omitted layers hold on this rank (sharded parameters, AdamW state,
-gradients, measured on the full model's FSDP2 shards on the meta device; host memory by the number of
-offloaded layers): exact when omitted layers keep nothing on the device between forward and backward
-(per-layer recompute with offload); otherwise all layers are rehearsed."""
+torchtitan's memory estimator pattern (docs/plan.md, Rehearsal): the real model is built on the meta
+device, joins a fake process group of N ranks (`FakeStore`, one rank simulated), goes through the
+trainer's `parallelize`, becomes fake tensors and runs `steps` of the trainer's `train_step` under
+torch's `FSDPMemTracker`. What fake tensors cannot decide comes from `model/values.fake_values`
+(routing, skipped value checks, fla stand-ins); offloaded inputs are parked on the meta device and
+counted as host memory. With fewer `layers`, the omitted layers' shards, AdamW state and gradients
+are added: exact when they keep nothing on the device (per-layer recompute with offload).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from copy import deepcopy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -36,53 +25,17 @@ from genome_lm.errors import GenomeLMError
 if TYPE_CHECKING:
     from torch.distributed._tools.mod_tracker import ModTracker
 
-log = logging.getLogger(__name__)
+    from genome_lm.plan.planner import Plan
 
 
-class _PlannedMemory(Protocol):
-    @property
-    def peak_where(self) -> str: ...
-
-    @property
-    def breakdown(self) -> dict[str, int]: ...
-
-
-class _PlannedAssumptions(Protocol):
-    @property
-    def expert_imbalance(self) -> float: ...
-
-
-class Plan(Protocol):
-    """What the rehearsal reads of the planner's `genome_lm.plan.planner.Plan` for the same run (the
-    plan layer calls this one, so the type is described here rather than imported)."""
-
-    @property
-    def peak_gpu_bytes(self) -> int: ...
-
-    @property
-    def host_bytes_per_gpu(self) -> int: ...
-
-    @property
-    def memory(self) -> _PlannedMemory: ...
-
-    @property
-    def assume(self) -> _PlannedAssumptions: ...
-
-KINDS = {  # the report's groups of the tracker's kinds
-    "parameters (sharded, float32)": ("Sharded Param", "Buffer"),
-    "optimizer state (and the step's temporaries)": ("OptState",),
-    "gradients (sharded, float32)": ("Sharded Grad",),
-    "FSDP2 buffers (gathered parameters, gradients)": ("Unsharded Param", "Unsharded Grad", "All Gather",
-                                                       "Reduce Scatter"),
-    "activations and temporaries": ("Activation", "Temp", "Inputs"),
-}
-PLANNER_KINDS = {
-    "parameters (sharded, float32)": ("parameters",),
-    "optimizer state (and the step's temporaries)": ("optimizer_states", "optimizer_temp"),
-    "gradients (sharded, float32)": ("gradients",),
-    "FSDP2 buffers (gathered parameters, gradients)": ("fsdp_buffers", "fsdp_root_unsharded"),
-    "activations and temporaries": ("kept_activations", "current_layer", "op_transient", "grad_streams", "inputs",
-                                    "final", "loss_chunk"),
+KINDS = {  # the report's groups: (the tracker's kinds, the planner's breakdown keys)
+    "parameters (sharded, float32)": (("Sharded Param", "Buffer"), ("parameters",)),
+    "optimizer state (and the step's temporaries)": (("OptState",), ("optimizer_states", "optimizer_temp")),
+    "gradients (sharded, float32)": (("Sharded Grad",), ("gradients",)),
+    "FSDP2 buffers (gathered parameters, gradients)": (("Unsharded Param", "Unsharded Grad", "All Gather",
+                                                        "Reduce Scatter"), ("fsdp_buffers", "fsdp_root_unsharded")),
+    "activations and temporaries": (("Activation", "Temp", "Inputs"), ("kept_activations", "current_layer",
+                                    "op_transient", "grad_streams", "inputs", "final", "loss_chunk")),
 }
 OPTIMIZER = "optimizer step"
 
@@ -398,9 +351,9 @@ def format_rehearsal(r: Rehearsal) -> str:
         lines += [f"              planner   {plan.peak_gpu_bytes / GiB:.2f} GiB at {plan.memory.peak_where}",
                   f"              difference {r.difference:+.1%} of the rehearsal's peak"]
     lines += ["", f"  {'by kind (GiB)':52} {'rehearsal':>10} {'planner':>10}"]
-    for name, kinds in KINDS.items():
+    for name, (kinds, planned) in KINDS.items():
         ours = sum(r.peak.kinds.get(k, 0) for k in kinds)
-        theirs = sum(plan.memory.breakdown.get(k, 0) for k in PLANNER_KINDS[name]) if plan is not None else None
+        theirs = sum(plan.memory.breakdown.get(k, 0) for k in planned) if plan is not None else None
         lines.append(f"  {name:52} {ours / GiB:10.2f} {'' if theirs is None else format(theirs / GiB, '10.2f')}")
     lines.append("  tracker kinds: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in r.peak.kinds.items() if v))
     if plan is not None:

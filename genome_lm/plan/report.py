@@ -53,7 +53,7 @@ def plan_json(plan) -> dict:
         "largest_phases": [{"where": w, "bytes": b} for w, b in mem.phases[:5]],
         "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s,
-        "assumptions": {k: v["value"] for k, v in plan.assume.describe().items()},
+        "assumptions": plan.assume.model_dump(),
     }
     if plan.cluster is not None:
         c = plan.cluster
@@ -112,21 +112,6 @@ def format_plan(plan) -> str:
         lines.append(f"note: {note}")
     lines.append("")
     lines.append("assumptions (override with --assume KEY=VALUE):")
-    for key, info in plan.assume.describe().items():
-        lines.append(f"  {key} = {info['value']}")
+    for key, value in plan.assume.model_dump().items():
+        lines.append(f"  {key} = {value}")
     return "\n".join(lines)
-
-
-def format_table(rows: list[dict]) -> str:
-    """Markdown table of `benchmarks/plan_table.py` rows (docs/plan.md). Rows that do not fit show the
-    layout with the lowest peak and no tokens/s."""
-    head = ("| GPU | GPUs | seq | fits | peak GiB/GPU | host GiB/GPU | + ckpt staging GiB/GPU | tokens/s | "
-            "layout (--fit) |")
-    sep = "|---|---:|---:|---|---:|---:|---:|---:|---|"
-    body = []
-    for r in rows:
-        tps = f"{r['tokens_per_s']:,.0f}" if r["fits"] else "–"
-        layout = r["layout"] if r["fits"] else f"lowest peak: {r['layout']}"
-        body.append(f"| {r['gpu']} | {r['gpus']} | {r['seq']} | {'yes' if r['fits'] else 'no'} | {r['peak_gib']:.1f} | "
-                    f"{r['host_gib']:.0f} | {r.get('staging_gib', 0):.0f} | {tps} | {layout} |")
-    return "\n".join([head, sep, *body])

@@ -1,14 +1,10 @@
 """`--fit`: the fastest estimated layout that fits the GPU and host memory limits.
 
-Searched: context parallelism cp (powers of two dividing the GPUs; dp = GPUs / cp), expert
-parallelism ep (by default `ep_choices`: powers of two up to a node that divide the GPUs and the
-experts), recompute (none, selective [moe], selective [dsa, moe], per-layer), layer-input offload and
-MoE block recompute; the other keys (dtypes, prefetch, KDA head blocks) are the given layout's.
-For each of these the op block sizes start at their largest (DSA 4k queries, MoE 64k tokens, loss
-16k tokens) and the block of the op where the peak occurs is halved until the layout fits or the
-block reaches its smallest value: block sizes do not change the first-order step time, so the
-largest blocks that fit are kept (fewer, larger kernels). Among fitting layouts the highest
-estimated cluster tokens/s wins; ties go to less host memory, then to the lower peak.
+Searched: cp (powers of two dividing the GPUs; dp = GPUs / cp), ep (`ep_choices` unless given),
+`STRATEGIES`, layer-input offload and MoE block recompute; the other keys are the given layout's.
+Block sizes start at their largest and the block of the op at the peak is halved until the layout
+fits: they do not change the first-order step time, so the largest blocks that fit are kept. The
+highest estimated tokens/s wins; ties go to less host memory, then to the lower peak.
 """
 
 from __future__ import annotations
@@ -72,12 +68,7 @@ def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
 
 
 def cp_choices(gpus: int, seq_len: int) -> list[int]:
-    out, cp = [], 1
-    while cp <= gpus:
-        if gpus % cp == 0 and seq_len % cp == 0:
-            out.append(cp)
-        cp *= 2
-    return out
+    return [cp for cp in (2**i for i in range(gpus.bit_length())) if gpus % cp == 0 and seq_len % cp == 0]
 
 
 def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumptions) -> Plan:

@@ -1,9 +1,5 @@
-"""What the planner needs to know about a model: its dimensions, its layers and their parameters.
-
-`model_shape(name, dtype, **overrides)` builds the causal LM on the meta device (nothing is
-allocated), counts parameters exactly by group (`genome_lm.model.count_parameters`) and by layer,
-with the bytes of each as stored (bf16 models keep a few float32 tensors: router, conv1d, KDA
-gate, hyper-connection base/scale), and reads the dimensions from the upstream config.
+"""What the planner needs to know about a model: its dimensions, its layers and their parameters,
+read from the causal LM built on the meta device (exact counts and bytes as stored).
 
 Letters: D model dim, S hc streams, V vocab, H/K heads and head dim (KDA), C KDA chunk, ql/R
 q/kv LoRA ranks, DN/DV MLA head dims, HI/DI indexer heads/dim, E experts, k top-k, I widths.

@@ -1,22 +1,15 @@
 """First-order step time per GPU: FLOPs at a stated efficiency, HBM traffic, link traffic.
 
     compute   GEMMs: 2 x active parameters per token forward, 4x backward, one more forward per
-              recompute pass (per-layer recompute; MoE blocks again with moe_recompute);
-              KDA chunked core H·(4CK + C(K+V) + 2CV + 6KV) per token forward, 2x backward;
-              DSA indexer 2·HI·DI per query and visible pool (forward only, no grad; a block
-              scores the pools complete before it: half of P = T/kpool on one rank, more on the
-              last CP rank, which sets the pace); KDA core twice under CP on torch (affine map pass;
-              fla's CP is one);
-              DSA sparse attention 4·W·R per query and head forward, 10·W·R backward;
-              LM head 8·D·V per token (chunked: logits rebuilt in backward)
-    memory    DSA row gathers W·R·(2a + 8) bytes per query forward, + 24·W·R backward; loss
-              logits passes; every saved activation byte `elementwise_passes` times (+1 when
-              per-layer recompute writes it again);
-              hyper-connection float32 passes; AdamW reading/writing the shard
-    links     FSDP2 all-gather (forward, backward) and float32 reduce-scatter of each layer's
-              parameters, hidden behind compute up to `fsdp_overlap`; CP all-gathers of the DSA
-              latent and index keys and the KDA state maps (exposed); expert all-to-all with ep > 1;
-              offloaded layer inputs over the host link (the copy back is exposed unless prefetched)
+              recompute pass; KDA chunked core H·(4CK + C(K+V) + 2CV + 6KV) per token forward, 2x
+              backward (twice under CP on torch); DSA indexer 2·HI·DI per query and visible pool (the
+              last CP rank sets the pace); DSA sparse attention 4·W·R per query and head forward,
+              10·W·R backward; LM head 8·D·V per token (logits rebuilt in backward)
+    memory    DSA row gathers W·R·(2a + 8) bytes per query forward, + 24·W·R backward; every saved
+              byte `elementwise_passes` times (+1 under per-layer recompute); hyper-connection and
+              AdamW passes
+    links     FSDP2 traffic hidden up to `fsdp_overlap`; CP all-gathers, the expert all-to-all and
+              offload copies exposed
 The busiest rank sets the pace: with ep > 1 its expert work is `expert_imbalance` x the mean.
 """
 
