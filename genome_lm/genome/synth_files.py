@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_file
 from genome_lm.genome.fasta import check_writable
 from genome_lm.genome.planting import RepeatCopy
 from genome_lm.genome.segdups import format_segdups
 from genome_lm.genome.synth import synthesize_genome
 from genome_lm.genome.synth_params import SynthParams
-from genome_lm.outputs import holding
+from genome_lm.outputs import atomic_file, holding
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_directory, write_json_atomic
 from genome_lm.genome.tokenizer import VOCAB, encode, reverse_complement
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
 from genome_lm.progress import progress
 from genome_lm.score.reference import Reference, contig_key
 from genome_lm.score.variant_params import VariantsParams
