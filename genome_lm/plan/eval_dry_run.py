@@ -90,7 +90,7 @@ def forward_tokens(cfg, lengths: np.ndarray) -> dict:
 def dry_run(cfg, world: int | None = None) -> dict:
     """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
     from genome_lm.config import BlockSizes, MemoryConfig
-    from genome_lm.parallel.cp import slab_bounds
+    from genome_lm.parallel import slab_bounds
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
     from genome_lm.plan.inference import plan_forward
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from genome_lm.config import ExperimentConfig
-from genome_lm.parallel.cp import slab_bounds
+from genome_lm.parallel import slab_bounds
 from genome_lm.parallel.fsdp import sharded_numel
 from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import check_layout, default_device
