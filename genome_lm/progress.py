@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TypeAlias
 
 from tqdm import tqdm
 
@@ -66,7 +67,7 @@ class ProgressLog:
 
 
 
-Bar = tqdm | ProgressLog
+Bar: TypeAlias = "tqdm | ProgressLog"
 
 
 def progress(total: int, initial: int = 0, desc: str = "", unit: str = "it", disable: bool = False,
