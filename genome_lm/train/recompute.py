@@ -1,12 +1,8 @@
-"""Memory strategies applied from outside the model: per-layer / selective recompute, and offload
-of each checkpointed layer's input to (pinned) host memory (docs/train.md).
-
-With offload, a module's tensor inputs are copied to host memory on a side stream and nothing else
-is kept. In backward each offloaded module takes its inputs back, starts the copy back of the inputs
-of the module that runs backward next on the side stream, replays its forward with the same RNG
-state and back-propagates through it: the copy back overlaps a layer's backward, and the compute
-stream only waits on a CUDA event, the host never. On CPU the copy goes to a separate host buffer,
-so the path is exercised (and tested) everywhere.
+"""Per-layer / selective recompute, and offload of each checkpointed layer's input to (pinned) host memory
+(docs/train.md). In backward each offloaded module takes its inputs back, starts the copy back of the
+next module's inputs on a side stream (overlapping its own backward; the host never waits), and replays
+its forward with the same RNG state. On CPU the copy goes to a separate host buffer, so the path is
+exercised everywhere.
 """
 
 from __future__ import annotations

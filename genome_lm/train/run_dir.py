@@ -1,12 +1,7 @@
-"""The run directory of `genome-lm train` (docs/train.md): what rank 0 checks before a run starts (a
-folder that is not a run, a used run without --resume, a resume with changed settings), what it
-records once the run has started, and what it removes when a new run stops before its first checkpoint.
-
-A resume compares the new config with `config.yaml` key by key: keys that do not change what is
-computed (`TAKEN`) are taken and the earlier config kept as `config.resume-N.yaml`; `train.micro_batch`
-and `train.grad_accum` are taken when the sequences per optimizer step (recorded in the marker) stay
-the same; any other change is refused in one line naming each key, old -> new: the checkpoint's
-optimizer state and schedule position were made with the old values.
+"""The run directory of `genome-lm train` (docs/train.md): what rank 0 checks before a run starts, records
+once it has started, and removes when a new run stops before its first checkpoint. A resume takes the
+config keys that do not change what is computed (`TAKEN`), and the batch keys when the sequences per step
+stay the same; any other change is refused: the checkpoint's optimizer state was made with the old values.
 """
 
 from __future__ import annotations
