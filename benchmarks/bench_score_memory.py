@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from genome_lm.files import write_json_atomic
+from genome_lm.outputs import write_json_atomic
 from genome_lm.sizes import parse_size
 
 RESULTS = Path(__file__).resolve().parent / "results" / "score_memory.json"

@@ -1,8 +1,6 @@
-"""`genome-lm`: thin subcommands. The library does the work; this file builds each command's flags
-from its pydantic parameter models (`options.add_options`), calls the library, and turns
-`GenomeLMError` into a one-line message and a non-zero exit. The models live in light modules
-(pydantic, no torch, numpy or pyarrow), imported only for the command that runs; each command imports
-its implementation when it runs, so `--help` answers at once."""
+"""`genome-lm`: thin subcommands, their flags built from pydantic parameter models (`options.add_options`)
+in light modules; each command imports its implementation when it runs, so `--help` answers at once.
+A `GenomeLMError` is one line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from genome_lm.outputs import check_out_path, holding, release_all
 from genome_lm.sizes import Size
 
 EXIT_USER_ERROR = 2
-# What a full disk, a quota, a read-only mount or missing permissions raise: the user's to fix.
 EXIT_INTERRUPTED = 130
 
 
@@ -173,7 +170,7 @@ def _train(args) -> None:
         _planned_peak(p, train_dry_run(cfg, world=run.nproc))
     elif run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.parallel.launch import run_local, run_ray
-        from genome_lm.train.launch import train_job
+        from genome_lm.train.trainer import train_job
 
         job = train_job(cfg, p.out, p.resume)
         with holding(job.work_dir, "train"):  # for the whole launch: restarted workers work under it too
@@ -186,7 +183,7 @@ def _train(args) -> None:
 
 
 def _planned_peak(p: TrainParams, world: int | None) -> None:
-    """The planner's verdict for the dry run's layout (`genome-lm plan` has the whole report)."""
+    """The planner's verdict for the dry run's layout."""
     from genome_lm.plan.command import PlanParams, build
     from genome_lm.plan.planner import make_plan
 
@@ -288,9 +285,7 @@ def _check_upstream(args) -> None:
 
 
 def storage_message(e: OSError, out: str | None = None) -> str:
-    """One line for a storage failure: what happened, where (the file, else the command's `out`), and
-    what to do. Outputs are written under temporary names and renamed when complete, so a failed write
-    leaves no output that looks whole."""
+    """One line for a storage failure: what happened, where (the file, else the command's `out`), what to do."""
     assert e.errno is not None, "the caller passes only errors whose errno is in STORAGE_ERRORS"
     where = f" writing {e.filename}" if e.filename else f" writing under --out {out}" if out else ""
     fix = ("free space there or choose another --out" if e.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -299,8 +294,7 @@ def storage_message(e: OSError, out: str | None = None) -> str:
 
 
 def _kept(args) -> str:
-    """What a fetch, an eval or a score that stopped early keeps for a rerun: the downloads' `.part` files, the
-    eval's per-window cache (`eval/cache.py`), the score's completed regions (`score/outputs.py`)."""
+    """What a fetch, an eval or a score that stopped early keeps for a rerun."""
     if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
         parts = sorted(p.name for p in Path(args.out).glob("*.part"))
         return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
@@ -324,10 +318,9 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: the function that runs it, its help, and its parameter models, each a class or the
-    "module:Class" of one imported only when this command's parser is built; one flag per field. `files`:
-    the model that `--config FILE.yaml` and `--set KEY=VALUE` fill (one of `models`, or one whose fields
-    have no flags of their own)."""
+    """A subcommand: its function, help, and parameter models (a class, or "module:Class" imported only
+    when its parser is built). `files`: the model `--config` and `--set` fill (with no flags of its own
+    when it is not one of `models`)."""
 
     run: Callable[[argparse.Namespace], None]
     help: str
@@ -377,8 +370,7 @@ def _model(ref: type[Params] | str) -> type[BaseModel]:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser, with the flags of the command that `argv` names (of every command without `argv`):
-    a command's models are imported only when its flags are built, so `genome-lm --help` imports none."""
+    """The parser, with the flags of the command that `argv` names (of every command without `argv`)."""
     import genome_lm
 
     parser = argparse.ArgumentParser(prog="genome-lm", description=genome_lm.__doc__)
@@ -448,11 +440,9 @@ def _main(argv: list[str]) -> int:
 
 
 def _resume_command(argv: list[str]) -> str:
-    """The command line that continues a preempted run: the same one, with --resume."""
     import shlex
 
-    words = [a for a in argv if a != "--resume"]
-    return shlex.join(["genome-lm", *words, "--resume"])
+    return shlex.join(["genome-lm", *[a for a in argv if a != "--resume"], "--resume"])
 
 
 if __name__ == "__main__":

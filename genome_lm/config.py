@@ -1,19 +1,5 @@
-"""Experiment configuration: one pydantic model per section, loaded from YAML.
-
-    data:    shard directory, split, sequence length, shuffling seed, reverse complement
-    model:   preset or checkpoint directory, dtype, init checkpoint, config overrides
-    train:   steps, batch, optimizer, schedule, clipping, checkpoints (and whether each one also
-             exports the Hugging Face-style model/: `export_model`)
-    memory:  recompute policy, layer-input offload, long-context block sizes
-    log:     wandb mode/project, interval
-    parallel: context / data parallel layout (used by distributed launches)
-
-`load_experiment(path, overrides=["train.lr=1e-5", ...])` validates everything; an unknown or
-mistyped key or a bad value raises GenomeLMError naming the file and the key. Sizes accept
-`512k` / `1M` (2^19 / 2^20; `sizes.parse_size`).
-
-`Size`, the error messages and `--set` are those of every command (`options.validate`, docs/config.md).
-"""
+"""Experiment configuration (docs/config.md): one pydantic model per section (data, model, train,
+memory, log, parallel), loaded from YAML with `--set` overrides by `load_experiment`."""
 
 from __future__ import annotations
 
@@ -100,8 +86,7 @@ class TrainConfig(Section):
 
 
 class BlockSizes(Section):
-    """Block sizes and KDA backend of the long-context ops, shared by training (`memory:`) and eval
-    (its defaults), each default `settings.LongContextSettings`'."""
+    """Block sizes and KDA backend of the long-context ops (training's `memory:`, eval's flags)."""
 
     moe_block_tokens: Size = Field(default=DEFAULTS.moe_block_tokens, description="tokens per block of the chunked MoE")
     dsa_block_queries: Size = Field(default=DEFAULTS.dsa_block_queries,

@@ -1,13 +1,6 @@
-"""`make demo` (`genome-lm demo [--quick] [--root .] [--set NAME=VALUE ...]`, NAME a Recipe field):
-the bundled default, end to end, on the synthetic genome, CPU only.
-
-    synthetic genome -> prepare (train chr1+chr2, eval chr22) -> base model at short context ->
-    long-context fine-tune -> short-context fine-tune on as many tokens (the compute-matched control)
-    -> evaluate each -> compare the three pairwise -> report
-
-`--set extra_seeds=2,3` trains both fine-tunes again with those seeds and adds comparisons pooled
-over seeds (`eval/replicates.py`). A step whose output is complete is skipped; `--quick` runs a
-smaller version of every step (the test suite runs it)."""
+"""`make demo` (`genome-lm demo [--quick] [--root .] [--set NAME=VALUE ...]`; docs/demo.md): on the
+synthetic genome, CPU only, a base model at short context, long- and short-context fine-tunes on as
+many tokens, each evaluated, compared pairwise, and a report. A step whose output is complete is skipped."""
 
 from __future__ import annotations
 
@@ -32,8 +25,8 @@ INSTALLED_EXPERIMENTS = Path(sys.prefix) / "share" / "genome_lm" / "experiments"
 
 
 def experiments_dir() -> Path:
-    """The experiment YAMLs: the source tree's `experiments/` (a checkout, an editable install), else
-    the copy that `pip install .` puts under `<prefix>/share/genome_lm/experiments`."""
+    """The experiment YAMLs: the source tree's `experiments/`, else the copy `pip install .` puts under
+    `<prefix>/share/genome_lm/experiments`."""
     for path in (SOURCE_EXPERIMENTS, INSTALLED_EXPERIMENTS):
         if (path / "demo_base.yaml").is_file():
             return path
@@ -42,7 +35,7 @@ def experiments_dir() -> Path:
 
 
 class Recipe(BaseModel):
-    """What `make demo` runs; `--set NAME=VALUE` replaces a field (validated as a config file is)."""
+    """What `make demo` runs; `--set NAME=VALUE` replaces a field."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
@@ -65,8 +58,7 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _sizes_and_model(self) -> "Recipe":
-        """What later steps would refuse, refused before any work: the window and context sizes, each
-        context length below the ablation's targets (the last 1/8 of a window), the model preset."""
+        """What later steps would refuse, refused before any work."""
         from genome_lm.model.presets import is_preset
 
         window = parse_size(self.window, "window")
@@ -92,10 +84,8 @@ QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_win
 
 
 def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
-    """QUICK or FULL with `overrides` ("NAME=VALUE", a Recipe field each) applied, and the tag that
-    names its outputs: "demo" / "demo_quick", plus the overrides (`base_steps=6000` ->
-    "demo_base_steps-6000"), so that a changed recipe never reuses another recipe's outputs. `extra_seeds`
-    only adds outputs (named by seed), so it leaves the tag as it is and reuses the recipe's."""
+    """QUICK or FULL with `overrides` ("NAME=VALUE") applied, and the tag that names its outputs: "demo" /
+    "demo_quick" plus the overrides (`base_steps=6000` -> "demo_base_steps-6000"), but for `UNTAGGED`."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
     if not overrides:
         return r, tag
@@ -111,16 +101,11 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
     return r, f"{tag}_{suffix}" if suffix else tag
 
 
-# The demo genome (`genome-lm synth --set ...`; data/README.md). Its background (~90% of the bases)
-# is an order-6 Markov chain with a table of its own per isochore (20-300 kbp), additive in the six
-# preceding bases (genome/synth.py): only the sequence before a token reveals its isochore's table,
-# and a small model learns to estimate it in context within ~100 steps, without the phase change
-# that in-context copying needs; an estimate over 7k bases beats one over 1k. Interspersed copies
-# (~10%) lie 500-8000 bases from their source; segmental duplications of chr1/chr2 in chr22 give the
-# leakage mask something to mark. No tandem arrays: they reward a state that adapts within a few
-# hundred bases: with them on 20% of the bases the long-context fine-tune learns to forget fast and
-# reads nothing past 1k (docs/findings.md, "On the tandem-array demo the long fine-tune reads about
-# 1k back").
+# The demo genome (data/README.md, docs/demo.md): an order-6 Markov background with a table of its own
+# per isochore (only the sequence before a token reveals it, so an estimate over 7k bases beats one
+# over 1k), interspersed copies 500-8000 bases from their source, and segmental duplications of
+# chr1/chr2 in chr22 for the leakage mask. No tandem arrays: with them the long-context fine-tune
+# learns to forget fast and reads nothing past 1k (docs/findings.md).
 DEMO_GENOME = dict(
     markov_order=6, markov_rows="additive", markov_scale=0.4,
     n_families=2000, family_min_len=100, family_max_len=1000, repeat_fraction=0.1,
@@ -129,13 +114,12 @@ DEMO_GENOME = dict(
 )
 
 
-# Each step's share of the full recipe's time on 2 CPU cores (docs/demo.md has the measurement); the
-# time left after a step is the time spent so far scaled by the shares still to run.
+# Each step's share of the full recipe's time on 2 CPU cores (docs/demo.md).
 SHARES = {1: 0.003, 2: 0.001, 3: 0.215, 4: 0.127, 5: 0.279, 6: 0.114, 7: 0.132, 8: 0.121, 9: 0.003, 10: 0.003}
 
 
 class Timeline:
-    """Time so far and an estimate of the time left, logged after each of the 10 steps."""
+    """Time so far and an estimate of the time left (time spent scaled by the shares still to run)."""
 
     def __init__(self, shares: dict[int, float] = SHARES, clock=time.perf_counter):
         self.shares, self.clock, self.t0 = shares, clock, clock()
@@ -143,7 +127,7 @@ class Timeline:
         self.reused: list[int] = []  # steps whose output was already complete
 
     def done(self, step: int, ran: bool = True) -> str:
-        """Step `step` is over (`ran`: it did its work, rather than reusing an output); the log line."""
+        """Step `step` is over (`ran`: rather than reusing an output); the log line."""
         self.left -= self.shares[step]
         self.spent += self.shares[step] if ran else 0.0
         if not ran:
@@ -180,11 +164,8 @@ def _tokens_per_step(cfg) -> int:
 
 
 def matched_finetunes(r: Recipe, data: list[str], init: Path):
-    """The long- and short-context fine-tune experiments of recipe `r` from checkpoint `init`: the
-    short one (demo_shortctx.yaml, the base's context) takes window / seq_len sequences per step, so
-    that both train on the same tokens per step for the same steps (and the same schedule)."""
-    from genome_lm.sizes import parse_size
-
+    """The long- and short-context fine-tunes of `r` from `init`: the short one takes window / seq_len
+    sequences per step, so that both train on the same tokens."""
     window = parse_size(r.window)
     common = [*data, f"model.init={init}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
@@ -198,15 +179,15 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     return long, short
 
 
-def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> dict:
-    """eval with the context ablation (`r.context`) and both strands."""
+def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> tuple[dict, bool]:
+    """eval with the context ablation (`r.context`) and both strands; (summary, False when reused)."""
     from genome_lm.eval import EvalConfig, evaluate, load_summary
 
     if (out / "summary.json").exists():
         log.info("    %s is complete; reusing it", out)
-        return load_summary(out)
+        return load_summary(out), False
     return evaluate(EvalConfig(checkpoint=str(checkpoint), shards=str(shards), out=str(out), max_windows=r.eval_windows,
-                               context=r.context, strands="both"))
+                               context=r.context, strands="both")), True
 
 
 def _strand_line(name: str, summary: dict) -> str:
@@ -217,9 +198,8 @@ def _strand_line(name: str, summary: dict) -> str:
 
 
 def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> dict[str, list[Path]]:
-    """Recipe `extra_seeds`: both fine-tunes again from the same base per seed S (data.seed = train.seed =
-    S; outputs RUN_seedS), each evaluated as the others -> {"base": [eval], "shortctx"|"longctx": [eval
-    dirs, seed 1 first]}, or {} without extra seeds."""
+    """Both fine-tunes again per extra seed S (data.seed = train.seed = S; outputs RUN_seedS), evaluated
+    -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}, or {} without extra seeds."""
     if not r.seed_list():
         return {}
     replicate = {"base": [evals["base"]], "shortctx": [evals["shortctx"]], "longctx": [evals["longctx"]]}
@@ -236,8 +216,7 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
 
 
 def _seeds_lines(results: dict, seeds: str) -> list[str]:
-    """The three paired differences of `report.matched.PAIRS` pooled over the fine-tune seeds (`compare`
-    with replicates; `results` keyed by this module's (A, B) names)."""
+    """The three paired differences of `report.matched.PAIRS` pooled over the fine-tune seeds."""
     from genome_lm.report.matched import PAIRS as ROLE_PAIRS
 
     lines = [f"  Over fine-tune seeds 1,{seeds} (extra_seeds): each paired difference per seed, and pooled with a "
@@ -257,7 +236,7 @@ NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.match
 
 
 def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
-    """The whole demo under `root`, holding its lock (`ROOT/.genome_lm.lock`) throughout."""
+    """The whole demo under `root`, holding its lock throughout."""
     r, tag = recipe(quick, overrides)
     check_writable(Path(root), "--root")
     resolved = Path(root).resolve()
@@ -306,8 +285,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
     log.info(f"[3/10] train the base model at short context -> {runs['base']}")
     timeline.done(3, _train(_experiment("demo_base.yaml", r.base_steps, data), runs["base"]))
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
-    ran = not (evals["base"] / "summary.json").exists()
-    summaries["base"] = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
+    summaries["base"], ran = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     timeline.done(4, ran)
     long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
     for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "short"))):
@@ -316,8 +294,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
                  f"{cfg.train.steps * _tokens_per_step(cfg):,} tokens) -> {runs[name]}")
         timeline.done(5 + 2 * n, _train(cfg, runs[name]))
         log.info(f"[{6 + 2 * n}/10] evaluate the {what}-context model on chr22 -> {evals[name]}")
-        ran = not (evals[name] / "summary.json").exists()
-        summaries[name] = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
+        summaries[name], ran = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
         timeline.done(6 + 2 * n, ran)
     replicates = _extra_seeds(r, data, runs, evals, shards)
     seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if replicates else {}
@@ -341,8 +318,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
 
 def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest: dict, gain, summaries: dict,
                    results: dict, seeds: dict, report: Path) -> None:
-    """What the demo found, on stdout: the shards, the context gain, the strands, leakage, the
-    long- vs short-context table (and the seeds pooled), the report's path."""
+    """What the demo found, on stdout."""
     from genome_lm.eval import format_table
     from genome_lm.eval.text import replicate_lines
     from genome_lm.report import format_ablation, format_context_gain

@@ -1,8 +1,4 @@
-"""The one error type for problems a user can cause (bad file, bad config, missing chromosome).
-
-The message names the file or field and says what to do; the CLI prints it on one line,
-without a traceback, and exits non-zero.
-"""
+"""The one error type for problems a user can cause: the CLI prints it on one line and exits non-zero."""
 
 import errno
 
@@ -20,8 +16,7 @@ class Preempted(Exception):
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of `e`'s message (at most 200 characters; its type when it has none), for
-    one-line messages about a file that does not parse."""
+    """The first line of `e`'s message (at most 200 characters; its type when it has none)."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 # storage failures the CLI reports in one line (cli.storage_message); outputs re-raise them as they are

@@ -1,10 +1,6 @@
-"""Every command's parameters as a pydantic model (docs/config.md): `validate` turns a pydantic
-error into one GenomeLMError naming where the value came from (a file, `--set`, a flag) with a
-did-you-mean for unknown keys; `apply_override` applies a `--set KEY=VALUE`; `read_yaml` reads a
-`--config` or experiment file (UTF-8, each key once in a mapping: `UniqueKeyLoader`); `add_options`
-/ `from_args` give a model's fields as flags, plus `--config FILE.yaml` and `--set KEY=VALUE`
-(prepare, synth, eval). `Names`: a list of names given as 'chr1,chr2' or a YAML list.
-"""
+"""Every command's parameters as a pydantic model (docs/config.md): `validate` (one GenomeLMError naming
+where the value came from, with a did-you-mean), `apply_override` (`--set KEY=VALUE`), `read_yaml`, and
+`add_options` / `from_args` (a model's fields as flags, plus `--config FILE.yaml` and `--set`)."""
 
 from __future__ import annotations
 
@@ -39,9 +35,8 @@ def _initials(name: str) -> str:
 
 
 def _near(key: str, known: list[str]) -> str | None:
-    """The known key that a mistyped `key` most likely means: a key of its own section, spelled alike or
-    abbreviated ('learning_rate' for 'lr', 'wd' for 'weight_decay'); in an unknown section, any key
-    spelled alike."""
+    """The known key a mistyped `key` most likely means: one of its section spelled alike or abbreviated
+    ('wd' for 'weight_decay'); in an unknown section, any key spelled alike."""
     section, _, last = key.rpartition(".")
     siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
     if section and section not in known:
@@ -89,7 +84,7 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
 def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: dict[str, str] | None = None,
              unknown: str = "unknown key"):
     """`model` from `raw`; a bad value is one GenomeLMError naming the key (or the flag, file or --set that
-    `origin` says gave it; else `source`), with a did-you-mean for an unknown key."""
+    `origin` says gave it; else `source`)."""
     try:
         return model.model_validate(raw)
     except ValidationError as err:
@@ -97,8 +92,8 @@ def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: 
 
 
 def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
-    """Apply one `a.b.c=value` override to the raw YAML dict (the value is parsed as YAML); return a.
-    `example` is the KEY=VALUE a malformed one is shown (a key of what `flag` sets)."""
+    """Apply one `a.b.c=value` override (a YAML value) to the raw dict; return a. `example`: shown for a
+    malformed one."""
     if "=" not in assignment:
         raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} {example}")
     key, value = assignment.split("=", 1)
@@ -169,11 +164,10 @@ def _default(v) -> str:
 
 
 def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True, files: bool = True) -> None:
-    """One flag per field of `model` (with `fields`; `seq_len` -> `--seq-len`; help: the field's
-    description and default; every flag unset by default, so that `from_args` can tell given from
-    default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
-    `json_schema_extra` may say `positional`, `repeat` (a repeatable flag), `flag` (another flag name),
-    `metavar` or `const` (the value of the flag given without one)."""
+    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can
+    tell given from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
+    `json_schema_extra` may say `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the
+    value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
         assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"
@@ -207,8 +201,8 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool
 
 
 def from_args(model: type[BaseModel], args: argparse.Namespace):
-    """`model` from the --config file, then the flags given, then --set (see `add_options`); the
-    file and --set count only for the model that `add_options` gave them to."""
+    """`model` from the --config file, then the flags given, then --set (those two only for the model
+    that `add_options` gave them to)."""
     files = getattr(args, "_files_of", None) is model
     raw = read_yaml(args.config, f"{', '.join(list(model.model_fields)[:3])}, ...") if files and args.config else {}
     origin = dict.fromkeys(raw, str(getattr(args, "config", "")))

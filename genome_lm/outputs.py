@@ -1,30 +1,31 @@
-"""Output folders a command owns: it writes only into an output it made, and `--overwrite` replaces
-only such an output, made by the same kind of command.
+"""Output folders a command owns (docs/refusals.md): it writes only into an output it made, and
+`--overwrite` replaces only such an output, made by the same kind of command. Each holds a marker,
+`.genome_lm.json`: `{"kind": "eval", "entries": [...], "inputs": ["/abs/ckpt", ...]}`.
 
-Each output folder holds a marker, `.genome_lm.json`:
-`{"kind": "eval", "entries": ["summary.json", "tokens.parquet"], "inputs": ["/abs/ckpt", ...]}`.
-`claim_output` refuses, in one line and before any work, to replace the working directory, one of
-its parents, home or a root; a folder that is or holds one of the command's inputs; an unmarked
-folder (unless it holds exactly an output of the kind, `SIGNATURES`), a file, or a marked folder of
-another kind; a marked folder that also holds files the command did not write.
+One writer per output: an exclusive `fcntl.flock` on `PARENT/.NAME.lock`, which records the holder and
+is held until the command ends. A second command is refused naming the holder; a lock left by a gone
+process on this host is taken over with a warning. Workers of a launch run under their launcher's lock
+(`HOLDER_ENV`).
 
-One writer per output: `claim_output` (and `lock_output`) take an exclusive `fcntl.flock` on
-`PARENT/.NAME.lock`, which records the holder and is held until the command ends (`holding`,
-`release_all`). A second command is refused naming the holder; a lock left by a gone process on this
-host is taken over with a warning. Workers of a launch run under their launcher's lock (`HOLDER_ENV`)."""
+Files and output folders are written whole or not at all: under a temporary name beside the target,
+renamed when complete (`atomic_file`, `atomic_directory`)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from genome_lm.errors import STORAGE_ERRORS, GenomeLMError
 
@@ -56,7 +57,7 @@ SIGNATURES = {
 
 
 def _unmarked_kind(folder: Path) -> str | None:
-    """The kind an unmarked folder is an output of, judged by its files (`SIGNATURES`), or None."""
+    """The kind an unmarked folder is an output of, judged by its files, or None."""
     names = {p.name for p in folder.iterdir()}
     for kind, (needed, allowed) in SIGNATURES.items():
         if needed <= names and names <= allowed:
@@ -74,8 +75,7 @@ def read_marker(folder: Path) -> dict | None:
 
 
 def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = (), **extra) -> None:
-    """Mark `folder` as an output of `kind` holding what is in it now; `extra` fields are kept in the
-    marker too (a run records `sequences_per_step`)."""
+    """Mark `folder` as an output of `kind` holding what is in it now, with `extra` fields."""
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r}; one of {sorted(KINDS)}")
     folder = Path(folder)
@@ -100,7 +100,7 @@ def _never_replaced(resolved: Path) -> str | None:
 
 
 def what_it_is(path: Path) -> str:
-    """A few words for what `path` holds, for refusals: its kind, or what kind of thing it is."""
+    """A few words for what `path` holds, for refusals."""
     if not path.is_dir():
         return "a file"
     marker = read_marker(path)
@@ -116,8 +116,7 @@ def what_it_is(path: Path) -> str:
 
 
 def check_out_path(out: str | os.PathLike, option: str = "--out") -> Path:
-    """`out` as a Path; one `GenomeLMError` line for an empty path (an unset shell variable) and for a
-    literal '~' that the shell did not expand."""
+    """`out` as a Path; GenomeLMError for an empty path (an unset shell variable) or a literal '~'."""
     if not str(out).strip():
         raise GenomeLMError(f"{option} is empty (an unset shell variable?); give the path to write")
     out = Path(out)
@@ -128,8 +127,8 @@ def check_out_path(out: str | os.PathLike, option: str = "--out") -> Path:
 
 
 def lock_file(out: str | os.PathLike, inside: bool = False) -> Path:
-    """Where the lock of output `out` lives: `.NAME.lock` beside it (beside a symlink's target), or
-    `.genome_lm.lock` inside it (`inside`: a folder that is written into, never replaced)."""
+    """`.NAME.lock` beside output `out` (its symlink's target), or `.genome_lm.lock` inside it (`inside`:
+    a folder that is written into, never replaced)."""
     target = Path(out).resolve()
     return target / ".genome_lm.lock" if inside else target.parent / f".{target.name}.lock"
 
@@ -158,8 +157,7 @@ def _alive(pid) -> bool:
 
 
 def _open_locked(path: Path, out: Path, option: str) -> int | None:
-    """An open descriptor of `path` locked exclusively, or None when this process works under its
-    launcher's lock; refuses when another process holds it."""
+    """`path` open and locked exclusively, or None when this process works under its launcher's lock."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -178,8 +176,7 @@ def _open_locked(path: Path, out: Path, option: str) -> int | None:
 
 
 def lock_output(out: str | os.PathLike, command: str, option: str = "--out", inside: bool = False) -> None:
-    """Hold the lock of output `out` for `command` until the command ends (module docstring); a second
-    call for the same output is a no-op."""
+    """Hold the lock of output `out` for `command` until the command ends (again: a no-op)."""
     path = lock_file(out, inside)
     if path in _HELD:
         return
@@ -231,7 +228,7 @@ def release_all() -> None:
 
 @contextlib.contextmanager
 def holding(out: str | os.PathLike, command: str, option: str = "--out", inside: bool = False) -> Iterator[None]:
-    """Hold the lock of `out` for the block (`lock_output`); released at its end unless held before."""
+    """Hold the lock of `out` for the block; released at its end unless held before."""
     path = lock_file(out, inside)
     held = path in _HELD
     lock_output(out, command, option, inside)
@@ -244,11 +241,10 @@ def holding(out: str | os.PathLike, command: str, option: str = "--out", inside:
 
 def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
                  overwrite: bool = False, option: str = "--out") -> None:
-    """Take the lock of `out` (`lock_output`), then refuse, with one `GenomeLMError` line, an `out` that
-    the command may not write (module docstring).
-
-    A missing `out` is always fine, and so is an empty folder; any other existing one needs `overwrite`.
-    """
+    """Take the lock of `out`, then refuse in one line an `out` the command may not write: without
+    `overwrite` anything but a missing `out` or an empty folder; home, a root, the working directory or
+    a parent of it; a folder inside or holding an input; an unmarked folder (unless it holds just an
+    output of the kind, `SIGNATURES`), a file, or an output of another kind; one with foreign files."""
     out = check_out_path(out, option)
     lock_output(out, COMMANDS[kind], option)
     for path in inputs:  # an output inside an input folder: a rebuild or rotation of the input removes it
@@ -287,3 +283,87 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise GenomeLMError(f"{option} {out} also holds files genome_lm did not write there ({shown}); move them "
                             f"out first, or choose another {option}")
+
+
+def umask() -> int:
+    """The process's file-mode creation mask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        buf = bytearray(bufsize)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+    """A temporary file `.NAME.*.tmp` beside `path`, renamed to `path` with a plain open's permissions
+    when the block ends without an error; else removed, and `path` untouched."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
+    """Write JSON to `path` atomically."""
+    with atomic_file(path) as f:
+        json.dump(obj, f, indent=indent, sort_keys=False)
+        f.write("\n")
+
+
+def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new hidden work directory in `parent`, with a plain mkdir's permissions (mkdtemp makes 0700)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
+                     overwrite: bool = False) -> Iterator[Path]:
+    """Build output folder `final` of `kind` under a temporary name beside it, holding its lock; mark it
+    and rename it into place on success (`claim_output` checks `final` before and again then). On any
+    exception the temporary folder is removed; an existing `final` is replaced only by a complete one."""
+    inputs = [Path(i) for i in inputs]
+    final = Path(final)
+    with holding(final, COMMANDS[kind]):
+        claim_output(final, kind, inputs, overwrite)
+        final = final.resolve() if final.is_symlink() else final  # a symlinked --out: its target is written
+        parent = final.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            for stale in [*parent.glob(f".{final.name}.partial-*"), *parent.glob(f".{final.name}.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)  # a killed writer's: the lock says none is running
+            tmp = make_temp_dir(parent, f".{final.name}.partial-")
+        except OSError as e:
+            raise GenomeLMError(f"cannot create output directory {final}: {e.strerror}; "
+                                "choose a writable location with --out") from None
+        try:
+            yield tmp
+            write_marker(tmp, kind, inputs)
+            claim_output(final, kind, inputs, overwrite)
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
+                os.replace(final, old / "x")
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -1,16 +1,8 @@
-"""Progress of long work, with an estimate of what remains, wherever the output goes.
-
-    with progress(total=600, initial=0, desc="train demo_base", unit="step") as bar:
-        bar.update(1); bar.set_postfix(loss="1.2748")
-
-On a terminal this is a tqdm bar (rate and time left). Elsewhere (a log file, CI, SLURM's output)
-it logs one line every `every_s` seconds and at the end:
+"""Progress of long work: a tqdm bar on a terminal; elsewhere (a log file, CI, SLURM's output) one
+line every `every_s` seconds and at the end, its estimate the rate so far in this process (an
+`initial` resumed from a cache or a checkpoint does not count as time spent):
 
     train demo_base: 120/600 step (20%), 1.5 min so far, about 6.0 min left; loss 1.2748
-
-`disable=True` shows nothing either way (ranks other than 0, `show_progress=False`). The estimate
-is the rate so far over the work done in this process (an `initial` resumed from a cache or a
-checkpoint does not count as time spent).
 """
 
 from __future__ import annotations
@@ -18,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TypeAlias
 
 from tqdm import tqdm
 
@@ -73,19 +66,13 @@ class ProgressLog:
         self.close()
 
 
-class _Silent:
-    def update(self, n: int = 1) -> None: ...
-    def set_postfix(self, **values) -> None: ...
-    def close(self) -> None: ...
-    def __enter__(self): return self
-    def __exit__(self, *exc) -> None: ...
+
+Bar: TypeAlias = "tqdm | ProgressLog"
 
 
 def progress(total: int, initial: int = 0, desc: str = "", unit: str = "it", disable: bool = False,
-             every_s: float = 60.0, **tqdm_kwargs):
+             every_s: float = 60.0, **tqdm_kwargs) -> Bar:
     """A tqdm bar when stderr is a terminal, else a `ProgressLog`; nothing when `disable`."""
-    if disable:
-        return _Silent()
-    if sys.stderr.isatty():
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, **tqdm_kwargs)
+    if disable or sys.stderr.isatty():
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, **tqdm_kwargs)
     return ProgressLog(total, initial, desc, unit, every_s)

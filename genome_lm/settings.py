@@ -1,16 +1,10 @@
-"""Settings shared by layers that do not import each other (no torch here).
+"""Settings shared by layers that do not import each other (no torch here): `LongContextSettings`, what
+the long-context classes run with, whose defaults the config models take, so each lives here once.
 
-`LongContextSettings`: what the long-context classes run with (`model.patch.apply_long_context`);
-its defaults are the ones training uses, and `config.BlockSizes` / `MemoryConfig` and eval's
-config take theirs from it, so each default lives here once. `STREAMING_CHUNK_TOKENS`: the
-streaming engine's chunk (`model/streaming.py`, eval's `--chunk-tokens`).
-
-`kda_backend` (`memory.kda_backend`, eval's `--kda-backend`) picks where KDA's kernels run, handed
-to the op as an explicit argument (as fla's layers take `mode`): `auto` fla's Triton kernels for
-CUDA tensors and genome_lm's torch ops for every other device, `fla` every tensor to fla (CPU
-tensors under Triton's interpreter, the `make test-interpret` tier), `torch` never fla.
-`GENOME_LM_KDA_BACKEND` (auto, fla or torch), read once when this module is imported, replaces
-the default `auto` for the process and the processes it starts (docs/config.md, Environment).
+`kda_backend` picks where KDA's kernels run, handed to the op as an argument (as fla's layers take
+`mode`): `auto` fla's Triton kernels for CUDA tensors and torch ops elsewhere, `fla` every tensor (CPU
+ones under Triton's interpreter), `torch` never fla. `GENOME_LM_KDA_BACKEND`, read once at import,
+replaces the default `auto` for the process and those it starts (docs/config.md, Environment).
 """
 
 from __future__ import annotations
@@ -30,24 +24,16 @@ STREAMING_CHUNK_TOKENS = 4096  # tokens per forward of the streaming engine
 
 @dataclass(frozen=True)
 class LongContextSettings:
-    """kda_chunk_size: chunk length of `chunk_kda`.
-    kda_head_block: value heads per fla KDA kernel call (0: all; `chunk_kda`'s head_block).
-    dsa_block_queries: queries per block of the DSA indexer and sparse attention.
-    moe_block_tokens: tokens per MoE block.
-    moe_recompute: rebuild each MoE block's activations in backward (see `model/ops/moe/chunk.py`).
-    loss_chunk_tokens: tokens per chunk of the LM head + cross-entropy.
-    kda_backend: where KDA's kernels run: "auto", "fla" or "torch" (module docstring).
-    ops: which of "kda", "dsa", "moe", "hc", "norm", "mlp", "loss" to apply.
-    """
+    """What the long-context classes run with (`model.patch.apply_long_context`)."""
 
-    kda_chunk_size: int = 64
-    kda_head_block: int = 0
-    dsa_block_queries: int = 1024
+    kda_chunk_size: int = 64  # chunk length of `chunk_kda`
+    kda_head_block: int = 0  # value heads per fla KDA kernel call (0: all)
+    dsa_block_queries: int = 1024  # queries per block of the DSA indexer and sparse attention
     moe_block_tokens: int = 4096
-    moe_recompute: bool = False
-    loss_chunk_tokens: int = 4096
+    moe_recompute: bool = False  # rebuild each MoE block's activations in backward
+    loss_chunk_tokens: int = 4096  # tokens per chunk of the LM head + cross-entropy
     kda_backend: KDABackend = "auto"
-    ops: tuple[str, ...] = ALL_OPS
+    ops: tuple[str, ...] = ALL_OPS  # which ops to apply
 
     def __post_init__(self):
         if unknown := set(self.ops) - set(ALL_OPS):
@@ -57,7 +43,7 @@ class LongContextSettings:
 
 
 def parse_kda_backend(raw: str) -> KDABackend:
-    """The KDA backend `GENOME_LM_KDA_BACKEND=raw` asks for: auto (also when empty or unset), fla or torch."""
+    """The KDA backend `GENOME_LM_KDA_BACKEND=raw` asks for (empty: auto)."""
     value = raw.strip().lower() or "auto"
     if value not in KDA_BACKENDS:
         raise GenomeLMError(f"{KDA_BACKEND_ENV}={raw!r}: use one of {', '.join(KDA_BACKENDS)} (unset means auto)")

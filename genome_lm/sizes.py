@@ -1,7 +1,4 @@
-"""Sizes of tokens and bytes, with one meaning of k / M / G everywhere (docs/config.md, Sizes):
-`parse_size` ('512k' -> 524288), `format_size` (its inverse for exact powers) and `Size`, the
-pydantic type of every size field.
-"""
+"""Sizes of tokens and bytes, with one meaning of k / M / G everywhere (docs/config.md, Sizes)."""
 
 from __future__ import annotations
 
@@ -17,12 +14,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECAS
 
 
 def parse_size(value: str | int, what: str = "size") -> int:
-    """A size (tokens or bytes), with one meaning of the suffixes everywhere (docs/config.md):
-
-    a bare `k` / `M` / `G` / `T`, or `KiB` / `MiB` / `GiB` / `TiB`, is a power of two ('512k' -> 524288
-    = 2^19, '1M' -> 2^20, '5G' -> 5 x 2^30 bytes); `KB` / `MB` / `GB` / `TB` are powers of ten ('141GB'
-    -> 141 x 10^9). Case does not matter; a trailing `B` alone means bytes. Fractions are fine when the
-    result is whole ('1.5GiB'); a plain integer is taken as it is."""
+    """A size: a bare `k` / `M` / `G` / `T` or `KiB` ... `TiB` is a power of two ('512k' -> 2^19), `KB` ...
+    `TB` a power of ten ('141GB' -> 141 x 10^9), in any case; fractions when the result is whole."""
     if isinstance(value, int):
         return value
     m = _SIZE_RE.match(str(value))

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from genome_lm.files import atomic_file, write_json_atomic
+from genome_lm.outputs import atomic_file, write_json_atomic
 
 
 def test_atomic_file_renames_when_complete_with_plain_permissions(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "genome_lm"
-LAYER = {"errors": 0, "sizes": 0, "options": 0, "files": 0, "tf32": 0, "outputs": 0, "progress": 0, "settings": 0,
+LAYER = {"errors": 0, "sizes": 0, "options": 0, "tf32": 0, "outputs": 0, "progress": 0, "settings": 0,
          "genome": 1, "model": 2, "parallel": 3, "config": 4, "train": 4, "eval": 5, "score": 6, "report": 6,
          "plan": 7, "cli": 8, "demo": 8, "__main__": 9, "__init__": 9}
 

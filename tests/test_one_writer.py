@@ -186,7 +186,7 @@ def test_sigterm_stops_a_command_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_killed_writers_partial_folder_is_removed_by_the_next_one(tmp_path):
-    from genome_lm.files import atomic_directory
+    from genome_lm.outputs import atomic_directory
 
     stale = tmp_path / ".out.partial-abc"
     stale.mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genome_lm.files import atomic_file
+from genome_lm.outputs import atomic_file
 
 log = logging.getLogger(__name__)
 

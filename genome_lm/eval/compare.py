@@ -26,8 +26,7 @@ from genome_lm.eval.stats import (
 )
 from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
-from genome_lm.files import atomic_directory, write_json_atomic
-from genome_lm.outputs import claim_output, holding
+from genome_lm.outputs import atomic_directory, claim_output, holding, write_json_atomic
 
 log = logging.getLogger(__name__)
 COMPARE_FILE = "compare.json"

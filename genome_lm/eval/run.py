@@ -24,10 +24,9 @@ from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
 from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
-from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
-from genome_lm.outputs import claim_output, holding
+from genome_lm.outputs import atomic_directory, claim_output, holding, sha256_file, write_json_atomic
 from genome_lm.progress import progress
 from genome_lm.tf32 import set_tf32
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_directory, sha256_file, write_json_atomic
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import KmerIndex
 from genome_lm.genome.prepare_params import PrepareParams, chrom_match_key
@@ -39,7 +38,7 @@ from genome_lm.genome.tokenizer import (
     VOCAB,
     reverse_complement,
 )
-from genome_lm.outputs import holding
+from genome_lm.outputs import atomic_directory, holding, sha256_file, write_json_atomic
 from genome_lm.sizes import format_size
 
 log = logging.getLogger(__name__)

@@ -1,15 +1,10 @@
-"""FSDP2 sharding of the causal LM over the dp x cp mesh, and what training needs around it.
+"""FSDP2 sharding of the causal LM over the dp x cp mesh (docs/parallel.md, docs/precision.md).
 
-`apply_fsdp(model, mesh, device, compute_dtype=None)`: `fully_shard` every decoder layer, then the
-root. CP ranks hold the same parameters, so their gradients are reduced with the data-parallel ones:
-a SUM (float32, or `parallel.reduce_dtype`; divide factor 1) of a loss the trainer normalises by the
-global number of scored tokens, so it is the gradient of the global mean whatever the dp x cp split.
-
-Precision (docs/precision.md): FSDP2 needs one original dtype per parameter group, so each module
-owning one of upstream's float32 exceptions (`fp32_modules`: conv1d, forget_gate, attn_hc / ffn_hc,
-the router) becomes its own float32 group, and forget_gate's projections one compute-dtype group.
-The groups are made only with a `compute_dtype` (training: float32 master weights gathered in bf16)
-or a model of mixed dtypes. `clip_grad_norm` handles sharded (DTensor) gradients."""
+Gradients of CP and dp ranks are reduced with a plain SUM (divide factor 1) of a loss the trainer
+normalises by the global number of scored tokens: the gradient of the global mean whatever the split.
+FSDP2 needs one original dtype per parameter group, so each module owning one of upstream's float32
+exceptions (`fp32_modules`) becomes its own float32 group, and its other children one compute-dtype
+group (only with a `compute_dtype`, or a model of mixed dtypes)."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ from genome_lm.model.weights.layout import keep_fp32
 
 
 def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of each module under `root` that owns (directly) a parameter upstream keeps in
-    float32, in `named_modules` order."""
+    """(name, module) of each module under `root` that directly owns a parameter upstream keeps in float32."""
     found = []
     for name, module in root.named_modules():
         if any(keep_fp32(f"{name}.{p}") for p, _ in module.named_parameters(recurse=False)):
@@ -34,10 +28,8 @@ def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def to_master_dtype_(model: nn.Module) -> nn.Module:
-    """Cast every floating parameter of `model` to float32 in place (also on the meta device):
-    the master weights FSDP2 shards and the optimizer updates. Buffers keep their dtype.
-    A DTensor parameter (the routed experts under expert parallelism) is replaced by a float32 one:
-    assigning to its `.data` leaves its dtype as it was."""
+    """Cast every floating parameter to float32 in place (the master weights; buffers keep their dtype).
+    A DTensor parameter (EP experts) is replaced: assigning to its `.data` keeps its dtype."""
     from torch.distributed.tensor import DTensor
 
     for module in model.modules():
@@ -59,8 +51,8 @@ def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True, r
 
 
 def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None, reduce_dtype=torch.float32) -> None:
-    """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their
-    sub-modules without exceptions first, as one group gathered in `param_dtype`."""
+    """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their other
+    sub-modules first, as one group gathered in `param_dtype`."""
     from torch.distributed.fsdp import fully_shard
 
     for _, module in fp32_modules(layer):
@@ -77,16 +69,10 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None,
 
 def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
                expert_mesh=None, reduce_dtype: torch.dtype = torch.float32, backward_prefetch: int = 1) -> nn.Module:
-    """Shard `model` (the causal LM, after long-context ops, CP, EP and recompute) in place.
-
-    `compute_dtype`: the dtype the parameters are gathered in for compute (float32-exception
-    modules excepted); None: as they are. `expert_mesh`: with expert parallelism, the "edp" mesh
-    the routed experts (EP DTensors) are sharded over, each MoE layer's experts one group.
-    `reduce_dtype`: the gradient reduce-scatter's dtype for the compute-dtype groups (the float32
-    groups reduce in float32). `backward_prefetch`: how many decoder layers each layer's backward
-    all-gathers ahead (FSDP2's explicit prefetch list; 0: each layer names only itself, which
-    turns FSDP2's default one-layer prefetch off).
-    `device` is where the model lives (unused by FSDP2 itself, kept for the callers' symmetry)."""
+    """Shard `model` (after long-context ops, CP, EP and recompute) in place: every decoder layer, then the
+    root. `compute_dtype`: what parameters are gathered in (None: as they are). `expert_mesh`: the "edp"
+    mesh the EP experts are sharded over. `reduce_dtype`: the compute-dtype groups' reduce-scatter dtype.
+    `backward_prefetch`: decoder layers each layer's backward all-gathers ahead (0: none). `device`: unused."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     del device
@@ -112,8 +98,7 @@ def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtyp
 
 
 def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
-    """Clip gradients to `max_norm` (inf: measure only); return the total norm before clipping.
-    Works for plain and sharded (DTensor) parameters alike: the norm is the global one."""
+    """Clip gradients to `max_norm` (inf: measure only); the global norm before clipping (DTensors too)."""
     return float(clip_grad_norm_(params, max_norm))
 
 

@@ -1,16 +1,14 @@
 """Launching a `Job` (`train`, `eval`) on several processes (docs/parallel.md, docs/long-runs.md):
 `run_local` (--nproc N: torch's elastic launcher) and `run_ray` (--ray [ADDRESS]: Ray Train).
 
-A `Job` names the module-level function every worker runs (`fn(*args, device=..., worker=...)`),
-how its layout fits a number of processes, and where workers leave their error messages. Restarts
-(`--max-restarts N`) start the whole group again; each worker counts its starts in the message
-folder (its `WorkerContext.attempt`), resumes from the newest complete checkpoint after the first,
-and rank 0 logs what failed before. A GenomeLMError is not retried. Once no restart is left, one
-GenomeLMError names the rank, its node and its error. A launcher that gets SIGTERM or SIGUSR1 passes
-it on (signals, or under Ray a stop file) and ends with `Preempted`."""
+Restarts (`--max-restarts N`) start the whole group again; each worker counts its starts in the
+message folder (`WorkerContext.attempt`). A GenomeLMError is not retried; once no restart is left,
+one GenomeLMError names the rank, its node and its error. A launcher that gets SIGTERM or SIGUSR1
+passes it on (signals, or under Ray a stop file) and ends with `Preempted`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,10 +31,9 @@ FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """What a worker knows of its launch, handed by the launcher to the job's function (`worker=`) and
-    on to the trainer: its rank, its attempt (0, then k after k restarts) and the launch's restarts,
-    the file it leaves its error message in, and the stop file the launcher creates on a preemption
-    signal. A process that was not launched has the default: rank 0, first attempt, no files."""
+    """What a worker knows of its launch (`worker=` of the job's function): its rank, its attempt (0, then
+    k after k restarts), the launch's restarts, the file for its error message, and the stop file the
+    launcher creates on a preemption signal. The default: a process that was not launched."""
 
     rank: int = 0
     attempt: int = 0
@@ -46,22 +43,17 @@ class WorkerContext:
 
     @property
     def restarts_left(self) -> int:
-        """How many more times the launcher will restart this worker's group after a failure."""
         return max(0, self.max_restarts - self.attempt)
 
     def stop_requested(self) -> bool:
-        """The launch's stop request: once the stop file exists, every worker stops at its next step boundary."""
         return self.stop_file is not None and self.stop_file.exists()
 
     def record_failure(self, message: str, user: bool = False, preempted: bool = False) -> None:
-        """Leave this worker's one-line error for the launcher (and the next attempt's log)."""
-        if self.message_file is None:
-            return
-        try:
-            self.message_file.write_text(json.dumps({"user": user, "preempted": preempted, "message": message,
-                                                     "node": socket.gethostname()}))
-        except OSError:
-            pass
+        """Leave this worker's one-line error for the launcher and the next attempt."""
+        if self.message_file is not None:
+            with contextlib.suppress(OSError):
+                self.message_file.write_text(json.dumps({"user": user, "preempted": preempted, "message": message,
+                                                         "node": socket.gethostname()}))
 
 
 @dataclass
@@ -82,11 +74,9 @@ class Job:
     grace_s: float = 600  # how long a launcher that got a stop signal waits for its workers' checkpoint
 
 
-def check_count(nproc: int, what: str = "processes") -> int:
-    """`--nproc N`, a number of local processes or Ray workers (`what`), must be >= 1; return it."""
+def check_count(nproc: int, what: str = "processes") -> None:
     if nproc < 1:
         raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
-    return nproc
 
 
 def _setup_worker_logging(rank: int) -> None:
@@ -96,8 +86,7 @@ def _setup_worker_logging(rank: int) -> None:
 
 
 def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContext:
-    """Count this rank's start (its attempt: 0, then 1 after a restart, ...), record its node; returns
-    what the worker knows (its error message goes into the attempt's folder)."""
+    """Count this rank's start (its attempt) and record its node."""
     starts = Path(error_dir, "starts")
     starts.mkdir(exist_ok=True)
     counter = starts / f"rank_{rank:05d}"
@@ -112,9 +101,7 @@ def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContex
 
 def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple = (), max_restarts: int = 0,
                 device=None):
-    """Body of every worker: install the launch's callbacks, note the attempt, replay an earlier
-    attempt's user error, log a restart, run the job with its `WorkerContext`, and leave a one-line
-    error behind."""
+    """Body of every worker: the launch's callbacks, its attempt, the job, a one-line error left behind."""
     import torch
 
     from genome_lm.parallel import callbacks
@@ -140,8 +127,7 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
 
 
 def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -> None:
-    """On a restarted worker: raise an earlier attempt's user error again (not retried); rank 0 logs
-    what ended the attempt before and how many restarts are left."""
+    """A restarted worker raises an earlier attempt's user error again; rank 0 logs what ended the last."""
     if attempt == 0:
         return
     for k in range(attempt):
@@ -169,10 +155,9 @@ def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (),
 
 
 def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | None:
-    """(kind, rank, node, message) of what ended an attempt, from the messages its workers left:
-    a user error (the same on every rank) first, then a preemption, then a rank that left no message
-    (it died: crash, kill -9, out of memory; the others then fail on a closed connection), else the
-    lowest rank's error. None when no worker left anything."""
+    """(kind, rank, node, message) of what ended an attempt, from its workers' messages: a user error
+    first, then a preemption, then a rank that left none (it died; the others then fail on a closed
+    connection), else the lowest rank's error. None when no worker left anything."""
     found = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("rank_*")}
     started = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("started_*")}
     if not found and not started:
@@ -190,16 +175,12 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
     return "failed", rank, found[rank]["node"], found[rank]["message"]
 
 
-def _last_attempt(error_dir: str) -> Path:
-    attempts = sorted(Path(error_dir).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
-    return attempts[-1] if attempts else Path(error_dir, "attempt_0")
-
 
 def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> Exception | None:
-    """The error to report for a failed launch, from the messages the workers of its last attempt
-    left (`attempt_failure`): a user error as is, a preemption as `Preempted`, else one line naming
-    the rank, its node and its error."""
-    what = attempt_failure(_last_attempt(error_dir), world)
+    """The error of a failed launch's last attempt: a user error as is, a preemption as `Preempted`,
+    else one line naming the rank, its node and its error."""
+    attempts = sorted(Path(error_dir).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+    what = attempt_failure(attempts[-1] if attempts else Path(error_dir, "attempt_0"), world)
     if what is None:
         return None
     kind, rank, node, msg = what
@@ -225,10 +206,8 @@ PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a launcher passes on 
 
 
 def run_local(job: Job, nproc: int, max_restarts: int = 0):
-    """Run `job` on `nproc` local processes through torch's elastic launcher, restarting the worker
-    group up to `max_restarts` times; rank 0's return value. `nproc` is checked against the GPUs of
-    this node and the job's layout first. SIGTERM or SIGUSR1 to this process reach the workers (the
-    launcher's handlers), which stop at their next step boundary after a checkpoint: `Preempted`."""
+    """Run `job` on `nproc` local processes (torch's elastic launcher, which passes SIGTERM and SIGUSR1
+    on); rank 0's return value."""
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -274,10 +253,6 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
     return results.get(0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Ray Train
-
-
 def _ray_worker(config: dict) -> None:
     """Entry point of each Ray Train worker (the process group is already initialised)."""
     import ray.train
@@ -312,8 +287,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
     port_n = int(port) if port.isdigit() else (10001 if client else 6379)
     try:
-        with socket.create_connection((host or "127.0.0.1", port_n), timeout=timeout_s):
-            pass
+        socket.create_connection((host or "127.0.0.1", port_n), timeout=timeout_s).close()
     except OSError as e:
         raise GenomeLMError(f"--ray {address}: cannot reach a Ray cluster there ({e.strerror or e}); start one with "
                             "`ray start --head`, check the address (ray://HOST:10001 or HOST:6379), or give no "
@@ -339,8 +313,7 @@ def _ray_init(address: str | None, nproc: int | None):
 
 
 def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
-    """(number of workers, use_gpu) on the connected cluster: --nproc, else the job's default
-    (training: cp x dp when dp is a number), else one per GPU of the cluster."""
+    """(workers, use_gpu): --nproc, else the job's default, else one per GPU of the cluster."""
     import ray
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -358,10 +331,8 @@ def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
 
 
 def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_restarts: int = 0) -> None:
-    """Run `job` under Ray Train's TorchTrainer (one worker per GPU, or per CPU slot), restarting the
-    worker group up to `max_restarts` times (`FailureConfig(max_failures=...)`). SIGTERM or SIGUSR1 to
-    this process create the launch's stop file: every worker checkpoints at its next step boundary and
-    stops, and the launch ends with `Preempted`."""
+    """Run `job` under Ray Train's TorchTrainer; SIGTERM or SIGUSR1 to this process create the launch's
+    stop file, which every worker reads at its next step boundary."""
     from genome_lm.parallel import callbacks
 
     if nproc is not None:

@@ -1,12 +1,7 @@
-"""How the processes of a launch split into dp x cp: the one resolver that training
-(`mesh.init_parallel`, `train --dry-run`, the launcher), eval (`eval/sharded.py`) and the planner
-(`plan/layout.py`) use.
+"""How the processes of a launch split into dp x cp: the one resolver of training, eval
+(`eval/sharded.py`) and the planner (`plan/layout.py`), each refusing in its own words (`LayoutWords`).
 
     dp, cp = resolve_layout(cp=2, dp="auto", world=8)                # (4, 2)
-    dp, cp = resolve_layout(cfg.cp, "auto", world, words=EVAL_WORDS)  # the same rule, eval's flags named
-
-A refusal is one GenomeLMError in the words of the command that asked (`LayoutWords`): a run names
-its `parallel:` keys and processes, eval its `--cp` and `--nproc`, the planner `--gpus`.
 """
 
 from __future__ import annotations
@@ -58,8 +53,4 @@ def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: Layout
         raise refuse(words.too_few)
     if world % cp:
         raise refuse(words.not_divisor)
-    if dp == "auto":
-        return world // cp, cp
-    if int(dp) * cp != world:
-        raise refuse(words.dp_mismatch)
-    return int(dp), cp
+    return (world // cp if dp == "auto" else int(dp)), cp

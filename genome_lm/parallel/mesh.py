@@ -1,18 +1,8 @@
-"""The process layout: world = dp x cp ranks on a DeviceMesh with dims ("dp", "cp"), and with
-expert parallelism the same ranks as ("edp", "ep") (`ep_mesh`).
-
-    par = init_parallel(cfg.parallel)   # reads torch.distributed / the launcher's environment
-    par.dp_rank, par.cp_rank, par.cp_group, par.fsdp_mesh, par.device, par.sum_dp(x), ...
-
-`cp` is the inner dimension: the ranks of one CP group are consecutive (one node holds a whole
-sequence when cp = GPUs per node), data-parallel replicas run across nodes. FSDP shards over the
-flattened dp x cp mesh (CP ranks hold the same parameters, as in Megatron).
-
-A single process (no launcher, world size 1) gets a trivial context: every collective helper is
-the identity, so the trainer reads the same either way. With `sharded=True` (mixed-precision
-training: FSDP2 keeps the float32 master weights) it also gets a 1-rank process group (an
-in-memory store, no ports) and a (1, 1) mesh, so the one process runs the same FSDP2 path as many.
-"""
+"""The process layout (docs/parallel.md): world = dp x cp ranks on a DeviceMesh ("dp", "cp"), cp the
+inner dimension (a CP group's ranks are consecutive); with expert parallelism the same ranks as
+("edp", "ep"). FSDP shards over the flattened dp x cp mesh. A single process gets a trivial context
+(every collective the identity), or with `sharded=True` (bf16 training: FSDP2 keeps float32 master
+weights) a 1-rank process group on an in-memory store and a (1, 1) mesh, to run the same FSDP2 path."""
 
 from __future__ import annotations
 
@@ -35,10 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) -> tuple[int, int]:
-    """(dp, cp) of `parallel: {cp, dp, ep}` on `world` processes, once the layout fits: cp and dp
-    (`resolve_layout`), and ep dividing the processes and, given the model's `n_routed_experts`,
-    the routed experts. The run (`init_parallel`, `apply_expert_parallel`) and `--dry-run` both
-    check through here; GenomeLMError naming the key otherwise."""
+    """(dp, cp) of `parallel: {cp, dp, ep}` on `world` processes; GenomeLMError naming the key unless cp
+    and dp fit (`resolve_layout`) and ep divides the processes (and `n_routed_experts`, when given)."""
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
     ep = parallel_cfg.ep
     if n_routed_experts:  # first: the process count the next refusal advises must suit the experts too
@@ -68,7 +56,7 @@ def default_device(local_rank: int = 0) -> torch.device:
 
 @dataclass
 class ParallelContext:
-    """Where this process sits: rank in the world, in its dp replica and CP group."""
+    """Where this process sits: rank in the world, its dp replica and CP group; small collectives."""
 
     world: int = 1
     rank: int = 0
@@ -104,10 +92,6 @@ class ParallelContext:
         return self.rank % self.cp
 
     @property
-    def dp_group(self):
-        return self.mesh.get_group("dp") if self.mesh is not None else None
-
-    @property
     def cp_group(self):
         return self.mesh.get_group("cp") if self.mesh is not None else None
 
@@ -122,8 +106,8 @@ class ParallelContext:
 
     @functools.cached_property
     def ep_mesh(self):
-        """The 2-D ("edp", "ep") mesh of expert parallelism over the same ranks: EP groups of `ep`
-        consecutive ranks; "edp" joins the ranks that hold the same experts. None without EP."""
+        """The ("edp", "ep") mesh: EP groups of `ep` consecutive ranks; "edp" joins the ranks that hold the
+        same experts. None without EP."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if self.mesh is None or self.ep == 1:
@@ -135,7 +119,6 @@ class ParallelContext:
         return (f"rank {self.rank}/{self.world} (dp {self.dp_rank}/{self.dp}, cp {self.cp_rank}/{self.cp}{ep}) "
                 f"on {self.device}")
 
-    # -- small collectives; identities in a single process ---------------------------------------
     def _reduce(self, values: list[float], op, group) -> list[float]:
         if not self.distributed:
             return values
@@ -145,7 +128,7 @@ class ParallelContext:
 
     def sum_dp(self, *values: float) -> list[float]:
         """Sum over the data-parallel replicas (CP ranks of one replica hold the same values)."""
-        return self._reduce(list(values), dist.ReduceOp.SUM, self.dp_group) if self.dp > 1 else list(values)
+        return self._reduce(list(values), dist.ReduceOp.SUM, self.mesh.get_group("dp")) if self.dp > 1 else list(values)
 
     def sum_all(self, *values: float) -> list[float]:
         """Sum over every rank."""
@@ -185,9 +168,8 @@ class ParallelContext:
 
 
 def _init_from_env(backend: str, timeout: timedelta) -> None:
-    """Join the process group of a launcher's environment (MASTER_ADDR, RANK, ...), its keys under a
-    prefix of the launch's attempt: the elastic launcher keeps one store across restarts, and a
-    restarted worker must not read the addresses a dead worker of the attempt before left there."""
+    """Join the process group of a launcher's environment, its keys under a prefix of the attempt: the
+    elastic launcher keeps one store across restarts, with the addresses a dead worker left there."""
     from torch.distributed.rendezvous import rendezvous
 
     store, rank, world = next(rendezvous("env://", timeout=timeout))
@@ -197,9 +179,8 @@ def _init_from_env(backend: str, timeout: timedelta) -> None:
 
 def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800,
                   sharded: bool = False) -> ParallelContext:
-    """The layout of this process: joins the process group a launcher prepared (torch elastic:
-    RANK / WORLD_SIZE / MASTER_ADDR / LOCAL_RANK in the environment; Ray Train: already
-    initialised) or, with neither, a single process (with a 1-rank group and mesh if `sharded`)."""
+    """The layout of this process: in the process group a launcher prepared (torch elastic's environment,
+    or Ray Train's initialised group), else a single process."""
     from torch.distributed.device_mesh import init_device_mesh
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

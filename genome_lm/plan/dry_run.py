@@ -22,7 +22,7 @@ from genome_lm.config import ExperimentConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import sharded
 from genome_lm.eval.config import resolve_dtype
-from genome_lm.parallel.cp import slab_bounds
+from genome_lm.parallel import slab_bounds
 from genome_lm.parallel.fsdp import sharded_numel
 from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import check_layout, default_device

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_file
-from genome_lm.outputs import KINDS, holding, read_marker
+from genome_lm.outputs import KINDS, atomic_file, holding, read_marker
 from genome_lm.report import plots, questions, tables, variants
 from genome_lm.report.data import (
     CompareResult,

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_file
+from genome_lm.outputs import atomic_file
 
 SCHEMA = pa.schema([("region", pa.string()), ("chrom", pa.string()), ("pos", pa.int64()), ("strand", pa.string()),
                     ("logp", pa.float32())] + [(f"logp_{b}", pa.float32()) for b in "acgt"])

@@ -230,7 +230,7 @@ def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.n
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from genome_lm.files import atomic_directory, write_json_atomic
+    from genome_lm.outputs import atomic_directory, write_json_atomic
 
     assert work is not None, "rank 0 holds the work folder"
     with atomic_directory(p.out, "score", score_inputs(p), overwrite=p.overwrite) as tmp:

@@ -21,10 +21,9 @@ import numpy as np
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.stats import _BLOCK, DEFAULT_RESAMPLES, DEFAULT_SEED, LEVEL, _percentile_ci, jfloat
-from genome_lm.files import atomic_directory, write_json_atomic
 from genome_lm.genome.fasta import Reference, contig_key
 from genome_lm.genome.tokenizer import VOCAB, encode, reverse_complement
-from genome_lm.outputs import claim_output
+from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
 from genome_lm.progress import progress
 from genome_lm.score.params import VariantsParams
 from genome_lm.score.vcf import Variant, check_against, read_labels_tsv, read_vcf, with_labels

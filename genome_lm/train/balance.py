@@ -1,17 +1,12 @@
-"""Auxiliary-loss-free expert balancing (DeepSeek-V3 §2.1.2), as GLM-5.3 routers are built for.
+"""Auxiliary-loss-free expert balancing (DeepSeek-V3 §2.1.2; docs/train.md, "Expert balancing").
 
-Each `Glm5NextTextTopkRouter` chooses experts by `sigmoid(logits) + e_score_correction_bias`
-(the gate weights still come from the unbiased scores). Upstream has no rule that moves the
-bias, so during fine-tuning it stays as loaded and routing can collapse onto a few experts
-(docs/train.md, "Expert balancing", has what it does on glm53-tiny). DeepSeek-V3's rule, also Megatron's
-`moe_router_bias_update_rate`: after every optimizer step,
+Each router chooses experts by `sigmoid(logits) + e_score_correction_bias`; upstream has no rule that
+moves the bias. DeepSeek-V3's (Megatron's `moe_router_bias_update_rate`), after every optimizer step:
 
     bias_e += rate * sign(mean_load - load_e)
 
-with `load_e` the tokens routed to expert e during the step, counted over every micro-batch and
-every rank (DP replicas and CP slabs), so the bias stays identical on all ranks. The bias is a
-persistent buffer: checkpoints, resume and the model/ export carry it. It is not a parameter:
-no gradient, no optimizer state.
+with `load_e` the tokens routed to expert e in the step over every micro-batch and rank, so the bias
+(a persistent buffer: checkpoints and model/ carry it) stays identical on all ranks.
 """
 
 from __future__ import annotations
@@ -27,13 +22,9 @@ __all__ = ["ExpertBalancer"]
 
 
 class ExpertBalancer:
-    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases.
-
-    With expert parallelism over `ep` ranks, `step` also sets `rank_imbalance`: tokens the busiest
-    expert rank computed over the mean of the ranks, in the step's most unbalanced layer (the
-    reference run reported 4x). With rate 0 and no EP it does nothing at all (no counting, no
-    device syncs on the step path).
-    """
+    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases. With EP
+    over `ep` ranks, `step` also sets `rank_imbalance`: the busiest expert rank's tokens over the ranks'
+    mean, in the most unbalanced layer. With rate 0 and no EP it does nothing (no device syncs)."""
 
     def __init__(self, model: nn.Module, rate: float, ep: int = 1):
         if rate < 0:
@@ -55,11 +46,8 @@ class ExpertBalancer:
 
     @torch.no_grad()
     def step(self, update: bool = True) -> float | None:
-        """Move every router's bias by the step's loads (all ranks reduced); reset the counts.
-
-        `update=False` (a skipped step) only resets. Returns the largest |bias| afterwards, or
-        None when balancing is off.
-        """
+        """Move every router's bias by the step's loads (all ranks reduced; `update=False`: a skipped step)
+        and reset the counts; the largest |bias| afterwards, or None when balancing is off."""
         if not self.active:
             return None
         counts, self._counts = self._counts, [None] * len(self.layers)

@@ -1,12 +1,7 @@
-"""The checkpoint manager of a run: saves (async by default, torch DCP's `async_save` over a gloo
-group of its own, as torchtitan does; `mode: sync` waits on `dcp.save`), completes, keeps the newest
-N, loads the newest complete checkpoint (falling back past a damaged one), and decides whether a run
-resumes (`resume_from`). Layout (docs/architecture.md, docs/long-runs.md):
-`checkpoints/step_N/{model/, train_state/, genome_lm.json}` and the symlink `last`. A checkpoint is
-written under a hidden temporary name, renamed when complete (rank 0, once DCP's metadata is written),
-then `last` is switched atomically. A save reports `checkpoint_stall_s`, and once complete
-`checkpoint_write_s` and `checkpoint_written_step`, which the resume decision reads. A save that does
-not fit the free space is skipped or stops the run (`train.on_disk_full`)."""
+"""The checkpoint manager of a run (docs/long-runs.md, docs/checkpoints.md): saves (DCP `async_save` over
+a gloo group of its own, as torchtitan does, or `dcp.save`), completes, keeps the newest N, loads the
+newest complete checkpoint (falling back past a damaged one), and takes the resume decision
+(`resume_from`). `checkpoints/step_N/{model/, train_state/, genome_lm.json}` and the symlink `last`."""
 
 from __future__ import annotations
 
@@ -32,10 +27,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.utils._pytree import tree_leaves
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import make_temp_dir
 from genome_lm.model.weights.writer import save_pretrained
+from genome_lm.outputs import make_temp_dir
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.metrics import logged_steps
 
@@ -70,8 +66,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 
 
 def _rng_state() -> dict:
-    """CPU generator, and this process's CUDA device's (one state, whatever the number of visible
-    devices, so a run resumes on a machine with another number of GPUs)."""
+    """CPU generator, and this process's CUDA device's (one state: a run resumes on any number of GPUs)."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -79,8 +74,7 @@ def _rng_state() -> dict:
 
 
 def _rng_like(stored: dict) -> dict:
-    """Tensors to load the RNG states of a checkpoint (its DCP metadata `stored`) into, the CUDA
-    one in the shape it was saved in."""
+    """Tensors to load a checkpoint's RNG states (its DCP metadata `stored`) into."""
     rng = {"torch": torch.get_rng_state()}
     if "rng.cuda" in stored:
         rng["cuda"] = torch.empty(tuple(stored["rng.cuda"].size), dtype=torch.uint8)
@@ -111,8 +105,7 @@ def train_state(model, optimizer, scheduler, data, step: int) -> dict:
 
 
 def partial_dir(ckpt_dir: Path, step: int, par: ParallelContext) -> tuple[Path, Path]:
-    """(temporary folder, final name) of checkpoint `step`: rank 0 makes the hidden temporary folder
-    and every rank gets its name (collective in a distributed run)."""
+    """(temporary folder, final name) of checkpoint `step`: rank 0 makes the folder (collective)."""
     final = ckpt_dir / f"step_{step:08d}"
 
     def make_tmp() -> str:
@@ -124,8 +117,7 @@ def partial_dir(ckpt_dir: Path, step: int, par: ParallelContext) -> tuple[Path, 
 
 def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info: dict, keep: int) -> Path:
     """Rank 0, once every rank's files are in `tmp`: write genome_lm.json, rename `tmp` to `final`,
-    switch `last` to it atomically, then remove all but the newest `keep` complete checkpoints (never
-    the one just completed)."""
+    switch `last` atomically, keep the newest `keep` checkpoints (and `final`)."""
     (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
     if final.exists():
         shutil.rmtree(final)
@@ -142,7 +134,7 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
 
 
 def stored_state(state_dir: Path) -> dict:
-    """The DCP metadata of `state_dir` (`train_state/`): key -> what is stored."""
+    """The DCP metadata of `train_state/`: key -> what is stored."""
     return dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
 
 
@@ -151,8 +143,8 @@ class DamagedCheckpoint(Exception):
 
 
 def check_train_state(state_dir: Path) -> None:
-    """Raise `DamagedCheckpoint` when a file of `state_dir` is missing or ends before the bytes its
-    metadata places in it: DCP reads such a file without complaint and hands back short tensors."""
+    """`DamagedCheckpoint` when a file of `state_dir` is missing or shorter than its metadata says:
+    DCP reads such a file without complaint and hands back short tensors."""
     need: dict[str, int] = {}
     for info in dcp.FileSystemReader(str(state_dir)).read_metadata().storage_data.values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
@@ -165,8 +157,8 @@ def check_train_state(state_dir: Path) -> None:
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
-    """Restore weights, optimizer, scheduler, data position and RNG from `path`; return its step.
-    Collective in a distributed run; the checkpoint may come from any number of processes."""
+    """Restore weights, optimizer, scheduler, data position and RNG from `path` (saved on any number of
+    processes); return its step. Collective."""
     check_train_state(path / "train_state")
     state = train_state(model, optimizer, scheduler, data, 0)
     state["rng"] = _rng_like(stored_state(path / "train_state"))
@@ -182,12 +174,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     return int(state["step"])
 
 
-def clean_partials(ckpt_dir: Path) -> None:
-    """Remove checkpoints a killed run left half-written (hidden `.step_*.partial-*` dirs)."""
-    if ckpt_dir.is_dir():
-        for p in ckpt_dir.glob(".step_*.partial-*"):
-            shutil.rmtree(p, ignore_errors=True)
-
 
 def written_steps(run_dir: Path) -> list[int]:
     """The checkpoint steps `run_dir/metrics.jsonl` records as written (`checkpoint_written_step`)."""
@@ -197,13 +183,12 @@ def written_steps(run_dir: Path) -> list[int]:
 
 
 def resume_from(run_dir: Path, resume: bool) -> Path | None:
-    """The resume decision (rank 0; writes nothing but the removal of half-written checkpoints): the
-    newest complete checkpoint to continue from, or None for a fresh run. Refused in one line: a run
-    with checkpoints without --resume, and --resume of a run whose metrics.jsonl records a written
-    checkpoint that is gone. --resume of a run that never completed one (a kill during its first
-    write included) starts afresh with a warning."""
+    """Rank 0: the newest complete checkpoint to continue from, or None for a fresh run (half-written
+    ones removed). Refuses a run with checkpoints without --resume, and --resume of a run whose
+    metrics.jsonl records a checkpoint that is gone; --resume without any checkpoint starts afresh."""
     ckpt_dir = run_dir / "checkpoints"
-    clean_partials(ckpt_dir)
+    for partial in ckpt_dir.glob(".step_*.partial-*"):  # what a killed run left half-written
+        shutil.rmtree(partial, ignore_errors=True)
     latest = latest_checkpoint(ckpt_dir)
     if latest is not None and not resume:
         raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
@@ -235,19 +220,12 @@ def free_bytes(path: Path) -> int:
 
 def state_bytes(tree) -> int:
     """Bytes of the tensors in a (nested) state dict as this rank holds them (a DTensor's local shard)."""
-    if isinstance(tree, dict):
-        return sum(state_bytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(state_bytes(v) for v in tree)
-    if isinstance(tree, torch.Tensor):
-        local = tree.to_local() if hasattr(tree, "to_local") else tree
-        return local.numel() * local.element_size()
-    return 0
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def export_bytes(model, dtype: torch.dtype | None) -> int:
-    """Bytes of the model's weights in `model/`: every parameter and buffer at its global shape, in
-    `dtype` (None: as held)."""
+    """Bytes of `model/`: every parameter and buffer at its global shape, in `dtype` (None: as held)."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * (t.element_size() if dtype is None or not t.is_floating_point()
                             else torch.tensor([], dtype=dtype).element_size()) for t in tensors)
@@ -256,7 +234,6 @@ def export_bytes(model, dtype: torch.dtype | None) -> int:
 @dataclass
 class _Pending:
     """A save whose files a background thread is writing."""
-
     tmp: Path
     final: Path
     step: int
@@ -267,8 +244,7 @@ class _Pending:
 
 
 class CheckpointManager:
-    """The checkpoints of one run in `ckpt_dir` (see the module docstring); every method is collective
-    in a distributed run."""
+    """The checkpoints of one run in `ckpt_dir`; every method is collective."""
 
     def __init__(self, ckpt_dir: Path, par: ParallelContext, mode: str = "async", keep: int = 2,
                  on_disk_full: str = "stop", tokenizer_from: str | None = None):
@@ -288,10 +264,9 @@ class CheckpointManager:
                                                        use_async_staging=cuda, use_non_blocking_copy=cuda))
 
     def load_newest(self, model, optimizer, scheduler, data) -> tuple[int, Path]:
-        """`load_checkpoint` from the newest checkpoint that loads: one that fails (a
-        truncated or missing file) is named in a warning and the previous one is tried. Returns (step,
-        path). A `GenomeLMError` (the checkpoint does not fit this config) is raised as it is; when no
-        checkpoint loads, one `GenomeLMError` names the newest and why."""
+        """(step, path) of the newest checkpoint that loads; one that fails (a truncated or missing
+        file) is named in a warning and the previous one tried. A `GenomeLMError` (it does not fit this
+        config) is raised as it is."""
         ckpt_dir = self.ckpt_dir
         found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
         for i, path in enumerate(found):
@@ -310,8 +285,7 @@ class CheckpointManager:
 
     def save(self, step: int, model, optimizer, scheduler, data, info: dict, export_model: bool,
              export_dtype: torch.dtype | None, wait: bool = False) -> dict:
-        """Checkpoint `step` (collective). Returns the record's checkpoint fields; `wait`: return only
-        once it is complete (the last step, a preemption)."""
+        """Checkpoint `step`; the record's checkpoint fields. `wait`: return once it is complete."""
         t0 = time.perf_counter()
         timings = self.wait()
         state = train_state(model, optimizer, scheduler, data, step)
@@ -358,8 +332,7 @@ class CheckpointManager:
         self.pending = pending
 
     def staged(self) -> None:
-        """Wait until the state of the save in flight is copied (CUDA stages on a side stream): the
-        optimizer may then change the weights."""
+        """Wait until the save in flight is staged (CUDA: on a side stream): the weights may then change."""
         if self.staging is not None:
             self.staging.result()
             self.staging = None
@@ -389,7 +362,7 @@ class CheckpointManager:
 
     def _room(self, step: int, state: dict, model, export_model: bool, export_dtype) -> bool:
         """True when checkpoint `step` fits the free space; otherwise one line, then `skip` (False)
-        or `stop` (GenomeLMError). Collective (the ranks' state bytes are summed)."""
+        or `stop` (GenomeLMError)."""
         need = int(self.par.sum_all(state_bytes(state))[0])
         if export_model:
             need += export_bytes(model, export_dtype)
@@ -416,8 +389,7 @@ class CheckpointManager:
 
     def close(self, finish: bool = True, grace_s: float = 60) -> dict:
         """Finish the save in flight and release the stager. A crashed run (`finish` False) completes it
-        only when its write ends within `grace_s` (every rank's files written: a rank that died
-        mid-write fails it), else leaves it partial, to be removed at the next start."""
+        only when every rank's write ends within `grace_s`, else leaves it partial (removed at the next start)."""
         timings = {}
         if finish:
             timings = self.wait()

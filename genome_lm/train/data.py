@@ -1,14 +1,10 @@
 """Training sequences from prepared shards: deterministic order, resumable position.
 
-Every window of the split is cut into consecutive pieces of at most `seq_len` tokens (a window
-of 1M tokens with seq_len 64k gives 16 pieces; its tail piece is shorter, dropped if under
-`min_piece`). Each epoch visits all pieces in an order drawn from (seed, epoch). The position
-(epoch, index) is the whole state: saving and restoring it resumes the exact same sequence.
-
-Batches hold `input_ids` [B, T] (model vocabulary, via the token map) and `labels` [B, T]
-(the same ids, -100 where there is no target: N bases when `ignore_n`, and padding when the
-pieces of a micro-batch differ in length). Labels follow the Hugging Face causal-LM
-convention: the model shifts them, so position t is scored on predicting token t+1.
+Every window is cut into consecutive pieces of at most `seq_len` tokens (the tail piece shorter,
+dropped if under `min_piece`). Each epoch visits all pieces in an order drawn from (seed, epoch);
+the position (epoch, index) is the whole state. Batches hold `input_ids` [B, T] (model vocabulary,
+via the token map) and `labels` [B, T] (the same ids, shifted in the model; -100 where there is no
+target: N bases when `ignore_n`, and padding).
 """
 
 from __future__ import annotations
@@ -75,7 +71,6 @@ class SequenceStream:
                     "%d of %d pieces (%.0f%%) are shorter than data.seq_len=%d (window tails of %d-%d tokens): those "
                     "sequences train with less context than asked", short, len(pieces), 100 * short / len(pieces),
                     seq_len, int(pieces[pieces[:, 2] < seq_len, 2].min()), int(pieces[pieces[:, 2] < seq_len, 2].max()))
-        self.short_pieces = short
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.pieces))
@@ -108,14 +103,9 @@ class SequenceStream:
         return row, offset, length
 
     def next_batch(self, micro_batch: int = 1, part: int = 0, parts: int = 1) -> dict[str, torch.Tensor]:
-        """input_ids, labels: int64 [B, T] with T the longest piece of the batch.
-
-        Data parallel: with `parts` > 1, `micro_batch * parts` pieces are drawn and this caller
-        gets pieces `part * micro_batch .. (part + 1) * micro_batch - 1` of them; the others are
-        skipped unread. Every part advances the same position, which stays the whole state, so
-        a run resumes on any number of parts (parts=1, micro_batch=2 reads what parts=2,
-        micro_batch=1 reads in total).
-        """
+        """input_ids, labels: int64 [B, T] with T the longest piece of the batch. Data parallel: of
+        `micro_batch * parts` pieces drawn, this caller gets those of `part` (the others skipped unread),
+        so a run resumes on any number of parts (parts=1, micro_batch=2 reads what parts=2 do)."""
         pieces = []
         for i in range(micro_batch * parts):
             row, offset, length = self._advance()

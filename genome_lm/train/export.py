@@ -1,12 +1,7 @@
-"""`genome-lm export RUN/checkpoints/step_N --out DIR`: the weights of a checkpoint's
-`train_state/` (DCP) as the Hugging Face-style model directory its `model/` would be.
-
-For checkpoints written with `train.export_model: false` or `last`. One process, no GPU: the
-model is built on the meta device from the run's `RUN/config.yaml` (names, shapes, config.json),
-tensors are read from DCP in batches of at most `max_shard_bytes` (DCP loads a subset of keys
-into preallocated tensors) and streamed through the same writer as `save_pretrained`. Memory:
-about two output files (the batch being read and the file being written) plus one tensor, whatever
-the model's size. The files are identical to the `model/` the trainer writes.
+"""`genome-lm export RUN/checkpoints/step_N --out DIR`: a checkpoint's `train_state/` (DCP) as the
+model directory its `model/` would be, byte for byte. One process, no GPU: the model is built on the
+meta device from `RUN/config.yaml`, tensors read from DCP in batches of at most `max_shard_bytes` and
+streamed through `save_pretrained`'s writer (memory: about two output files, whatever the model's size).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(name, tensor)` in the order of `specs`, read from the DCP checkpoint `state_dir` (keys
-    `model.NAME`) a batch of at most `batch_bytes` (or one tensor) at a time."""
+    """`(name, tensor)` in the order of `specs` from DCP keys `model.NAME`, `batch_bytes` at a time."""
     import torch.distributed.checkpoint as dcp
 
     for batch in byte_batches(specs, lambda spec: torch.Size(spec[1]).numel() * spec[2].itemsize, batch_bytes):
@@ -43,8 +37,7 @@ def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
-    """Write the model directory of training checkpoint `checkpoint` (`RUN/checkpoints/step_N` or
-    `last`) to `out` (atomically); return `out`."""
+    """Write the model directory of training checkpoint `checkpoint` to `out` (atomically); return `out`."""
     from genome_lm.config import load_experiment
     from genome_lm.train.checkpoint import DamagedCheckpoint, check_train_state, stored_state
     from genome_lm.train.trainer import build_model

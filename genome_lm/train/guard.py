@@ -1,13 +1,6 @@
-"""What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal, and a
-watchdog that aborts a step that hangs so that the launcher's restarts take over.
-
-    stop = Preemption(cfg.train.preempt_signals, worker)  # SIGTERM, SIGUSR1 set a flag; the launch's stop file
-    if stop.agreed(par): ...                               # at a step boundary: any rank's flag, on every rank
-    dog = Watchdog(par, factor, min_s, worker)             # per step: dog.begin(step) ... dog.end(step, seconds)
-
-Exit codes (documented in docs/long-runs.md): EXIT_PREEMPTED (75) after a preemption checkpoint,
-EXIT_HUNG (76) when the watchdog aborts a rank.
-"""
+"""What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal (exit
+EXIT_PREEMPTED, 75), and a watchdog that aborts a step that hangs (exit EXIT_HUNG, 76) so that the
+launcher's restarts take over."""
 
 from __future__ import annotations
 
@@ -34,9 +27,9 @@ EXIT_HUNG = 76  # the watchdog aborted a step that did not finish in time
 
 
 class Preemption:
-    """Sets a flag on `signals` (names such as "SIGTERM"); `agreed` turns the flags of all ranks, and the
-    launcher's stop file, into one decision. Handlers are installed only from the main thread (Ray Train
-    runs the training function in a thread: there the launcher's stop file is the way in)."""
+    """Sets a flag on `signals` ("SIGTERM", ...); `agreed` turns the flags of all ranks and the launcher's
+    stop file into one decision. Handlers only from the main thread (Ray Train runs the function in a
+    thread: there the stop file is the way in)."""
 
     def __init__(self, signals: Sequence[str], worker: WorkerContext | None = None):
         self.received: str | None = None
@@ -70,10 +63,9 @@ class Preemption:
 
 class Watchdog:
     """Aborts this process (exit EXIT_HUNG) when it has not finished a step within `factor` x the
-    median step time (at least `min_s`) since its previous step ended, after logging which ranks
-    have not begun the step and which are still inside it. Each rank records in the process group's
-    store the step it last began and finished; a daemon thread checks every `poll_s`. Armed after
-    two steps (the first ones include warm-up); paused while a checkpoint is written (`paused()`)."""
+    median step time (at least `min_s`) since its previous step ended, logging which ranks have not
+    begun the step and which are inside it (each rank records its steps in the process group's
+    store). Armed after two steps; paused while a checkpoint is written (`paused()`)."""
 
     def __init__(self, par, factor: float, min_s: float, worker: WorkerContext | None = None, poll_s: float = 0.5,
                  on_abort=None):
@@ -121,7 +113,6 @@ class Watchdog:
             self.last_end = time.monotonic()
 
     def limit(self) -> float | None:
-        """Seconds a step may take, or None while fewer than two steps have finished."""
         if len(self.times) < 2:
             return None
         return max(self.min_s, self.factor * statistics.median(self.times))
@@ -135,7 +126,7 @@ class Watchdog:
                 return
 
     def describe(self, waited: float, limit: float) -> str:
-        """One line: the step, the time, the ranks that have not begun it and those still inside it."""
+        """One line: the step, the time, the ranks that have not begun it and those inside it."""
         step = max(self.step, int(self._done(self.par.rank) or 0) + 1)
         head = (f"watchdog: step {step} has not finished on rank {self.par.rank} after {waited:.1f} s "
                 f"(limit {limit:.1f} s = max({self.min_s:g} s, {self.factor:g} x the median step time "
@@ -163,7 +154,6 @@ class Watchdog:
 
 
 def _abort(message: str, worker: WorkerContext) -> None:
-    """The watchdog's end of a hung rank: the message in the log and for the launcher, then exit."""
     log.error("%s", message)
     worker.record_failure(message)
     sys.stderr.flush()

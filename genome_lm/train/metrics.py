@@ -1,9 +1,5 @@
-"""Per-step metrics: `metrics.jsonl` in the run directory, a progress bar, and wandb.
-
-Peak memory per step: on GPU `torch.cuda.max_memory_allocated` (reset every step); on CPU the
-peak resident set of the process (Linux VmHWM, reset every step through /proc/self/clear_refs
-where the kernel allows it, otherwise the peak since the start).
-"""
+"""Per-step metrics: `metrics.jsonl` in the run directory and wandb, and the step's peak memory (GPU:
+`max_memory_allocated`; CPU: VmHWM, reset through /proc/self/clear_refs where the kernel allows it)."""
 
 from __future__ import annotations
 
@@ -117,7 +113,7 @@ class MetricsLog:
 
 
 class NullMetrics:
-    """What ranks other than 0 of a distributed run log: nothing (rank 0 writes the run's metrics)."""
+    """What ranks other than 0 log: nothing."""
 
     def write(self, record: dict) -> None:
         pass

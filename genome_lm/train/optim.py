@@ -1,13 +1,12 @@
-"""The optimizer and learning-rate schedule of a run: `make_optimizer` (AdamW, weight decay on
-matrices only), `make_scheduler` (linear warmup, then cosine decay to `min_lr_ratio`, or constant),
-and an AdamW whose moments are stored in `train.optimizer_state_dtype`.
+"""The optimizer and learning-rate schedule of a run: AdamW (weight decay on matrices only), linear
+warmup then cosine decay to `min_lr_ratio` (or constant), and an AdamW whose moments are stored in
+`train.optimizer_state_dtype`.
 
-Each step reads a parameter's moments into float32, updates them with torch AdamW's arithmetic (same
-ops, same order), rounds them back to the storage dtype and updates the float32 parameter; with
-float32 state it is torch's single-tensor AdamW bit for bit (`tests/train/test_optim.py`). bf16
-moments (as DeepSeek-V3) need beta1, beta2 <= 1 - 2^-7, else the decay rounds away. The update is
-elementwise, so it runs on each rank's local shard of a DTensor; the moments are DTensors of the same
-placements, so DCP and `get_optimizer_state_dict` treat them as torch's."""
+That AdamW reads a parameter's moments into float32, updates them with torch AdamW's arithmetic (same
+ops, same order: with float32 state it is torch's single-tensor AdamW bit for bit), rounds them back
+to the storage dtype and updates the float32 parameter. bf16 moments need beta1, beta2 <= 1 - 2^-7,
+else the decay rounds away. The update is elementwise, so it runs on each rank's local shard of a
+DTensor; the moments are DTensors of the same placements, as torch's are."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class AdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay) with moments stored as `state_dtype`; see the module docstring."""
+    """AdamW (decoupled weight decay) with moments stored as `state_dtype`."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, state_dtype: torch.dtype = torch.float32):
@@ -88,30 +87,24 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
 
-def lr_lambda(step: int, *, steps: int, warmup: int, schedule: str, min_lr_ratio: float) -> float:
-    """Multiplier of the base lr for optimizer step `step` (0-based)."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
     def fn(step: int) -> float:
-        return lr_lambda(step, steps=train_cfg.steps, warmup=train_cfg.warmup_steps,
-                         schedule=train_cfg.schedule, min_lr_ratio=train_cfg.min_lr_ratio)
+        """Multiplier of the base lr for optimizer step `step` (0-based)."""
+        warmup, min_lr_ratio = train_cfg.warmup_steps, train_cfg.min_lr_ratio
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if train_cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, train_cfg.steps - warmup))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
 def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norms, biases, gates and other vectors). The
-    routed experts' stacked weights are a group of their own, whatever the layout: with expert
-    parallelism they are DTensors on another mesh, which one foreach update cannot mix.
-    `train_cfg.optimizer_state_dtype`: float32 -> torch's AdamW; bfloat16 -> `optim.AdamW` with
-    bf16 moments (same update arithmetic)."""
+    """AdamW (torch's, or with bfloat16 state this module's); weight decay on matrices only. The routed
+    experts' stacked weights are a group of their own: under EP they are DTensors on another mesh, which
+    one foreach update cannot mix."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     experts: list[torch.nn.Parameter] = []

@@ -1,20 +1,9 @@
-"""One place that turns a single-device model into the one that trains, in a fixed order
-(as torchtitan's `parallelize`):
-
-  1. the long-context classes with the configured block sizes (`apply_long_context`)
-  2. context parallelism (`genome_lm.parallel.cp`): hands the CP group to the causal LM and the
-     long-context layers, which take the slab path themselves (so 2 and 3 commute)
-  3. expert parallelism (`genome_lm.parallel.ep`): the routed experts split over EP groups, as
-     DTensors, tokens dispatched by all-to-all
-  4. recompute (per decoder layer, or selected sub-modules), with layer-input offload
-     (`genome_lm.train.recompute`)
-  5. FSDP2 sharding over the dp x cp mesh (`genome_lm.parallel.fsdp`), the EP experts over the
-     ranks that hold the same experts, last, as torchtitan does; with `compute_dtype` (a bf16
-     model) the parameters are first made float32 master weights and FSDP2 gathers them in bf16
-     for compute (upstream's float32 exceptions in float32)
-Step 2 runs only with cp > 1, step 3 with ep > 1; step 5 with a mesh (`ParallelContext.sharded`:
-several ranks, or one process training a bf16 model). Out of order, 1 after 4 (with offload) or
-after 5, 3 or 4 after 5 raise an error naming the order; 2 or 3 before 1 too.
+"""One place that turns a single-device model into the one that trains, in a fixed order (as
+torchtitan's `parallelize`): 1. the long-context classes (`apply_long_context`); 2. context
+parallelism (cp > 1) and 3. expert parallelism (ep > 1) (`genome_lm.parallel`); 4. recompute, with
+layer-input offload (`recompute.py`); 5. FSDP2 (`parallel.fsdp`, with a mesh), for a bf16 model over
+float32 master weights gathered in bf16. Out of order, 1 after 4 (with offload) or after 5, 3 or 4
+after 5 raise an error naming the order; 2 or 3 before 1 too.
 """
 
 from __future__ import annotations
@@ -33,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
-    """Recompute decoder layers (per-layer) or their attention / MLP sub-modules (selective);
-    returns the names of the modules wrapped."""
+    """Recompute decoder layers (per-layer) or their attention / MLP sub-modules (selective); the names wrapped."""
     from torch.distributed.fsdp import FSDPModule
 
     if memory.recompute == "none":
@@ -59,12 +47,10 @@ def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
 
 def parallelize(model: Glm5NextCausalLM, memory: MemoryConfig, parallel: ParallelContext | None = None,
                 compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """`model` made ready to train, in place (see the module docstring for the order).
-    `compute_dtype`: bf16 for a bf16 model (needs a sharded `parallel`), None to compute in the
-    parameters' own dtype."""
+    """`model` made ready to train, in place. `compute_dtype`: bf16 for a bf16 model (needs a sharded
+    `parallel`), None to compute in the parameters' own dtype."""
     from genome_lm.model import apply_long_context
-    from genome_lm.parallel.cp import apply_context_parallel
-    from genome_lm.parallel.ep import apply_expert_parallel
+    from genome_lm.parallel import apply_context_parallel, apply_expert_parallel
     from genome_lm.parallel.fsdp import apply_fsdp, to_master_dtype_
 
     if compute_dtype not in (None, torch.float32) and not (parallel is not None and parallel.sharded):

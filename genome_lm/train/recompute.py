@@ -1,19 +1,8 @@
-"""Memory strategies applied from outside the model: per-layer / selective recompute, and
-offload of each checkpointed layer's input to (pinned) host memory.
-
-`recompute(module, offload=...)`: the forward runs without keeping activations. Without offload
-that is torch's composable `checkpoint`. With offload the module's tensor inputs are copied to
-pinned host memory on a side stream (and nothing else is kept). In backward, each offloaded
-module takes its inputs back, starts the copy back of the inputs of the module that runs
-backward next (the one before it in forward order) on the side stream, replays its forward with
-the same RNG state and back-propagates through it: the copy back overlaps a layer's backward,
-and the compute stream only waits on a CUDA event, the host never. A device input lives from
-the start of the backward before its own to the end of its own. On CPU the offload copy goes
-to a separate host buffer, so the path is exercised (and tested) everywhere. `host_bytes()`
-reports the host memory the parked inputs hold (the trainer logs the step's peak).
-`park_host_copies_on(model, "meta")` sets the offloaded modules' `host_device` (the rehearsal's).
-
-Shapes: B batch, T tokens, S hc streams, D model dim.
+"""Per-layer / selective recompute, and offload of each checkpointed layer's input to (pinned) host memory
+(docs/train.md). In backward each offloaded module takes its inputs back, starts the copy back of the
+next module's inputs on a side stream (overlapping its own backward; the host never waits), and replays
+its forward with the same RNG state. On CPU the copy goes to a separate host buffer, so the path is
+exercised everywhere.
 """
 
 from __future__ import annotations
@@ -29,12 +18,9 @@ from genome_lm.model.ops import swap_class
 
 
 class _HostCopy:
-    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device.
-
-    CUDA: the copy out runs on the offload stream after the compute stream's work so far; the
-    copy back (`prefetch`) runs on the same stream after the copy out, and `back` makes the
-    compute stream wait for it: stream order only, the host never blocks. CPU: a plain copy, or
-    with a `host_device` a new tensor there (no data copied), as on CUDA."""
+    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device: the copy
+    out and back (`prefetch`) on the offload stream, `back` makes the compute stream wait for it. CPU:
+    a plain copy, or with a `host_device` a new tensor there (no data copied)."""
 
     in_use = 0  # host bytes held by live copies, and the most since `reset_peak`
     peak = 0
@@ -60,7 +46,6 @@ class _HostCopy:
         _HostCopy.peak = max(_HostCopy.peak, _HostCopy.in_use)
 
     def prefetch(self) -> None:
-        """Start the copy back to the device (once)."""
         if self.on_device is not None:
             return
         host = self.host
@@ -135,8 +120,8 @@ class _Parked(list):
 
 
 class _Recompute(torch.autograd.Function):
-    """forward(run, host_device, *tensors) -> outputs of run(*tensors), without activations; the
-    tensors parked in host memory (`_HostCopy`) until backward."""
+    """forward(run, host_device, *tensors) -> run(*tensors) without activations; the tensors parked in host
+    memory until backward."""
 
     @staticmethod
     def forward(ctx, run: Callable, host_device: torch.device | None, *tensors: torch.Tensor):
@@ -185,8 +170,8 @@ else:
 
 
 class _OffloadedRecompute(_ModuleMixin):
-    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory (on
-    `host_device` for tensors off CUDA, when set: `park_host_copies_on`)."""
+    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory (off CUDA: on
+    `host_device`, when set)."""
 
     host_device: torch.device | None = None
 
@@ -226,14 +211,10 @@ _OFFLOADED: dict[type, type] = {}
 
 
 def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
-    """Make `module` recompute its activations in backward (in place; names and parameters kept).
-
-    Without offload: torch's composable `checkpoint` (non-reentrant, forward hooks). With offload,
-    our own `_Recompute`: torch's checkpoint keeps the module's inputs referenced on the device
-    until backward (so `save_on_cpu` around it would add a host copy and free nothing); ours saves
-    only the host copy, so the device input goes (tests/train/test_recompute.py checks it). The module
-    becomes an `Offloaded<Class>` subclass (`model.ops.swap_class`); `print(model)` shows it.
-    """
+    """Make `module` recompute its activations in backward (in place). Without offload: torch's
+    composable `checkpoint`. With offload, `_Recompute` as an `Offloaded<Class>` subclass: torch's
+    checkpoint keeps the inputs referenced on the device until backward (`save_on_cpu` around it would
+    free nothing); ours keeps only the host copy."""
     if not offload:
         return checkpoint(module)
     cls = type(module)
@@ -244,8 +225,7 @@ def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
 
 def park_host_copies_on(model: nn.Module, device: str | torch.device) -> None:
     """Every offloaded module of `model` parks a non-CUDA input as a new tensor on `device` (no data
-    copied), given back as a new tensor on its own device, as a pinned copy is on CUDA. The rehearsal
-    parks on "meta", so its memory tracker sees the device input freed and counts the copies apart."""
+    copied). The rehearsal parks on "meta": its memory tracker sees the device input freed."""
     for m in model.modules():
         if isinstance(m, _OffloadedRecompute):
             m.host_device = torch.device(device)

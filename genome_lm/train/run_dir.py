@@ -1,10 +1,7 @@
-"""The run directory of `genome-lm train`: what rank 0 checks before a run starts (a folder that is
-not a run, a used run without --resume, a resume with changed settings), what it records once the
-run has started, and what it removes when a new run stops before its first checkpoint.
-
-Run directory `RUN/`: `config.yaml` (resolved), `metrics.jsonl` (one object per optimizer step),
-`checkpoints/` (see `checkpoint.py`), `wandb/` (offline by default), `.genome_lm.json` (the marker: the
-sequences per step and the sha256 of the shards' manifest.json, which --resume checks).
+"""The run directory of `genome-lm train` (docs/train.md): what rank 0 checks before a run starts, records
+once it has started, and removes when a new run stops before its first checkpoint. A resume takes the
+config keys that do not change what is computed (`TAKEN`), and the batch keys when the sequences per step
+stay the same; any other change is refused: the checkpoint's optimizer state was made with the old values.
 """
 
 from __future__ import annotations
@@ -13,21 +10,104 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from genome_lm.config import ExperimentConfig, dump_experiment
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import sha256_file
-from genome_lm.outputs import lock_output, read_marker, what_it_is, write_marker
+from genome_lm.options import read_yaml
+from genome_lm.outputs import lock_output, read_marker, sha256_file, what_it_is, write_marker
 from genome_lm.train.checkpoint import latest_checkpoint, resume_from
-from genome_lm.train.resume import accept_resume, record_resume
 
 log = logging.getLogger(__name__)
+
+# Dotted keys (or section prefixes ending in ".") a resume may change.
+TAKEN = (
+    "name", "train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.export_model",
+    "train.on_nonfinite", "train.checkpoint_mode", "train.on_disk_full", "train.preempt_signals", "log.", "memory.",
+    "parallel.dp", "parallel.cp", "parallel.ep", "parallel.backward_prefetch", "parallel.timeout",
+    "parallel.watchdog_factor", "parallel.watchdog_min_s",
+)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and tuples stay values."""
+    if not isinstance(tree, dict):
+        return {prefix.removesuffix("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def changes(stored: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every dotted key whose value differs, in the new config's order."""
+    old, cur = flatten(stored), flatten(new)
+    keys = list(cur) + [k for k in old if k not in cur]
+    return [(k, old.get(k), cur.get(k)) for k in keys if _norm(old.get(k)) != _norm(cur.get(k))]
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def taken(key: str) -> bool:
+    return any(key == t or (t.endswith(".") and key.startswith(t)) for t in TAKEN)
+
+
+def _stored_config(path: Path) -> dict:
+    """config.yaml resolved (the YAML itself if it no longer validates)."""
+    try:
+        raw = read_yaml(path, "data, model, train, ...")
+    except GenomeLMError as e:
+        raise GenomeLMError(f"--resume: {e}; it records the settings the run's checkpoints were trained with: "
+                            "restore it, or train into a new --out") from None
+    try:
+        return ExperimentConfig.model_validate(raw).model_dump(mode="json")
+    except ValueError:
+        return raw
+
+
+BATCH_KEYS = ("train.micro_batch", "train.grad_accum")
+
+
+def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_per_step: int | None) -> list:
+    """The changes [(key, old, new)] from `run_dir/config.yaml` to `cfg`; GenomeLMError on a refused one.
+    `per_step` / `stored_per_step`: sequences per step now and when the run started (None: unknown)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise GenomeLMError(f"--resume: {path} is missing; it records the settings {run_dir}'s checkpoints were "
+                            "trained with, which --resume compares with the new ones key by key: restore it, or "
+                            "train into a new --out")
+    found = changes(_stored_config(path), cfg.model_dump(mode="json"))
+    same_batch = stored_per_step is not None and stored_per_step == per_step
+    refused = [c for c in found if not (taken(c[0]) or (c[0] in BATCH_KEYS and same_batch))]
+    if any(c[0] in BATCH_KEYS for c in refused) and stored_per_step is not None:
+        refused.append(("sequences per step", stored_per_step, per_step))
+    if refused:
+        listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in refused)
+        raise GenomeLMError(
+            f"--resume: {run_dir} was trained with other settings ({listed}); its checkpoints' optimizer state, "
+            f"schedule and data position belong to {path}: resume with that config (--set only steps, checkpoints, "
+            "logging, memory or layout keys), or train into a new --out"
+        )
+    return found
+
+
+def record_resume(run_dir: Path, cfg: ExperimentConfig, found: list) -> None:
+    """Keep the earlier config as `config.resume-N.yaml` when anything changed; write the new one."""
+    path = run_dir / "config.yaml"
+    if found:
+        n = 1 + sum(1 for _ in run_dir.glob("config.resume-*.yaml"))
+        path.rename(run_dir / f"config.resume-{n}.yaml")
+        log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
+                 ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in found), n)
+    path.write_text(dump_experiment(cfg))
 
 
 @dataclass
 class RunDir:
-    """What `check_run_dir` found: the checkpoint to resume from (None: a fresh run) and the changes a
-    resume takes; `write_run_dir` records them once the run has started."""
+    """What `check_run_dir` found, for `write_run_dir`: the checkpoint to resume from (None: a fresh run)
+    and the changes a resume takes."""
 
     path: Path
     latest: Path | None
@@ -39,16 +119,13 @@ class RunDir:
 
 
 def _written(run_dir: Path):
-    """What a folder holds besides the files a Ray launch makes in it before training starts (`ray/`,
-    its workers' message folder `.errors-*`)."""
+    """What a folder holds besides the files a Ray launch makes in it first (`ray/`, `.errors-*`)."""
     return (c for c in run_dir.iterdir() if c.name != "ray" and not c.name.startswith(".errors-"))
 
 
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
-    """Rank 0: refuse a folder that is not a run directory, take the resume decision
-    (`checkpoint.resume_from`), and refuse a resume with changed settings (`resume.accept_resume`).
-    Writes nothing but the removal of half-written checkpoints, and holds the run's lock from here to
-    the end of the process (`outputs.lock_output`)."""
+    """Rank 0: refuse a folder that is not a run directory, take the resume decision, and refuse a resume
+    with changed settings. Writes nothing; holds the run's lock to the end of the process."""
     lock_output(run_dir, "train")
     marker = read_marker(run_dir) if run_dir.is_dir() else None
     earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
@@ -71,13 +148,12 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
 
 
 def manifest_sha256(cfg: ExperimentConfig) -> str:
-    """sha256 of the shards' manifest.json: what a run records of its data set, to know it by content."""
+    """sha256 of the shards' manifest.json: how a run knows its data set."""
     return sha256_file(Path(cfg.data.shards) / "manifest.json")
 
 
 def discard_unstarted(rd: RunDir) -> None:
-    """A new run that stopped before its first checkpoint holds nothing to resume: remove what it
-    wrote (the folder too, unless it existed before, empty), saying so."""
+    """Remove what a new run that stopped before its first checkpoint wrote (the folder too, if it made it)."""
     if not rd.fresh or rd.latest is not None or latest_checkpoint(rd.path / "checkpoints") is not None:
         return
     if rd.existed:
@@ -90,8 +166,7 @@ def discard_unstarted(rd: RunDir) -> None:
 
 
 def write_run_dir(rd: RunDir, cfg: ExperimentConfig) -> None:
-    """Rank 0, once the model, the data and any checkpoint have loaded: mark the folder as a run and
-    write config.yaml (a resume: `resume.record_resume`)."""
+    """Rank 0, once model, data and any checkpoint have loaded: mark the folder as a run, write config.yaml."""
     rd.path.mkdir(parents=True, exist_ok=True)
     if rd.fresh:
         write_marker(rd.path, "run", [cfg.data.shards], sequences_per_step=rd.sequences_per_step,

@@ -1,14 +1,7 @@
-"""`genome-lm train`: one process (CPU or one GPU), or one rank of a distributed launch.
+"""`genome-lm train`: one process, or one rank of a distributed launch (docs/train.md, docs/parallel.md).
 
-    start_run: layout -> build model -> parallelize -> data -> optimizer -> [resume]
-    run_step:  train_step (the rehearsal runs it on fake tensors) -> step_record -> handle_nonfinite
-               -> agree on a preemption -> save -> metrics -> step callbacks
-    finish_run: the save in flight, metrics, process group
-
-A distributed run builds on the meta device and each rank fills only its FSDP2 shards. Each dp
-replica reads its own part of every global batch and the loss is normalised by the global number of
-scored tokens, so loss and gradients equal one process reading the whole batch (docs/parallel.md).
-Run directory: `run_dir.py`; checkpoints: `checkpoint.py`; signals and watchdog: `guard.py`."""
+    start_run -> run_step per step (train_step, the rehearsal's too) -> finish_run
+"""
 
 from __future__ import annotations
 
@@ -19,12 +12,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from genome_lm.config import ExperimentConfig
+from genome_lm.config import ExperimentConfig, parse_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.build import BuiltModel
@@ -33,9 +26,10 @@ from genome_lm.model.values import has_values
 from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm_
-from genome_lm.parallel.launch import WorkerContext
+from genome_lm.parallel.launch import Job, WorkerContext
+from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
-from genome_lm.progress import progress
+from genome_lm.progress import Bar, progress
 from genome_lm.tf32 import set_tf32
 from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
@@ -53,8 +47,7 @@ log = logging.getLogger(__name__)
 
 
 def check_data(cfg: ExperimentConfig) -> dict:
-    """The shards' manifest, once data.split exists in it and its windows are at least data.seq_len
-    long (a longer data.seq_len would train shorter sequences than asked)."""
+    """The shards' manifest, once it has data.split and windows of at least data.seq_len tokens."""
     manifest = load_manifest(cfg.data.shards)
     if cfg.data.split not in manifest["splits"]:
         raise GenomeLMError(f"data.split: {cfg.data.shards} has no {cfg.data.split!r} split "
@@ -71,8 +64,7 @@ def check_data(cfg: ExperimentConfig) -> dict:
 
 
 def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
-    """model.init with ${VAR}s expanded. Unset variables are an error for training; a dry run
-    warns and checks the architecture of model.name only."""
+    """model.init with ${VAR}s expanded; an unset one is an error (a dry run warns, checks model.name only)."""
     if not cfg.model.init:
         return None
     init = os.path.expandvars(cfg.model.init)
@@ -90,8 +82,7 @@ def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
 
 
 def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False) -> BuiltModel:
-    """The single-device model: preset initialisation (seeded with train.seed) or the weights of
-    model.name when it is a directory, then those of `init`; structure only with `meta`."""
+    """The single-device model (seeded with train.seed), then the weights of `init`; structure only with `meta`."""
     from genome_lm.model import build
 
     torch.manual_seed(cfg.train.seed)
@@ -104,17 +95,14 @@ def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, m
 
 
 def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
-    """What training computes in: bf16 for a bf16 model (float32 master weights under FSDP2, see
-    `genome_lm.parallel.fsdp`), None (the parameters' own dtype) for a float32 one."""
+    """bf16 for a bf16 model (float32 master weights under FSDP2), None (the parameters' own) for float32."""
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
 
 
 def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str | None):
-    """The model ready to train: built, then `parallelize`d. Distributed: built on the meta device,
-    parallelized there (FSDP2 shards), then each rank allocates only its shards and fills them
-    (`load_weights_`): from the weights directory, reading just its rows of each tensor; from
-    scratch, as slices of the preset model built in full on CPU with the same seed as one process
-    (so a distributed run starts from the same weights; not meant for glm53-flash)."""
+    """The model built, then `parallelize`d. Distributed: on the meta device, then each rank fills only
+    its shards, from the weights directory or from the preset built in full on CPU with the seed of
+    one process (the same weights; not for glm53-flash)."""
     from genome_lm.model.presets import META_ONLY, is_preset
 
     compute = compute_dtype(cfg)
@@ -143,7 +131,7 @@ def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init
 
 
 def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
-    """The experiment's training sequences (`data:`), in model token ids through `lut`."""
+    """The training sequences of `data:`, in model token ids through `lut`."""
     d = cfg.data
     return SequenceStream(d.shards, d.split, d.seq_len, seed=d.seed, reverse_complement=d.reverse_complement,
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
@@ -155,18 +143,10 @@ def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, par: ParallelC
             for _ in range(cfg.train.grad_accum)]
 
 
-class ProgressBar(Protocol):
-    """What the loop uses of `genome_lm.progress.progress`'s bar."""
-
-    def update(self, n: int = 1) -> None: ...
-    def set_postfix(self, **values: str) -> None: ...
-    def close(self) -> None: ...
-
 
 @dataclass
 class StepParts:
-    """What `train_step` works on: the trainer's `Run`, or the rehearsal's fake-tensor model on a fake
-    process group (no checkpoints)."""
+    """What `train_step` works on: the trainer's `Run`, or the rehearsal's fake-tensor model (no checkpoints)."""
 
     par: ParallelContext
     model: torch.nn.Module
@@ -189,7 +169,7 @@ class Run(StepParts):
     metrics: MetricsLog | NullMetrics
     start: int  # the step resumed from (0: a fresh run)
     memory: PeakMemory
-    bar: ProgressBar
+    bar: Bar
     worker: WorkerContext  # what the launcher told this process (attempt, restarts, files)
     unlogged: dict = field(default_factory=dict)  # checkpoint writes completed at steps not logged
 
@@ -200,8 +180,7 @@ class Run(StepParts):
 
 def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume: bool,
               show_progress: bool | None, worker: WorkerContext) -> Run:
-    """Check the data and the run directory, build the model, data stream and optimizer, load the
-    newest checkpoint when resuming, and record the run (rank 0)."""
+    """Check the data and run directory, build model, data and optimizer, resume, record the run."""
     from genome_lm.train.balance import ExpertBalancer
 
     if par.device.type == "cuda":
@@ -235,7 +214,7 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
 
 def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, checkpoints: CheckpointManager, model, optimizer,
             scheduler, stream) -> int:
-    """Load the newest checkpoint that loads when the run resumes one; the step to start after."""
+    """The step to start after: that of the newest checkpoint that loads, when resuming."""
     if rd.latest is None:
         torch.manual_seed(cfg.train.seed)
         return 0
@@ -255,11 +234,10 @@ def _value(t: torch.Tensor, fake: float) -> float:
 
 def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] | None = None) -> dict:
     """The training step (the trainer's and the rehearsal's): forward and backward of each micro-batch
-    of `batches` (the loss weighted by its targets over those of the global batch), gradient clipping,
-    and, when loss and gradient norm are finite, the optimizer and scheduler step once the staged copy
-    of a checkpoint in flight is complete; then zero_grad and the expert balancer. On fake tensors the
-    targets count as the labels' size and loss and norm as 0. `optimizer_phase(True)` / `(False)`
-    bracket clipping to zero_grad. Returns the step's numbers (loss and tokens summed over the replicas)."""
+    (the loss weighted by its targets over those of the global batch), clipping, and when loss and norm
+    are finite the optimizer and scheduler step; then zero_grad and the expert balancer. Fake tensors:
+    targets count as the labels' size, loss and norm as 0. `optimizer_phase(True)` / `(False)` bracket
+    clipping to zero_grad. Returns the step's numbers (loss and tokens summed over the replicas)."""
     par = parts.par
     n_targets = [int(_value((b["labels"][:, 1:] != IGNORE_INDEX).sum(), b["labels"][:, 1:].numel())) for b in batches]
     total_targets = max(1, int(par.sum_dp(sum(n_targets))[0]))  # over all replicas
@@ -295,7 +273,7 @@ def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[
 
 
 def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
-    """The metrics.jsonl object of a step from `train_step`'s numbers and its time (the slowest rank's)."""
+    """The metrics.jsonl record of a step: `train_step`'s numbers and its time (the slowest rank's)."""
     from genome_lm.model import expert_load
 
     par = run.par
@@ -321,8 +299,7 @@ def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
 
 
 def handle_nonfinite(run: Run, record: dict) -> None:
-    """A step whose loss or gradient norm is not finite was not applied: mark its record, then stop
-    (train.on_nonfinite: stop, a GenomeLMError naming the last good checkpoint) or warn and go on."""
+    """A step with a non-finite loss or norm (not applied): mark it, then stop (train.on_nonfinite) or warn."""
     step, loss, grad_norm = record["step"], record["loss"], record["grad_norm"]
     record["skipped"] = True
     if run.cfg.train.on_nonfinite == "stop":
@@ -348,8 +325,8 @@ def save(run: Run, step: int, loss: float, wait: bool) -> dict:
 
 
 def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dict:
-    """A step of the loop: train, record, handle a non-finite step, agree on a preemption, checkpoint,
-    log, then the installed step callbacks. Raises `Preempted` after a preemption checkpoint."""
+    """Train, record, agree on a preemption, checkpoint, log, step callbacks; `Preempted` after a
+    preemption checkpoint."""
     cfg, par = run.cfg, run.par
     if dog is not None:
         dog.begin(step)
@@ -386,9 +363,7 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
 def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False,
           device: torch.device | None = None, show_progress: bool | None = None,
           worker: WorkerContext | None = None) -> dict:
-    """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics. On a
-    preemption signal (train.preempt_signals, or the stop file of `worker`'s launch): a checkpoint at
-    the next step, then `Preempted`."""
+    """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
     par = init_parallel(cfg.parallel, device, timeout_s=cfg.parallel.timeout, sharded=compute_dtype(cfg) is not None)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     worker = worker or WorkerContext()
@@ -417,9 +392,8 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
 
 
 def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -> None:
-    """Close what the run opened: the watchdog and signal handlers, the save in flight (completed
-    unless the run crashed), the progress bar, metrics and process group; a new run that stopped
-    before its first checkpoint leaves nothing."""
+    """Close what the run opened (the save in flight completed unless it crashed); a new run that
+    stopped before its first checkpoint leaves nothing."""
     if dog is not None:
         dog.close()
     stop.restore()
@@ -431,3 +405,25 @@ def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -
         run.par.shutdown()
         if outcome != "done" and run.par.is_main and not (outcome == "crashed" and run.worker.restarts_left):
             discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)
+
+
+def _worker(cfg_json: dict, out: str | None, resume: bool, device=None, worker: WorkerContext | None = None) -> dict:
+    """Every worker of a training launch; after a restart the run resumes from its newest checkpoint."""
+    worker = worker or WorkerContext()
+    return train(parse_experiment(cfg_json), out=out, resume=resume or worker.attempt > 0, device=device,
+                 worker=worker)
+
+
+def train_job(cfg, out: str | None = None, resume: bool = False) -> Job:
+    """`genome-lm train --nproc N | --ray [ADDRESS]` as a Job: run directory `out` (default runs/NAME)."""
+    par = cfg.parallel
+    return Job(
+        fn=_worker, args=(cfg.model_dump(mode="json"), out, resume),
+        layout=lambda world: resolve_layout(par.cp, par.dp, world),
+        describe=f"parallel: cp={par.cp}, dp={par.dp}",
+        keeps="Checkpoints written so far are kept; rerun with --resume to continue from the newest",
+        work_dir=Path(out) if out else Path("runs") / (cfg.name or "run"), name=cfg.name or "run",
+        default_workers=par.cp * int(par.dp) if par.dp != "auto" else None,
+        workers_hint=" (or set parallel.dp to a number)", timeout_s=par.timeout,
+    )
+

@@ -17,7 +17,7 @@ from genome_lm.parallel import callbacks
 from genome_lm.parallel.launch import run_local
 from genome_lm.train import checkpoint, train
 from genome_lm.train.checkpoint import complete_checkpoint, list_checkpoints
-from genome_lm.train.launch import train_job
+from genome_lm.train.trainer import train_job
 from tests.faults import KillAt, SlowWritesAfter
 from tests.helpers import write_experiment
 

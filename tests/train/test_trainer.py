@@ -198,7 +198,7 @@ def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny
 def test_resume_refuses_shards_rebuilt_from_another_fasta(tmp_path, capsys):
     """The run records the sha256 of its shards' manifest.json; --resume on shards rebuilt at the same
     path from another genome is one line naming both checksums, and leaves the run as it was."""
-    from genome_lm.files import sha256_file
+    from genome_lm.outputs import sha256_file
     from tests.helpers import make_shards
 
     shards = make_shards(tmp_path / "a", seed=3)

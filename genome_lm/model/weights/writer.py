@@ -17,8 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.files import atomic_directory, umask
 from genome_lm.model.weights.layout import TensorSpec, cast_dtype, cast_tensor, model_tensors, to_disk_layout
+from genome_lm.outputs import atomic_directory, umask
 
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
