@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from importlib import import_module
 from pathlib import Path
 
@@ -266,24 +267,6 @@ def _variants(args) -> None:
     print(format_summary(run_variants(p), p.out))
 
 
-def _plan(args) -> None:
-    from genome_lm.plan.command import PlanParams, run
-
-    run(from_args(PlanParams, args))
-
-
-def _rehearse(args) -> None:
-    from genome_lm.plan.command import RehearseParams, run_rehearse
-
-    run_rehearse(from_args(RehearseParams, args))
-
-
-def _check_upstream(args) -> None:
-    from genome_lm.model.build import check_upstream
-
-    print(check_upstream())
-
-
 def storage_message(e: OSError, out: str | None = None) -> str:
     """One line for a storage failure: what happened, where (the file, else the command's `out`), what to do."""
     assert e.errno is not None, "the caller passes only errors whose errno is in STORAGE_ERRORS"
@@ -318,11 +301,12 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: its function, help, and parameter models (a class, or "module:Class" imported only
+    """A subcommand: its function (or "module:function", called with the parameters of its first model and
+    its result printed unless None), help, and parameter models (a class, or "module:Class" imported only
     when its parser is built). `files`: the model `--config` and `--set` fill (with no flags of its own
     when it is not one of `models`)."""
 
-    run: Callable[[argparse.Namespace], None]
+    run: Callable[[argparse.Namespace], None] | str
     help: str
     models: tuple[type[Params] | str, ...] = ()
     files: str | None = None
@@ -352,12 +336,12 @@ COMMANDS = {
                       (ReportParams,)),
     "variants": Command(_variants, "score the variants of a VCF by preceding context: log P(alt) - log P(ref) at each "
                         "context length, AUROC/AUPRC with labels", ("genome_lm.score.params:VariantsParams",)),
-    "check-upstream": Command(_check_upstream, "check the installed transformers against every upstream symbol, "
-                              "attribute and signature genome_lm relies on"),
-    "plan": Command(_plan, "memory per GPU, host memory and tokens/s of a run, before renting GPUs",
-                    ("genome_lm.plan.command:PlanParams",)),
-    "rehearse": Command(_rehearse, "one full-size training step on fake tensors and N fake ranks, its memory "
-                        "measured by FSDP2's tracker beside the planner's prediction",
+    "check-upstream": Command("genome_lm.model.build:check_upstream", "check the installed transformers against "
+                              "every upstream symbol, attribute and signature genome_lm relies on"),
+    "plan": Command("genome_lm.plan.command:run", "memory per GPU, host memory and tokens/s of a run, before "
+                    "renting GPUs", ("genome_lm.plan.command:PlanParams",)),
+    "rehearse": Command("genome_lm.plan.command:run_rehearse", "one full-size training step on fake tensors and N "
+                        "fake ranks, its memory measured by FSDP2's tracker beside the planner's prediction",
                         ("genome_lm.plan.command:RehearseParams",)),
 }
 
@@ -367,6 +351,14 @@ def _model(ref: type[Params] | str) -> type[BaseModel]:
         return ref
     module, name = ref.split(":")
     return getattr(import_module(module), name)
+
+
+def _run_library(command: Command, args: argparse.Namespace) -> None:
+    assert isinstance(command.run, str), "a command whose run is a library function's name"
+    module, name = command.run.split(":")
+    result = getattr(import_module(module), name)(*[from_args(_model(m), args) for m in command.models[:1]])
+    if result is not None:
+        print(result)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -380,7 +372,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
-        p.set_defaults(func=command.run, parser=p)
+        p.set_defaults(func=partial(_run_library, command) if isinstance(command.run, str) else command.run, parser=p)
         if argv is not None and name != named:
             continue
         for ref in command.models:

@@ -235,7 +235,7 @@ PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # 
 NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.matched's roles -> this module's names
 
 
-def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> None:
     """The whole demo under `root`, holding its lock throughout."""
     r, tag = recipe(quick, overrides)
     check_writable(Path(root), "--root")
@@ -245,10 +245,10 @@ def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] 
         raise GenomeLMError(f"--root {root} lies inside {what_it_is(output)} ({output}), which its command replaces "
                             "whole; choose a --root outside it")
     with holding(root, "demo", "--root", inside=True):
-        return _run(root, quick, r, tag)
+        _run(root, quick, r, tag)
 
 
-def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
+def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     from genome_lm.eval import write_compare
     from genome_lm.genome.prepare import PrepareParams, prepare
     from genome_lm.genome.synth_files import write_synthetic_fasta
@@ -311,9 +311,6 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> dict:
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
     timeline.done(10)
     _print_results(r, quick, time.perf_counter() - t0, timeline, manifest, gain, summaries, results, seeds, report)
-    return {"base": summaries["base"], "longctx": summaries["longctx"], "shortctx": summaries["shortctx"],
-            "compare": results[("base", "longctx")], "compares": results, "seeds": seeds, "gain": gain,
-            "report": str(report)}
 
 
 def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest: dict, gain, summaries: dict,

@@ -107,9 +107,9 @@ def what_it_is(path: Path) -> str:
     if marker is not None:
         return KINDS[marker["kind"]]
     if (path / "manifest.json").is_file():
-        return "shards (genome-lm prepare)"
+        return KINDS["shards"]
     if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file():
-        return "a run directory (genome-lm train)"
+        return KINDS["run"]
     if (path / "summary.json").is_file():
         return "an eval or comparison"
     return "a folder genome_lm did not make"
@@ -292,14 +292,9 @@ def umask() -> int:
     return mask
 
 
-def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | os.PathLike) -> str:
     with open(path, "rb") as f:
-        buf = bytearray(bufsize)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextlib.contextmanager
