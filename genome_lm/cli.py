@@ -8,6 +8,7 @@ import argparse
 import errno
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -422,19 +423,14 @@ def _main(argv: list[str]) -> int:
         print(f"genome-lm {args.command}: {how[0]}{_kept(args)}", file=sys.stderr)
         return how[1]
     except Preempted as e:
-        print(f"genome-lm {args.command}: preempted: {e}; resume with: {_resume_command(argv)}", file=sys.stderr)
+        resume = shlex.join(["genome-lm", *[a for a in argv if a != "--resume"], "--resume"])
+        print(f"genome-lm {args.command}: preempted: {e}; resume with: {resume}", file=sys.stderr)
         return EXIT_PREEMPTED
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, old)
         release_all()
     return 0
-
-
-def _resume_command(argv: list[str]) -> str:
-    import shlex
-
-    return shlex.join(["genome-lm", *[a for a in argv if a != "--resume"], "--resume"])
 
 
 if __name__ == "__main__":

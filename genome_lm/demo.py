@@ -190,13 +190,6 @@ def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> tuple[dict, b
                                context=r.context, strands="both")), True
 
 
-def _strand_line(name: str, summary: dict) -> str:
-    st = summary["strands"]
-    f, v, g = st["forward"]["overall"], st["reverse"]["overall"], st["agreement"]["overall"]
-    return (f"  {name:<24} forward {f['bits_per_base']:.4f}, reverse complement {v['bits_per_base']:.4f} bits/base; "
-            f"per-base Pearson r {g['pearson_r']:.3f}")
-
-
 def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> dict[str, list[Path]]:
     """Both fine-tunes again per extra seed S (data.seed = train.seed = S; outputs RUN_seedS), evaluated
     -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}, or {} without extra seeds."""
@@ -331,7 +324,10 @@ def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest:
     print("  both strands (each window also scored as its reverse complement):")
     names = {"base": "base", "shortctx": "short-context fine-tune", "longctx": "long-context fine-tune"}
     for role, name in names.items():
-        print(_strand_line(name, summaries[role]))
+        st = summaries[role]["strands"]
+        f, v, g = st["forward"]["overall"], st["reverse"]["overall"], st["agreement"]["overall"]
+        print(f"  {name:<24} forward {f['bits_per_base']:.4f}, reverse complement {v['bits_per_base']:.4f} "
+              f"bits/base; per-base Pearson r {g['pearson_r']:.3f}")
     leak, n = {k: v["overall"] for k, v in summaries["longctx"]["leakage"].items()}, summaries["longctx"]["overall"]
     bits = {k: "-" if v["bits_per_base"] is None else f"{v['bits_per_base']:.4f}" for k, v in leak.items()}
     print(f"  leakage mask (eval positions in a 32-mer that occurs in chr1/chr2): {leak['masked']['n_tokens']:,} of "

@@ -46,11 +46,10 @@ def _near(key: str, known: list[str]) -> str | None:
     return siblings[near[0]] if near else None
 
 
-_MESSAGES = {"int_parsing": "expected an integer", "int_from_float": "expected an integer",
-             "int_type": "expected an integer", "float_parsing": "expected a number", "float_type": "expected a number",
-             "bool_parsing": "expected true or false", "bool_type": "expected true or false",
-             "string_type": "expected text",
-             "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}"}
+_MESSAGES = {**dict.fromkeys(["int_parsing", "int_from_float", "int_type"], "expected an integer"),
+             **dict.fromkeys(["float_parsing", "float_type"], "expected a number"),
+             **dict.fromkeys(["bool_parsing", "bool_type"], "expected true or false"),
+             "string_type": "expected text", "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}"}
 
 
 def _describe(err: ValidationError, model: type[BaseModel], source: str, origin: dict[str, str],

@@ -36,15 +36,10 @@ COMMANDS = {"shards": "prepare", "eval": "eval", "compare": "compare", "model": 
             "score": "score", "variants": "variants"}
 _HELD: dict[Path, int] = {}  # lock file -> its open descriptor, for the outputs this process holds
 os.register_at_fork(after_in_child=_HELD.clear)  # a forked child holds none of its parent's locks
-KINDS = {
-    "shards": "shards (genome-lm prepare)",
-    "eval": "an eval (genome-lm eval)",
-    "compare": "a comparison (genome-lm compare)",
-    "model": "a model directory (genome-lm export, or a run's checkpoint)",
-    "run": "a run directory (genome-lm train)",
-    "score": "a score (genome-lm score)",
-    "variants": "variant scores (genome-lm variants)",
-}
+KINDS = {kind: f"{what} (genome-lm {COMMANDS[kind]}{more})" for kind, what, more in [  # for refusals
+    ("shards", "shards", ""), ("eval", "an eval", ""), ("compare", "a comparison", ""),
+    ("model", "a model directory", ", or a run's checkpoint"), ("run", "a run directory", ""),
+    ("score", "a score", ""), ("variants", "variant scores", "")]}
 
 
 # The files that identify an unmarked output of each kind, and the names such an output may hold.

@@ -66,7 +66,6 @@ class ProgressLog:
         self.close()
 
 
-
 Bar: TypeAlias = "tqdm | ProgressLog"
 
 
