@@ -51,15 +51,6 @@ SIGNATURES = {
 }
 
 
-def _unmarked_kind(folder: Path) -> str | None:
-    """The kind an unmarked folder is an output of, judged by its files, or None."""
-    names = {p.name for p in folder.iterdir()}
-    for kind, (needed, allowed) in SIGNATURES.items():
-        if needed <= names and names <= allowed:
-            return kind
-    return None
-
-
 def read_marker(folder: Path) -> dict | None:
     """The marker of `folder`, or None when it has none (or an unreadable one)."""
     try:
@@ -265,8 +256,10 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
             raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "
                                 f"choose another {option}")
     marker = read_marker(out)
-    if marker is None and out.is_dir() and _unmarked_kind(out) == kind:
-        return
+    if marker is None and out.is_dir() and kind in SIGNATURES:  # an unmarked output of the kind, judged by its files
+        needed, allowed = SIGNATURES[kind]
+        if needed <= {p.name for p in out.iterdir()} <= allowed:
+            return
     if marker is None and out.is_dir():
         raise GenomeLMError(f"{option} {out} is not {KINDS[kind]}: it has no {MARKER} and holds other files than one "
                             f"would; --overwrite replaces only an output of the same command: choose another {option}")
