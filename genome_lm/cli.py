@@ -233,14 +233,9 @@ def _score(args) -> None:
     from genome_lm.score.params import ScoreParams
 
     p, run = from_args(ScoreParams, args), from_args(Workers, args)
-    if run.ray is not None or (run.nproc or 1) > 1:
-        from genome_lm.score.run import launch
+    from genome_lm.score.run import launch, score
 
-        s = launch(p, run.nproc, ray=run.ray)
-    else:
-        from genome_lm.score.run import score
-
-        s = score(p)
+    s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
     print(f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
           + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
              if s["longer_than_trained"] else ""))
