@@ -79,12 +79,6 @@ def check_count(nproc: int, what: str = "processes") -> None:
         raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
 
 
-def _setup_worker_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        force=True)
-
-
 def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContext:
     """Count this rank's start (its attempt) and record its node."""
     starts = Path(error_dir, "starts")
@@ -101,18 +95,22 @@ def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContex
 
 def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple = (), max_restarts: int = 0,
                 device=None):
-    """Body of every worker: the launch's callbacks, its attempt, the job, a one-line error left behind."""
+    """Body of every worker: its logging, the launch's callbacks, its attempt, the job, a one-line error left behind."""
     import torch
 
     from genome_lm.parallel import callbacks
     rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        force=True)
     callbacks.clear()
     callbacks.install(*hooks)
     worker = WorkerContext(rank, max_restarts=max_restarts)
     try:
         if error_dir:
             worker = _start_attempt(error_dir, rank, max_restarts)
-            _after_restart(error_dir, worker.attempt, rank, max_restarts)
+            if worker.attempt:
+                _after_restart(error_dir, worker.attempt, rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
@@ -128,8 +126,6 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
 
 def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -> None:
     """A restarted worker raises an earlier attempt's user error again; rank 0 logs what ended the last."""
-    if attempt == 0:
-        return
     for k in range(attempt):
         for f in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
             found = json.loads(f.read_text())
@@ -145,7 +141,6 @@ def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -
 
 def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0):
     """Entry point of each `--nproc` process (module level: the launcher pickles it)."""
-    _setup_worker_logging(int(os.environ.get("RANK", "0")))
     try:
         return _run_worker(fn, args, error_dir, hooks, max_restarts)
     except GenomeLMError:
@@ -173,7 +168,6 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
                 "died without an error message (crashed, killed or out of memory; see its log above)")
     rank = min(found)
     return "failed", rank, found[rank]["node"], found[rank]["message"]
-
 
 
 def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> Exception | None:
@@ -265,10 +259,8 @@ def _ray_worker(config: dict) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    rank = ray.train.get_context().get_world_rank()
-    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("RANK", str(ray.train.get_context().get_world_rank()))
     os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
-    _setup_worker_logging(rank)
     try:
         _run_worker(config["fn"], config["args"], config["error_dir"], config["hooks"], config["max_restarts"],
                     device=ray.train.torch.get_device())

@@ -104,17 +104,6 @@ def train_state(model, optimizer, scheduler, data, step: int) -> dict:
     }
 
 
-def partial_dir(ckpt_dir: Path, step: int, par: ParallelContext) -> tuple[Path, Path]:
-    """(temporary folder, final name) of checkpoint `step`: rank 0 makes the folder (collective)."""
-    final = ckpt_dir / f"step_{step:08d}"
-
-    def make_tmp() -> str:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        return str(make_temp_dir(ckpt_dir, f".{final.name}.partial-"))
-
-    return Path(par.on_main(make_tmp)), final
-
-
 def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info: dict, keep: int) -> Path:
     """Rank 0, once every rank's files are in `tmp`: write genome_lm.json, rename `tmp` to `final`,
     switch `last` atomically, keep the newest `keep` checkpoints (and `final`)."""
@@ -174,14 +163,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     return int(state["step"])
 
 
-
-def written_steps(run_dir: Path) -> list[int]:
-    """The checkpoint steps `run_dir/metrics.jsonl` records as written (`checkpoint_written_step`)."""
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for _, line in logged_steps(path)[0]] if path.is_file() else []
-    return [int(r["checkpoint_written_step"]) for r in records if "checkpoint_written_step" in r]
-
-
 def resume_from(run_dir: Path, resume: bool) -> Path | None:
     """Rank 0: the newest complete checkpoint to continue from, or None for a fresh run (half-written
     ones removed). Refuses a run with checkpoints without --resume, and --resume of a run whose
@@ -196,7 +177,9 @@ def resume_from(run_dir: Path, resume: bool) -> Path | None:
     if not resume:
         return None
     if latest is None:
-        if written := written_steps(run_dir):
+        path = run_dir / "metrics.jsonl"
+        records = [json.loads(line) for _, line in logged_steps(path)[0]] if path.is_file() else []
+        if written := [int(r["checkpoint_written_step"]) for r in records if "checkpoint_written_step" in r]:
             raise GenomeLMError(f"--resume: {run_dir} has no checkpoint, but its metrics.jsonl records step "
                                 f"{max(written)}, where the run saved one: its checkpoints were removed, and starting "
                                 "over would replace its history. Train into a new --out (or move metrics.jsonl away "
@@ -291,7 +274,13 @@ class CheckpointManager:
         state = train_state(model, optimizer, scheduler, data, step)
         if not self._room(step, state, model, export_model, export_dtype):
             return {**timings, "checkpoint_skipped": True}
-        tmp, final = partial_dir(self.ckpt_dir, step, self.par)
+        final = self.ckpt_dir / f"step_{step:08d}"
+
+        def make_tmp() -> str:  # rank 0 makes the temporary folder (collective)
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            return str(make_temp_dir(self.ckpt_dir, f".{final.name}.partial-"))
+
+        tmp = Path(self.par.on_main(make_tmp))
         try:
             if export_model:  # model/, streamed one tensor gathered at a time (collective when sharded)
                 save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
