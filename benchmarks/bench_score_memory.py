@@ -81,7 +81,7 @@ def measure(model, T: int, chunk: int, fake: bool) -> dict:
 
     from genome_lm.model import apply_long_context
     from genome_lm.model.streaming import StreamingScorer
-    from genome_lm.model.values import fake_values, use_value_source
+    from genome_lm.model.values import use_fake_values
     from genome_lm.plan.inference import plan_score
     from genome_lm.plan.shapes import shape_of
 
@@ -90,7 +90,7 @@ def measure(model, T: int, chunk: int, fake: bool) -> dict:
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else torch.no_grad():
         if fake:
             model.to_empty(device="cpu")
-            use_value_source(apply_long_context(model), fake_values())
+            use_fake_values(apply_long_context(model))
         ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(0))
         scorer = StreamingScorer(model, total_len=T)
         t0 = time.perf_counter()

@@ -42,7 +42,11 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
     only, nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
     """
     route_cpu_to_torch()
-    dtype = _dtype(dtype)
+    if isinstance(dtype, str):
+        value = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(value, torch.dtype):
+            raise GenomeLMError(f"model.dtype: unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        dtype = value
     source_str = str(source)
     on_cpu = device is None or torch.device(device).type == "cpu"
     report = None
@@ -76,15 +80,6 @@ def check_upstream() -> str:
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()
     return summary()
-
-
-def _dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    value = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype):
-        raise GenomeLMError(f"model.dtype: unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-    return value
 
 
 def _construct(config: Glm5NextTextConfig, device: str | torch.device | None) -> Glm5NextCausalLM:

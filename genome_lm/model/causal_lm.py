@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 from transformers.utils import ModelOutput
 
 from genome_lm.errors import GenomeLMError
@@ -31,7 +32,6 @@ class CausalLMOutput(ModelOutput):
     num_targets: torch.Tensor | None = None
     hidden_states: torch.Tensor | None = None
     cache: object | None = None
-
 
 
 class Glm5NextCausalLM(nn.Module):
@@ -73,11 +73,6 @@ class Glm5NextCausalLM(nn.Module):
         group's target count), `num_targets` the group's, `per_token_nll` gathered (no gradient),
         `hidden_states` the slab's.
         """
-        cache = self._call_cache(unsupported, use_cache, cache, past_key_values)
-        out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
-        return out.to_tuple() if return_dict is False else out
-
-    def _call_cache(self, unsupported: dict, use_cache: bool | None, cache, past_key_values):
         if unsupported:
             raise GenomeLMError(
                 f"Glm5NextCausalLM: {', '.join(sorted(unsupported))} not supported; it takes input_ids, labels, "
@@ -87,12 +82,11 @@ class Glm5NextCausalLM(nn.Module):
             raise GenomeLMError("Glm5NextCausalLM: give cache or past_key_values (the same thing), not both")
         cache = cache if cache is not None else past_key_values
         if use_cache and cache is None:
-            from transformers import DynamicCache
-
             cache = DynamicCache(config=self.config)
         if cache is not None and self.cp is not None:
             raise GenomeLMError("Glm5NextCausalLM: a cache runs in one process (this model is context-parallel)")
-        return cache
+        out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
+        return out.to_tuple() if return_dict is False else out
 
     def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_per_token_nll: bool,
                  return_hidden: bool, attention_mask: torch.Tensor | None, cache) -> CausalLMOutput:
@@ -136,8 +130,6 @@ class Glm5NextCausalLM(nn.Module):
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
         """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], the prompt once through `cache`
         (default a new `DynamicCache`), then one token at a time."""
-        from transformers import DynamicCache
-
         if self.cp is not None:
             raise NotImplementedError("generate runs in one process (this model is context-parallel)")
         cache = DynamicCache(config=self.config) if cache is None else cache

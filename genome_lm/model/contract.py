@@ -140,10 +140,8 @@ def _mismatch(problems: list[str], what: str | None = None, fix: str | None = No
 
 
 def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
-    while hasattr(fn, "__wrapped__"):  # upstream's kernel decorators
-        fn = fn.__wrapped__
     try:
-        got = tuple(inspect.signature(fn).parameters)
+        got = tuple(inspect.signature(inspect.unwrap(fn)).parameters)  # past upstream's kernel decorators
     except (TypeError, ValueError):
         return None
     if got == expected:

@@ -19,31 +19,39 @@ from genome_lm.errors import GenomeLMError
 SLAB_ALIGN = 64
 
 
-def slab_bounds(T: int, cp: int, align: int = SLAB_ALIGN) -> list[int]:
+def slab_bounds(T: int, cp: int) -> list[int]:
     """Token boundaries [cp + 1] of the contiguous slabs of a T-token sequence over cp ranks."""
     if T < cp:
         raise GenomeLMError(f"a sequence of {T} tokens cannot be split over parallel.cp={cp} ranks; "
                             "use data.seq_len (and data.min_piece) >= cp, or a smaller cp")
-    if T >= cp * align:
-        blocks = -(-T // align)
-        bounds = [min(T, (r * blocks // cp) * align) for r in range(cp)] + [T]
+    if T >= cp * SLAB_ALIGN:
+        blocks = -(-T // SLAB_ALIGN)
+        bounds = [min(T, (r * blocks // cp) * SLAB_ALIGN) for r in range(cp)] + [T]
         if all(b1 > b0 for b0, b1 in zip(bounds, bounds[1:])):
             return bounds
     return [r * T // cp for r in range(cp + 1)]
 
 
 @dataclass
-class CPContext:
-    """One CP group as a rank sees it; each forward of the causal LM sets `bounds`."""
+class GroupRank:
+    """One process group as a rank sees it (an EP group: `EPContext`)."""
 
     group: object
     rank: int
     size: int
-    align: int = SLAB_ALIGN
+
+    def __repr__(self) -> str:
+        return f"rank {self.rank} of {self.size}"
+
+
+@dataclass(repr=False)
+class CPContext(GroupRank):
+    """One CP group as a rank sees it; each forward of the causal LM sets `bounds`."""
+
     bounds: list[int] = field(default_factory=list)
 
     def split(self, T: int) -> tuple[int, int]:
-        self.bounds = slab_bounds(T, self.size, self.align)
+        self.bounds = slab_bounds(T, self.size)
         return self.start, self.end
 
     @property
@@ -63,9 +71,6 @@ class CPContext:
             raise RuntimeError(f"context parallel: a layer got {n} tokens, the slab of rank {self.rank} is "
                                f"{self.bounds[self.rank:self.rank + 2] if self.bounds else 'not set'}; "
                                "call the causal LM (which splits the sequence), not its layers")
-
-    def __repr__(self) -> str:
-        return f"rank {self.rank} of {self.size}"
 
 
 def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:

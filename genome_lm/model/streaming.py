@@ -41,7 +41,7 @@ class StreamingScorer:
     scores are sums of relus, so exact ties are common, and a shorter row may pick other tied pools
     (equally valid; log-probs then differed by up to 0.07 on glm53-tiny)."""
 
-    def __init__(self, model: Glm5NextCausalLM, total_len: int | None = None, loss_chunk_tokens: int | None = None):
+    def __init__(self, model: Glm5NextCausalLM, total_len: int | None = None):
         if not hasattr(model, "lm_head") or not hasattr(model, "model"):
             raise TypeError("StreamingScorer needs the causal LM from genome_lm.model.build (with lm_head)")
         if not any(isinstance(m, LongDSA) for m in model.modules()):
@@ -50,8 +50,7 @@ class StreamingScorer:
             apply_long_context(model, ops=("kda", "dsa"))
         self.model = model
         self.total_len = total_len
-        model_chunk_tokens: int = getattr(model, "loss_chunk_tokens", 2048)
-        self.loss_chunk_tokens = loss_chunk_tokens or model_chunk_tokens
+        self.loss_chunk_tokens: int = getattr(model, "loss_chunk_tokens", 2048)
         self.cache = StreamingCache(model.config, total_len)
         self.length = 0
         self.last_hidden: torch.Tensor | None = None  # [B, 1, D]: scores the next chunk's first token

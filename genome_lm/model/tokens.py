@@ -18,27 +18,6 @@ SMALL_VOCAB = 256
 SHARD_IDS = 256  # shard tokens are uint8
 
 
-def _tokenizer_ids(path: Path, symbols: list[str]) -> list[int | None]:
-    from tokenizers import Tokenizer  # ships with transformers
-
-    try:
-        tok = Tokenizer.from_file(str(path))
-        return [tok.token_to_id(s) for s in symbols]
-    except Exception as e:
-        raise GenomeLMError(f"token map: cannot read tokenizer {path}: {e}") from None
-
-
-def _vocab_size(source: Path) -> int | None:
-    try:
-        raw = json.loads((source / "config.json").read_text())
-    except OSError:
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GenomeLMError(f"token map: {source / 'config.json'} is not JSON ({e}); point to a model directory "
-                            "written by genome-lm (or save_pretrained)") from None
-    return raw.get("vocab_size", (raw.get("text_config") or {}).get("vocab_size"))
-
-
 def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size: int | None = None) -> torch.Tensor:
     """LongTensor `m[shard_id] = model_id` for `shard_vocab` ({"A": 0, ..., "N": 4}) and what `build` was
     given; ids are checked against `vocab_size` (default: the source's)."""
@@ -51,13 +30,27 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
         mapping = list(range(len(symbols)))
         vocab_size = vocab_size or preset_config(str(model_source)).vocab_size
     elif (source / "tokenizer.json").is_file():
-        found = _tokenizer_ids(source / "tokenizer.json", symbols)
+        from tokenizers import Tokenizer  # ships with transformers
+
+        try:
+            tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+            found = [tok.token_to_id(s) for s in symbols]
+        except Exception as e:
+            raise GenomeLMError(f"token map: cannot read tokenizer {source / 'tokenizer.json'}: {e}") from None
         if missing := [s for s, i in zip(symbols, found) if i is None]:
             raise GenomeLMError(f"token map: {source / 'tokenizer.json'} has no single-character token for {missing}; "
                                 "use a GLM tokenizer or a model trained on shard ids")
         mapping = [i for i in found if i is not None]  # all of them: none is missing
     elif source.is_dir():
-        vocab_size = vocab_size or _vocab_size(source)
+        if not vocab_size:
+            try:
+                raw = json.loads((source / "config.json").read_text())
+                vocab_size = raw.get("vocab_size", (raw.get("text_config") or {}).get("vocab_size"))
+            except OSError:
+                vocab_size = None
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise GenomeLMError(f"token map: {source / 'config.json'} is not JSON ({e}); point to a model "
+                                    "directory written by genome-lm (or save_pretrained)") from None
         if vocab_size is None or vocab_size >= SMALL_VOCAB:
             raise GenomeLMError(f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
                                 "copy the GLM tokenizer.json into it")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Callable, Iterator
 
 import torch
@@ -32,7 +33,7 @@ from transformers.models.glm5_next.modeling_glm5_next import (  # noqa: E402
 
 __all__ = ["glm", "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextTextModel", "Glm5NextTextDecoderLayer",
            "Glm5NextTextAttention", "Glm5NextTextLinearAttention", "Glm5NextTextMoE", "Glm5NextTextExperts",
-           "Glm5NextTextTopkRouter", "KERNEL_FALLBACK_FUNCTIONS", "torch_fallback", "route_cpu_to_torch",
+           "Glm5NextTextTopkRouter", "KERNEL_FALLBACK_FUNCTIONS", "route_cpu_to_torch",
            "use_torch_fallbacks", "KEEP_IN_FP32"]
 
 # Upstream module globals that may be bound to an optional package's or a hub kernel.
@@ -48,25 +49,12 @@ KERNEL_FALLBACK_FUNCTIONS = (
 KEEP_IN_FP32 = tuple(glm.Glm5NextPreTrainedModel._keep_in_fp32_modules_strict)
 
 
-def torch_fallback(fn: Callable) -> Callable:
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _first_tensor(args, kwargs) -> torch.Tensor | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
-
-
 def _cpu_to_torch(kernel_fn: Callable) -> Callable:
-    fallback = torch_fallback(kernel_fn)
+    fallback = inspect.unwrap(kernel_fn)
 
     @functools.wraps(fallback)
     def dispatch(*args, **kwargs):
-        tensor = _first_tensor(args, kwargs)
+        tensor = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         if tensor is None or tensor.device.type == "cpu":
             return fallback(*args, **kwargs)
         return kernel_fn(*args, **kwargs)
@@ -89,7 +77,7 @@ def use_torch_fallbacks() -> Iterator[None]:
     saved = {name: getattr(glm, name) for name in KERNEL_FALLBACK_FUNCTIONS}
     try:
         for name, fn in saved.items():
-            setattr(glm, name, torch_fallback(fn))
+            setattr(glm, name, inspect.unwrap(fn))
         yield
     finally:
         for name, fn in saved.items():

@@ -88,7 +88,7 @@ def test_expert_parallel_moe_saves_what_the_planner_counts(tokens, block, recomp
     from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
     from genome_lm.model.ops.moe.ep import EPContext, ExpertParallelExperts
     from genome_lm.model.upstream import Glm5NextTextMoE
-    from genome_lm.model.values import fake_values, use_value_source
+    from genome_lm.model.values import use_fake_values
     from genome_lm.plan.command import PlanParams, build
     from genome_lm.plan.ops import mlp_ops
     from genome_lm.plan.rehearse import _fake_pg
@@ -103,7 +103,7 @@ def test_expert_parallel_moe_saves_what_the_planner_counts(tokens, block, recomp
     _fake_pg(P, 0)
     try:
         ExpertParallelExperts.install(moe.experts, ep=EPContext(dist.group.WORLD, 0, P))
-        use_value_source(moe, fake_values(4.0))
+        use_fake_values(moe, 4.0)
         with FakeTensorMode(allow_non_fake_inputs=True):
             moe.to_empty(device="cpu")
             x = torch.randn(1, tokens, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)

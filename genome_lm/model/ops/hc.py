@@ -4,7 +4,7 @@ Upstream's forward (`upstream_hc_forward`, streams [B, T, S, D]) normalises the 
 projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn normalisations;
 autograd keeps every intermediate. `RecomputedHyperConnection` runs the same forward under
 checkpointing, keeping only the input streams and the outputs; its two steps over [T, S·D]
-(`hc_logits`, `hc_collapse`) keep the compute-dtype streams and work in token blocks."""
+(`HCLogitsFunction`, `HCCollapseFunction`) keep the compute-dtype streams and work in token blocks."""
 
 from __future__ import annotations
 
@@ -77,21 +77,12 @@ class HCCollapseFunction(torch.autograd.Function):
         return dpre.view_as(pre), dstreams.view_as(streams)
 
 
-def hc_logits(streams: torch.Tensor, fn: torch.Tensor, eps: float) -> torch.Tensor:
-    """streams [B, T, S, D], fn [L, S·D] -> [B, T, L] float32: upstream's flatten, float32 RMS norm, projection."""
-    B, T = streams.shape[:2]
-    return HCLogitsFunction.apply(streams.reshape(B * T, -1), fn, eps).view(B, T, -1)
-
-
-def hc_collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """pre [B, T, S], streams [B, T, S, D] -> [B, T, D]: upstream's collapse (float32 sum, cast to streams')."""
-    return HCCollapseFunction.apply(pre, streams)
-
-
 def lean_hc_forward(self, hidden_streams: torch.Tensor):
-    """`upstream_hc_forward` with its [T, S·D] steps as `hc_logits` and `hc_collapse`: same values."""
+    """`upstream_hc_forward` with its [T, S·D] steps as `HCLogitsFunction` and `HCCollapseFunction`: same values."""
     hc = self.hc_mult
-    logits = hc_logits(hidden_streams, self.fn, self.input_norm.variance_epsilon)  # [B, T, (2 + S)·S]
+    B, T = hidden_streams.shape[:2]
+    flat = hidden_streams.reshape(B * T, -1)  # upstream's flatten
+    logits = HCLogitsFunction.apply(flat, self.fn, self.input_norm.variance_epsilon).view(B, T, -1)  # [B, T, (2+S)·S]
     pre_w, post_w, comb_w = logits.split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
     pre_scale, post_scale, comb_scale = self.scale.unbind(0)
@@ -102,7 +93,7 @@ def lean_hc_forward(self, hidden_streams: torch.Tensor):
     post = 2 * torch.sigmoid(post_w * post_scale + post_b)
     comb = torch.softmax(comb_w * comb_scale + comb_b, dim=-1) + self.hc_eps
     comb = sinkhorn(comb, self.hc_sinkhorn_iters, self.hc_eps)
-    return post, comb, hc_collapse(pre, hidden_streams)
+    return post, comb, HCCollapseFunction.apply(pre, hidden_streams)
 
 
 def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:

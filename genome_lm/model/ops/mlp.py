@@ -34,7 +34,8 @@ def _hidden(gate: torch.Tensor, up: torch.Tensor, limit: float) -> tuple[torch.T
 
 
 class SwiGLUFunction(torch.autograd.Function):
-    """`upstream_mlp` as one function: saves x, gate, up and the weights; backward recomputes the rest."""
+    """`upstream_mlp` as one function: x [..., D], w_gate / w_up [I, D], w_down [D, I] -> [..., D];
+    saves x, gate, up and the weights, backward recomputes the rest."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, limit: float):
@@ -70,10 +71,7 @@ class SwiGLUFunction(torch.autograd.Function):
         return dx.view_as(x), dw_gate, dw_up, dw_down, None
 
 
-def swiglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-               limit: float) -> torch.Tensor:
-    """x [..., D], w_gate / w_up [I, D], w_down [D, I] -> [..., D]; `upstream_mlp`'s values."""
-    return SwiGLUFunction.apply(x, w_gate, w_up, w_down, limit)
+swiglu_mlp = SwiGLUFunction.apply
 
 
 class LeanMLP(LongContextModule, glm.Glm5NextTextMLP):

@@ -39,7 +39,8 @@ def rms_backward(dn: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor) -> to
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """`upstream_rms_norm` as one function: saves x and weight; backward recomputes rstd per block."""
+    """`upstream_rms_norm` as one function: x [..., D], weight [D] -> [..., D] in `weight * x.dtype`'s
+    dtype; saves x and weight, backward recomputes rstd per block."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,7 +72,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class GatedRMSNormFunction(torch.autograd.Function):
-    """`upstream_gated_rms_norm` as one function: saves x, gate and weight; backward recomputes."""
+    """`upstream_gated_rms_norm` as one function: x, gate [..., V], weight [V] -> [..., V] in x.dtype;
+    saves x, gate and weight, backward recomputes."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -104,14 +106,8 @@ class GatedRMSNormFunction(torch.autograd.Function):
         return dx.view_as(x), dg.view_as(gate), dw.to(weight.dtype), None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., D], weight [D] -> [..., D] in `weight * x.dtype`'s dtype; `upstream_rms_norm`'s values."""
-    return RMSNormFunction.apply(x, weight, eps)
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x, gate [..., V], weight [V] -> [..., V] in x.dtype; `upstream_gated_rms_norm`'s values."""
-    return GatedRMSNormFunction.apply(x, gate, weight, eps)
+rms_norm = RMSNormFunction.apply
+gated_rms_norm = GatedRMSNormFunction.apply
 
 
 class LeanRMSNorm(LongContextModule, glm.Glm5NextTextRMSNorm):

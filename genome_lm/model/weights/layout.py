@@ -32,12 +32,6 @@ _RENAMES = (  # (on-disk, upstream), applied as plain substring replacements
 )
 
 
-def _rename_to_disk(name: str) -> str:
-    for disk, ours in _RENAMES:
-        name = name.replace(ours, disk)
-    return name
-
-
 def to_disk_layout(name: str, tensor: torch.Tensor, start: int = 0,
                    rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
     """Rows `[start, start + len(tensor))` of upstream tensor `name` (`rows` in all; None: whole) ->
@@ -59,7 +53,9 @@ def to_disk_layout(name: str, tensor: torch.Tensor, start: int = 0,
             if lo < hi:
                 yield f"{prefix}.{qkv}_conv1d.weight", lo - i * q, tensor[lo - start:hi - start]
     else:
-        yield _rename_to_disk(name), start, tensor
+        for disk, ours in _RENAMES:
+            name = name.replace(ours, disk)
+        yield name, start, tensor
 
 
 _VISION_PREFIXES = ("model.visual.", "visual.", "model.vision", "vision_tower.", "model.vision_tower.")

@@ -19,6 +19,8 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageR
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from tqdm import tqdm
 from transformers import PreTrainedConfig
 
@@ -196,9 +198,6 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(the part of `tensor` this rank holds, its first row in the full tensor). Dim-0 sharding only:
     FSDP2's `Shard(0)`, and under EP `Shard(0)` over "ep" then `_StridedShard(0)` over "edp" (torch.chunk
     sizes)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     if not isinstance(tensor, DTensor):
         return tensor, 0
     placements = tensor.placements
@@ -213,24 +212,6 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
         offset += coordinate[i] * chunk
         rows = max(0, min(chunk, rows - coordinate[i] * chunk))
     return tensor.to_local(), offset
-
-
-def _allocate_(model: Glm5NextCausalLM, device: str | torch.device) -> None:
-    """`to_empty`: every tensor is filled afterwards from the state dict, so a non-persistent buffer
-    would be lost (the model has none; refused). `to_empty` unties a plain model's tied `lm_head`."""
-    from torch.distributed.tensor import DTensor
-
-    lost = [f"{p}.{n}".lstrip(".") for p, module in model.named_modules() for n in module._non_persistent_buffers_set]
-    if lost:
-        raise NotImplementedError(f"load_weights_: non-persistent buffers {lost[:3]} would be left uninitialised by "
-                                  "to_empty; recompute them here")
-    model.to_empty(device=device)
-    embed = model.model.embed_tokens.weight
-    if model.config.tie_word_embeddings and model.lm_head.weight is not embed:
-        if isinstance(embed, DTensor):
-            raise GenomeLMError("model: tie_word_embeddings is not supported in distributed runs; set "
-                                "model.overrides.tie_word_embeddings: false")
-        model.lm_head.weight = embed
 
 
 @torch.no_grad()
@@ -262,7 +243,18 @@ def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, tor
         if stored_dtypes:
             for name, tensor in model_tensors(model, model.state_dict(keep_vars=True)).items():
                 tensor.data = torch.empty_like(tensor, dtype=cast_dtype(name, dtypes[name], dtype))
-        _allocate_(model, device)
+        # every tensor is filled below, so a non-persistent buffer would be left uninitialised (the model has none)
+        lost = [f"{p}.{n}".lstrip(".") for p, m in model.named_modules() for n in m._non_persistent_buffers_set]
+        if lost:
+            raise NotImplementedError(f"load_weights_: non-persistent buffers {lost[:3]} would be left uninitialised "
+                                      "by to_empty; recompute them here")
+        model.to_empty(device=device)
+        embed = model.model.embed_tokens.weight
+        if model.config.tie_word_embeddings and model.lm_head.weight is not embed:  # to_empty unties them
+            if isinstance(embed, DTensor):
+                raise GenomeLMError("model: tie_word_embeddings is not supported in distributed runs; set "
+                                    "model.overrides.tie_word_embeddings: false")
+            model.lm_head.weight = embed
     tensors = model_tensors(model, model.state_dict(keep_vars=True)).items()
     for name, tensor in tqdm(tensors, desc=progress or None, unit="tensor", disable=not progress):
         local, start = local_rows(tensor)

@@ -50,17 +50,15 @@ def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[s
     return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
 
 
-def shard_file_names(n: int) -> list[str]:
-    return ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-
-
 class ShardWriter:
     """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`, each file
     as soon as its last tensor arrives (`peak_bytes`: the most it held). Views into a larger tensor
     are copied, so that tensor can be freed."""
 
     def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
-        self.directory, self.plan, self.names = Path(directory), plan, shard_file_names(len(plan))
+        self.directory, self.plan, n = Path(directory), plan, len(plan)
+        self.names = ([f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1
+                      else ["model.safetensors"])
         self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
         self.left = [len(entries) for entries in plan]
         self.buffer: dict[str, torch.Tensor] = {}

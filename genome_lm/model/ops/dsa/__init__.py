@@ -2,10 +2,8 @@
 selection), `chunk` (sparse attention in absorbed-MLA latent form), `layer` (`LongDSA`)."""
 
 from .chunk import absorbed_mla_attention, sparse_latent_attention
-from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
+from .indexer import DSASelection
 from .layer import LongDSA
-from .naive import naive_dsa_forward, naive_kpool_indexer, naive_mla_attention, naive_selection_mask
+from .naive import naive_dsa_forward
 
-__all__ = ["DSASelection", "LongDSA", "absorbed_mla_attention", "chunk_kpool_indexer", "index_inputs", "kpool_keys",
-           "naive_dsa_forward", "naive_kpool_indexer", "naive_mla_attention", "naive_selection_mask",
-           "sparse_latent_attention"]
+__all__ = ["DSASelection", "LongDSA", "absorbed_mla_attention", "naive_dsa_forward", "sparse_latent_attention"]

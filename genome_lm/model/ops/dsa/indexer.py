@@ -60,18 +60,14 @@ class DSASelection:
         tail = tail.masked_fill(offs >= count[:, None], -1)
         return pools, tail.expand(pools.shape[0], -1, -1)
 
-    def tokens(self, t0: int, t1: int) -> torch.Tensor:
-        """int64 [B, t1 - t0, W] absolute key positions for queries t0..t1-1, -1 = empty slot."""
-        pools, single = self.block(t0, t1)
-        tok = pools[..., None] * self.kpool + torch.arange(self.kpool, device=pools.device)
-        tok = tok.masked_fill(pools[..., None] < 0, -1).flatten(-2)  # [B, n, S * kpool]
-        return torch.cat([tok, single], dim=-1)
-
     def to_token_indices(self, topk: int) -> torch.Tensor:
-        """Upstream's format: int32 [B, T, topk (+ kpool - 1 with tail)], -1 = empty slot."""
+        """Upstream's format: int32 [B, T, topk (+ kpool - 1 with tail)] absolute key positions, -1 = empty slot."""
         if self.pools is None:
             return self._raw
-        tok = self.tokens(0, self.num_queries)  # [pool tokens, tail], then -1 padding
+        pools, single = self.block(0, self.num_queries)
+        tok = pools[..., None] * self.kpool + torch.arange(self.kpool, device=pools.device)
+        tok = tok.masked_fill(pools[..., None] < 0, -1).flatten(-2)  # [B, T, S * kpool]
+        tok = torch.cat([tok, single], dim=-1)  # [pool tokens, tail], then -1 padding
         width = topk + (self.kpool - 1 if self.tail else 0)
         return F.pad(tok, (0, width - tok.shape[-1]), value=-1).to(torch.int32)
 

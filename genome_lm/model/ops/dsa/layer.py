@@ -16,34 +16,6 @@ from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 
 
-def _check_supported(attn) -> None:
-    cfg = attn.config
-    if cfg.qk_rope_head_dim:
-        raise NotImplementedError(
-            f"layer {attn.layer_idx}: qk_rope_head_dim={cfg.qk_rope_head_dim}; the latent DSA path supports "
-            "NoPE DSA only, as upstream's Glm5NextTextConfig does (it rejects qk_rope_head_dim > 0)."
-        )
-    if cfg.attention_dropout:
-        raise NotImplementedError(f"attention_dropout={cfg.attention_dropout}: the latent DSA path has no dropout")
-
-
-def _as_selection(prev, layer_idx: int) -> DSASelection:
-    if prev is None:
-        raise ValueError(
-            f"layer {layer_idx}: shared DSA layers require top-k indices from a previous full indexer layer."
-        )
-    return prev if isinstance(prev, DSASelection) else DSASelection(None, kpool=1, tail=False, token_indices=prev)
-
-
-def _projections(attn, hidden_states: torch.Tensor):
-    """-> (q_resid [B, T, q_lora], q_nope [B, T, H, DN], latent c [B, T, R])."""
-    B, T, _ = hidden_states.shape
-    q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))
-    q = attn.q_b_proj(q_resid).view(B, T, attn.num_heads, attn.qk_head_dim)  # [B, T, H, DN] (no rope part)
-    c = attn.kv_a_layernorm(attn.kv_a_proj_with_mqa(hidden_states)[..., : attn.kv_lora_rank])  # [B, T, R]
-    return q_resid, q, c
-
-
 class LongDSA(LongContextModule, Glm5NextTextAttention):
     """`Glm5NextTextAttention` (a DSA layer) in blockwise latent form (parameters upstream's).
 
@@ -63,7 +35,14 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
     def configure(self, block_queries: int = DEFAULTS.dsa_block_queries) -> None:
         if block_queries < 1:
             raise ValueError(f"block_queries must be >= 1, got {block_queries}")
-        _check_supported(self)
+        if self.config.qk_rope_head_dim:
+            raise NotImplementedError(
+                f"layer {self.layer_idx}: qk_rope_head_dim={self.config.qk_rope_head_dim}; the latent DSA path "
+                "supports NoPE DSA only, as upstream's Glm5NextTextConfig does (it rejects qk_rope_head_dim > 0)."
+            )
+        if self.config.attention_dropout:
+            raise NotImplementedError(f"attention_dropout={self.config.attention_dropout}: the latent DSA path has no "
+                                      "dropout")
         self.block_queries = int(block_queries)
 
     def extra_repr(self) -> str:
@@ -82,7 +61,10 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
             if cache is not None:
                 raise NotImplementedError("context-parallel DSA is for training (no cache); score with one process")
             cp.check_local(hidden_states.shape[1])
-        q_resid, q, c = _projections(self, hidden_states)  # c [B, T, R]
+        B, T, _ = hidden_states.shape
+        q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))  # [B, T, q_lora]
+        q = self.q_b_proj(q_resid).view(B, T, self.num_heads, self.qk_head_dim)  # [B, T, H, DN] (no rope part)
+        c = self.kv_a_layernorm(self.kv_a_proj_with_mqa(hidden_states)[..., : self.kv_lora_rank])  # [B, T, R]
         kv, start = c, 0
         if cache is not None:  # upstream's layout: latent [B, 1, S, R] and an empty rope part
             kv = cache.update(c[:, None], c.new_zeros(*c.shape[:2], 0)[:, None], self.layer_idx)[0][:, 0]
@@ -90,7 +72,11 @@ class LongDSA(LongContextModule, Glm5NextTextAttention):
         elif cp is not None:
             kv, start = gather_seq(c, cp.lengths, cp.group), cp.start  # [B, T, R]
         if self.indexer is None:
-            selection = _as_selection(prev_topk_indices, self.layer_idx)
+            if prev_topk_indices is None:
+                raise ValueError(f"layer {self.layer_idx}: shared DSA layers require top-k indices from a previous "
+                                 "full indexer layer.")
+            selection = prev_topk_indices if isinstance(prev_topk_indices, DSASelection) else DSASelection(
+                None, kpool=1, tail=False, token_indices=prev_topk_indices)
         else:
             ix = self.indexer
             q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)

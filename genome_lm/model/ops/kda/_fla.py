@@ -85,20 +85,16 @@ def fla_function(module: str, name: str) -> Callable:
     if fn is None:
         raise GenomeLMError(f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
                             f"`{GPU_EXTRA_FIX}`, or set {TORCH_FIX} for genome_lm's slower torch ops")
-    _check_fla_version()
-    return fn
-
-
-def _check_fla_version() -> None:
     try:
         version = importlib.metadata.version("fla-core")
     except importlib.metadata.PackageNotFoundError:
-        return  # fla from a source tree: nothing to compare
+        return fn  # fla from a source tree: nothing to compare
     if Version(version) < Version(MIN_FLA_CORE):
         raise GenomeLMError(
             f"fla-core {version} is installed; genome_lm's KDA on CUDA needs fla-core >= {MIN_FLA_CORE} "
             f"(int64 offsets past 262,144 tokens, the B200 backward fix; docs/parallel.md): `{GPU_EXTRA_FIX}`"
         )
+    return fn
 
 
 def fla_chunk_kda(kernels: FlaKernels = FLA) -> Callable:

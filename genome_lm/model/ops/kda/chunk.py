@@ -166,7 +166,9 @@ def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: 
 
     q, k, v, beta = (chunks(x) for x in (q, k, v, beta[..., None]))
     gc = chunks(g).cumsum(-2)  # Γ: in-chunk cumulative log decay, [N, B, HV, C, K]
-    A_qk, A_kk = intra_chunk_scores(q, k, gc)  # [N, B, HV, C, C] each
+    # A_xk[t, s] = Σ_d x_t[d] k_s[d] exp(gc_t[d] - gc_s[d]): A_qk (s <= t), A_kk (s < t), [N, B, HV, C, C] each
+    A_qk, A_kk = _lower_scores(torch.stack([q, k]), k, gc).unbind(0)
+    A_kk = A_kk.tril(-1)
 
     # WY form: (I + diag(β) A_kk) [u | w] = diag(β) [v | k ⊙ e^Γ]
     decay_in = gc.exp()  # decay from chunk start, [N, B, HV, C, K]
@@ -185,15 +187,6 @@ def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: 
         S = S * decay[n] + k_out[n].transpose(-1, -2) @ delta  # [B, HV, K, V]
     o = torch.stack(outs).permute(1, 0, 3, 2, 4).reshape(B, N * C, HV, V)[:, :T]  # [B, T, HV, V]
     return o.to(dtype), S
-
-
-def intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, gc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k, gc (in-chunk cumulative log decay) [..., C, K], C a power of two -> A_qk (s <= t) and
-    A_kk (s < t) [..., C, C], `A_xk[t, s] = Σ_d x_t[d] k_s[d] exp(gc_t[d] - gc_s[d])`."""
-
-    A = _lower_scores(torch.stack([q, k]), k, gc)  # [2, ..., C, C]
-    A_qk, A_kk = A.unbind(0)
-    return A_qk, A_kk.tril(-1)
 
 
 def _lower_scores(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor) -> torch.Tensor:

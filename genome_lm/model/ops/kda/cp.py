@@ -16,7 +16,7 @@ KDA passes per slab (the second with value width K) plus cp small [K, K+V] maps 
 The short causal convolution (width W) needs the W-1 pre-conv projections [q | k | v] before the
 slab: every rank recomputes those of its own last W-1 tokens and they are all-gathered (a slab
 shorter than W-1 takes the rest from earlier ranks; the sequence start is zero-padded, as
-upstream pads).
+upstream pads): `LongKDA._cp_forward`.
 
 On fla with equal slabs the core is instead fla's own context parallelism (an `FLACPContext` of the
 CP group exchanges the same maps inside the kernels, no second pass). The two-pass method is the
@@ -29,21 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from genome_lm.model.cp import CPContext, attach, gather_seq
+from genome_lm.model.cp import attach, gather_seq
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
-from genome_lm.model.ops.kda.step import KDAModule, KDAState, kda_layer_step, kda_projections, mask_padding
 from genome_lm.settings import DEFAULTS, KDABackend
-
-
-def _compose_incoming(maps: torch.Tensor, rank: int, V: int) -> torch.Tensor:
-    """maps [B, R, H, K, K + V] (M | B of every rank) -> the state entering `rank`, [B, H, K, V] fp32."""
-    Bsz, R, H, K, _ = maps.shape
-    state = maps.new_zeros(Bsz, H, K, V)
-    for j in range(rank):
-        M, B = maps[:, j, ..., :K], maps[:, j, ..., K:]
-        state = torch.matmul(M, state) + B
-    return attach(state, maps)  # rank 0 uses no map, but must still run the gather's backward
 
 
 def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -66,7 +55,10 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     assert B_r is not None and M_r is not None  # output_final_state=True
     mine = torch.cat([M_r.float(), B_r.float()], dim=-1)[:, None]  # [B, 1, HV, K, K + V]
     maps = gather_seq(mine, [1] * cp.size, cp.group)  # [B, R, HV, K, K + V]
-    s_in = _compose_incoming(maps, cp.rank, V)  # [B, HV, K, V]
+    s_in = maps.new_zeros(Bsz, HV, K, V)  # the state entering this rank, [B, HV, K, V] float32
+    for j in range(cp.rank):
+        s_in = torch.matmul(maps[:, j, ..., :K], s_in) + maps[:, j, ..., K:]  # M_j · S + B_j
+    s_in = attach(s_in, maps)  # rank 0 uses no map, but must still run the gather's backward
     o = o_b.float() + torch.einsum("bthk,bhkv->bthv", o_m.float(), s_in)
     final = torch.matmul(M_r.float(), s_in) + B_r.float()
     return o.to(q.dtype), final
@@ -86,28 +78,3 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
     outs = [fla_by_heads(fla_chunk_kda(fla), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
                          beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
     return torch.cat(outs).to(q.dtype), None
-
-
-def _conv_prefix(module: KDAModule, hidden_states: torch.Tensor, cp: CPContext) -> torch.Tensor:
-    """The W-1 pre-conv projections [B, C3, W-1] before this rank's slab (zeros at sequence start)."""
-    W1 = module.conv_kernel_size - 1
-    lengths = [min(W1, n) for n in cp.lengths]
-    tail = hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:]  # [B, <= W-1, D]
-    mixed = kda_projections(module, tail)  # [B, n, C3]
-    tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
-    padded = torch.cat([tails.new_zeros(tails.shape[0], W1, tails.shape[2]), tails], dim=1)
-    before = sum(lengths[: cp.rank])  # tails rows before this slab
-    return padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
-
-
-def cp_kda_forward(module: KDAModule, hidden_states: torch.Tensor,
-                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """A `LongKDA` over this rank's slab [B, T, D] -> [B, T, D] (its `cp` holds the split)."""
-    cp = module.cp
-    assert cp is not None  # LongKDA.forward takes this path only with a cp
-    cp.check_local(hidden_states.shape[1])
-    hidden_states = mask_padding(hidden_states, attention_mask)
-    prefix = _conv_prefix(module, hidden_states, cp)
-    core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
-    out, _ = kda_layer_step(module, hidden_states, KDAState(prefix, None), None, kda_core=core)
-    return out

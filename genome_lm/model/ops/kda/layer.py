@@ -1,5 +1,6 @@
-"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda` through `kda_layer_step`
-(`step.py`), so activations stay O(T·H·K).
+"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`, so activations stay
+O(T·H·K): `LongKDA`, through `kda_layer_step`, one layer as a function of the `KDAState` before a
+piece (its training, `Cache` and context-parallel slab paths).
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
@@ -12,16 +13,22 @@ The conv + SiLU, forget gate and gated output norm are each one op that keeps it
 inputs and recomputes the rest (`conv.py`, `gate.py`, `norm.py`, fla's kernels on CUDA); the gate is
 applied inside the recurrent op, as fla's `use_gate_in_kernel` does."""
 
-import torch
+from __future__ import annotations
 
-from genome_lm.model.cp import CPContext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from genome_lm.model.cp import CPContext, gather_seq
 from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels
-from genome_lm.model.ops.kda.conv import KDAShortConv
-from genome_lm.model.ops.kda.cp import cp_kda_forward
+from genome_lm.model.ops.kda.chunk import chunk_kda
+from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
+from genome_lm.model.ops.kda.cp import cp_kda_core
 from genome_lm.model.ops.kda.gate import KDAForgetGate
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
-from genome_lm.model.ops.kda.step import KDAState, conv_state_before, kda_layer_step, kda_projections, mask_padding
 from genome_lm.model.upstream import Glm5NextTextLinearAttention
 from genome_lm.settings import DEFAULTS, KDABackend
 
@@ -71,7 +78,7 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         if self.cp is not None:
             if cache is not None:
                 raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
-            return cp_kda_forward(self, hidden_states, attention_mask)
+            return self._cp_forward(hidden_states, attention_mask)
         if cache is None:
             return kda_layer_step(self, hidden_states, None, attention_mask)[0]
 
@@ -90,7 +97,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         full = cache.update_conv_state(mixed.transpose(1, 2).detach(), idx, conv_kernel_size=self.conv_kernel_size)
         if recurrent is None:
             recurrent = mixed.new_zeros(B, self.num_heads, self.head_dim, self.head_dim, dtype=torch.float32)
-        state = KDAState(conv_state_before(full, T, self.conv_kernel_size), recurrent)
+        # the W-1 raw projections before the last T columns of `full` [B, C, L], fewer zero-padded on the left
+        before = full[..., : full.shape[-1] - T][..., -(self.conv_kernel_size - 1):]
+        missing = self.conv_kernel_size - 1 - before.shape[-1]
+        state = KDAState(F.pad(before, (missing, 0)) if missing else before, recurrent)
 
         keep = min(cache.get_recurrent_states_to_keep(idx), T)
         bounds = ([0] if keep < T else []) + list(range(T - keep, T + 1))  # [0, T-N, T-N+1, ..., T]
@@ -104,3 +114,100 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
                 kept.append(final)
         cache.update_recurrent_state(kept if keep else final, idx)
         return torch.cat(outs, dim=1)
+
+    def _cp_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """This rank's slab [B, T, D] -> [B, T, D] (`cp` holds the split; the core: `cp.cp_kda_core`)."""
+        cp = self.cp
+        assert cp is not None  # forward takes this path only with a cp
+        cp.check_local(hidden_states.shape[1])
+        hidden_states = mask_padding(hidden_states, attention_mask)
+        # the W-1 pre-conv projections [B, C3, W-1] before this slab (zeros at sequence start)
+        W1 = self.conv_kernel_size - 1
+        lengths = [min(W1, n) for n in cp.lengths]
+        mixed = kda_projections(self, hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:])  # [B, <= W-1, C3]
+        tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
+        padded = torch.cat([tails.new_zeros(tails.shape[0], W1, tails.shape[2]), tails], dim=1)
+        before = sum(lengths[: cp.rank])  # tails rows before this slab
+        prefix = padded[:, before : before + W1].transpose(1, 2)  # [B, C3, W-1]
+        core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
+        out, _ = kda_layer_step(self, hidden_states, KDAState(prefix, None), None, kda_core=core)
+        return out
+
+
+KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+"""A recurrent core called like `chunk_kda`: `(o, final state or None)`."""
+
+
+@dataclass
+class KDAState:
+    """What one KDA layer carries from one piece of a sequence to the next: `conv_state` [B, 3·H·K, W-1]
+    the last pre-conv projections; `recurrent_state` [B, H, K, V] float32, None for a zero state (in)
+    or from a core that gives no final state (out: fla's context parallelism)."""
+
+    conv_state: torch.Tensor
+    recurrent_state: torch.Tensor | None
+
+
+def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState | None = None,
+                   attention_mask: torch.Tensor | None = None, kda_core: KDACore | None = None,
+                   mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, KDAState]:
+    """A `LongKDA` over the next T >= 1 tokens [B, T, D], given the `KDAState` after the tokens before
+    them (None: sequence start) -> (out [B, T, D], new state). Feeding pieces in order gives one
+    pass's outputs; purely functional, so gradients flow through the carried state. `kda_core`
+    replaces `chunk_kda` (context parallelism); `mixed`: `kda_projections`, if already computed.
+
+    Kept for backward, in the compute dtype: the input, `[q | k | v]` before and after the conv,
+    the gate's raw input, beta, the low-rank gate activations, the core's output and the output gate.
+    """
+    if not isinstance(module.conv1d, KDAShortConv):
+        raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
+    hidden_states = mask_padding(hidden_states, attention_mask)
+    B, T, _ = hidden_states.shape
+    head_shape = (B, T, -1, module.head_dim)
+
+    if mixed is None:
+        mixed = kda_projections(module, hidden_states)  # [B, T, 3·H·K]
+    prev = None if state is None else state.conv_state  # [B, 3·H·K, W-1]
+    # called as a module, so that a sharded conv1d (float32) is gathered
+    qkv = module.conv1d(mixed, prev)  # silu(causal depthwise conv), [B, T, 3·H·K]
+    new_conv_state = conv_tail(mixed, prev, module.conv_kernel_size)  # [B, 3·H·K, W-1]
+
+    query, key, value = qkv.split([module.qkv_dim] * 3, dim=-1)
+    query, key, value = query.view(head_shape), key.view(head_shape), value.view(head_shape)  # [B, T, H, K]
+    raw_gate, A_log, dt_bias = module.forget_gate(hidden_states)  # the gate's inputs; the core applies it
+    beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
+
+    core, recurrent = (kda_core or chunk_kda)(
+        query,
+        key,
+        value,
+        raw_gate.view(head_shape),
+        beta,
+        initial_state=None if state is None else state.recurrent_state,
+        output_final_state=True,
+        chunk_size=module.chunk_size,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        lower_bound=module.forget_gate.safe_gate_lower_bound,
+        head_block=module.head_block,
+        backend=module.backend,
+        fla=module.fla,
+    )  # core [B, T, H, V]
+
+    gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
+    out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
+    return out, KDAState(new_conv_state, None if recurrent is None else recurrent.float())
+
+
+def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Upstream's `apply_mask_to_padding_states`: zero the `[B, T, D]` input where the `[B, T]` mask is 0."""
+    if attention_mask is None:
+        return hidden_states
+    return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
+
+
+def kda_projections(module: LongKDA, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The raw `[q | k | v]` projections that the short conv reads, `[B, T, 3·H·K]`."""
+    return torch.cat([module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)], dim=-1)

@@ -23,20 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from genome_lm.model.cp import GroupRank as EPContext
 from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextExperts
-
-
-@dataclass
-class EPContext:
-    """One EP group as a rank sees it."""
-
-    group: object
-    rank: int
-    size: int
-
-    def __repr__(self) -> str:
-        return f"rank {self.rank} of {self.size}"
 
 
 @dataclass(frozen=True)
@@ -89,10 +78,37 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        return ep_experts(self, hidden_states, top_k_index, top_k_weights, self.ep, self.routing)
+        """Upstream's forward over the EP group: hidden_states [M, D], top_k_index [M, k] global expert
+        ids, top_k_weights [M, k] -> [M, D]; with `routing`, split by it instead of by the ids."""
+        x, idx, w, ep = hidden_states, top_k_index, top_k_weights, self.ep
+        gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)  # [El, 2I, D], [El, D, I]
+        n_local = gate_up.shape[0]
+        num_experts = n_local * ep.size
+        k = idx.shape[-1]
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # [M*k] pairs in expert order
+        token = order // k
+        send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep, self.routing)
+        rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
+        by_expert = torch.argsort(expert_of_row, stable=True)  # [R]: received row of each expert row
+        received = torch.empty_like(by_expert).index_copy_(0, by_expert, torch.arange(len(by_expert), device=x.device))
+        rows = permute_rows(rows, by_expert, received)  # [R, D] by local expert
+        up = expert_linear(rows, gate_up, per_expert)  # [R, 2I]; every rank has expert gradients
+        h = torch.cat([self._apply_gate(part) for part in torch.split(up, per_expert)])  # [R, I]
+        del rows, up
+        done = permute_rows(expert_linear(h, down, per_expert), received, by_expert)  # [R, D] by source rank
+        back = _all_to_all(done, send, recv, ep.group)  # [M*k, D] in `order`
+        del done
+        return add_rows(x, token, (back * w.reshape(-1)[order, None]).to(x.dtype))
 
 
-class _ExpertLinear(torch.autograd.Function):  # the matmuls autograd runs for `F.linear`
+class _ExpertLinear(torch.autograd.Function):
+    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e, in order), weight [El, O, I]
+    -> [R, O]: `F.linear(rows of e, weight[e])` for each expert, bit for bit, and the same input
+    gradient (the matmuls autograd runs for `F.linear`). The weight's gradient is one [El, O, I]
+    tensor written expert by expert; autograd through `weight[e]` instead makes a zero-filled
+    [El, O, I] tensor per expert and adds them."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
@@ -113,15 +129,14 @@ class _ExpertLinear(torch.autograd.Function):  # the matmuls autograd runs for `
         return grad_x, grad_w, None
 
 
-def expert_linear(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e, in order), weight [El, O, I]
-    -> [R, O]: `F.linear(rows of e, weight[e])` for each expert, bit for bit, and the same input
-    gradient. The weight's gradient is one [El, O, I] tensor written expert by expert; autograd
-    through `weight[e]` instead makes a zero-filled [El, O, I] tensor per expert and adds them."""
-    return _ExpertLinear.apply(x, weight, counts)
+expert_linear = _ExpertLinear.apply
 
 
 class _PermuteRows(torch.autograd.Function):
+    """x [R, ...] -> x[index] for a permutation `index` [R] whose inverse is `inverse`. Autograd keeps
+    only `inverse`, and the backward is one gather, grad[inverse]; indexing instead scatters the
+    gradient into a zero-filled copy (and `index_copy` keeps its source for backward)."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(inverse)
@@ -133,14 +148,13 @@ class _PermuteRows(torch.autograd.Function):
         return grad[inverse], None, None
 
 
-def permute_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """x [R, ...] -> x[index] for a permutation `index` [R] whose inverse is `inverse`. Autograd keeps
-    only `inverse`, and the backward is one gather, grad[inverse]; indexing instead scatters the
-    gradient into a zero-filled copy (and `index_copy` keeps its source for backward)."""
-    return _PermuteRows.apply(x, index, inverse)
+permute_rows = _PermuteRows.apply
 
 
 class _AddRows(torch.autograd.Function):
+    """zeros_like(like) [N, D] with each row src[j] [J, D] added into row index[j], in order of j:
+    `index_add`, bit for bit, whose autograd keeps only `index` (`index_add` keeps `src` too)."""
+
     @staticmethod
     def forward(ctx, like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(index)
@@ -152,10 +166,7 @@ class _AddRows(torch.autograd.Function):
         return None, None, grad.index_select(0, index)
 
 
-def add_rows(like: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """zeros_like(like) [N, D] with each row src[j] [J, D] added into row index[j], in order of j:
-    `index_add`, bit for bit, whose autograd keeps only `index` (`index_add` keeps `src` too)."""
-    return _AddRows.apply(like, index, src)
+add_rows = _AddRows.apply
 
 
 def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
@@ -175,28 +186,3 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, a
     per_expert = recv_counts.view(ep.size, n_local).sum(0).tolist()
     expert_of_row = torch.repeat_interleave(torch.arange(n_local, device=flat.device).repeat(ep.size), recv_counts)
     return send, recv, per_expert, expert_of_row
-
-
-def ep_experts(experts: Glm5NextTextExperts, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-               ep: EPContext, assumed: AssumedRouting | None = None) -> torch.Tensor:
-    """Upstream's `Glm5NextTextExperts.forward` over the EP group: x [M, D], idx [M, k] global expert
-    ids, w [M, k] routing weights -> [M, D]; `assumed`: split by it instead of by `idx`."""
-    gate_up, down = _local(experts.gate_up_proj), _local(experts.down_proj)  # [El, 2I, D], [El, D, I]
-    n_local = gate_up.shape[0]
-    num_experts = n_local * ep.size
-    k = idx.shape[-1]
-    flat = idx.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # [M*k] pairs in expert order
-    token = order // k
-    send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep, assumed)
-    rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
-    by_expert = torch.argsort(expert_of_row, stable=True)  # [R]: received row of each expert row
-    received = torch.empty_like(by_expert).index_copy_(0, by_expert, torch.arange(len(by_expert), device=x.device))
-    rows = permute_rows(rows, by_expert, received)  # [R, D] by local expert
-    up = expert_linear(rows, gate_up, per_expert)  # [R, 2I]; every rank has expert gradients
-    h = torch.cat([experts._apply_gate(part) for part in torch.split(up, per_expert)])  # [R, I]
-    del rows, up
-    done = permute_rows(expert_linear(h, down, per_expert), received, by_expert)  # [R, D] by source rank
-    back = _all_to_all(done, send, recv, ep.group)  # [M*k, D] in `order`
-    del done
-    return add_rows(x, token, (back * w.reshape(-1)[order, None]).to(x.dtype))
