@@ -217,7 +217,7 @@ def _eval(args) -> None:
         eval_dry_run(cfg, world=run.nproc)
         return
     if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
-        from genome_lm.eval.launch import launch
+        from genome_lm.eval.run import launch
 
         s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts)
     else:
@@ -279,7 +279,7 @@ def _kept(args) -> str:
         return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
     if args.command == "score" and getattr(args, "out", None):
-        from genome_lm.score.outputs import work_dir_for
+        from genome_lm.score.run import work_dir_for
 
         done = work_dir_for(Path(args.out)) / "done"
         n = len(list(done.iterdir())) if done.is_dir() else 0
@@ -287,7 +287,7 @@ def _kept(args) -> str:
                 "from them") if n else ""
     if args.command != "eval" or not getattr(args, "out", None):
         return ""
-    from genome_lm.eval.cache import cache_dir_for
+    from genome_lm.eval.outputs import cache_dir_for
 
     cache = cache_dir_for(Path(args.out))
     n = len(list(cache.glob("w*.npz"))) if cache.is_dir() else 0

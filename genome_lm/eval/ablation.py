@@ -11,10 +11,9 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.outputs import iter_windows, readable
+from genome_lm.eval.outputs import iter_windows, table_rows
 from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, paired_stat, ratio
 from genome_lm.eval.strata import masks, merged_strata, place, strata_of
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
@@ -97,31 +96,12 @@ def _stream_targets(model, ids, labels, L: int, chunk_tokens: int) -> np.ndarray
     return np.where(labels[0, L:].numpy() != IGNORE_INDEX, scored, np.nan).astype(np.float32)
 
 
-class AblationWriter(pq.ParquetWriter):
-    """`context_ablation.parquet`, one row group per window taking part; a context manager."""
-
-    def __init__(self, path: Path):
-        super().__init__(str(path), SCHEMA, compression="zstd", write_page_checksum=True)
-
-    def add(self, window: int, chrom: str, start: int, end: int, strand: str, target_start: int,
-            nll: np.ndarray) -> None:
-        row = {"window": window, "chrom": chrom, "start": start, "end": end, "strand": strand,
-               "target_start": target_start, "nll": [np.asarray(x, dtype=np.float32) for x in nll]}
-        self.write_batch(pa.RecordBatch.from_pydict({k: [v] for k, v in row.items()}, schema=SCHEMA))
-
-
 def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
     """Rows of `context_ablation.parquet`, nll float32 [n_L, n]."""
-    path = Path(eval_dir) / ABLATION_FILE
-    with readable(path, "eval"):
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
-    for g in range(pf.num_row_groups):
-        with readable(path, "eval"):
-            table = pf.read_row_group(g)
-        for row in range(table.num_rows):
-            rec = {c: table.column(c)[row].as_py() for c in SCHEMA.names[:-1]}
-            rec["nll"] = np.asarray(table.column("nll")[row].as_py(), dtype=np.float32)
-            yield rec
+    for table, row in table_rows(Path(eval_dir) / ABLATION_FILE):
+        rec = {c: table.column(c)[row].as_py() for c in SCHEMA.names[:-1]}
+        rec["nll"] = np.asarray(table.column("nll")[row].as_py(), dtype=np.float32)
+        yield rec
 
 
 def window_sums(nll: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, int]:

@@ -1,6 +1,6 @@
 """`genome-lm eval`: check the inputs (`check_inputs`), score every window the per-window cache lacks
-(`cache.py`), then write tokens.parquet and summary.json and drop the cache (`_write_outputs`). Every
-rank of a distributed eval runs it (`sharded.py`); rank 0 checks and writes."""
+(`outputs.WindowCache`), then write tokens.parquet and summary.json and drop the cache (`_write_outputs`). Every
+rank of a distributed eval (`launch`, `sharded.py`) runs it; rank 0 checks and writes."""
 
 from __future__ import annotations
 
@@ -17,18 +17,17 @@ import torch
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import ablation, sharded, strands
 from genome_lm.eval.annotate import load_annotations
-from genome_lm.eval.cache import WindowCache
-from genome_lm.eval.config import EvalConfig, resolve_dtype
-from genome_lm.eval.outputs import SUMMARY_FILE, TokensWriter
+from genome_lm.eval.config import EvalConfig
+from genome_lm.eval.outputs import SUMMARY_FILE, RowWriter, TokensWriter, WindowCache, cache_dir_for, load_summary
 from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
 from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
 from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
 from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
-from genome_lm.outputs import atomic_directory, claim_output, holding, sha256_file, write_json_atomic
+from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
+from genome_lm.parallel.launch import WorkerContext
 from genome_lm.progress import progress
-from genome_lm.tf32 import set_tf32
 
 log = logging.getLogger(__name__)
 HASH_WEIGHTS_UP_TO = 2 << 30  # hash checkpoint weights up to this size; larger ones by size/mtime
@@ -137,21 +136,23 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
              attempt: int = 0) -> dict:
     """Run the eval `cfg` on this process (one rank of a launch, whose `attempt` the step callbacks get);
     return the summary rank 0 writes. dtype: `cfg.dtype`, else float32 on CPU and bfloat16 on CUDA."""
-    from genome_lm.config import ParallelConfig
-    from genome_lm.parallel.mesh import init_parallel
-
     t0 = time.perf_counter()
-    world = sharded.world_size()
-    sharded.check(cfg, world)
-    par = init_parallel(ParallelConfig(cp=cfg.cp), sharded.device_for(cfg, device, world))
-    if par.device.type == "cuda":
-        set_tf32(cfg.tf32)
-    try:  # rank 0 holds --out's lock (outputs.py) from its check to the cache's removal
-        with holding(cfg.out, "eval") if par.is_main and cfg.out else contextlib.nullcontext():
-            return _evaluate(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par,
-                             show_progress, t0, attempt)
-    finally:
-        par.shutdown()
+    return sharded.on_ranks(cfg, "eval", device, lambda cfg, par: _evaluate(cfg, par, show_progress, t0, attempt))
+
+
+def worker(cfg_json: dict, device=None, worker: WorkerContext | None = None) -> dict:
+    """Every process of a distributed eval (module level: the launchers pickle it)."""
+    return evaluate(EvalConfig(**cfg_json), device=device, attempt=worker.attempt if worker else 0)
+
+
+def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> dict:
+    """`genome-lm eval --nproc N | --ray [ADDRESS]`: `evaluate(cfg)` on every process of a `sharded.launch`
+    (a restart scores only the windows the cache lacks); returns the summary rank 0 wrote."""
+    sharded.check_engine(cfg)  # one-line errors before any process starts
+    sharded.launch(cfg, "eval", worker, check_inputs, lambda out: f"Windows scored so far are kept in "
+                   f"{cache_dir_for(out)}; rerun the same command to continue", nproc, ray, max_restarts)
+    assert cfg.out is not None, "sharded.launch refuses an eval without --out"
+    return load_summary(cfg.out)
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attempt: int) -> dict:
@@ -212,7 +213,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
 
 def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str], targets: np.ndarray,
                rows: np.ndarray) -> dict:
-    """What a cached window's scores depend on (`cache.py`)."""
+    """What a cached window's scores depend on (`outputs.WindowCache`)."""
     assert cfg.shards is not None, "check_inputs refuses an eval without --shards"
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
            "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
@@ -239,32 +240,30 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
     lut, n_known = token_lut(vocab, model_dir), len(vocab)
     passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
     pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
+
+    def score(i: int) -> dict[str, np.ndarray]:
+        tokens = ds[i]["tokens"]
+        if len(tokens) and int(tokens.max()) >= n_known:  # bytes changed after prepare: not N bases
+            raise GenomeLMError(f"{cfg.shards}/{cfg.split}: window {i} holds token id {int(tokens.max())}, "
+                                f"outside the manifest's vocabulary (ids 0..{n_known - 1}): the shards were "
+                                "changed after prepare; rebuild them with `genome-lm prepare` and --overwrite")
+        arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
+                  for name, engine in zip(("nll", "nll_alt"), engines)}
+        if cfg.strands == "both":
+            arrays["nll_rc"] = score_window(model, reverse_complement(tokens), lut, n_known, seq_len, cfg.engine,
+                                            cfg.chunk_tokens)
+        if targets[i]:
+            arrays["ablation"] = ablation.score_ablation(
+                model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
+                main_nll=arrays["nll"] if len(tokens) <= seq_len else None)
+        return arrays
+
     scored_tokens = 0
     with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"eval {Path(cfg.out).name}",
                   "tokens", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
-        for r, rnd in enumerate(sharded.rounds(todo, pieces, par.dp)):
-            i = rnd.windows[par.dp_rank]
-            scored = None
-            if i is not None:
-                tokens = ds[i]["tokens"]
-                if len(tokens) and int(tokens.max()) >= n_known:  # bytes changed after prepare: not N bases
-                    raise GenomeLMError(f"{cfg.shards}/{cfg.split}: window {i} holds token id {int(tokens.max())}, "
-                                        f"outside the manifest's vocabulary (ids 0..{n_known - 1}): the shards were "
-                                        "changed after prepare; rebuild them with `genome-lm prepare` and --overwrite")
-                arrays = {name: score_window(model, tokens, lut, n_known, seq_len, engine, cfg.chunk_tokens)
-                          for name, engine in zip(("nll", "nll_alt"), engines)}
-                if cfg.strands == "both":
-                    arrays["nll_rc"] = score_window(model, reverse_complement(tokens), lut, n_known, seq_len,
-                                                    cfg.engine, cfg.chunk_tokens)
-                if targets[i]:
-                    arrays["ablation"] = ablation.score_ablation(
-                        model, tokens, lut, n_known, cfg.context, int(targets[i]), cfg.engine, cfg.chunk_tokens,
-                        main_nll=arrays["nll"] if len(tokens) <= seq_len else None)
-                scored = (i, arrays)
-            for _ in range(rnd.forwards - (pieces[i] if i is not None else 0)):
-                sharded.idle_forward(model, par.cp)
-            for j, arrays in sharded.gather_on_main(par, scored):
-                assert cache is not None, "gather_on_main yields windows on rank 0 only, which holds the cache"
+        for r, done in enumerate(sharded.scored_rounds(par, model, todo, pieces, score)):
+            for j, arrays in done:
+                assert cache is not None, "scored_rounds yields windows on rank 0 only, which holds the cache"
                 cache.put(j, **arrays)
                 scored_tokens += int(lengths[j])
                 bar.update(int(lengths[j]))
@@ -297,7 +296,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
     with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \
             contextlib.ExitStack() as files:
-        abl_writer = files.enter_context(ablation.AblationWriter(tmp / ablation.ABLATION_FILE)) if abl else None
+        abl_writer = files.enter_context(RowWriter(tmp / ablation.ABLATION_FILE, ablation.SCHEMA)) if abl else None
         with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations], both) as writer:
             for i in range(n):
                 arrays, row = cache.get(i), masks[i]
@@ -321,7 +320,8 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                     assert abl is not None and abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])
                     abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
-                    abl_writer.add(row_id, *where, t0, arrays["ablation"])
+                    abl_writer.add_row(window=row_id, chrom=where[0], start=where[1], end=where[2], strand=where[3],
+                                       target_start=t0, nll=list(arrays["ablation"]))  # float32 [n_L][n]
         files.close()  # context_ablation.parquet complete before the directory is renamed
         summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",

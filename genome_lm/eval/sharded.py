@@ -1,16 +1,22 @@
-"""Eval over several processes (docs/parallel.md, Distributed eval): what differs from one process in the
-`evaluate` every rank runs: the dp x cp layout, the FSDP2 model, the scoring rounds, the gather on rank 0."""
+"""Eval and score over several processes (docs/parallel.md, Distributed eval): the launch, and what differs
+from one process in the `evaluate` / `score` every rank runs: the dp x cp layout, the FSDP2 model, the
+scoring rounds, the gather on rank 0."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.outputs import holding
 from genome_lm.parallel.layout import LayoutWords, resolve_layout
 
 IDLE_TOKENS_PER_RANK = 8  # tokens per CP rank of an idle forward
@@ -104,34 +110,74 @@ def build_model(cfg, model_dir: str, par):
     return model
 
 
-@dataclass
-class Round:
-    windows: list[int | None]  # [dp] the window each replica scores (None: none left for it)
-    forwards: int  # forward passes every replica makes: the most pieces of the round's windows
+def on_ranks(cfg, command: str, device, run: Callable[[Any, Any], dict]) -> dict:
+    """`run(cfg, par)` on this process (`init_parallel`: one rank of a launch laid out by `layout`, or the only
+    one), with `cfg.dtype` resolved (`resolve_dtype`); rank 0 holds --out's lock (outputs.py) from its
+    checks to its last write. An eval also sets TF32 on CUDA (`--tf32`)."""
+    from genome_lm.config import ParallelConfig
+    from genome_lm.eval.config import resolve_dtype
+    from genome_lm.parallel.mesh import init_parallel
+    from genome_lm.tf32 import set_tf32
+
+    world = world_size()
+    layout(cfg.cp, world)
+    if command == "eval" and world > 1:
+        check_engine(cfg)
+    par = init_parallel(ParallelConfig(cp=cfg.cp), device_for(cfg, device, world))
+    if command == "eval" and par.device.type == "cuda":
+        set_tf32(cfg.tf32)
+    try:
+        with holding(cfg.out, command) if par.is_main and cfg.out else contextlib.nullcontext():
+            return run(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par)
+    finally:
+        par.shutdown()
 
 
-def rounds(todo: list[int], pieces: list[int] | np.ndarray, dp: int) -> list[Round]:
-    """`todo` windows in rounds of one window per dp replica; `pieces[i]` forwards window i takes."""
-    out = []
-    for r in range(0, len(todo), dp):
-        windows = list(todo[r : r + dp])
-        out.append(Round(windows + [None] * (dp - len(windows)), max(int(pieces[i]) for i in windows)))
-    return out
+def launch(cfg, command: str, fn: Callable, check_inputs: Callable, keeps: Callable[[Path], str],
+           nproc: int | None, ray: str | None | bool = None, max_restarts: int = 0) -> None:
+    """Run `fn(cfg as JSON)` (module level: the launchers pickle it) on `nproc` local processes, or under Ray
+    (`ray`: an address, "" or True for a local instance), restarting the workers up to `max_restarts` times,
+    after `check_inputs(cfg)` under --out's lock. `keeps(out)`: what a failed launch leaves for a rerun. The
+    launch's Ray files and error messages go to a hidden directory beside --out (removed afterwards)."""
+    from genome_lm.parallel.launch import Job, run_local, run_ray
+
+    if nproc is not None:
+        layout(cfg.cp, nproc)
+    if not cfg.out:
+        check_inputs(cfg)  # refuses it
+    out = Path(cfg.out)
+    with holding(out, command):  # the workers' rank 0 works under this lock (outputs.HOLDER_ENV)
+        check_inputs(cfg)
+        job = Job(fn=fn, args=(cfg.model_dump(mode="json"),), layout=lambda world: layout(cfg.cp, world),
+                  describe=f"{command}: cp={cfg.cp}, dp=processes/cp", keeps=keeps(out),
+                  work_dir=out.parent / f".{out.name}.launch", name=f"{command}-{out.name}")
+        try:
+            if ray is None:
+                run_local(job, nproc or 1, max_restarts)
+            else:
+                run_ray(job, address=ray if isinstance(ray, str) and ray else None, nproc=nproc,
+                        max_restarts=max_restarts)
+        finally:
+            shutil.rmtree(job.work_dir, ignore_errors=True)
 
 
-def idle_forward(model, cp: int) -> None:
-    """A forward that scores nothing, so that this replica's FSDP2 all-gathers (and its CP group's
-    collectives) meet those of the replicas still scoring."""
+def scored_rounds(par, model, todo: list[int], forwards: Sequence[int], score: Callable[[int], Any]):
+    """Score the items `todo` (windows, regions) in rounds of one per dp replica, `score(i)` making
+    `forwards[i]` forward passes. A replica with less to do makes forwards that score nothing, so that its
+    FSDP2 all-gathers (and its CP group's collectives) meet those of the replicas still scoring. Yields per
+    round, on rank 0, the (i, score(i)) of every replica's first CP rank in dp order; other ranks: []."""
     from genome_lm.eval.scoring import IGNORE_INDEX, score_piece
 
-    ids = torch.zeros(1, IDLE_TOKENS_PER_RANK * cp, dtype=torch.int64)
-    score_piece(model, ids, torch.full_like(ids, IGNORE_INDEX))
-
-
-def gather_on_main(par, item):
-    """Rank 0: the non-None `item`s of every replica's first CP rank, in dp order; other ranks: []."""
-    if not par.distributed:
-        return [] if item is None else [item]
-    box: list | None = [None] * par.world if par.is_main else None  # the gather's list, on rank 0 only
-    dist.gather_object(item if par.cp_rank == 0 else None, box, dst=0)
-    return [x for x in box if x is not None] if box is not None else []
+    for r in range(0, len(todo), par.dp):
+        batch = list(todo[r : r + par.dp])
+        i = batch[par.dp_rank] if par.dp_rank < len(batch) else None
+        mine = None if i is None else (i, score(i))
+        for _ in range(max(int(forwards[j]) for j in batch) - (int(forwards[i]) if i is not None else 0)):
+            ids = torch.zeros(1, IDLE_TOKENS_PER_RANK * par.cp, dtype=torch.int64)
+            score_piece(model, ids, torch.full_like(ids, IGNORE_INDEX))
+        if not par.distributed:
+            yield [] if mine is None else [mine]
+            continue
+        box: list | None = [None] * par.world if par.is_main else None  # the gather's list, on rank 0 only
+        dist.gather_object(mine if par.cp_rank == 0 else None, box, dst=0)
+        yield [x for x in box if x is not None] if box is not None else []

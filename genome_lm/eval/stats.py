@@ -106,17 +106,21 @@ def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.
     window has no spread to show, and a zero-width interval would claim a precision the data lack."""
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in per_window.items()}
     W = len(next(iter(arrays.values())))  # >= 1: an eval has at least one window
-    reps: list[np.ndarray] = []
-    rng, p = np.random.default_rng(seed), np.full(W, 1.0 / W)
     with np.errstate(divide="ignore", invalid="ignore"):
         defined_by = np.isfinite(statistic(**arrays)).sum(axis=0)  # [S]: windows whose own statistic is finite
-        for start in range(0, resamples, _BLOCK):  # weights [r, W]: how often each window is drawn
-            w = rng.multinomial(W, p, size=min(_BLOCK, resamples - start)).astype(np.float64)
-            reps.append(statistic(**{k: w @ v for k, v in arrays.items()}))
-    return _percentile_ci(np.concatenate(reps), defined_by >= 2, level)  # [R, S]
+        reps = [statistic(**{k: w @ v for k, v in arrays.items()}) for w in draws(W, resamples, seed)]
+    return percentile_ci(np.concatenate(reps), defined_by >= 2, level)  # [R, S]
 
 
-def _percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):
+def draws(n: int, resamples: int, seed: int | np.random.Generator):
+    """Bootstrap weights float64 [r, n], how often each of n units is drawn, in blocks of r <= _BLOCK
+    replicates; each block is drawn from `seed`'s generator only when it is asked for."""
+    rng = np.random.default_rng(seed)  # a Generator is used as it is
+    for start in range(0, resamples, _BLOCK):
+        yield rng.multinomial(n, np.full(n, 1.0 / n), size=min(_BLOCK, resamples - start)).astype(np.float64)
+
+
+def percentile_ci(reps: np.ndarray, usable: np.ndarray | bool, level: float):
     """(low [S], high [S]) of replicates [R, S]; NaN where not `usable` or mostly undefined."""
     alpha = (1.0 - level) / 2
     low, high = np.full(reps.shape[1], np.nan), np.full(reps.shape[1], np.nan)
@@ -139,12 +143,11 @@ def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.nd
         if W < 2:
             return np.full(S, np.nan), np.full(S, np.nan)
         reps, rng = [], np.random.default_rng(seed)
-        for start in range(0, resamples, _BLOCK):
-            b = min(_BLOCK, resamples - start)
-            w = rng.multinomial(W, np.full(W, 1.0 / W), size=b).astype(np.float64)  # [b, W]
+        for w in draws(W, resamples, rng):  # [b, W], then the replicates' draws [b, R] of the same generator
+            b = len(w)
             u = rng.multinomial(R, np.full(R, 1.0 / R), size=b).astype(np.float64) if R > 1 else np.ones((b, 1))
             reps.append(statistic(**{k: np.einsum("br,rwm,bw->bm", u, v, w) for k, v in arrays.items()}))
-    return _percentile_ci(np.concatenate(reps), True, level)
+    return percentile_ci(np.concatenate(reps), True, level)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -2,26 +2,38 @@
 
 1. check the inputs and that --out is free (`check_inputs`); 2. for each region not yet done, each strand:
 stream it through the model in chunks of --chunk tokens (`engine.stream`), writing rows and embeddings as
-they come (`outputs.RegionWriter`); 3. move the work folder's files into OUT with regions.parquet and
-summary.json (`_finish`). `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`."""
+they come (`write_region`); 3. move the work folder's files into OUT with regions.parquet and
+summary.json (`_finish`). `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`.
+
+What it writes, incrementally, and how a killed score resumes (the files: docs/score.md): everything goes
+into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs) and is moved into a new
+OUT (`outputs.atomic_directory`) when the last region is done. A region is complete when its Parquet file
+is renamed into place and `done/NNNNNN` exists, after its embedding rows are flushed; a rerun with the same
+inputs scores only the others; other inputs are refused while the work folder exists."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.outputs import holding
+from genome_lm.outputs import atomic_directory, atomic_file, claim_output, write_json_atomic
 from genome_lm.score.params import STRANDS, ScoreParams
 
 log = logging.getLogger(__name__)
+SCHEMA = pa.schema([("region", pa.string()), ("chrom", pa.string()), ("pos", pa.int64()), ("strand", pa.string()),
+                    ("logp", pa.float32())] + [(f"logp_{b}", pa.float32()) for b in "acgt"])
+STRAND_NAMES = {"+": "forward", "-": "reverse"}
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,6 @@ def check_inputs(p: ScoreParams):
     """One-line errors before anything is scored; claims --out (lock, `outputs.claim_output`). Returns
     (reference, regions)."""
     from genome_lm.genome.tokenizer import N_ID
-    from genome_lm.outputs import claim_output
 
     claim_output(p.out, "score", score_inputs(p), p.overwrite)
     for path, flag in ((p.checkpoint, "--checkpoint"), (p.fasta, "--fasta")):
@@ -116,20 +127,10 @@ def rows_of(regions: list[Region], stride: int | None) -> np.ndarray:
 
 def score(p: ScoreParams, show_progress: bool | None = None, device: torch.device | str | None = None) -> dict:
     """Run the score `p` (one process, or every rank of a launch); return the summary rank 0 wrote."""
-    from genome_lm.config import ParallelConfig
     from genome_lm.eval import sharded
-    from genome_lm.eval.config import resolve_dtype
-    from genome_lm.parallel.mesh import init_parallel
 
     t0 = time.perf_counter()
-    world = sharded.world_size()
-    sharded.layout(p.cp, world)
-    par = init_parallel(ParallelConfig(cp=p.cp), sharded.device_for(p, device, world))
-    try:
-        with holding(p.out, "score") if par.is_main else contextlib.nullcontext():
-            return _score(p.model_copy(update={"dtype": resolve_dtype(p.dtype, par.device)}), par, show_progress, t0)
-    finally:
-        par.shutdown()
+    return sharded.on_ranks(p, "score", device, lambda p, par: _score(p, par, show_progress, t0))
 
 
 def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
@@ -138,7 +139,6 @@ def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
     from genome_lm.genome.tokenizer import VOCAB
     from genome_lm.model import token_lut
     from genome_lm.score.engine import check_layers
-    from genome_lm.score.outputs import open_work
 
     checked: dict = {}  # rank 0's reference and regions (the other ranks read their own: no FASTA is broadcast)
     par.on_main(lambda: checked.update(zip(("ref", "regions"), check_inputs(p))))
@@ -178,7 +178,6 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
     from genome_lm.parallel import callbacks
     from genome_lm.progress import progress
     from genome_lm.score.engine import head_weight, stream, whole
-    from genome_lm.score.outputs import RegionWriter, embedding_files
 
     strands = STRANDS[p.strands]
     files = embedding_files(work, p.embeddings, strands, int(rows[-1]), model.config.hidden_size) if work else {}
@@ -194,44 +193,98 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
                 bar.update(len(c.logp))  # a launch counts each region when rank 0 has it
             yield c
 
+    def scored(i: int) -> dict:  # one process: each strand's chunks as they are written; a launch: gathered
+        by_strand = {s: chunks(i, s) for s in strands}
+        return {s: [c.cpu() for c in cs] for s, cs in by_strand.items()} if par.distributed else by_strand
+
     lengths = np.array([r.end - r.start for r in regions], dtype=np.int64) * len(strands)
-    written: list[int] = []
     with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"score {Path(p.out).name}",
                   "bases", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
-        def write(i: int, by_strand: dict) -> None:
+        for n, (i, by_strand) in enumerate(chain.from_iterable(
+                sharded.scored_rounds(par, model, todo, [len(strands)] * len(regions), scored)), 1):
             assert work is not None, "one process, or rank 0 of a launch, writes"
-            writer = RegionWriter(work, i, regions[i], files, int(rows[i]), p.stride())
-            for strand, chunks_of_strand in by_strand.items():
-                for chunk in chunks_of_strand:
-                    writer.add(strand, chunk)
-            writer.close()
+            write_region(work, i, regions[i], by_strand, files, int(rows[i]), p.stride())
             if par.distributed:
                 bar.update(int(lengths[i]))
-            written.append(i)
-            callbacks.after_step(len(written), par.rank, 0)  # a region done (tests kill a score here)
+            callbacks.after_step(n, par.rank, 0)  # a region done (tests kill a score here)
 
-        if not par.distributed:
-            for i in todo:
-                write(i, {s: chunks(i, s) for s in strands})
-            return
-        for rnd in sharded.rounds(todo, [len(strands)] * len(regions), par.dp):
-            i = rnd.windows[par.dp_rank]
-            mine = None if i is None else (i, {s: [c.cpu() for c in chunks(i, s)] for s in strands})
-            for _ in range(rnd.forwards - (len(strands) if i is not None else 0)):
-                sharded.idle_forward(model, par.cp)
-            for j, by_strand in sharded.gather_on_main(par, mine):
-                write(j, by_strand)
+
+def work_dir_for(out: Path) -> Path:
+    return out.parent / f".{out.name}.score-work"
+
+
+def open_work(out: Path, key: dict) -> tuple[Path, set[int]]:
+    """The work folder of `out` for inputs `key`, and the regions it has completed; a folder left by a score
+    of other inputs is refused in one line."""
+    work = work_dir_for(out)
+    key = json.loads(json.dumps(key))  # as key.json reads back
+    if (work / "key.json").is_file():
+        old = json.loads((work / "key.json").read_text())
+        if old != key:
+            changed = ", ".join(k for k in sorted(set(old) | set(key)) if old.get(k) != key.get(k))
+            raise GenomeLMError(f"--out {out}: {work} holds an interrupted score of other inputs (they differ in "
+                                f"{changed}); rerun that command to finish it, or delete {work} to start over")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "done").mkdir(parents=True)
+        with atomic_file(work / "key.json", "w") as f:
+            f.write(json.dumps(key, indent=1))
+    (work / "logp").mkdir(exist_ok=True)
+    (work / "embeddings").mkdir(exist_ok=True)
+    return work, {int(p.name) for p in (work / "done").iterdir()}
+
+
+def embedding_files(work: Path, layers: list[int], strands: list[str], rows: int, width: int) -> dict:
+    """(layer, strand) -> float16 memmap [rows, width] in `work` (made, or opened again on resume)."""
+    out = {}
+    for layer in layers:
+        for s in strands:
+            path = work / "embeddings" / f"layer{layer}.{STRAND_NAMES[s]}.npy"
+            mode = "r+" if path.exists() else "w+"
+            out[layer, s] = np.lib.format.open_memmap(path, mode=mode, dtype=np.float16, shape=(rows, width))
+    return out
+
+
+def write_region(work: Path, index: int, region, by_strand: dict, files: dict, row: int, stride: int | None) -> None:
+    """One region's rows from its engine `Chunk`s (`by_strand`: strand -> chunks, positions along the scored
+    sequence), chunk by chunk: per-base rows to its Parquet file, embeddings into the memmaps `files` from
+    `row` on (`stride` 1), or summed per bin of `stride` bases (None: one bin) and written as means. Then the
+    memmaps are flushed, the Parquet file is renamed into place and the region marked done."""
+    path = work / "logp" / f"r{index:06d}.parquet"
+    tmp = path.with_name(f".{path.name}.tmp")
+    length = region.end - region.start
+    bins = 1 if stride is None else -(-length // stride)
+    sums = {k: torch.zeros(bins, m.shape[1], dtype=torch.float64) for k, m in files.items()} if stride != 1 else {}
+    with pq.ParquetWriter(tmp, SCHEMA) as writer:
+        for strand, chunk in ((strand, c) for strand, chunks in by_strand.items() for c in chunks):
+            n = len(chunk.logp)
+            rel = np.arange(chunk.start, chunk.start + n)
+            rel = rel if strand == "+" else length - 1 - rel
+            acgt = chunk.logp_acgt.cpu().numpy()
+            cols = [pa.repeat(region.name, n), pa.repeat(region.chrom, n), pa.array(region.start + rel),
+                    pa.repeat(strand, n), pa.array(chunk.logp.cpu().numpy()), *(pa.array(a) for a in acgt.T)]
+            writer.write_table(pa.Table.from_arrays(cols, schema=SCHEMA))  # one row group per chunk
+            for layer, emb in chunk.embeddings.items():
+                if (layer, strand) not in files:
+                    continue
+                if stride == 1:
+                    lo = int(rel.min())
+                    files[layer, strand][row + lo : row + lo + n] = \
+                        (emb if strand == "+" else emb.flip(0)).cpu().numpy().astype(np.float16)
+                else:
+                    bin_of = torch.from_numpy(rel // stride if stride else np.zeros_like(rel))
+                    sums[layer, strand].index_add_(0, bin_of, emb.cpu().double())
+    counts = torch.from_numpy(np.minimum(stride or length, length - np.arange(bins) * (stride or 0)))  # [bins]
+    for key, s in sums.items():
+        files[key][row : row + len(s)] = (s / counts[:, None]).numpy().astype(np.float16)
+    for m in files.values():
+        m.flush()
+    tmp.replace(path)
+    (work / "done" / f"{index:06d}").touch()
 
 
 def _finish(p: ScoreParams, work: Path | None, regions: list[Region], rows: np.ndarray, summary: dict) -> dict:
     """Move the work folder's files into a new OUT with regions.parquet and summary.json."""
-    import shutil
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from genome_lm.outputs import atomic_directory, write_json_atomic
-
     assert work is not None, "rank 0 holds the work folder"
     with atomic_directory(p.out, "score", score_inputs(p), overwrite=p.overwrite) as tmp:
         (work / "key.json").unlink()  # files leave the work folder: after a failure here a rerun starts anew
@@ -253,21 +306,9 @@ def worker(params: dict, device=None, worker=None) -> dict:
 
 
 def launch(p: ScoreParams, nproc: int | None, ray: str | None | bool = None) -> dict:
-    """Run the score `p` on `nproc` local processes, or under Ray (`ray`: an address, "" or True for a local
-    instance); return the summary rank 0 wrote."""
-    from genome_lm.eval.launch import run_job
-    from genome_lm.eval.sharded import layout
-    from genome_lm.parallel.launch import Job
-    from genome_lm.score.outputs import work_dir_for
+    """`score(p)` on every process of a `sharded.launch`; returns the summary rank 0 wrote."""
+    from genome_lm.eval import sharded
 
-    if nproc is not None:
-        layout(p.cp, nproc)
-    out = Path(p.out)
-    with holding(out, "score"):  # the workers' rank 0 works under this lock (outputs.HOLDER_ENV)
-        check_inputs(p)
-        job = Job(fn=worker, args=(p.model_dump(mode="json"),), layout=lambda world: layout(p.cp, world),
-                  describe=f"score: cp={p.cp}, dp=processes/cp",
-                  keeps=f"Regions scored so far are kept in {work_dir_for(out)}; rerun the same command to continue",
-                  work_dir=out.parent / f".{out.name}.launch", name=f"score-{out.name}")
-        run_job(job, nproc, ray)
-    return json.loads((out / "summary.json").read_text())
+    sharded.launch(p, "score", worker, check_inputs, lambda out: f"Regions scored so far are kept in "
+                   f"{work_dir_for(out)}; rerun the same command to continue", nproc, ray)
+    return json.loads((Path(p.out) / "summary.json").read_text())

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.stats import _BLOCK, DEFAULT_RESAMPLES, DEFAULT_SEED, LEVEL, _percentile_ci, jfloat
+from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, LEVEL, draws, jfloat, percentile_ci
 from genome_lm.genome.fasta import Reference, contig_key
 from genome_lm.genome.tokenizer import VOCAB, encode, reverse_complement
 from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
@@ -113,10 +113,7 @@ def _table(rows: list[dict], both: bool):
                         ("context_used", i64), ("strand", s), ("score", f64), ("ref_logp", f64), ("alt_logp", f64),
                         ("ref_per_base", pa.list_(pa.float32())), ("alt_per_base", pa.list_(pa.float32())),
                         ("label", f64)])
-    cols = {name: [r[name] for r in rows] for name in schema.names}
-    for name in ("ref_per_base", "alt_per_base"):
-        cols[name] = [None if x is None else np.asarray(x, np.float32) for x in cols[name]]
-    return pa.table(cols, schema=schema)
+    return pa.Table.from_pylist(rows, schema=schema)  # per-base log-probs: float32 [n] arrays from the engine
 
 
 def _metrics(table, contexts: list[int], p: VariantsParams) -> dict | None:
@@ -196,17 +193,12 @@ def format_summary(s: dict, out: str) -> str:
     return "\n".join(lines)
 
 
-def _groups(predictor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order sorting `predictor` descending, start of each run of equal values in that order)."""
-    order = np.argsort(-predictor, kind="stable")
-    p = predictor[order]
-    return order, np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
-
-
 def _curves(predictor: np.ndarray, y: np.ndarray, w: np.ndarray):
     """Weighted positives and negatives per distinct value, highest first: (P [r, G], N [r, G]) for
     weights `w` [r, n]."""
-    order, starts = _groups(predictor)
+    order = np.argsort(-predictor, kind="stable")
+    p = predictor[order]
+    starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])  # where each run of equal values begins
     wp, wn = w[:, order] * y[order], w[:, order] * (1 - y[order])
     return np.add.reduceat(wp, starts, axis=1), np.add.reduceat(wn, starts, axis=1)
 
@@ -244,14 +236,12 @@ def metrics(scores: dict[int, np.ndarray], y: np.ndarray, strand: str, resamples
     contexts = sorted(scores)
     preds = [-np.asarray(scores[c], dtype=np.float64) for c in contexts]
     point = np.array([auroc_auprc(p, y) for p in preds])[:, :, 0]  # [C, 2]
-    reps, rng, n = [], np.random.default_rng(seed), len(y)
-    for start in range(0, resamples, _BLOCK):  # weights [r, n]: how often each variant is drawn
-        w = rng.multinomial(n, np.full(n, 1.0 / n), size=min(_BLOCK, resamples - start)).astype(np.float64)
-        reps.append(np.stack([np.stack(auroc_auprc(p, y, w), axis=1) for p in preds], axis=1))  # [r, C, 2]
-    rep = np.concatenate(reps)
+    n = len(y)
+    rep = np.concatenate([np.stack([np.stack(auroc_auprc(p, y, w), axis=1) for p in preds], axis=1)
+                          for w in draws(n, resamples, seed)])  # [R, C, 2]; w [r, n]: each variant's draws
     usable = min(int(y.sum()), int(n - y.sum())) >= 2
-    lo, hi = _percentile_ci(rep.reshape(len(rep), -1), usable, LEVEL)
-    dlo, dhi = _percentile_ci((rep - rep[:, :1]).reshape(len(rep), -1), usable, LEVEL)
+    lo, hi = percentile_ci(rep.reshape(len(rep), -1), usable, LEVEL)
+    dlo, dhi = percentile_ci((rep - rep[:, :1]).reshape(len(rep), -1), usable, LEVEL)
     lo, hi, dlo, dhi = (a.reshape(len(contexts), 2) for a in (lo, hi, dlo, dhi))
     by, paired, roc, shift = [], [], [], []
     for k, c in enumerate(contexts):

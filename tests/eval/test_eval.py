@@ -14,7 +14,7 @@ import torch
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
-from genome_lm.eval.cache import cache_dir_for
+from genome_lm.eval.outputs import cache_dir_for
 from genome_lm.genome import load_shards
 from genome_lm.genome.tokenizer import N_ID
 from tests.eval.data import N_WINDOWS

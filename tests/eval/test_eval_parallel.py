@@ -16,8 +16,8 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import EvalConfig, evaluate, iter_windows, load_summary
-from genome_lm.eval.cache import cache_dir_for
 from genome_lm.eval.config import resolve_dtype
+from genome_lm.eval.outputs import cache_dir_for
 from genome_lm.parallel import callbacks
 from tests.eval.data import N_WINDOWS
 from tests.faults import KillAt

@@ -117,7 +117,7 @@ def _killed_after_one_region(p: ScoreParams) -> None:
 
 
 def test_killed_score_resumes_region_by_region(inputs, scored, tmp_path, caplog):
-    from genome_lm.score.outputs import work_dir_for
+    from genome_lm.score.run import work_dir_for
 
     out = tmp_path / "k"
     p = params(inputs, out, strands="both", embeddings=[0, 5])
