@@ -31,16 +31,11 @@ def frame(m: ModelShape, n: int, hc_recompute: bool) -> dict[str, int]:
         "norms": n * 2 * a * D,
         "hc_combine": n * 2 * (a * D + a * S + a * S * S),
     }
-    if not hc_recompute:
-        terms["hc_weights"] = n * 2 * hc_intermediates(m)
+    if not hc_recompute:  # what upstream's hyper-connection keeps beyond its input and outputs, per token
+        it = m.sinkhorn_iters
+        floats = (2 + S) * S + 3 * S + 2 * it * S * S + (2 * it - 1) * S  # logits, pre/post, Sinkhorn
+        terms["hc_weights"] = n * 2 * ((F32 * S * D if a != F32 else 0) + F32 * S * D + F32 + F32 * floats)
     return terms
-
-
-def hc_intermediates(m: ModelShape) -> int:
-    """Bytes per token upstream's hyper-connection keeps beyond its input and outputs."""
-    a, S, D, it = m.act_bytes, m.S, m.D, m.sinkhorn_iters
-    floats = (2 + S) * S + 3 * S + 2 * it * S * S + (2 * it - 1) * S  # logits, pre/post, Sinkhorn
-    return (F32 * S * D if a != F32 else 0) + F32 * S * D + F32 + F32 * floats
 
 
 def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> dict[str, int]:
@@ -114,26 +109,17 @@ def moe_rows(m: ModelShape, n: int, layout: Layout, imbalance: float) -> int:
     return int(rows * imbalance) if layout.parallel.ep > 1 else rows
 
 
-def attention(m: ModelShape, layer: LayerShape, layout: Layout, backend: str) -> dict[str, int]:
-    n = layout.tokens
-    if layer.attn == "kda":
-        return kda(m, n, backend, layout.kda_chunk, layout.parallel.cp)
-    return dsa(m, n, layout.train.micro_batch * layout.seq_len, layer)
-
-
-def mlp(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> dict[str, int]:
-    n = layout.tokens
-    if layer.mlp == "dense":
-        return dense_mlp(m, n)
-    return moe(m, n, layout.memory.moe_recompute, moe_rows(m, n, layout, imbalance), layout.parallel.ep > 1)
-
-
 def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:
     """Everything one decoder layer saves without recompute, except its input streams."""
-    terms = frame(m, layout.tokens, layout.hc_recompute)
-    terms.update(attention(m, layer, layout, backend))
-    terms.update(mlp(m, layer, layout, imbalance))
-    return terms
+    n = layout.tokens
+    terms = frame(m, n, layout.hc_recompute)
+    if layer.attn == "kda":
+        terms.update(kda(m, n, backend, layout.kda_chunk, layout.parallel.cp))
+    else:
+        terms.update(dsa(m, n, layout.train.micro_batch * layout.seq_len, layer))
+    if layer.mlp == "dense":
+        return terms | dense_mlp(m, n)
+    return terms | moe(m, n, layout.memory.moe_recompute, moe_rows(m, n, layout, imbalance), layout.parallel.ep > 1)
 
 
 def outside_layers(m: ModelShape, n: int) -> dict[str, int]:

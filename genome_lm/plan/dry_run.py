@@ -232,8 +232,8 @@ def forward_tokens(cfg, lengths: np.ndarray) -> dict:
     return out
 
 
-def eval_dry_run(cfg, world: int | None = None) -> dict:
-    """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
+def eval_dry_run(cfg, world: int | None = None) -> None:
+    """Check `cfg` for `world` processes (default --cp) and print the memory per rank."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
     from genome_lm.plan.inference import plan_forward
@@ -256,18 +256,10 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
     assume = Assumptions()
     fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
     plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
-    need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
-    fits = [g for g in GPUS.values() if need <= g.memory_bytes]
-    small = [g for g in GPUS.values() if need > g.memory_bytes]
     slabs = slab_bounds(piece, cp)
     counts = Counter(b - a for a, b in zip(slabs, slabs[1:]))
     pieces = sum(sharded.n_pieces(n, seq_len) for n in lengths)
     rounds = -(-len(lengths) // dp)
-    summary = {"model": source, "dtype": dtype, "world": world, "dp": dp, "cp": cp, "device": device.type,
-               "windows": len(lengths), "tokens": int(lengths.sum()), "pieces": pieces, "piece_tokens": piece,
-               "slab_tokens": sorted(counts), "rounds": rounds, "parameter_bytes": shape.param_bytes,
-               "peak_bytes_per_rank": plan.peak_bytes, "peak_where": plan.peak_where, "breakdown": plan.breakdown,
-               "fits": [g.name for g in fits]}
     kind = "GPUs" if gpu else "CPU processes"
     print(f"eval dry run: {source} ({dtype}), {shape.counts['total']:,} parameters = {_size(shape.param_bytes)}")
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
@@ -276,7 +268,6 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
           f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     work = forward_tokens(cfg, lengths)
-    summary["forward_tokens"] = work
     if work["total"] != work["windows"]:
         print(f"forward passes: {work['total']:,} tokens in all, {work['total'] / work['windows']:.2f}x the windows' "
               f"(windows {work['windows']:,}, reverse complements {work['reverse']:,}, context ablation "
@@ -289,6 +280,10 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
             print(f"  {label:<50} {_size(plan.breakdown[key]):>12}")
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")
     if gpu:
+        need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
+        fits = [g for g in GPUS.values() if need <= g.memory_bytes]
+        small = [g for g in GPUS.values() if need > g.memory_bytes]
+
         def gpus(specs) -> str:
             return ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in specs)
 
@@ -297,4 +292,3 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
         print(f"  with {assume.fragmentation:.0%} allocator overhead + {assume.runtime_reserved_gib:g} GiB runtime: "
               f"{_size(need)}; {verdict}")
     print("dry run OK: nothing was scored")
-    return summary

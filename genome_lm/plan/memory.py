@@ -90,22 +90,19 @@ def gathered_experts(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
          assume: Assumptions) -> tuple[int, int, int]:
     """(device bytes, host bytes, pinned host bytes) layer keeps between its forward and backward."""
-    n, a = layout.tokens, m.act_bytes
-    stays = assume.offload_keeps_device_input
+    n = layout.tokens
     small = n * (1 + 8 + 8)  # attention mask, position ids, input ids (shared storages on device)
-    if layout.wraps("layer"):
-        stream = act.layer_input(m, n)
-        select = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
-        if layout.memory.offload_layer_inputs:
-            return select + (stream if stays else 0), stream + small, pow2(stream) + pow2(n) + 2 * pow2(8 * n)
-        return stream + select, 0, 0
-    wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
-    device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
-    inputs = len(wrapped) * n * a * m.D
-    if layout.memory.offload_layer_inputs and wrapped:
-        return (device + (inputs if stays else 0), inputs + len(wrapped) * small,
-                len(wrapped) * (pow2(n * a * m.D) + pow2(n) + 2 * pow2(8 * n)))
-    return device + inputs, 0, 0
+    if layout.wraps("layer"):  # one wrapped unit: the layer, its input the streams
+        k, one = 1, act.layer_input(m, n)
+        device = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
+    else:  # k wrapped parts, each with an input [n, D]
+        wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
+        k, one = len(wrapped), n * m.act_bytes * m.D
+        device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
+    if layout.memory.offload_layer_inputs and k:
+        return (device + (k * one if assume.offload_keeps_device_input else 0), k * (one + small),
+                k * (pow2(one) + pow2(n) + 2 * pow2(8 * n)))
+    return device + k * one, 0, 0
 
 
 def _walk_forward(ops: list[Op]) -> tuple[int, int, str]:

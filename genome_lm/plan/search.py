@@ -48,16 +48,13 @@ class FitResult:
                          + ". Use more GPUs, GPUs with more memory, or a shorter sequence.")
             return lines
         b = self.best
-        lines.append(f"chosen ({self.tried} layouts tried): {b.layout.describe()}: "
-                     f"peak {b.peak_gpu_bytes / GiB:,.1f} GiB, "
-                     f"host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
-                     f"{b.tokens_per_s:,.0f} tokens/s")
-        lines.append("  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
-                     "largest that fit (they do not change the first-order time)")
-        for p in self.faster_rejected[:3]:
-            lines.append(f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
-                         + "; ".join(p.problems))
-        return lines
+        lines += [f"chosen ({self.tried} layouts tried): {b.layout.describe()}: peak {b.peak_gpu_bytes / GiB:,.1f} "
+                  f"GiB, host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
+                  f"{b.tokens_per_s:,.0f} tokens/s",
+                  "  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
+                  "largest that fit (they do not change the first-order time)"]
+        return lines + [f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
+                        + "; ".join(p.problems) for p in self.faster_rejected[:3]]
 
 
 def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
@@ -65,10 +62,6 @@ def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
     top = min(cluster.gpus, cluster.gpus_per_node) if model.experts else 1
     return tuple(ep for ep in (2**i for i in range(top.bit_length())) if cluster.gpus % ep == 0
                  and (not model.experts or model.experts % ep == 0))
-
-
-def cp_choices(gpus: int, seq_len: int) -> list[int]:
-    return [cp for cp in (2**i for i in range(gpus.bit_length())) if gpus % cp == 0 and seq_len % cp == 0]
 
 
 def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumptions) -> Plan:
@@ -91,7 +84,8 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
     given_plan = make_plan(model, given, cluster, assume)
     plans: list[Plan] = []
     largest = {k: v[0] for k, v in BLOCKS.items()}
-    for cp in cp_choices(cluster.gpus, given.seq_len):
+    for cp in (cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
+               if cluster.gpus % cp == 0 and given.seq_len % cp == 0):
         for ep in eps or ep_choices(model, cluster):
             for recompute, layers in STRATEGIES:
                 for offload in ((False,) if recompute == "none" else (False, True)):

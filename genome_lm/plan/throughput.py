@@ -22,7 +22,7 @@ from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import Cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.shapes import LayerShape, ModelShape
+from genome_lm.plan.shapes import ModelShape
 
 
 @dataclass
@@ -39,14 +39,6 @@ def _link(cluster: Cluster, group: int, assume: Assumptions) -> float:
     if group <= cluster.gpus_per_node:
         return cluster.gpu.nvlink_bytes_per_s * assume.nvlink_efficiency
     return cluster.gpu.network_bytes_per_s * assume.network_efficiency
-
-
-def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalance: float) -> tuple[float, float]:
-    """(non-expert, routed-expert) parameters one token multiplies with in this layer (busiest rank)."""
-    active_experts = layer.expert_count * m.top_k / max(m.experts, 1)
-    if layout.parallel.ep > 1:
-        active_experts *= imbalance
-    return layer.param_count - layer.expert_count, active_experts
 
 
 def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
@@ -73,7 +65,10 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
     flops = 0.0
     bodies: dict[tuple, int] = {}
     for layer in m.layers:
-        dense_p, expert_p = _layer_gemm_params(layer, m, layout, assume.expert_imbalance)
+        # non-expert and routed-expert parameters one token multiplies with in this layer (busiest rank)
+        dense_p = layer.param_count - layer.expert_count
+        expert_p = layer.expert_count * m.top_k / max(m.experts, 1) * (
+            assume.expert_imbalance if layout.parallel.ep > 1 else 1)
         attn_wrapped = layout.wraps(layer.attn) or layer_recompute
         mlp_wrapped = layout.wraps(layer.mlp) or layer_recompute
         moe_passes = 3 + mlp_wrapped + (1 if layer.mlp == "moe" and layout.memory.moe_recompute else 0)
