@@ -21,13 +21,11 @@ from dataclasses import dataclass
 
 from genome_lm.config import MemoryConfig
 from genome_lm.plan import activations as act
+from genome_lm.plan.activations import F32, loss_transients, ops_by_layer
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.ops import loss_transients, ops_by_layer
-from genome_lm.plan.shapes import LayerShape, ModelShape
-
-F32 = 4
+from genome_lm.plan.shapes import ModelShape
 
 
 @dataclass
@@ -72,15 +70,11 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
 
 def carried_bytes(m: ModelShape, tokens: int) -> dict[str, int]:
     """{"kda_state", "dsa_caches"}: bytes the streaming scorer carries after `tokens` tokens (batch 1)."""
-    a = m.act_bytes
-    HK = m.kda_heads * m.kda_head_dim
-
-    def dsa(lay: LayerShape) -> int:
-        return tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
-
+    a, HK = m.act_bytes, m.kda_heads * m.kda_head_dim
     kda = HK * m.kda_head_dim * F32 + 3 * HK * m.kda_conv * a + 8
     return {"kda_state": sum(kda for lay in m.layers if lay.attn == "kda"),
-            "dsa_caches": sum(dsa(lay) for lay in m.layers if lay.attn == "dsa")}
+            "dsa_caches": sum(tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
+                              for lay in m.layers if lay.attn == "dsa")}
 
 
 def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genome_lm.plan import activations as act
+from genome_lm.plan.activations import Op, loss_transients, ops_by_layer
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.ops import Op, loss_transients, ops_by_layer
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
@@ -77,16 +77,6 @@ def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
     return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.parallel.ep
 
 
-def gathered_experts(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
-    """Bytes of the layer's routed experts FSDP2 all-gathers on a rank: dim 0 padded to whole experts on
-    each of the F / ep ranks (`experts_per_rank`), in the all-gather's buffer and in the gathered
-    parameters, which are views of padded outputs."""
-    if not layer.expert_count:
-        return 0
-    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
-    return experts_per_rank(m, layout, F) * max(1, F // ep) * (layer.expert_bytes // m.experts)
-
-
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
          assume: Assumptions) -> tuple[int, int, int]:
     """(device bytes, host bytes, pinned host bytes) layer keeps between its forward and backward."""
@@ -130,10 +120,13 @@ def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, 
 
 def _layer_buffers(m: ModelShape, layout: Layout, F: int) -> tuple[list[int], list[int], list[int], list[int]]:
     """Per layer: its unsharded gradients, gathered routed experts (padded), gathered parameters, and the
-    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py)."""
-    ep = layout.parallel.ep
+    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py). The gathered
+    experts: dim 0 padded to whole experts on each of the F / ep ranks (`experts_per_rank`), in the
+    all-gather's buffer and in the gathered parameters, which are views of padded outputs."""
+    ep, fsdp_ep = layout.parallel.ep, layout.parallel.ep if F % layout.parallel.ep == 0 else 1
     Gs = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
-    Xs = [gathered_experts(lay, m, layout, F) for lay in m.layers]
+    Xs = [experts_per_rank(m, layout, F) * max(1, F // fsdp_ep) * (lay.expert_bytes // m.experts)
+          if lay.expert_count else 0 for lay in m.layers]
     Us = [G - lay.expert_bytes // ep + X for G, lay, X in zip(Gs, m.layers, Xs)]
     return Gs, Xs, Us, [U - (X if ep > 1 else 0) for U, X in zip(Us, Xs)]
 

@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import Cluster, GiB
+from genome_lm.plan.hardware import GB, Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, MemoryPlan, plan_memory, shard_degree
 from genome_lm.plan.shapes import ModelShape
 from genome_lm.plan.throughput import TimePlan, plan_time
-
-GB = 1e9
 
 
 @dataclass

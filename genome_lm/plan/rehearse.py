@@ -48,7 +48,7 @@ class Peak:
 
     @property
     def total(self) -> int:
-        return sum(v for k, v in self.kinds.items() if k != "Total")
+        return sum(self.kinds.values())  # `_lift` leaves the tracker's "Total" out
 
 
 @dataclass
@@ -118,19 +118,6 @@ class _WhereTracker(FSDPMemTracker):
             self.where_peaks[key] = deepcopy(snap)
 
 
-def default_layers(config) -> int:
-    """The fewest first layers that hold every kind of layer (attention x MLP x indexer), and one more
-    (the last layer keeps its input on the device with `memory.offload_keep_last`)."""
-    seen, n = set(), 0
-    kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or [None] * len(config.layer_types),
-                     getattr(config, "indexer_types", None) or [None] * len(config.layer_types)))
-    for i, kind in enumerate(kinds):
-        if kind not in seen:
-            seen.add(kind)
-            n = i + 1
-    return min(len(kinds), n + 1)
-
-
 def _fake_pg(gpus: int, rank: int):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
@@ -144,8 +131,9 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
              steps: int = 2, experiment: str = "", show_progress: bool | None = None,
              plan: Plan | None = None) -> Rehearsal:
     """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
-    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run
-    (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""
+    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run (None:
+    the fewest holding every kind of layer when the memory strategy allows it, else all). `plan`: the
+    planner's Plan, for the GPU `gpu` (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
 
     from genome_lm.model.contract import check_torch
@@ -165,9 +153,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
     check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
-    cp = cfg.parallel.cp
-    rank = cp - 1  # the last CP rank of replica 0: its DSA queries see the whole sequence
-    _fake_pg(gpus, rank)
+    _fake_pg(gpus, cfg.parallel.cp - 1)  # the last CP rank of replica 0: its DSA queries see the whole sequence
     try:
         par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
         par.fsdp_mesh, par.ep_mesh  # meshes are built before fake mode (they compute with real tensors)
@@ -190,8 +176,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         use_value_source(model, fake_values(imbalance))
         park_host_copies_on(model, "meta")
 
-        recomputes = mem.recompute == "per-layer"
-        passes = steps * layers * (2 if recomputes else 1)
+        passes = steps * layers * (2 if mem.recompute == "per-layer" else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
         hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
         tracker, host = _fake_steps(model, cfg, par, config.vocab_size, steps)
@@ -225,8 +210,14 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     scale up); GenomeLMError for a number the strategy cannot scale up."""
     total_layers, mem = config.num_hidden_layers, cfg.memory
     reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
-    if layers is None:
-        layers = default_layers(config) if reducible else total_layers
+    if layers is None and reducible:  # the fewest first layers holding every kind of layer (attention x MLP x
+        # indexer), and one more (the last layer keeps its input on the device with memory.offload_keep_last)
+        none = [None] * len(config.layer_types)
+        kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or none,
+                         getattr(config, "indexer_types", None) or none))
+        layers = min(len(kinds), max(kinds.index(kind) + 1 for kind in kinds) + 1)
+    elif layers is None:
+        layers = total_layers
     if not 1 <= layers <= total_layers:
         raise GenomeLMError(f"--layers {layers}: {cfg.model.name} has {total_layers} decoder layers; give 1 to "
                             f"{total_layers}, or all")

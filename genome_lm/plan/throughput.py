@@ -41,17 +41,6 @@ def _link(cluster: Cluster, group: int, assume: Assumptions) -> float:
     return cluster.gpu.network_bytes_per_s * assume.network_efficiency
 
 
-def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
-    parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
-    _communication_parts(parts, m, layout, assume, cluster, compute=sum(parts.values()))
-    step = sum(parts.values()) * layout.train.grad_accum
-    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
-    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
-    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
-                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
-                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)
-
-
 def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, backend: str) -> tuple[dict, float]:
     """Seconds per micro-batch of each compute part (GEMMs, KDA core, DSA, memory-bound passes, loss,
     optimizer; the communication parts at 0.0) and the FLOPs counted."""
@@ -109,10 +98,11 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
     return parts, flops
 
 
-def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster,
-                         compute: float) -> None:
-    """Fill in the seconds per micro-batch that communication adds beyond what overlaps `compute`
-    (FSDP2, CP, EP all-to-all, offload copies)."""
+def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
+    """The step time: the compute parts per micro-batch, then what communication adds beyond what overlaps
+    them (FSDP2, CP, EP all-to-all, offload copies)."""
+    parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
+    compute = sum(parts.values())
     gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.train.micro_batch * layout.seq_len
     layer_recompute = 1 if layout.memory.recompute == "per-layer" else 0
     F = shard_degree(layout, assume)
@@ -149,3 +139,9 @@ def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Ass
         forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
         back = 0.0 if assume.offload_prefetch else copy
         parts["offload_exposed"] = back + max(0.0, copy - forward_compute)
+    step = sum(parts.values()) * layout.train.grad_accum
+    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
+    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
+    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
+                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
+                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)
