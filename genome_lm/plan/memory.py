@@ -184,8 +184,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     root_count = -(-(m.param_count - sum(lay.param_count for lay in m.layers)) // F)
     held = sum(shard_counts) + root_count  # parameters per rank, FSDP2's padding included
     params = MASTER_BYTES * held
-    states = 2 * layout.state_bytes * held
-    persistent = {"parameters": params if gpu else 0, "optimizer_states": states if gpu else 0}
+    persistent = {"parameters": params if gpu else 0, "optimizer_states": 2 * layout.state_bytes * held if gpu else 0}
     if fsdp:  # embeddings, final norm, LM head: gathered from the forward to the end of the backward
         persistent["fsdp_root_unsharded"] = m.root_param_bytes
     layer_grads = [MASTER_BYTES * c for c in shard_counts]

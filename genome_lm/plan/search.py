@@ -10,6 +10,7 @@ highest estimated tokens/s wins; ties go to less host memory, then to the lower 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import Cluster, GiB
@@ -64,19 +65,6 @@ def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
                  and (not model.experts or model.experts % ep == 0))
 
 
-def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumptions) -> Plan:
-    """Halve the block of the op at the peak until the plan fits or no block can shrink."""
-    plan = make_plan(model, layout, cluster, assume)
-    while not plan.fits:
-        where = plan.memory.peak_where
-        key = next((k for op, k in PEAK_OP_BLOCK if op in where.split(":")[-1]), None)
-        if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
-            return plan
-        layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
-        plan = make_plan(model, layout, cluster, assume)
-    return plan
-
-
 def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
         eps: tuple[int, ...] | None = None) -> FitResult:
     """The search of `genome-lm plan --fit` and benchmarks/plan_table.py. `eps`: the expert-parallel
@@ -84,16 +72,22 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
     given_plan = make_plan(model, given, cluster, assume)
     plans: list[Plan] = []
     largest = {k: v[0] for k, v in BLOCKS.items()}
-    for cp in (cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
-               if cluster.gpus % cp == 0 and given.seq_len % cp == 0):
-        for ep in eps or ep_choices(model, cluster):
-            for recompute, layers in STRATEGIES:
-                for offload in ((False,) if recompute == "none" else (False, True)):
-                    for moe_recompute in (False, True):
-                        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute,
-                                               recompute_layers=list(layers), offload_layer_inputs=offload,
-                                               moe_recompute=moe_recompute, **largest)
-                        plans.append(_shrink(model, layout, cluster, assume))
+    cps = [cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
+           if cluster.gpus % cp == 0 and given.seq_len % cp == 0]
+    grid = product(cps, eps or ep_choices(model, cluster), STRATEGIES, (False, True), (False, True))
+    for cp, ep, (recompute, layers), offload, moe_recompute in grid:
+        if recompute == "none" and offload:
+            continue
+        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute, recompute_layers=list(layers),
+                               offload_layer_inputs=offload, moe_recompute=moe_recompute, **largest)
+        plan = make_plan(model, layout, cluster, assume)
+        while not plan.fits:  # halve the block of the op at the peak until the plan fits or no block can shrink
+            key = next((k for op, k in PEAK_OP_BLOCK if op in plan.memory.peak_where.split(":")[-1]), None)
+            if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
+                break
+            layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
+            plan = make_plan(model, layout, cluster, assume)
+        plans.append(plan)
     fitting = [p for p in plans if p.fits]
     if not fitting:
         closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)
