@@ -84,19 +84,16 @@ class Assumptions(BaseModel):
         raw = self.model_dump()
         for item in assignments:
             if "=" not in item and item.endswith(".json"):
-                raw.update(_assume_file(item))
+                try:
+                    found = json.loads(Path(item).read_text()).get("assume")
+                except (OSError, ValueError, AttributeError) as e:
+                    raise GenomeLMError(f"--assume {item}: cannot read it as JSON ({e}); "
+                                        "give KEY=VALUE or a gpu_check.json") from None
+                if not isinstance(found, dict):
+                    raise GenomeLMError(f"--assume {item}: no 'assume' object in it; benchmarks/gpu_check.py "
+                                        "writes one on a GPU")
+                raw.update(found)
             else:
                 example = f"{item}=VALUE" if item in raw else "matmul_efficiency=0.35"
                 apply_override(raw, item, "--assume", example=example)
         return validate(Assumptions, raw, "--assume")
-
-
-def _assume_file(path: str) -> dict:
-    try:
-        found = json.loads(Path(path).read_text()).get("assume")
-    except (OSError, ValueError, AttributeError) as e:
-        raise GenomeLMError(f"--assume {path}: cannot read it as JSON ({e}); "
-                            "give KEY=VALUE or a gpu_check.json") from None
-    if not isinstance(found, dict):
-        raise GenomeLMError(f"--assume {path}: no 'assume' object in it; benchmarks/gpu_check.py writes one on a GPU")
-    return found

@@ -214,6 +214,7 @@ def run(args: PlanParams) -> None:
 
 
 def run_rehearse(args: RehearseParams) -> None:
+    from genome_lm.config import load_experiment
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.rehearse import format_rehearsal, rehearse
 
@@ -223,7 +224,9 @@ def run_rehearse(args: RehearseParams) -> None:
     plan_args = PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus, gpu=args.gpu,
                            assume=assume)
     shape, layout, cluster, assumptions, _ = build(plan_args)
-    cfg = experiment_for(args)
+    # the experiment as the rehearsal runs it: `--set` applied, dp resolved for --gpus (as `plan` does)
+    cfg = load_experiment(args.experiment, list(args.overrides))  # `build` has checked that cp divides --gpus
+    cfg.parallel.dp = "auto"
     if cfg.model.dtype == "float32" and cfg.parallel.ep == 1 and any(lay.mlp == "moe" for lay in shape.layers):
         raise GenomeLMError(f"rehearse {args.experiment}: model.dtype is float32, and without expert parallelism the "
                             "routed experts run torch's grouped matmul (aten._grouped_mm), which takes bfloat16 "
@@ -233,12 +236,3 @@ def run_rehearse(args: RehearseParams) -> None:
     layers = shape.n_layers if args.layers == "all" else args.layers
     result = rehearse(cfg, args.gpus, args.gpu, args.routing, layers, args.steps, args.experiment, plan=plan)
     print(format_rehearsal(result))
-
-
-def experiment_for(args: RehearseParams):
-    """The experiment as the rehearsal runs it: `--set` applied, dp resolved for --gpus (as `plan` does)."""
-    from genome_lm.config import load_experiment
-
-    cfg = load_experiment(args.experiment, list(args.overrides))  # `build` has checked that cp divides --gpus
-    cfg.parallel.dp = "auto"
-    return cfg

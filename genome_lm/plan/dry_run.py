@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
 
 from genome_lm.config import ExperimentConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import sharded
 from genome_lm.eval.config import resolve_dtype
 from genome_lm.parallel import slab_bounds
-from genome_lm.parallel.fsdp import sharded_numel
+from genome_lm.parallel.fsdp import fp32_modules, sharded_numel
 from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import check_layout, default_device
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
@@ -35,14 +34,15 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
-def layout_lines(model: Glm5NextCausalLM, cfg, world: int) -> list[str]:
-    """The per-rank shapes of `cfg`'s layout on `world` processes, as report lines."""
+def layout_lines(model: Glm5NextCausalLM, cfg, world: int, params: tuple[int, int, int]) -> list[str]:
+    """The per-rank shapes of `cfg`'s layout on `world` processes, as report lines. `params`: (parameters
+    of the model, parameters one rank holds once FSDP2 shards them, bytes per parameter)."""
     dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, world)
     c, B, T = model.config, cfg.train.micro_batch, cfg.data.seq_len
     bounds = slab_bounds(T, cp)
     lengths = [b1 - b0 for b0, b1 in zip(bounds, bounds[1:])]
     slabs = ", ".join(f"{n:,} tokens x {k}" for n, k in Counter(lengths).items())
-    total, per_rank, itemsize = _parameters(model, world)
+    total, per_rank, itemsize = params
     assert c.layer_types is not None  # the config fills it
     n_kda = c.layer_types.count("linear_attention")
     K, H = c.linear_head_dim, c.linear_num_heads
@@ -71,13 +71,6 @@ def layout_lines(model: Glm5NextCausalLM, cfg, world: int) -> list[str]:
     ]
 
 
-def _parameters(model: nn.Module, world: int) -> tuple[int, int, int]:
-    """(parameters of the model, parameters one rank holds once FSDP2 shards them, bytes per parameter)."""
-    total = sum(p.numel() for p in model.parameters())
-    per_rank = sum(sharded_numel(p.shape, world) for p in model.parameters()) if world > 1 else total
-    return total, per_rank, next(model.parameters()).element_size()
-
-
 def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> int:
     """Check the experiment end to end without training: data, model on the meta device, token
     map, shapes, memory strategy, and the parallel layout on `world` processes through the run's
@@ -95,10 +88,23 @@ def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, wor
     if world is None:
         world = cfg.parallel.cp * (1 if cfg.parallel.dp == "auto" else int(cfg.parallel.dp))
     check_layout(cfg.parallel, world, model.config.n_routed_experts)
+    total = sum(p.numel() for p in model.parameters())
+    params = (total, sum(sharded_numel(p.shape, world) for p in model.parameters()) if world > 1 else total,
+              next(model.parameters()).element_size())
     B, T, c, m = cfg.train.micro_batch, cfg.data.seq_len, model.config, cfg.memory
     token_map = {sym: int(lut[i]) for sym, i in manifest["vocab"].items()}
     assert c.layer_types is not None  # the config fills it
     layers = {t: c.layer_types.count(t) for t in sorted(set(c.layer_types))}
+    # what training computes in and what the optimizer updates (`genome_lm.parallel.fsdp`)
+    precision = "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
+    if compute_dtype(cfg) is not None:
+        groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)
+        precision = (f"precision: bf16 compute; float32 master weights and gradients, "
+                     f"{cfg.train.optimizer_state_dtype} AdamW moments, sharded by FSDP2 "
+                     f"({8 + 2 * _state_bytes(cfg, 4)} bytes per parameter); "
+                     f"upstream's float32 exceptions in {groups} float32 FSDP2 groups of their own (routers, conv1d, "
+                     "forget gates, hyper-connections); model/ exports in bf16")
+    export = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}
     print("\n".join([
         f"experiment {cfg.name}: {cfg.model.name} ({cfg.model.dtype}), "
         f"init {cfg.model.init or 'preset initialisation'}",
@@ -113,31 +119,19 @@ def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, wor
         f"{f' (the last {m.offload_keep_last} kept on the device)' if m.offload_layer_inputs else ''}, "
         f"moe_block_tokens={m.moe_block_tokens}, dsa_block_queries={m.dsa_block_queries}, "
         f"loss_chunk_tokens={m.loss_chunk_tokens}, kda_head_block={m.kda_head_block or 'all'}",
-        _precision_line(cfg, model),
+        precision,
         f"parallel: cp={cfg.parallel.cp}, dp={cfg.parallel.dp}, ep={cfg.parallel.ep}, checked on {world} "
         f"process{'es' if world > 1 else ''}"
         + (" (no --nproc: dp auto taken as 1; pass --nproc N to check the layout of N)"
            if assumed and cfg.parallel.dp == "auto" else ""),
-        *layout_lines(model, cfg, world),
-        _init_line(cfg, model, world),
-        _checkpoint_line(cfg),
+        *layout_lines(model, cfg, world, params),
+        _init_line(cfg, world, params),
+        f"checkpoints: every {cfg.train.checkpoint_every} steps, train_state/ (DCP); model/ (Hugging Face weights, "
+        f"streamed one tensor at a time) {export[cfg.train.export_model]}"
+        + ("" if cfg.train.export_model is True else "; `genome-lm export CHECKPOINT --out DIR` writes it later"),
         "dry run OK: nothing was trained",
     ]))
     return world
-
-
-def _precision_line(cfg: ExperimentConfig, model) -> str:
-    """What training computes in and what the optimizer updates (`genome_lm.parallel.fsdp`)."""
-    from genome_lm.parallel.fsdp import fp32_modules
-
-    if compute_dtype(cfg) is None:
-        return "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
-    groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)
-    states = cfg.train.optimizer_state_dtype
-    per_param = 8 + 2 * _state_bytes(cfg, 4)
-    return (f"precision: bf16 compute; float32 master weights and gradients, {states} AdamW moments, sharded by "
-            f"FSDP2 ({per_param} bytes per parameter); upstream's float32 exceptions in {groups} float32 FSDP2 "
-            "groups of their own (routers, conv1d, forget gates, hyper-connections); model/ exports in bf16")
 
 
 def _state_bytes(cfg: ExperimentConfig, itemsize: int) -> int:
@@ -145,11 +139,11 @@ def _state_bytes(cfg: ExperimentConfig, itemsize: int) -> int:
     return 2 if cfg.train.optimizer_state_dtype == "bfloat16" else itemsize
 
 
-def _init_line(cfg: ExperimentConfig, model: nn.Module, world: int) -> str:
-    """How the weights get onto the ranks, and the host memory that takes."""
+def _init_line(cfg: ExperimentConfig, world: int, params: tuple[int, int, int]) -> str:
+    """How the weights get onto the ranks, and the host memory that takes (`params` as `layout_lines`)."""
     from genome_lm.model.presets import is_preset
 
-    total, per_rank, itemsize = _parameters(model, world)
+    total, per_rank, itemsize = params
     whole, share = total * itemsize, per_rank * itemsize
     source = f"model.init {cfg.model.init}" if cfg.model.init else (
         "preset initialisation" if is_preset(cfg.model.name) else f"weights of {cfg.model.name}")
@@ -160,14 +154,6 @@ def _init_line(cfg: ExperimentConfig, model: nn.Module, world: int) -> str:
                 f"rows of each tensor from the safetensors files ({_gib(share)} of weights per rank)")
     return (f"init: {source}; each of the {world} ranks first builds the whole model on CPU ({_gib(whole)}), then "
             f"keeps its shards ({_gib(share)})")
-
-
-def _checkpoint_line(cfg: ExperimentConfig) -> str:
-    when = {True: "at every checkpoint", "last": "at the last checkpoint only", False: "never"}
-    export = when[cfg.train.export_model]
-    return (f"checkpoints: every {cfg.train.checkpoint_every} steps, train_state/ (DCP); model/ (Hugging Face "
-            f"weights, streamed one tensor at a time) {export}" +
-            ("" if cfg.train.export_model is True else "; `genome-lm export CHECKPOINT --out DIR` writes it later"))
 
 
 LABELS = {
@@ -190,19 +176,6 @@ def _n(k: int, what: str) -> str:
     return f"{k:,} {what}{'' if k == 1 else 's'}"
 
 
-def model_source(checkpoint: str) -> str:
-    """A preset name as is, a checkpoint as its model directory."""
-    from genome_lm.model.presets import is_preset
-    from genome_lm.train.checkpoint import resolve_model_dir
-
-    if is_preset(checkpoint):
-        return checkpoint
-    if not Path(checkpoint).exists():
-        raise GenomeLMError(f"--checkpoint {checkpoint} does not exist; point it to a run's checkpoints/last, a model "
-                            "directory, or (for --dry-run) a preset such as glm53-flash")
-    return str(resolve_model_dir(checkpoint))
-
-
 def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
     """Lengths [W] of the windows to score, and where they come from."""
     if not cfg.shards:
@@ -218,25 +191,13 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
     return window_lengths(ds, cfg.max_windows, cfg.window_pick), f"{cfg.shards}/{cfg.split}"
 
 
-def forward_tokens(cfg, lengths: np.ndarray) -> dict:
-    """Tokens the eval runs forward: the windows [W], their reverse complements (--strands both) and
-    the context ablation's sum over L of (L + n) per window taking part (eval/ablation.py's rule:
-    n = --ablation-targets or length // 8, windows with length - n >= max L)."""
-    out = {"windows": int(lengths.sum()), "reverse": int(lengths.sum()) if cfg.strands == "both" else 0,
-           "ablation": 0}
-    if cfg.context:
-        n = np.full_like(lengths, cfg.ablation_targets) if cfg.ablation_targets else lengths // 8
-        part = (lengths - n) >= max(cfg.context)
-        out["ablation"] = int(len(cfg.context) * n[part].sum() + sum(cfg.context) * part.sum())
-    out["total"] = out["windows"] + out["reverse"] + out["ablation"]
-    return out
-
-
-def eval_dry_run(cfg, world: int | None = None) -> dict:
-    """Check `cfg` for `world` processes (default --cp) and print the memory per rank; return it."""
+def eval_dry_run(cfg, world: int | None = None) -> None:
+    """Check `cfg` for `world` processes (default --cp) and print the memory per rank."""
     from genome_lm.config import BlockSizes, MemoryConfig
+    from genome_lm.model.presets import is_preset
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
     from genome_lm.plan.inference import plan_forward
+    from genome_lm.train.checkpoint import resolve_model_dir
 
     world = world or cfg.cp
     dp, cp = sharded.check(cfg, world)
@@ -245,7 +206,12 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
     device = torch.device(cfg.device or "cuda")
     gpu = device.type == "cuda"
     dtype = resolve_dtype(cfg.dtype, device)
-    source = model_source(cfg.checkpoint)
+    source = cfg.checkpoint  # a preset name as is, a checkpoint as its model directory
+    if not is_preset(source):
+        if not Path(source).exists():
+            raise GenomeLMError(f"--checkpoint {source} does not exist; point it to a run's checkpoints/last, a model "
+                                "directory, or (for --dry-run) a preset such as glm53-flash")
+        source = str(resolve_model_dir(source))
     lengths, where = _windows(cfg, source)
     seq_len = int(cfg.seq_len or lengths.max())
     piece = int(min(seq_len, lengths.max()))
@@ -256,18 +222,10 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
     assume = Assumptions()
     fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
     plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
-    need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
-    fits = [g for g in GPUS.values() if need <= g.memory_bytes]
-    small = [g for g in GPUS.values() if need > g.memory_bytes]
     slabs = slab_bounds(piece, cp)
     counts = Counter(b - a for a, b in zip(slabs, slabs[1:]))
     pieces = sum(sharded.n_pieces(n, seq_len) for n in lengths)
     rounds = -(-len(lengths) // dp)
-    summary = {"model": source, "dtype": dtype, "world": world, "dp": dp, "cp": cp, "device": device.type,
-               "windows": len(lengths), "tokens": int(lengths.sum()), "pieces": pieces, "piece_tokens": piece,
-               "slab_tokens": sorted(counts), "rounds": rounds, "parameter_bytes": shape.param_bytes,
-               "peak_bytes_per_rank": plan.peak_bytes, "peak_where": plan.peak_where, "breakdown": plan.breakdown,
-               "fits": [g.name for g in fits]}
     kind = "GPUs" if gpu else "CPU processes"
     print(f"eval dry run: {source} ({dtype}), {shape.counts['total']:,} parameters = {_size(shape.param_bytes)}")
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
@@ -275,12 +233,20 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
     print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
           f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
-    work = forward_tokens(cfg, lengths)
-    summary["forward_tokens"] = work
-    if work["total"] != work["windows"]:
-        print(f"forward passes: {work['total']:,} tokens in all, {work['total'] / work['windows']:.2f}x the windows' "
-              f"(windows {work['windows']:,}, reverse complements {work['reverse']:,}, context ablation "
-              f"{work['ablation']:,}); time grows with it, memory per forward does not")
+    # tokens run forward: the windows, their reverse complements (--strands both) and the context ablation's
+    # sum over L of (L + n) per window taking part (eval/ablation.py's rule: n = --ablation-targets or
+    # length // 8, windows with length - n >= max L)
+    windows = int(lengths.sum())
+    reverse, ablation = windows if cfg.strands == "both" else 0, 0
+    if cfg.context:
+        n = np.full_like(lengths, cfg.ablation_targets) if cfg.ablation_targets else lengths // 8
+        part = (lengths - n) >= max(cfg.context)
+        ablation = int(len(cfg.context) * n[part].sum() + sum(cfg.context) * part.sum())
+    if reverse + ablation:
+        total = windows + reverse + ablation
+        print(f"forward passes: {total:,} tokens in all, {total / windows:.2f}x the windows' (windows {windows:,}, "
+              f"reverse complements {reverse:,}, context ablation {ablation:,}); time grows with it, memory per "
+              "forward does not")
     print("memory per rank (estimate: forward only, no gradients):")
     share = f"FSDP2 shard, 1/{world}" if world > 1 else "whole model, one process"
     print(f"  {'weights (' + share + ')':<50} {_size(plan.breakdown['weights']):>12}")
@@ -289,6 +255,10 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
             print(f"  {label:<50} {_size(plan.breakdown[key]):>12}")
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")
     if gpu:
+        need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
+        fits = [g for g in GPUS.values() if need <= g.memory_bytes]
+        small = [g for g in GPUS.values() if need > g.memory_bytes]
+
         def gpus(specs) -> str:
             return ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in specs)
 
@@ -297,4 +267,3 @@ def eval_dry_run(cfg, world: int | None = None) -> dict:
         print(f"  with {assume.fragmentation:.0%} allocator overhead + {assume.runtime_reserved_gib:g} GiB runtime: "
               f"{_size(need)}; {verdict}")
     print("dry run OK: nothing was scored")
-    return summary

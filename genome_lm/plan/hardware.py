@@ -59,9 +59,7 @@ def make_cluster(gpu: str = "b200", gpus: int = 8, gpus_per_node: int | None = N
     spec = GPUS[gpu.strip().lower()]
     if gpus < 1:
         raise GenomeLMError(f"--gpus: need at least 1 GPU, got {gpus}")
-    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node
-    if per_node < 1:
-        raise GenomeLMError(f"--gpus-per-node: need at least 1, got {per_node}")
+    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node  # >= 1: PlanParams checks it
     if gpus > per_node and gpus % per_node:
         raise GenomeLMError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes; "
                             "use a multiple of --gpus-per-node")

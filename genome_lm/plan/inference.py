@@ -16,17 +16,16 @@ ranks, as eval runs it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass
 
 from genome_lm.config import MemoryConfig
 from genome_lm.plan import activations as act
+from genome_lm.plan.activations import F32, loss_transients, ops_by_layer
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import _nograd_forward, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.ops import loss_transients, ops_by_layer
-from genome_lm.plan.shapes import LayerShape, ModelShape
-
-F32 = 4
+from genome_lm.plan.shapes import ModelShape
 
 
 @dataclass
@@ -35,17 +34,16 @@ class ForwardPlan:
     peak_where: str
     breakdown: dict[str, int]  # components of the peak, summing to peak_bytes
     weights_bytes: int  # this rank's shard of the parameters
-    phases: list[tuple[str, int]] = field(default_factory=list)
 
 
 def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
-                 sharded: bool | None = None, keys: int | None = None) -> ForwardPlan:
+                 keys: int | None = None) -> ForwardPlan:
     """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
-    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks (`sharded`: default when > 1).
+    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks when > 1.
     `keys`: the tokens DSA attends to when more than the piece (a streaming chunk: the prefix too)."""
     assume = assume or Assumptions()
     layout.check()
-    fsdp = layout.gpus > 1 if sharded is None else sharded
+    fsdp = layout.gpus > 1
     n = layout.tokens
     weights = m.param_bytes // shard_degree(layout, assume) if fsdp else m.param_bytes
     persistent = {"weights": weights}
@@ -67,40 +65,24 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
                                                "input_ids": ids}))
     where, parts = max(phases, key=lambda p: sum(p[1].values()))
     parts = {k: v for k, v in parts.items() if v}
-    return ForwardPlan(peak_bytes=sum(parts.values()), peak_where=where, breakdown=parts, weights_bytes=weights,
-                       phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]))
+    return ForwardPlan(sum(parts.values()), where, parts, weights)
 
 
 def carried_bytes(m: ModelShape, tokens: int) -> dict[str, int]:
     """{"kda_state", "dsa_caches"}: bytes the streaming scorer carries after `tokens` tokens (batch 1)."""
-    a = m.act_bytes
-    HK = m.kda_heads * m.kda_head_dim
-
-    def dsa(lay: LayerShape) -> int:
-        return tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
-
+    a, HK = m.act_bytes, m.kda_heads * m.kda_head_dim
     kda = HK * m.kda_head_dim * F32 + 3 * HK * m.kda_conv * a + 8
     return {"kda_state": sum(kda for lay in m.layers if lay.attn == "kda"),
-            "dsa_caches": sum(dsa(lay) for lay in m.layers if lay.attn == "dsa")}
-
-
-@dataclass
-class ScorePlan:
-    tokens: int  # the region's length
-    chunk: int  # tokens per streaming chunk (cp > 1: the region is one piece)
-    gpus: int
-    cp: int
-    peak_bytes: int
-    peak_where: str
-    breakdown: dict[str, int]  # weights, kda_state, dsa_caches, activations: summing to peak_bytes
+            "dsa_caches": sum(tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
+                              for lay in m.layers if lay.attn == "dsa")}
 
 
 def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,
                assume: Assumptions | None = None, backend: str = "fla",
-               memory: MemoryConfig | None = None) -> ScorePlan:
+               memory: MemoryConfig | None = None) -> ForwardPlan:
     """Peak bytes per device of scoring a `tokens`-long region: streamed in chunks of `chunk` tokens
     (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks.
-    `memory`: block sizes (default: the trainer's)."""
+    `memory`: block sizes (default: the trainer's). Its breakdown: weights, kda_state, dsa_caches, activations."""
     base = Layout(tokens, memory.model_copy()) if memory else Layout(tokens)
     if cp > 1:
         plan = plan_forward(m, base.replace(cp=cp, dp=gpus // cp, moe_recompute=True), assume, backend)
@@ -111,20 +93,18 @@ def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 
         carried = carried_bytes(m, tokens)
     weights = sum(plan.breakdown.get(k, 0) for k in ("weights", "root_gathered", "layer_gathered"))
     parts = {"weights": weights, **carried, "activations": plan.peak_bytes - weights}
-    return ScorePlan(tokens, chunk, gpus, cp, sum(parts.values()), plan.peak_where, parts)
+    return ForwardPlan(sum(parts.values()), plan.peak_where, parts, plan.weights_bytes)
 
 
 def longest_region(m: ModelShape, chunk: int, limit: int, gpus: int = 1, cp: int = 1,
                    assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> int:
     """The most tokens (a multiple of `cp`, below 2^34) whose `plan_score` peak is at most `limit` bytes;
     0 when not even `chunk` tokens fit."""
-    lo, hi = 0, 2**34 // cp  # in units of cp tokens: lo fits (or is 0), hi does not
+
+    def too_big(k: int) -> bool:  # k: tokens in units of cp
+        return plan_score(m, k * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes > limit
+
     start = max(1, -(-min(chunk, 2**20) // cp))
-    if plan_score(m, start * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes > limit:
+    if too_big(start):
         return 0
-    lo = start
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        fits = plan_score(m, mid * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes <= limit
-        lo, hi = (mid, hi) if fits else (lo, mid)
-    return lo * cp
+    return (start + bisect.bisect_left(range(start + 1, 2**34 // cp), True, key=too_big)) * cp

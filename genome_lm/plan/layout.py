@@ -14,19 +14,12 @@ from pydantic import BaseModel
 from genome_lm.config import MemoryConfig, ParallelConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import validate
-from genome_lm.parallel.layout import LayoutWords, resolve_layout
+from genome_lm.parallel.layout import resolve_layout
 from genome_lm.settings import DEFAULTS
 from genome_lm.sizes import format_size
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 SECTIONS: dict[str, type[BaseModel]] = {"memory": MemoryConfig, "parallel": ParallelConfig, "train": TrainConfig}
-PLAN_WORDS = LayoutWords(
-    no_world="--gpus {world}: the number of GPUs must be >= 1",
-    too_few="--gpus {world} is not a multiple of parallel.cp={cp}",
-    not_divisor="--gpus {world} is not a multiple of parallel.cp={cp}",
-    dp_mismatch="parallel.cp={cp} x parallel.dp={dp} = {need} GPUs, but --gpus {world}; set parallel.dp: auto or "
-                "change --gpus",
-)
 
 
 @dataclass(frozen=True)
@@ -87,8 +80,6 @@ class Layout:
         cp, ep = self.parallel.cp, self.parallel.ep
         if self.seq_len < 1:
             raise GenomeLMError(f"--seq-len: must be positive, got {self.seq_len}")
-        if self.dp < 1:
-            raise GenomeLMError(f"dp: must be >= 1, got {self.dp}")
         if self.seq_len < cp:
             raise GenomeLMError(f"parallel.cp={cp} is larger than the sequence ({self.seq_len} tokens)")
         if ep > 1 and self.gpus % ep:
@@ -116,11 +107,12 @@ class Layout:
         return " ".join(parts)
 
 
-def layout_from_config(cfg, gpus: int | None = None) -> Layout:
-    """The layout an ExperimentConfig describes; `dp: auto` becomes gpus / cp."""
+def layout_from_config(cfg, gpus: int) -> Layout:
+    """The layout an ExperimentConfig describes on `gpus` GPUs; `dp: auto` becomes gpus / cp. The plan
+    command has checked that they fit (`command.build`: gpus >= 1, cp divides gpus, dp auto unless cp x dp
+    = gpus)."""
     par = cfg.parallel
-    world = gpus if gpus is not None else par.cp * (1 if par.dp == "auto" else par.dp)
-    dp, cp = resolve_layout(par.cp, par.dp, world, PLAN_WORDS)
+    dp, cp = resolve_layout(par.cp, par.dp, gpus)
     layout = Layout(cfg.data.seq_len, cfg.memory.model_copy(deep=True), par.model_copy(update={"cp": cp, "dp": dp}),
                     cfg.train.model_copy(deep=True))
     layout.check()

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genome_lm.plan import activations as act
+from genome_lm.plan.activations import Op, loss_transients, ops_by_layer
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.layout import Layout
-from genome_lm.plan.ops import Op, loss_transients, ops_by_layer
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
@@ -77,35 +77,22 @@ def unsharded_layer_bytes(layer: LayerShape, layout: Layout) -> int:
     return layer.param_bytes - layer.expert_bytes + layer.expert_bytes // layout.parallel.ep
 
 
-def gathered_experts(layer: LayerShape, m: ModelShape, layout: Layout, F: int) -> int:
-    """Bytes of the layer's routed experts FSDP2 all-gathers on a rank: dim 0 padded to whole experts on
-    each of the F / ep ranks (`experts_per_rank`), in the all-gather's buffer and in the gathered
-    parameters, which are views of padded outputs."""
-    if not layer.expert_count:
-        return 0
-    ep = layout.parallel.ep if F % layout.parallel.ep == 0 else 1
-    return experts_per_rank(m, layout, F) * max(1, F // ep) * (layer.expert_bytes // m.experts)
-
-
 def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
          assume: Assumptions) -> tuple[int, int, int]:
     """(device bytes, host bytes, pinned host bytes) layer keeps between its forward and backward."""
-    n, a = layout.tokens, m.act_bytes
-    stays = assume.offload_keeps_device_input
+    n = layout.tokens
     small = n * (1 + 8 + 8)  # attention mask, position ids, input ids (shared storages on device)
-    if layout.wraps("layer"):
-        stream = act.layer_input(m, n)
-        select = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
-        if layout.memory.offload_layer_inputs:
-            return select + (stream if stays else 0), stream + small, pow2(stream) + pow2(n) + 2 * pow2(8 * n)
-        return stream + select, 0, 0
-    wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
-    device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
-    inputs = len(wrapped) * n * a * m.D
-    if layout.memory.offload_layer_inputs and wrapped:
-        return (device + (inputs if stays else 0), inputs + len(wrapped) * small,
-                len(wrapped) * (pow2(n * a * m.D) + pow2(n) + 2 * pow2(8 * n)))
-    return device + inputs, 0, 0
+    if layout.wraps("layer"):  # one wrapped unit: the layer, its input the streams
+        k, one = 1, act.layer_input(m, n)
+        device = sum(op.saved.get("dsa_selection", 0) for op in ops) if layer.keeps_selection else 0
+    else:  # k wrapped parts, each with an input [n, D]
+        wrapped = {op.part for op in ops if op.part and layout.wraps(op.part)}
+        k, one = len(wrapped), n * m.act_bytes * m.D
+        device = sum(op.saved_bytes for op in ops if op.part not in wrapped)
+    if layout.memory.offload_layer_inputs and k:
+        return (device + (k * one if assume.offload_keeps_device_input else 0), k * (one + small),
+                k * (pow2(one) + pow2(n) + 2 * pow2(8 * n)))
+    return device + k * one, 0, 0
 
 
 def _walk_forward(ops: list[Op]) -> tuple[int, int, str]:
@@ -133,10 +120,13 @@ def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, 
 
 def _layer_buffers(m: ModelShape, layout: Layout, F: int) -> tuple[list[int], list[int], list[int], list[int]]:
     """Per layer: its unsharded gradients, gathered routed experts (padded), gathered parameters, and the
-    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py)."""
-    ep = layout.parallel.ep
+    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py). The gathered
+    experts: dim 0 padded to whole experts on each of the F / ep ranks (`experts_per_rank`), in the
+    all-gather's buffer and in the gathered parameters, which are views of padded outputs."""
+    ep, fsdp_ep = layout.parallel.ep, layout.parallel.ep if F % layout.parallel.ep == 0 else 1
     Gs = [unsharded_layer_bytes(lay, layout) for lay in m.layers]
-    Xs = [gathered_experts(lay, m, layout, F) for lay in m.layers]
+    Xs = [experts_per_rank(m, layout, F) * max(1, F // fsdp_ep) * (lay.expert_bytes // m.experts)
+          if lay.expert_count else 0 for lay in m.layers]
     Us = [G - lay.expert_bytes // ep + X for G, lay, X in zip(Gs, m.layers, Xs)]
     return Gs, Xs, Us, [U - (X if ep > 1 else 0) for U, X in zip(Us, Xs)]
 
@@ -194,8 +184,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     root_count = -(-(m.param_count - sum(lay.param_count for lay in m.layers)) // F)
     held = sum(shard_counts) + root_count  # parameters per rank, FSDP2's padding included
     params = MASTER_BYTES * held
-    states = 2 * layout.state_bytes * held
-    persistent = {"parameters": params if gpu else 0, "optimizer_states": states if gpu else 0}
+    persistent = {"parameters": params if gpu else 0, "optimizer_states": 2 * layout.state_bytes * held if gpu else 0}
     if fsdp:  # embeddings, final norm, LM head: gathered from the forward to the end of the backward
         persistent["fsdp_root_unsharded"] = m.root_param_bytes
     layer_grads = [MASTER_BYTES * c for c in shard_counts]

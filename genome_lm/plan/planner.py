@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import Cluster, GiB
+from genome_lm.plan.hardware import GB, Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, MemoryPlan, plan_memory, shard_degree
 from genome_lm.plan.shapes import ModelShape
 from genome_lm.plan.throughput import TimePlan, plan_time
-
-GB = 1e9
 
 
 @dataclass
@@ -29,9 +27,6 @@ class CheckpointPlan:
     staging_host_bytes_per_gpu: int  # pinned host memory of the staged copy (0 when sync)
     stall_s: float  # training waits this long per checkpoint
     write_s: float  # writing train_state/ at the assumed filesystem bandwidth
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
     def describe(self, write_gbps: float) -> str:
         mode = "async (staged in pinned host memory)" if self.asynchronous else "sync"
@@ -122,39 +117,26 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
-    if cluster is not None:
-        plan.checkpoint = plan_checkpoint(model, layout, assume, cluster)
-        plan.problems = limits(plan, cluster)
-        plan.notes = notes(plan, cluster)
-    return plan
-
-
-def limits(plan: Plan, c: Cluster) -> list[str]:
-    """Reasons the plan does not fit its cluster `c` (empty when it fits)."""
-    a, lay = plan.assume, plan.layout
-    out = []
-    need = plan.needed_gpu_bytes
+    if cluster is None:
+        return plan
+    c, a, par = cluster, assume, layout.parallel
+    plan.checkpoint = plan_checkpoint(model, layout, assume, cluster)
+    need = plan.needed_gpu_bytes  # the reasons it does not fit, then the notes
     if need > c.gpu.memory_bytes:
-        out.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {plan.memory.peak_bytes / GiB:.1f} + "
-                   f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "
-                   f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {plan.memory.peak_where}")
-    if lay.memory.offload_layer_inputs and not a.pinned_available:
-        out.append("host memory: offload needs pinned host memory (pinned_available=false)")
-    per_node = (plan.host_bytes_per_gpu + plan.staging_host_bytes_per_gpu) * c.gpus_per_node
+        plan.problems.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {memory.peak_bytes / GiB:.1f} + "
+                             f"{a.fragmentation:.0%} allocator + {a.runtime_reserved_gib:g} GiB runtime) > "
+                             f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {memory.peak_where}")
+    if layout.memory.offload_layer_inputs and not a.pinned_available:
+        plan.problems.append("host memory: offload needs pinned host memory (pinned_available=false)")
+    staging = plan.staging_host_bytes_per_gpu
+    per_node = (plan.host_bytes_per_gpu + staging) * c.gpus_per_node
     if per_node > c.host_memory_per_node * a.host_usable_fraction:
-        staged = (f" (with {plan.staging_host_bytes_per_gpu * c.gpus_per_node / GiB:,.0f} GiB of async checkpoint "
-                  "staging)" if plan.staging_host_bytes_per_gpu else "")
-        out.append(f"host memory: {per_node / GiB:,.0f} GiB pinned per node{staged} > {a.host_usable_fraction:.0%} of "
-                   f"{c.host_memory_per_node / GiB:,.0f} GiB")
-    return out
-
-
-def notes(plan: Plan, cluster: Cluster) -> list[str]:
-    out = []
-    if plan.layout.parallel.ep > 1:
-        out.append(f"ep={plan.layout.parallel.ep}: the busiest expert rank is assumed "
-                   f"{plan.assume.expert_imbalance:g}x the "
-                   "mean (the trainer logs it per step: ep_rank_imbalance)")
-    if plan.layout.parallel.cp > cluster.gpus_per_node:
-        out.append(f"cp={plan.layout.parallel.cp} spans nodes: CP all-gathers go over the network")
-    return out
+        staged = (f" (with {staging * c.gpus_per_node / GiB:,.0f} GiB of async checkpoint staging)" if staging else "")
+        plan.problems.append(f"host memory: {per_node / GiB:,.0f} GiB pinned per node{staged} > "
+                             f"{a.host_usable_fraction:.0%} of {c.host_memory_per_node / GiB:,.0f} GiB")
+    if par.ep > 1:
+        plan.notes.append(f"ep={par.ep}: the busiest expert rank is assumed {a.expert_imbalance:g}x the mean (the "
+                          "trainer logs it per step: ep_rank_imbalance)")
+    if par.cp > c.gpus_per_node:
+        plan.notes.append(f"cp={par.cp} spans nodes: CP all-gathers go over the network")
+    return plan

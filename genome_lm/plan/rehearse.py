@@ -11,20 +11,18 @@ are added: exact when they keep nothing on the device (per-layer recompute with 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from copy import deepcopy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
 from genome_lm.errors import GenomeLMError
 
 if TYPE_CHECKING:
-    from torch.distributed._tools.mod_tracker import ModTracker
-
     from genome_lm.plan.planner import Plan
 
 
@@ -50,16 +48,14 @@ class Peak:
 
     @property
     def total(self) -> int:
-        return sum(v for k, v in self.kinds.items() if k != "Total")
+        return sum(self.kinds.values())  # `_lift` leaves the tracker's "Total" out
 
 
 @dataclass
 class Rehearsal:
     experiment: str
     gpus: int
-    gpu: str
     layout: str
-    routing: str
     layers: int  # decoder layers rehearsed
     total_layers: int
     steps: int
@@ -67,8 +63,7 @@ class Rehearsal:
     host_bytes: int  # parked layer inputs at their most (scaled to all layers)
     plan: Plan | None  # the planner's Plan for the same run
     wall_s: float
-    notes: list[str] = field(default_factory=list)
-    peaks: list[Peak] = field(default_factory=list)  # the highest of each (phase, module), highest first
+    notes: list[str]
 
     @property
     def difference(self) -> float:
@@ -77,23 +72,14 @@ class Rehearsal:
         return (self.peak.total - self.plan.peak_gpu_bytes) / self.peak.total
 
 
-class _WhereTracker:
-    """Mixin for `FSDPMemTracker`: the highest total seen in each (phase, innermost module)."""
+class _WhereTracker(FSDPMemTracker):
+    """`FSDPMemTracker` that also keeps the highest total seen in each (phase, innermost module)."""
 
-    # the tracker's state it reads and updates, set by `MemTracker.__init__`
-    _curr_mem_snap: dict[torch.device, dict[str, int]]
-    _peak_mem: dict[torch.device, int]
-    _peak_mem_snap: dict[torch.device, dict[str, int]]
-    _mod_tracker: ModTracker
-    # its own, set by `_init_where`
-    where_device: torch.device
-    where_peaks: dict[tuple[str, str], dict[str, int]]  # (phase, module) -> the snapshot at its peak
-    in_optimizer: bool
-    where_entered: list[str | None]  # modules in the order their forward or backward began
-
-    def _init_where(self, device: torch.device) -> None:
-        self.where_device, self.where_peaks, self.in_optimizer = device, {}, False
-        self.where_entered = []
+    def __init__(self, model: nn.Module, optimizer, device: torch.device) -> None:
+        super().__init__(mod=model, optm=optimizer)
+        self.where_device, self.in_optimizer = device, False
+        self.where_peaks: dict[tuple[str, str], dict[str, int]] = {}  # (phase, module) -> the snapshot at its peak
+        self.where_entered: list[str | None] = []  # modules in the order their forward or backward began
 
         # ModTracker's `parents` is a set, and in a backward with recompute it keeps modules whose
         # backward hooks never fire (their recomputed outputs take the gradient): the module an op runs
@@ -132,48 +118,6 @@ class _WhereTracker:
             self.where_peaks[key] = deepcopy(snap)
 
 
-def _tracker(model: nn.Module, optimizer, device: torch.device):
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    cls = type("RehearsalMemTracker", (_WhereTracker, FSDPMemTracker), {})
-    tracker = cls(mod=model, optm=optimizer)
-    tracker._init_where(device)
-    return tracker
-
-
-def reduced_overrides(config, layers: int) -> dict[str, int | list]:
-    """`model.overrides` for the first `layers` decoder layers of `config` (per-layer lists cut)."""
-    out: dict[str, int | list] = {"num_hidden_layers": layers}
-    for key in ("layer_types", "indexer_types", "mlp_layer_types"):
-        value = getattr(config, key, None)
-        if isinstance(value, list):
-            out[key] = value[:layers]
-    return out
-
-
-def default_layers(config) -> int:
-    """The fewest first layers that hold every kind of layer (attention x MLP x indexer), and one more
-    (the last layer keeps its input on the device with `memory.offload_keep_last`)."""
-    seen, n = set(), 0
-    kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or [None] * len(config.layer_types),
-                     getattr(config, "indexer_types", None) or [None] * len(config.layer_types)))
-    for i, kind in enumerate(kinds):
-        if kind not in seen:
-            seen.add(kind)
-            n = i + 1
-    return min(len(kinds), n + 1)
-
-
-def _shard_bytes(layers) -> int:
-    """Bytes this rank holds of the parameters of `layers` once FSDP2 has sharded them (local shards)."""
-    total = 0
-    for layer in layers:
-        for p in layer.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            total += local.numel() * local.element_size()
-    return total
-
-
 def _fake_pg(gpus: int, rank: int):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
@@ -187,8 +131,9 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
              steps: int = 2, experiment: str = "", show_progress: bool | None = None,
              plan: Plan | None = None) -> Rehearsal:
     """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
-    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run
-    (None: `default_layers` when the memory strategy allows it, else all). `plan`: the planner's Plan."""
+    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run (None:
+    the fewest holding every kind of layer when the memory strategy allows it, else all). `plan`: the
+    planner's Plan, for the GPU `gpu` (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
 
     from genome_lm.model.contract import check_torch
@@ -200,9 +145,6 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     from genome_lm.train.recompute import park_host_copies_on
     from genome_lm.train.trainer import build_model, compute_dtype
 
-    if steps < 2:
-        raise GenomeLMError(f"--steps {steps}: the rehearsal needs at least 2 steps (the first creates the "
-                            "optimizer state)")
     check_torch()
     t_start = time.perf_counter()
     config = preset_config(cfg.model.name, **cfg.model.overrides)
@@ -211,9 +153,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
     check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
-    cp = cfg.parallel.cp
-    rank = cp - 1  # the last CP rank of replica 0: its DSA queries see the whole sequence
-    _fake_pg(gpus, rank)
+    _fake_pg(gpus, cfg.parallel.cp - 1)  # the last CP rank of replica 0: its DSA queries see the whole sequence
     try:
         par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
         par.fsdp_mesh, par.ep_mesh  # meshes are built before fake mode (they compute with real tensors)
@@ -221,22 +161,22 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
 
         full = build_model(cfg, par.device, None, meta=True).model  # the real model's shards, for the omitted layers
         parallelize(full, mem, par, compute)
-        omitted_bytes = _shard_bytes(full.model.layers[layers:])
-        rehearsed_bytes = _shard_bytes(full.model.layers[:layers]) + _shard_bytes(
-            [m for n, m in full.named_children() if n != "model"]) + sum(
-            _shard_bytes([m]) for n, m in full.model.named_children() if n != "layers")
+        # bytes this rank holds of the omitted layers' parameters once FSDP2 has sharded them
+        omitted_bytes = sum(local.numel() * local.element_size() for p in full.model.layers[layers:].parameters()
+                            for local in [p.to_local() if hasattr(p, "to_local") else p])
         del full
         run_cfg = cfg
-        if layers < total_layers:
+        if layers < total_layers:  # the first `layers` decoder layers, per-layer lists cut
             run_cfg = cfg.model_copy(deep=True)
-            run_cfg.model.overrides = {**cfg.model.overrides, **reduced_overrides(config, layers)}
+            cut = {k: v[:layers] for k in ("layer_types", "indexer_types", "mlp_layer_types")
+                   if isinstance(v := getattr(config, k, None), list)}
+            run_cfg.model.overrides = {**cfg.model.overrides, "num_hidden_layers": layers, **cut}
         model = build_model(run_cfg, par.device, None, meta=True).model
         parallelize(model, mem, par, compute)
         use_fake_values(model, imbalance)
         park_host_copies_on(model, "meta")
 
-        recomputes = mem.recompute == "per-layer"
-        passes = steps * layers * (2 if recomputes else 1)
+        passes = steps * layers * (2 if mem.recompute == "per-layer" else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
         hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
         tracker, host = _fake_steps(model, cfg, par, config.vocab_size, steps)
@@ -248,7 +188,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
             dist.destroy_process_group()
 
     state_ratio = 2 * (2 if cfg.train.optimizer_state_dtype == "bfloat16" else 4) / 4  # two moments per float32 byte
-    peaks = _lift(tracker.where_peaks, omitted_bytes, rehearsed_bytes, layers, total_layers, state_ratio)
+    peak = _lift(tracker.where_peaks, omitted_bytes, layers < total_layers, state_ratio)
     offloaded_run, offloaded_all = layers - mem.offload_keep_last, total_layers - mem.offload_keep_last
     if layers < total_layers and offloaded_run > 0:
         host = host * offloaded_all // offloaded_run
@@ -261,8 +201,8 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         notes.append(f"{layers} of {total_layers} decoder layers rehearsed; the other {total_layers - layers} added as "
                      f"their FSDP2 shards ({omitted_bytes / 2**30:.2f} GiB of float32 parameters on this rank), AdamW "
                      "state and gradients; host memory scaled by the offloaded layers")
-    return Rehearsal(experiment, gpus, gpu, par.describe(), "busiest" if imbalance > 1 else "uniform", layers,
-                     total_layers, steps, peaks[0], host, plan, time.perf_counter() - t_start, notes, peaks)
+    return Rehearsal(experiment, gpus, par.describe(), layers, total_layers, steps, peak, host, plan,
+                     time.perf_counter() - t_start, notes)
 
 
 def _layers_to_run(cfg, config, layers: int | None) -> int:
@@ -270,8 +210,14 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     scale up); GenomeLMError for a number the strategy cannot scale up."""
     total_layers, mem = config.num_hidden_layers, cfg.memory
     reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
-    if layers is None:
-        layers = default_layers(config) if reducible else total_layers
+    if layers is None and reducible:  # the fewest first layers holding every kind of layer (attention x MLP x
+        # indexer), and one more (the last layer keeps its input on the device with memory.offload_keep_last)
+        none = [None] * len(config.layer_types)
+        kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or none,
+                         getattr(config, "indexer_types", None) or none))
+        layers = min(len(kinds), max(kinds.index(kind) + 1 for kind in kinds) + 1)
+    elif layers is None:
+        layers = total_layers
     if not 1 <= layers <= total_layers:
         raise GenomeLMError(f"--layers {layers}: {cfg.model.name} has {total_layers} decoder layers; give 1 to "
                             f"{total_layers}, or all")
@@ -308,10 +254,9 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
         params = [p for p in model.parameters() if p.requires_grad]
         clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
         parts = StepParts(par, model, optimizer, scheduler, balancer, params, clip, None)
-        tracker = _tracker(model, optimizer, device)
+        tracker = _WhereTracker(model, optimizer, device)
         tracker.track_inputs((ids,))
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(tracker)
+        with tracker:
             for step in range(steps):
                 train_step(parts, [batch] * cfg.train.grad_accum, lambda on: setattr(tracker, "in_optimizer", on))
                 if step == 0:  # the first step has no optimizer state until its end
@@ -321,47 +266,43 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
     return tracker, host
 
 
-def _lift(peaks: dict, omitted: int, rehearsed: int, layers: int, total_layers: int,
-          state_ratio: float) -> list[Peak]:
-    """The recorded peaks, each lifted by the omitted layers' bytes at that point (`omitted` float32
-    parameter bytes, as many gradient bytes, `state_ratio` x as many AdamW state bytes), highest first."""
+def _lift(peaks: dict, omitted: int, lift: bool, state_ratio: float) -> Peak:
+    """The highest of the recorded peaks, each lifted (`lift`) by the omitted layers' bytes at that point
+    (`omitted` float32 parameter bytes, as many gradient bytes, `state_ratio` x as many AdamW state bytes)."""
     lifted = []
     for (phase, module), snap in peaks.items():
         kinds = {getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}  # the tracker's enums: str values
-        if layers < total_layers and rehearsed:
+        if lift:
             kinds["Sharded Param"] = kinds.get("Sharded Param", 0) + omitted
             kinds["OptState"] = kinds.get("OptState", 0) + int(omitted * state_ratio)
-            if phase == OPTIMIZER:  # its temporaries are per tensor (train/optim.py): not scaled
-                kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
-            elif phase == "backward" and ".layers." in f".{module}":
+            # the optimizer's temporaries are per tensor (train/optim.py): not scaled
+            if phase == OPTIMIZER or (phase == "backward" and ".layers." in f".{module}"):
                 kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
         lifted.append(Peak(phase, module, kinds))
     if not lifted:
         raise RuntimeError("rehearse: the memory tracker recorded nothing")
-    return sorted(lifted, key=lambda p: -p.total)
+    return max(lifted, key=lambda p: p.total)
 
 
 def format_rehearsal(r: Rehearsal) -> str:
-    GiB = 2**30
-    plan = r.plan
+    """The report of a rehearsal with its planner's `plan`, side by side."""
+    GiB, plan = 2**30, r.plan
+    assert plan is not None, "the report compares with the planner"
     lines = [f"rehearsal: {r.experiment} on {r.gpus} fake ranks (one simulated: {r.layout}), {r.steps} training steps "
              f"under FSDPMemTracker, {r.layers} of {r.total_layers} decoder layers run; {r.wall_s:,.0f} s",
-             f"peak per GPU: rehearsal {r.peak.total / GiB:.2f} GiB at {r.peak.phase} of {r.peak.module or 'the step'}"]
-    if plan is not None:
-        lines += [f"              planner   {plan.peak_gpu_bytes / GiB:.2f} GiB at {plan.memory.peak_where}",
-                  f"              difference {r.difference:+.1%} of the rehearsal's peak"]
-    lines += ["", f"  {'by kind (GiB)':52} {'rehearsal':>10} {'planner':>10}"]
+             f"peak per GPU: rehearsal {r.peak.total / GiB:.2f} GiB at {r.peak.phase} of {r.peak.module or 'the step'}",
+             f"              planner   {plan.peak_gpu_bytes / GiB:.2f} GiB at {plan.memory.peak_where}",
+             f"              difference {r.difference:+.1%} of the rehearsal's peak",
+             "", f"  {'by kind (GiB)':52} {'rehearsal':>10} {'planner':>10}"]
     for name, (kinds, planned) in KINDS.items():
         ours = sum(r.peak.kinds.get(k, 0) for k in kinds)
-        theirs = sum(plan.memory.breakdown.get(k, 0) for k in planned) if plan is not None else None
-        lines.append(f"  {name:52} {ours / GiB:10.2f} {'' if theirs is None else format(theirs / GiB, '10.2f')}")
-    lines.append("  tracker kinds: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in r.peak.kinds.items() if v))
-    if plan is not None:
-        lines.append("  planner parts: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in plan.memory.breakdown.items()
-                                                     if v))
-    host_plan = f", planner {plan.host_bytes_per_gpu / GiB:.2f} GiB (pinned, powers of two)" if plan else ""
-    lines += ["", f"host memory held by offloaded layer inputs: rehearsal {r.host_bytes / GiB:.2f} GiB{host_plan}",
-              "", "assumed, not measured:"] + [f"  - {n}" for n in r.notes]
+        theirs = sum(plan.memory.breakdown.get(k, 0) for k in planned)
+        lines.append(f"  {name:52} {ours / GiB:10.2f} {theirs / GiB:10.2f}")
+    lines += ["  tracker kinds: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in r.peak.kinds.items() if v),
+              "  planner parts: " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in plan.memory.breakdown.items() if v),
+              "", f"host memory held by offloaded layer inputs: rehearsal {r.host_bytes / GiB:.2f} GiB, planner "
+              f"{plan.host_bytes_per_gpu / GiB:.2f} GiB (pinned, powers of two)", "", "assumed, not measured:"]
+    lines += [f"  - {n}" for n in r.notes]
     lines.append("  - not covered on a real GPU: kernel scratch and speed, NCCL buffers, allocator fragmentation "
                  "and the CUDA context (the planner's margins)")
     return "\n".join(lines)

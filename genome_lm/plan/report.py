@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from genome_lm.plan.hardware import GiB
 
 LABELS = {
@@ -62,34 +64,30 @@ def plan_json(plan) -> dict:
         out["time_breakdown_s"] = plan.time.parts_s
         out["flops_per_gpu_per_step"] = plan.time.flops_per_step
         out["model_flops_per_token"] = plan.time.model_flops_per_token
-        out["checkpoint"] = plan.checkpoint.to_json()
+        out["checkpoint"] = asdict(plan.checkpoint)
     return out
 
 
 def format_plan(plan) -> str:
     """A readable report: verdict, memory breakdown at the peak, host memory, time, assumptions."""
     lay, mem, m = plan.layout, plan.memory, plan.model
-    lines = []
     where = f"{plan.cluster.gpus} x {plan.cluster.gpu.name}" if plan.cluster else "CPU"
-    lines.append(f"plan: {m.name} ({m.dtype}, {_count(m.counts.get('total', 0))} parameters, "
-                 f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {where}")
-    lines.append(f"layout: {lay.describe()}  ({lay.tokens:,} tokens per GPU)")
-    verdict = "FITS" if plan.fits else "DOES NOT FIT"
-    lines.append(f"verdict: {verdict}" + ("" if plan.fits else ": " + "; ".join(plan.problems)))
-    lines.append("")
-    lines.append(f"peak per GPU: {gib(plan.peak_gpu_bytes):,.1f} GiB at {mem.peak_where}")
-    for key, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {LABELS.get(key, key):<46} {gib(value):>9,.2f} GiB")
+    lines = [f"plan: {m.name} ({m.dtype}, {_count(m.counts.get('total', 0))} parameters, "
+             f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {where}",
+             f"layout: {lay.describe()}  ({lay.tokens:,} tokens per GPU)",
+             "verdict: " + ("FITS" if plan.fits else "DOES NOT FIT: " + "; ".join(plan.problems)), "",
+             f"peak per GPU: {gib(plan.peak_gpu_bytes):,.1f} GiB at {mem.peak_where}"]
+    lines += [f"  {LABELS.get(key, key):<46} {gib(value):>9,.2f} GiB"
+              for key, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1])]
     if plan.process_baseline_bytes:
         lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
     if plan.cluster is not None:
-        limit = plan.cluster.gpu.memory_bytes
         lines.append(f"  with {plan.assume.fragmentation:.0%} allocator overhead and "
                      f"{plan.assume.runtime_reserved_gib:g} GiB runtime: needs {gib(plan.needed_gpu_bytes):,.1f} "
-                     f"of {gib(limit):,.1f} GiB per GPU")
+                     f"of {gib(plan.cluster.gpu.memory_bytes):,.1f} GiB per GPU")
     lines.append("activations of one layer without recompute / kept between forward and backward:")
-    for kind, full in mem.activations_by_layer_type.items():
-        lines.append(f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB")
+    lines += [f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB"
+              for kind, full in mem.activations_by_layer_type.items()]
     host = plan.host_bytes_per_gpu
     lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU"
                  + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
@@ -103,15 +101,9 @@ def format_plan(plan) -> str:
         lines.append(ck.describe(plan.assume.checkpoint_write_gbps))
     if plan.time is not None:
         t = plan.time
-        lines.append("")
-        lines.append(f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster")
-        for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1]):
-            if value > 0:
-                lines.append(f"  {key:<20} {value:>8.2f} s")
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    lines.append("")
-    lines.append("assumptions (override with --assume KEY=VALUE):")
-    for key, value in plan.assume.model_dump().items():
-        lines.append(f"  {key} = {value}")
+        lines += ["", f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster"]
+        lines += [f"  {key:<20} {value:>8.2f} s" for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1])
+                  if value > 0]
+    lines += [f"note: {note}" for note in plan.notes] + ["", "assumptions (override with --assume KEY=VALUE):"]
+    lines += [f"  {key} = {value}" for key, value in plan.assume.model_dump().items()]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ highest estimated tokens/s wins; ties go to less host memory, then to the lower 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import Cluster, GiB
@@ -48,16 +49,13 @@ class FitResult:
                          + ". Use more GPUs, GPUs with more memory, or a shorter sequence.")
             return lines
         b = self.best
-        lines.append(f"chosen ({self.tried} layouts tried): {b.layout.describe()}: "
-                     f"peak {b.peak_gpu_bytes / GiB:,.1f} GiB, "
-                     f"host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
-                     f"{b.tokens_per_s:,.0f} tokens/s")
-        lines.append("  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
-                     "largest that fit (they do not change the first-order time)")
-        for p in self.faster_rejected[:3]:
-            lines.append(f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
-                         + "; ".join(p.problems))
-        return lines
+        lines += [f"chosen ({self.tried} layouts tried): {b.layout.describe()}: peak {b.peak_gpu_bytes / GiB:,.1f} "
+                  f"GiB, host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
+                  f"{b.tokens_per_s:,.0f} tokens/s",
+                  "  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
+                  "largest that fit (they do not change the first-order time)"]
+        return lines + [f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
+                        + "; ".join(p.problems) for p in self.faster_rejected[:3]]
 
 
 def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
@@ -67,23 +65,6 @@ def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
                  and (not model.experts or model.experts % ep == 0))
 
 
-def cp_choices(gpus: int, seq_len: int) -> list[int]:
-    return [cp for cp in (2**i for i in range(gpus.bit_length())) if gpus % cp == 0 and seq_len % cp == 0]
-
-
-def _shrink(model: ModelShape, layout: Layout, cluster: Cluster, assume: Assumptions) -> Plan:
-    """Halve the block of the op at the peak until the plan fits or no block can shrink."""
-    plan = make_plan(model, layout, cluster, assume)
-    while not plan.fits:
-        where = plan.memory.peak_where
-        key = next((k for op, k in PEAK_OP_BLOCK if op in where.split(":")[-1]), None)
-        if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
-            return plan
-        layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
-        plan = make_plan(model, layout, cluster, assume)
-    return plan
-
-
 def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
         eps: tuple[int, ...] | None = None) -> FitResult:
     """The search of `genome-lm plan --fit` and benchmarks/plan_table.py. `eps`: the expert-parallel
@@ -91,15 +72,22 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
     given_plan = make_plan(model, given, cluster, assume)
     plans: list[Plan] = []
     largest = {k: v[0] for k, v in BLOCKS.items()}
-    for cp in cp_choices(cluster.gpus, given.seq_len):
-        for ep in eps or ep_choices(model, cluster):
-            for recompute, layers in STRATEGIES:
-                for offload in ((False,) if recompute == "none" else (False, True)):
-                    for moe_recompute in (False, True):
-                        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute,
-                                               recompute_layers=list(layers), offload_layer_inputs=offload,
-                                               moe_recompute=moe_recompute, **largest)
-                        plans.append(_shrink(model, layout, cluster, assume))
+    cps = [cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
+           if cluster.gpus % cp == 0 and given.seq_len % cp == 0]
+    grid = product(cps, eps or ep_choices(model, cluster), STRATEGIES, (False, True), (False, True))
+    for cp, ep, (recompute, layers), offload, moe_recompute in grid:
+        if recompute == "none" and offload:
+            continue
+        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute, recompute_layers=list(layers),
+                               offload_layer_inputs=offload, moe_recompute=moe_recompute, **largest)
+        plan = make_plan(model, layout, cluster, assume)
+        while not plan.fits:  # halve the block of the op at the peak until the plan fits or no block can shrink
+            key = next((k for op, k in PEAK_OP_BLOCK if op in plan.memory.peak_where.split(":")[-1]), None)
+            if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
+                break
+            layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
+            plan = make_plan(model, layout, cluster, assume)
+        plans.append(plan)
     fitting = [p for p in plans if p.fits]
     if not fitting:
         closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)

@@ -22,7 +22,7 @@ from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import Cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, shard_degree, unsharded_layer_bytes
-from genome_lm.plan.shapes import LayerShape, ModelShape
+from genome_lm.plan.shapes import ModelShape
 
 
 @dataclass
@@ -41,25 +41,6 @@ def _link(cluster: Cluster, group: int, assume: Assumptions) -> float:
     return cluster.gpu.network_bytes_per_s * assume.network_efficiency
 
 
-def _layer_gemm_params(layer: LayerShape, m: ModelShape, layout: Layout, imbalance: float) -> tuple[float, float]:
-    """(non-expert, routed-expert) parameters one token multiplies with in this layer (busiest rank)."""
-    active_experts = layer.expert_count * m.top_k / max(m.experts, 1)
-    if layout.parallel.ep > 1:
-        active_experts *= imbalance
-    return layer.param_count - layer.expert_count, active_experts
-
-
-def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
-    parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
-    _communication_parts(parts, m, layout, assume, cluster, compute=sum(parts.values()))
-    step = sum(parts.values()) * layout.train.grad_accum
-    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
-    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
-    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
-                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
-                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)
-
-
 def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, backend: str) -> tuple[dict, float]:
     """Seconds per micro-batch of each compute part (GEMMs, KDA core, DSA, memory-bound passes, loss,
     optimizer; the communication parts at 0.0) and the FLOPs counted."""
@@ -73,7 +54,10 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
     flops = 0.0
     bodies: dict[tuple, int] = {}
     for layer in m.layers:
-        dense_p, expert_p = _layer_gemm_params(layer, m, layout, assume.expert_imbalance)
+        # non-expert and routed-expert parameters one token multiplies with in this layer (busiest rank)
+        dense_p = layer.param_count - layer.expert_count
+        expert_p = layer.expert_count * m.top_k / max(m.experts, 1) * (
+            assume.expert_imbalance if layout.parallel.ep > 1 else 1)
         attn_wrapped = layout.wraps(layer.attn) or layer_recompute
         mlp_wrapped = layout.wraps(layer.mlp) or layer_recompute
         moe_passes = 3 + mlp_wrapped + (1 if layer.mlp == "moe" and layout.memory.moe_recompute else 0)
@@ -114,10 +98,11 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
     return parts, flops
 
 
-def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster,
-                         compute: float) -> None:
-    """Fill in the seconds per micro-batch that communication adds beyond what overlaps `compute`
-    (FSDP2, CP, EP all-to-all, offload copies)."""
+def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster, backend: str) -> TimePlan:
+    """The step time: the compute parts per micro-batch, then what communication adds beyond what overlaps
+    them (FSDP2, CP, EP all-to-all, offload copies)."""
+    parts, flops = _compute_parts(m, layout, assume, cluster.gpu, backend)
+    compute = sum(parts.values())
     gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.train.micro_batch * layout.seq_len
     layer_recompute = 1 if layout.memory.recompute == "per-layer" else 0
     F = shard_degree(layout, assume)
@@ -154,3 +139,9 @@ def _communication_parts(parts: dict, m: ModelShape, layout: Layout, assume: Ass
         forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
         back = 0.0 if assume.offload_prefetch else copy
         parts["offload_exposed"] = back + max(0.0, copy - forward_compute)
+    step = sum(parts.values()) * layout.train.grad_accum
+    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
+    active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
+    return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
+                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
+                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from genome_lm.plan import activations as act
+from genome_lm.plan.activations import layer_ops
 from genome_lm.plan.assumptions import Assumptions
 from genome_lm.plan.hardware import GiB, MiB, make_cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import kept, pow2
-from genome_lm.plan.ops import layer_ops
 from genome_lm.plan.planner import make_plan
 from genome_lm.plan.shapes import model_shape
 from genome_lm.sizes import parse_size
