@@ -33,7 +33,6 @@ BLOCK_BYTES = 8 << 20
 _CODE_TABLE = CODE_LUT.tobytes()
 _STRIP = b"\r\n\t "  # line ends (and stray blanks) are not bases
 _INVALID_BYTE = bytes([INVALID])
-_GZIP_MAGIC = b"\x1f\x8b"
 _ALIASES = {"m": "mt"}  # chrM (UCSC) is MT (Ensembl, NCBI)
 
 
@@ -87,30 +86,6 @@ class _HashingReader:
         self._pool.shutdown(wait=True)
 
 
-def detect_compression(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        head = f.read(18)
-    if head[:2] != _GZIP_MAGIC:
-        return "none"
-    # bgzip: gzip member with FEXTRA holding the 'BC' subfield
-    if len(head) >= 14 and head[3] & 4 and head[12:14] == b"BC":
-        return "bgzip"
-    return "gzip"
-
-
-def check_readable(path: str | os.PathLike) -> int:
-    """Return the file size; raise GenomeLMError if missing, a directory or empty."""
-    p = Path(path)
-    if not p.exists():
-        raise GenomeLMError(f"FASTA file {p} does not exist; check the --fasta path")
-    if p.is_dir():
-        raise GenomeLMError(f"--fasta {p} is a directory; pass the FASTA file itself")
-    size = p.stat().st_size
-    if size == 0:
-        raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
-    return size
-
-
 def check_writable(directory: Path, option: str = "--out") -> None:
     """Create `directory` if needed; raise GenomeLMError if files cannot be written in it (`option`:
     the flag that named it)."""
@@ -132,18 +107,27 @@ class FastaReader:
     fills `info` (sha256, all record names) once the whole file has been read."""
 
     def __init__(self, path: str | os.PathLike, show_progress: bool | None = None):
-        self.path = Path(path)
-        self.size = check_readable(self.path)
-        self.compression = detect_compression(self.path)
-        self.info = FileInfo(path=str(self.path.resolve()), size=self.size, compression=self.compression)
+        self.path = p = Path(path)
+        if not p.exists():
+            raise GenomeLMError(f"FASTA file {p} does not exist; check the --fasta path")
+        if p.is_dir():
+            raise GenomeLMError(f"--fasta {p} is a directory; pass the FASTA file itself")
+        if (size := p.stat().st_size) == 0:
+            raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
+        with open(p, "rb") as f:
+            head = f.read(18)
+        # bgzip: a gzip member with FEXTRA holding the 'BC' subfield
+        bgzip = len(head) >= 14 and head[3] & 4 and head[12:14] == b"BC"
+        self.info = FileInfo(path=str(p.resolve()), size=size,
+                             compression="none" if head[:2] != b"\x1f\x8b" else "bgzip" if bgzip else "gzip")
         self.show_progress = show_progress
         self._index = self._load_index()
 
     # -- index -------------------------------------------------------------------------------
     def _load_index(self):
         fai = Path(f"{self.path}.fai")
-        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.compression == "gzip"
-                or (self.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
+        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.info.compression == "gzip"
+                or (self.info.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
             return None  # no index, a stale one, or no random access (plain gzip, bgzip without .gzi)
         try:
             import pyfaidx
@@ -162,7 +146,7 @@ class FastaReader:
     # -- reading -----------------------------------------------------------------------------
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
-        bar = tqdm(total=self.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
+        bar = tqdm(total=self.info.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
         with bar, open(self.path, "rb") as raw, contextlib.closing(_HashingReader(raw, bar.update)) as reader:
             if self._index is not None:
                 yield from self._indexed_records(wanted)
@@ -183,11 +167,15 @@ class FastaReader:
 
     def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
         # typeshed asks GzipFile's file object for seek(), which reading forward never calls
-        stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
+        plain = self.info.compression == "none"
+        stream = reader if plain else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
         parser = _RecordParser(self.path, wanted)
         if not (block := self._read_block(stream)):
             raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
-        _check_fasta_start(self.path, block)
+        if (head := block.lstrip()) and head[:1] != b">":
+            printable = all(32 <= b < 127 or b in b"\t\r\n" for b in head[:20])
+            what = f"with {head[:20].decode('ascii')!r}" if printable else "with binary data"
+            raise GenomeLMError(f"{self.path} is not a FASTA file: it starts {what} instead of a '>' header line")
         while block:
             yield from parser.feed(block)
             block = self._read_block(stream)
@@ -200,7 +188,7 @@ class FastaReader:
                 continue
             parser = _RecordParser(self.path, lambda _: True)
             parser.start(name)
-            if self.compression == "none":
+            if self.info.compression == "none":
                 with open(self.path, "rb") as f:
                     f.seek(max(0, rec.offset - 4096))
                     before = f.read(rec.offset - f.tell())  # ends with the record's header line (a right index)
@@ -224,15 +212,6 @@ class FastaReader:
                     f"read {len(record.codes)}); delete the .fai so it is rebuilt"
                 )
             yield record
-
-
-def _check_fasta_start(path: Path, block: bytes) -> None:
-    head = block.lstrip()
-    if head and head[:1] != b">":
-        text = head[:20]
-        printable = all(32 <= b < 127 or b in b"\t\r\n" for b in text)
-        what = f"with {text.decode('ascii')!r}" if printable else "with binary data"
-        raise GenomeLMError(f"{path} is not a FASTA file: it starts {what} instead of a '>' header line")
 
 
 class _RecordParser:

@@ -125,7 +125,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
                             "shards): choose another --out")
     existing = load_manifest(out)
     inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
-    if existing.get("parameters") == params.recorded() and inputs == [(r.size, sha256_file(r.path)) for r in readers]:
+    if existing.get("parameters") == params.recorded() and \
+            inputs == [(r.info.size, sha256_file(r.path)) for r in readers]:
         check_shards(out, existing)  # complete only if every split's files are there, whole
         return existing
     raise GenomeLMError(
