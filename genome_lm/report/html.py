@@ -77,7 +77,8 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             if ev is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
-        return context_gain(*picked, compares=compares)
+        base, short, long = picked
+        return context_gain(base, short, long, compares=compares)
     roles = find_roles(evals) if len(evals) >= 3 else None
     if roles is None:
         return None
