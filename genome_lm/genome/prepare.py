@@ -108,9 +108,6 @@ class ChromStats:
     dropped_bases: dict = field(default_factory=lambda: {"gap": 0, "tail": 0, "n_frac": 0})
     leakage_masked_tokens: int | None = None  #: eval tokens (of the windows written) in the leakage mask
 
-    def recorded(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
 
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
     """Return the existing manifest if `out` already holds this exact result (a no-op rerun)."""
@@ -357,5 +354,5 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
         "tokens": sum(st.tokens for st in chrom_stats.values()),
         "files": files,
         "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
-        "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
+        "per_chrom": {name: {k: v for k, v in asdict(st).items() if v is not None} for name, st in chrom_stats.items()},
     }
