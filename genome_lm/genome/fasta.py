@@ -33,7 +33,6 @@ BLOCK_BYTES = 8 << 20
 _CODE_TABLE = CODE_LUT.tobytes()
 _STRIP = b"\r\n\t "  # line ends (and stray blanks) are not bases
 _INVALID_BYTE = bytes([INVALID])
-_GZIP_MAGIC = b"\x1f\x8b"
 _ALIASES = {"m": "mt"}  # chrM (UCSC) is MT (Ensembl, NCBI)
 
 
@@ -87,30 +86,6 @@ class _HashingReader:
         self._pool.shutdown(wait=True)
 
 
-def detect_compression(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        head = f.read(18)
-    if head[:2] != _GZIP_MAGIC:
-        return "none"
-    # bgzip: gzip member with FEXTRA holding the 'BC' subfield
-    if len(head) >= 14 and head[3] & 4 and head[12:14] == b"BC":
-        return "bgzip"
-    return "gzip"
-
-
-def check_readable(path: str | os.PathLike) -> int:
-    """Return the file size; raise GenomeLMError if missing, a directory or empty."""
-    p = Path(path)
-    if not p.exists():
-        raise GenomeLMError(f"FASTA file {p} does not exist; check the --fasta path")
-    if p.is_dir():
-        raise GenomeLMError(f"--fasta {p} is a directory; pass the FASTA file itself")
-    size = p.stat().st_size
-    if size == 0:
-        raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
-    return size
-
-
 def check_writable(directory: Path, option: str = "--out") -> None:
     """Create `directory` if needed; raise GenomeLMError if files cannot be written in it (`option`:
     the flag that named it)."""
@@ -132,18 +107,27 @@ class FastaReader:
     fills `info` (sha256, all record names) once the whole file has been read."""
 
     def __init__(self, path: str | os.PathLike, show_progress: bool | None = None):
-        self.path = Path(path)
-        self.size = check_readable(self.path)
-        self.compression = detect_compression(self.path)
-        self.info = FileInfo(path=str(self.path.resolve()), size=self.size, compression=self.compression)
+        self.path = p = Path(path)
+        if not p.exists():
+            raise GenomeLMError(f"FASTA file {p} does not exist; check the --fasta path")
+        if p.is_dir():
+            raise GenomeLMError(f"--fasta {p} is a directory; pass the FASTA file itself")
+        if (size := p.stat().st_size) == 0:
+            raise GenomeLMError(f"FASTA file {p} is empty; re-download or regenerate it")
+        with open(p, "rb") as f:
+            head = f.read(18)
+        # bgzip: a gzip member with FEXTRA holding the 'BC' subfield
+        bgzip = len(head) >= 14 and head[3] & 4 and head[12:14] == b"BC"
+        self.info = FileInfo(path=str(p.resolve()), size=size,
+                             compression="none" if head[:2] != b"\x1f\x8b" else "bgzip" if bgzip else "gzip")
         self.show_progress = show_progress
         self._index = self._load_index()
 
     # -- index -------------------------------------------------------------------------------
     def _load_index(self):
         fai = Path(f"{self.path}.fai")
-        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.compression == "gzip"
-                or (self.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
+        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.info.compression == "gzip"
+                or (self.info.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
             return None  # no index, a stale one, or no random access (plain gzip, bgzip without .gzi)
         try:
             import pyfaidx
@@ -162,7 +146,7 @@ class FastaReader:
     # -- reading -----------------------------------------------------------------------------
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
-        bar = tqdm(total=self.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
+        bar = tqdm(total=self.info.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
         with bar, open(self.path, "rb") as raw, contextlib.closing(_HashingReader(raw, bar.update)) as reader:
             if self._index is not None:
                 yield from self._indexed_records(wanted)
@@ -183,24 +167,66 @@ class FastaReader:
 
     def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
         # typeshed asks GzipFile's file object for seek(), which reading forward never calls
-        stream = reader if self.compression == "none" else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
-        parser = _RecordParser(self.path, wanted)
+        plain = self.info.compression == "none"
+        stream = reader if plain else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
         if not (block := self._read_block(stream)):
             raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
-        _check_fasta_start(self.path, block)
+        if (head := block.lstrip()) and head[:1] != b">":
+            printable = all(32 <= b < 127 or b in b"\t\r\n" for b in head[:20])
+            what = f"with {head[:20].decode('ascii')!r}" if printable else "with binary data"
+            raise GenomeLMError(f"{self.path} is not a FASTA file: it starts {what} instead of a '>' header line")
+        names: dict[str, None] = {}  # record names in file order (an ordered set)
+        name, buf = "", None  # the current record; its codes if it is wanted
+        header: bytearray | None = None  # a header line being read
+        at_line_start = True
         while block:
-            yield from parser.feed(block)
+            pos, n = 0, len(block)
+            while pos < n:
+                if header is not None:  # inside a header line
+                    nl = block.find(b"\n", pos)
+                    header += block[pos:] if nl < 0 else block[pos:nl]
+                    if nl < 0:
+                        break
+                    name, buf = self._start(bytes(header), names, wanted)
+                    header, pos, at_line_start = None, nl + 1, True
+                elif block[pos] == 0x3E and at_line_start:  # '>' opens a header line
+                    if buf is not None:
+                        yield Record(name, np.frombuffer(buf, np.uint8), str(self.path))
+                    buf, header, pos = None, bytearray(), pos + 1
+                else:  # sequence up to the next '>' (a '>' inside a line: an invalid character)
+                    idx = block.find(b">", pos + 1)  # headers are rare: one memchr per block
+                    end = n if idx < 0 else idx
+                    seg = block if (pos == 0 and end == n) else block[pos:end]
+                    if buf is not None:
+                        buf += _codes(self.path, name, seg, len(buf))
+                    elif not names and seg.strip():
+                        raise GenomeLMError(f"{self.path} is not a FASTA file: sequence data before the first '>' "
+                                            "header")
+                    at_line_start, pos = block[end - 1] == 0x0A, end
             block = self._read_block(stream)
-        yield from parser.finish()
-        self.info.records = list(parser.names)
+        if header is not None:
+            name, buf = self._start(bytes(header), names, wanted)
+        if buf is not None:
+            yield Record(name, np.frombuffer(buf, np.uint8), str(self.path))
+        self.info.records = list(names)
+
+    def _start(self, header: bytes, names: dict[str, None],
+               wanted: Callable[[str], bool]) -> tuple[str, bytearray | None]:
+        """The record a header line (without its '>') opens, added to `names`; an empty buffer if it is wanted."""
+        if not (fields := header.split()):
+            raise GenomeLMError(f"{self.path}: a '>' header line without a record name; give every record a name")
+        name = fields[0].decode("ascii", errors="replace")
+        if name in names:
+            raise GenomeLMError(f"{self.path}: duplicate record name {name!r}; each chromosome may appear once")
+        names[name] = None
+        return name, bytearray() if wanted(name) else None
 
     def _indexed_records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         for name, rec in self._index.index.items():
             if not wanted(name):
                 continue
-            parser = _RecordParser(self.path, lambda _: True)
-            parser.start(name)
-            if self.compression == "none":
+            buf = bytearray()
+            if self.info.compression == "none":
                 with open(self.path, "rb") as f:
                     f.seek(max(0, rec.offset - 4096))
                     before = f.read(rec.offset - f.tell())  # ends with the record's header line (a right index)
@@ -211,114 +237,30 @@ class FastaReader:
                         if stale or b">" in (piece := f.read(min(BLOCK_BYTES, rec.bend - s))):  # another header
                             raise GenomeLMError(f"{self.path}.fai does not match {self.path} (record {name} is not "
                                                 "where the index says); delete the .fai so it is rebuilt")
-                        parser.add_sequence(piece)
+                        buf += _codes(self.path, name, piece, len(buf))
             else:  # bgzip: random access through pyfaidx, in pieces
                 for s in range(0, rec.rlen, BLOCK_BYTES):
                     piece = self._index.fetch(name, s + 1, min(s + BLOCK_BYTES, rec.rlen))
-                    parser.add_sequence(str(piece).encode("ascii"))
-            record = parser.end()
-            assert record is not None  # a wanted record
-            if len(record.codes) != rec.rlen:
+                    buf += _codes(self.path, name, str(piece).encode("ascii"), len(buf))
+            if len(buf) != rec.rlen:
                 raise GenomeLMError(
                     f"{self.path}.fai does not match {self.path} (record {name}: index says {rec.rlen} bases, "
-                    f"read {len(record.codes)}); delete the .fai so it is rebuilt"
+                    f"read {len(buf)}); delete the .fai so it is rebuilt"
                 )
-            yield record
+            yield Record(name, np.frombuffer(buf, np.uint8), str(self.path))
 
 
-def _check_fasta_start(path: Path, block: bytes) -> None:
-    head = block.lstrip()
-    if head and head[:1] != b">":
-        text = head[:20]
-        printable = all(32 <= b < 127 or b in b"\t\r\n" for b in text)
-        what = f"with {text.decode('ascii')!r}" if printable else "with binary data"
-        raise GenomeLMError(f"{path} is not a FASTA file: it starts {what} instead of a '>' header line")
-
-
-class _RecordParser:
-    """Incremental parser: feed blocks of FASTA bytes, get completed records back."""
-
-    def __init__(self, path: Path, wanted: Callable[[str], bool]):
-        self.path = path
-        self.wanted = wanted
-        self.names: dict[str, None] = {}  # record names in file order (an ordered set)
-        self._name: str | None = None
-        self._buf: bytearray | None = None  # codes of the current record, if wanted
-        self._header: bytearray | None = None
-        self._at_line_start = True
-
-    # record lifecycle
-    def start(self, name: str) -> None:
-        if name in self.names:
-            raise GenomeLMError(f"{self.path}: duplicate record name {name!r}; each chromosome may appear once")
-        self.names[name] = None
-        self._name = name
-        self._buf = bytearray() if self.wanted(name) else None
-
-    def end(self) -> Record | None:
-        """The current record if it is wanted (else None); no record is current afterwards."""
-        record = None if self._buf is None or self._name is None else \
-            Record(self._name, np.frombuffer(self._buf, np.uint8), str(self.path))
-        self._name, self._buf = None, None
-        return record
-
-    def add_sequence(self, seg: bytes) -> None:
-        if self._buf is None:
-            if self._name is None and seg.strip():
-                raise GenomeLMError(f"{self.path} is not a FASTA file: sequence data before the first '>' header")
-            return
-        codes = seg.translate(_CODE_TABLE, _STRIP)
-        bad = codes.find(_INVALID_BYTE)
-        if bad >= 0:
-            ch = seg.translate(None, _STRIP)[bad : bad + 1].decode("ascii", errors="replace")
-            raise GenomeLMError(
-                f"{self.path}: record {self._name}: invalid character {ch!r} at base offset {len(self._buf) + bad} "
-                "(0-based); only A, C, G, T, N and IUPAC codes (any case) are allowed — fix or remove it"
-            )
-        self._buf += codes
-
-    # block feeding
-    def feed(self, block: bytes) -> Iterator[Record]:
-        pos, n = 0, len(block)
-        while pos < n:
-            if self._header is not None:  # inside a header line
-                nl = block.find(b"\n", pos)
-                if nl < 0:
-                    self._header += block[pos:]
-                    break
-                self._header += block[pos:nl]
-                pos = nl + 1
-                self._start_from_header(bytes(self._header))
-                self._header = None
-                self._at_line_start = True
-                continue
-            if block[pos] == 0x3E:  # '>'
-                if self._at_line_start:
-                    if (rec := self.end()) is not None:
-                        yield rec
-                    self._header = bytearray()
-                else:  # a '>' inside a sequence line: an invalid character
-                    self.add_sequence(block[pos : pos + 1])
-                pos += 1
-                continue
-            idx = block.find(b">", pos)  # headers are rare: one memchr per block
-            end = n if idx < 0 else idx
-            self.add_sequence(block if (pos == 0 and end == n) else block[pos:end])
-            self._at_line_start = block[end - 1] == 0x0A
-            pos = end
-
-    def finish(self) -> Iterator[Record]:
-        if self._header is not None:
-            self._start_from_header(bytes(self._header))
-            self._header = None
-        if (rec := self.end()) is not None:
-            yield rec
-
-    def _start_from_header(self, header: bytes) -> None:
-        fields = header.split()
-        if not fields:
-            raise GenomeLMError(f"{self.path}: a '>' header line without a record name; give every record a name")
-        self.start(fields[0].decode("ascii", errors="replace"))
+def _codes(path: Path, name: str, seg: bytes, offset: int) -> bytes:
+    """The codes of the sequence bytes `seg` of record `name`, line ends dropped; an invalid character is a
+    GenomeLMError naming its base offset (`offset`: the record's bases before `seg`)."""
+    codes = seg.translate(_CODE_TABLE, _STRIP)
+    if (bad := codes.find(_INVALID_BYTE)) >= 0:
+        ch = seg.translate(None, _STRIP)[bad : bad + 1].decode("ascii", errors="replace")
+        raise GenomeLMError(
+            f"{path}: record {name}: invalid character {ch!r} at base offset {offset + bad} "
+            "(0-based); only A, C, G, T, N and IUPAC codes (any case) are allowed — fix or remove it"
+        )
+    return codes
 
 
 def contig_key(name: str) -> str:

@@ -109,28 +109,21 @@ class KmerIndex:
                  _gb(self.codes.nbytes), time.perf_counter() - t0)
         return self
 
-    def contains(self, query: np.ndarray) -> np.ndarray:
-        """bool [Q]: whether each canonical code uint64 [Q] is in the index."""
-        self._check_finalized()
-        if len(self.codes) == 0 or len(query) == 0:
-            return np.zeros(len(query), dtype=bool)
-        order = np.argsort(query)
-        q = query[order]  # sorted queries: searchsorted walks the index in order (~15x faster)
-        idx = np.searchsorted(self.codes, q)
-        np.minimum(idx, len(self.codes) - 1, out=idx)
-        found = np.empty(len(query), dtype=bool)
-        found[order] = self.codes[idx] == q
-        return found
-
     def hits(self, codes: np.ndarray, name: str = "") -> np.ndarray:
         """bool [T - k + 1] (empty for T < k): k-mer starting at i is valid and in the index."""
-        self._check_finalized()
+        if not self.finalized:
+            raise RuntimeError("KmerIndex: call finalize() after the last add()")
         n = max(0, len(codes) - self.k + 1)
         out = np.zeros(n, dtype=bool)
         for i0, i1 in _chunks(n, f"leakage mask {name}", self.show_progress):
             canon, valid = canonical_kmers(codes, self.k, i0, i1)
-            pos = np.flatnonzero(valid)
-            out[i0 + pos] = self.contains(canon[pos])
+            if len(self.codes):
+                pos = np.flatnonzero(valid)
+                order = np.argsort(canon[pos])
+                q = canon[pos][order]  # sorted queries: searchsorted walks the index in order (~15x faster)
+                idx = np.searchsorted(self.codes, q)
+                np.minimum(idx, len(self.codes) - 1, out=idx)
+                out[i0 + pos[order]] = self.codes[idx] == q
         return out
 
     def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
@@ -141,10 +134,6 @@ class KmerIndex:
                  f"{int(covered.sum()):,}", f"{len(codes):,}", 100 * covered.mean() if len(codes) else 0.0,
                  self.k, time.perf_counter() - t0)
         return covered
-
-    def _check_finalized(self) -> None:
-        if not self.finalized:
-            raise RuntimeError("KmerIndex: call finalize() after the last add()")
 
 
 def _dedupe_sorted(a: np.ndarray) -> int:

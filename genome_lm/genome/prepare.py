@@ -47,19 +47,10 @@ MANIFEST_FORMAT = "genome_lm.shards/1"
 RUN_BLOCK = 1 << 24  # bases per step of `scan`
 
 
-@dataclass
-class ChromScan:
-    """What one pass over a chromosome's codes finds (see `scan`)."""
-
-    gaps: np.ndarray  # int64 [R, 2]: N runs of at least min_gap bases (start, end)
-    n_bases: int  # N tokens, IUPAC codes included
-    softmasked_bases: int
-    iupac: dict[str, int]  # ambiguity code -> count
-
-
-def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
-    """One blockwise pass over codes [T] (transient memory O(block)): N runs of at least `min_gap`, N /
-    soft-mask / IUPAC counts."""
+def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], int, int, int, dict[str, int]]:
+    """One blockwise pass over codes [T] (transient memory O(block)): the contigs [start, end) between N runs
+    of at least `min_gap` bases, the bases in those runs, the N bases (IUPAC codes included), the soft-masked
+    bases, and each ambiguity code's count."""
     edges: list[np.ndarray] = []
     prev = False
     n_bases = softmasked = 0
@@ -78,35 +69,25 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> ChromScan:
         edges.append(np.array([len(codes)], dtype=np.int64))
     flat = np.concatenate(edges) if edges else np.zeros(0, dtype=np.int64)
     runs = flat.reshape(-1, 2)  # alternating start, end
+    gaps = runs[(runs[:, 1] - runs[:, 0]) >= min_gap]
+    bounds = np.concatenate([[0], gaps.ravel(), [len(codes)]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
     counts = {code: int(iupac[i]) for i, code in enumerate(IUPAC_CODES, start=1) if iupac[i]}
-    return ChromScan(runs[(runs[:, 1] - runs[:, 0]) >= min_gap], n_bases, softmasked, counts)
+    return ([(s, e) for s, e in bounds if e > s], int((gaps[:, 1] - gaps[:, 0]).sum()), n_bases, softmasked,
+            counts)
 
 
-def contigs(length: int, gaps: np.ndarray) -> list[tuple[int, int]]:
-    """The spans between `gaps` [R, 2] (sorted, disjoint) on a sequence of `length` bases."""
-    bounds = np.concatenate([[0], gaps.ravel(), [length]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
-    return [(s, e) for s, e in bounds if e > s]
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    seq_len: int
-    stride: int
-    tail: str = "keep"  # keep | drop
-    min_len: int = 1
-
-
-def contig_windows(start: int, end: int, spec: WindowSpec) -> tuple[list[tuple[int, int]], int]:
+def contig_windows(start: int, end: int, p: PrepareParams) -> tuple[list[tuple[int, int]], int]:
     """Windows inside the contig [start, end) and the number of its bases no window covers
     because the tail was dropped (too short, or tail == 'drop')."""
-    spans = [(s, s + spec.seq_len) for s in range(start, end - spec.seq_len + 1, spec.stride)]
-    s = start + len(spans) * spec.stride  # where the tail starts
+    assert p.stride is not None and p.min_len is not None, "PrepareParams._check fills them in"
+    spans = [(s, s + p.seq_len) for s in range(start, end - p.seq_len + 1, p.stride)]
+    s = start + len(spans) * p.stride  # where the tail starts
     covered = spans[-1][1] if spans else start
     if s < end and covered < end:  # the tail: [s, end), shorter than seq_len
-        if spec.tail == "keep" and end - s >= spec.min_len:
+        if p.tail == "keep" and end - s >= p.min_len:
             spans.append((s, end))
             covered = end
-    dropped_tail = max(0, end - covered) if spec.stride <= spec.seq_len or not spans else 0
+    dropped_tail = max(0, end - covered) if p.stride <= p.seq_len or not spans else 0
     return spans, dropped_tail
 
 
@@ -127,9 +108,6 @@ class ChromStats:
     dropped_bases: dict = field(default_factory=lambda: {"gap": 0, "tail": 0, "n_frac": 0})
     leakage_masked_tokens: int | None = None  #: eval tokens (of the windows written) in the leakage mask
 
-    def recorded(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
 
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
     """Return the existing manifest if `out` already holds this exact result (a no-op rerun)."""
@@ -144,7 +122,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
                             "shards): choose another --out")
     existing = load_manifest(out)
     inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
-    if existing.get("parameters") == params.recorded() and inputs == [(r.size, sha256_file(r.path)) for r in readers]:
+    if existing.get("parameters") == params.recorded() and \
+            inputs == [(r.info.size, sha256_file(r.path)) for r in readers]:
         check_shards(out, existing)  # complete only if every split's files are there, whole
         return existing
     raise GenomeLMError(
@@ -164,18 +143,16 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
         )
 
 
-def _process_record(rec: Record, split: str, spec: WindowSpec, params: PrepareParams, writers, mwriters,
+def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwriters,
                     leak: np.ndarray | None = None) -> ChromStats:
     """Cut `rec` into windows and write them (reverse-complement copies after the forward windows);
     `leak` (bool [T], forward strand) is the leakage mask of the whole record, if any."""
     t0 = time.perf_counter()
     codes = rec.codes
-    found = scan(codes, params.min_gap)
-    spans = contigs(len(codes), found.gaps)
-    stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=found.n_bases,
-                       softmasked_bases=found.softmasked_bases, iupac=found.iupac, contigs=len(spans),
-                       longest_contig=max((e - s for s, e in spans), default=0))
-    stats.dropped_bases["gap"] = int((found.gaps[:, 1] - found.gaps[:, 0]).sum())
+    spans, gap_bases, n_bases, softmasked, iupac = scan(codes, params.min_gap)
+    stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=n_bases, softmasked_bases=softmasked,
+                       iupac=iupac, contigs=len(spans), longest_contig=max((e - s for s, e in spans), default=0))
+    stats.dropped_bases["gap"] = gap_bases
     if leak is not None:
         stats.leakage_masked_tokens = 0
     writers[split].open_shard()
@@ -194,7 +171,7 @@ def _process_record(rec: Record, split: str, spec: WindowSpec, params: PreparePa
 
     rc_rows = []
     for c0, c1 in spans:
-        windows, dropped_tail = contig_windows(c0, c1, spec)
+        windows, dropped_tail = contig_windows(c0, c1, params)
         stats.dropped_bases["tail"] += dropped_tail
         for s, e in windows:
             tokens = codes[s:e] & TOKEN_MASK
@@ -255,50 +232,58 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
     """Build the shard directory `out` and return its manifest (see module docstring)."""
     out = Path(out)
     with holding(out, "prepare"):
-        return _prepare(params, out, overwrite, show_progress)
+        readers = [FastaReader(path, show_progress=show_progress) for path in params.fasta]
+        if (existing := _check_output(out, overwrite, params, readers)) is not None:
+            log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)",
+                     out)
+            return existing
+        known = {str(r.path): r.names() for r in readers}
+        indexed = {f: names for f, names in known.items() if names is not None}
+        if len(indexed) == len(known):
+            _check_chroms_present(params, indexed)
+        splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
+        for split in ("train", "eval"):
+            if split not in splits:
+                log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
+                            split, split, split)
+        index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
+        t0 = time.perf_counter()
+        with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
+            writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
+            mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
+            stats = _write_records(readers, params, index, writers, mwriters)
+            _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
+            inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
+            manifest_splits = {split: _finish_split(split, stats, params, inputs, writers, mwriters, tmp)
+                               for split in splits}
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "genome_lm_version": __version__,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "inputs": inputs,
+                "parameters": params.recorded(),
+                "vocab": dict(VOCAB),
+                "token_dtype": np.dtype(TOKEN_DTYPE).name,
+                "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
+                                "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
+                "coordinates": "0-based, half-open, forward strand; "
+                               "strand '-' rows hold the reverse complement of [start, end)",
+                "splits": manifest_splits,
+            }
+            if index is not None:
+                manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
+            if mwriters:
+                manifest["megatron"] = {s: f"megatron/{s}" for s in mwriters}
+            manifest["checksum"] = manifest_checksum(manifest)
+            write_json_atomic(tmp / "manifest.json", manifest)
+        elapsed = time.perf_counter() - t0
+        total = sum(i["size"] for i in inputs)
+        summary = ", ".join(f"{s}: {m['windows']} windows / {m['tokens']:,} tokens" for s, m in manifest_splits.items())
+        log.info("wrote %s in %.1fs (%.0f MB/s of FASTA): %s", out, elapsed, total / 1e6 / max(elapsed, 1e-9), summary)
+        return manifest
 
 
-def _prepare(params: PrepareParams, out: Path, overwrite: bool, show_progress: bool | None) -> dict:
-    readers = [FastaReader(path, show_progress=show_progress) for path in params.fasta]
-    if (existing := _check_output(out, overwrite, params, readers)) is not None:
-        log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)", out)
-        return existing
-    known = {str(r.path): r.names() for r in readers}
-    indexed = {f: names for f, names in known.items() if names is not None}
-    if len(indexed) == len(known):
-        _check_chroms_present(params, indexed)
-    assert params.stride is not None and params.min_len is not None, "PrepareParams._check fills them in"
-    spec = WindowSpec(params.seq_len, params.stride, params.tail, params.min_len)
-    splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
-    for split in ("train", "eval"):
-        if split not in splits:
-            log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
-                        split, split, split)
-    index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
-    t0 = time.perf_counter()
-    with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
-        writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
-        mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
-        stats = _write_records(readers, params, spec, index, writers, mwriters)
-        _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
-        inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
-        manifest_splits = {split: _finish_split(split, stats, params, inputs, writers, mwriters, tmp)
-                           for split in splits}
-        manifest = _manifest(params, inputs, manifest_splits)
-        if index is not None:
-            manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
-        if mwriters:
-            manifest["megatron"] = {s: f"megatron/{s}" for s in mwriters}
-        manifest["checksum"] = manifest_checksum(manifest)
-        write_json_atomic(tmp / "manifest.json", manifest)
-    elapsed = time.perf_counter() - t0
-    total = sum(i["size"] for i in inputs)
-    summary = ", ".join(f"{s}: {m['windows']} windows / {m['tokens']:,} tokens" for s, m in manifest_splits.items())
-    log.info("wrote %s in %.1fs (%.0f MB/s of FASTA): %s", out, elapsed, total / 1e6 / max(elapsed, 1e-9), summary)
-    return manifest
-
-
-def _write_records(readers: list[FastaReader], params: PrepareParams, spec: WindowSpec, index: KmerIndex | None,
+def _write_records(readers: list[FastaReader], params: PrepareParams, index: KmerIndex | None,
                    writers: dict, mwriters: dict) -> dict[str, ChromStats]:
     """Every selected record of `readers` cut into windows and written, in input order, except that
     with a leakage index an eval record waits until every training chromosome is indexed; returns
@@ -309,7 +294,7 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, spec: Wind
 
     def process(rec: Record, split: str) -> None:
         leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
-        stats[rec.name] = _process_record(rec, split, spec, params, writers, mwriters, leak)
+        stats[rec.name] = _process_record(rec, split, params, writers, mwriters, leak)
 
     claimed: dict[str, str] = {}
     for reader in readers:
@@ -369,23 +354,5 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
         "tokens": sum(st.tokens for st in chrom_stats.values()),
         "files": files,
         "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
-        "per_chrom": {name: st.recorded() for name, st in chrom_stats.items()},
-    }
-
-
-def _manifest(params: PrepareParams, inputs: list[dict], splits: dict) -> dict:
-    """The manifest's common part: format, inputs, parameters, vocabulary, encodings, splits."""
-    return {
-        "format": MANIFEST_FORMAT,
-        "genome_lm_version": __version__,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": inputs,
-        "parameters": params.recorded(),
-        "vocab": dict(VOCAB),
-        "token_dtype": np.dtype(TOKEN_DTYPE).name,
-        "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
-                        "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
-        "coordinates": "0-based, half-open, forward strand; "
-                       "strand '-' rows hold the reverse complement of [start, end)",
-        "splits": splits,
+        "per_chrom": {name: {k: v for k, v in asdict(st).items() if v is not None} for name, st in chrom_stats.items()},
     }

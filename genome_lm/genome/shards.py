@@ -21,31 +21,23 @@ from genome_lm.errors import GenomeLMError, first_line
 
 SPLITS = ("train", "eval")
 BATCH_TOKENS = 1 << 20  # rows are grouped into Arrow record batches of about this many tokens
-
-
-_VALUE = lambda dtype: {"dtype": dtype, "_type": "Value"}  # noqa: E731
-_LIST = lambda dtype: {"feature": _VALUE(dtype), "_type": "List"}  # noqa: E731
-# The `datasets.Features` of a split, in datasets' own serialisation (tests check it against
-# `datasets.Features.to_dict()`); written by hand so `prepare` does not import `datasets`.
-FEATURES = {
-    "chrom": _VALUE("string"),
-    "start": _VALUE("int64"),
-    "end": _VALUE("int64"),
-    "strand": _VALUE("string"),
-    "tokens": _LIST("uint8"),
-    "repeat_mask": _LIST("uint8"),
-    "n_frac": _VALUE("float32"),
-}
 LEAKAGE_COLUMN = "leakage_mask"
 
 
 def features(leakage: bool = False) -> dict:
-    """FEATURES, with the leakage_mask column after repeat_mask when `leakage`."""
-    if not leakage:
-        return FEATURES
-    items = list(FEATURES.items())
-    at = list(FEATURES).index("repeat_mask") + 1
-    return dict(items[:at] + [(LEAKAGE_COLUMN, _LIST("uint8"))] + items[at:])
+    """The `datasets.Features` of a split, in datasets' own serialisation (tests check it against
+    `datasets.Features.to_dict()`; written by hand so `prepare` does not import `datasets`); with `leakage`,
+    the leakage_mask column after repeat_mask."""
+    def value(dtype: str) -> dict:
+        return {"dtype": dtype, "_type": "Value"}
+
+    uint8s = {"feature": value("uint8"), "_type": "List"}
+    return {"chrom": value("string"), "start": value("int64"), "end": value("int64"), "strand": value("string"),
+            "tokens": uint8s, "repeat_mask": uint8s, **({LEAKAGE_COLUMN: uint8s} if leakage else {}),
+            "n_frac": value("float32")}
+
+
+FEATURES = features()
 
 
 def arrow_schema(leakage: bool = False) -> pa.Schema:

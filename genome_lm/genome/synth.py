@@ -214,16 +214,15 @@ class SegDup:
 
 
 def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occupancy, sources: dict[str, bytes],
-                  n: int, min_len: int, max_len: int, region: tuple[float, float],
-                  substitution_rate: float) -> list[SegDup]:
+                  n: int, p: SynthParams) -> list[SegDup]:
     """Segmental duplications: write up to `n` copies of A/C/G/T-only stretches of `sources` into `seq`
-    (ASCII, in place) within `region` (fractions of its length), where `occ` has room, reserving each in
-    `occ`. A copy is uppercase, every other one reverse-complemented, with `substitution_rate`."""
+    (ASCII, in place) within `p.segdup_region` (fractions of its length), where `occ` has room, reserving each
+    in `occ`. A copy is uppercase, every other one reverse-complemented, with `p.segdup_substitution_rate`."""
     out: list[SegDup] = []
     names = list(sources)
-    lo, hi = int(region[0] * len(seq)), int(region[1] * len(seq))
+    lo, hi = int(p.segdup_region[0] * len(seq)), int(p.segdup_region[1] * len(seq))
     for i in range(n):
-        length = int(np.exp(rng.uniform(np.log(min_len), np.log(max_len))))
+        length = int(np.exp(rng.uniform(np.log(p.segdup_min_len), np.log(p.segdup_max_len))))
         src_name = names[rng.integers(len(names))]
         src = np.frombuffer(sources[src_name], dtype=np.uint8)
         if len(src) <= length or hi - lo <= length:
@@ -238,7 +237,7 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
         codes = CODE_LUT[src[s : s + length]] & TOKEN_MASK
         strand = "-" if i % 2 else "+"
         oriented = (3 - codes)[::-1] if strand == "-" else codes
-        copy = substitute(rng, oriented, substitution_rate)  # a substitution always changes the base
+        copy = substitute(rng, oriented, p.segdup_substitution_rate)  # a substitution always changes the base
         seq[a : a + length] = UPPER[copy]
         occ.add(a, a + length)
         out.append(SegDup(name, a, a + length, strand, src_name, s, s + length, int((copy != oriented).sum())))
@@ -341,8 +340,7 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
     segdups = []
     if p.segdup_count and spec.name == p.segdup_into:  # own stream, before the repeats: they plant around them
         segdups = plant_segdups(np.random.default_rng([seed, 3, index]), spec.name, seq, occ, earlier,
-                                max(1, round(p.segdup_count * scale)), p.segdup_min_len, p.segdup_max_len,
-                                p.segdup_region, p.segdup_substitution_rate)
+                                max(1, round(p.segdup_count * scale)), p)
     copies = plant_repeats(rng, spec.name, seq, occ, families, p)
     if p.tandem_fraction:  # in the space the interspersed copies left; own random stream: nothing else depends on it
         copies += plant_tandems(np.random.default_rng([seed, 2, index]), spec.name, seq, occ, p)

@@ -99,52 +99,47 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
     if not out.name.endswith(".gz"):
         raise GenomeLMError(f"{out} is written gzip-compressed; give --out a name ending in .fa.gz")
     with holding(out, "synth"):
-        return _write_synthetic_fasta(out, scale, seed, overwrite, params)
+        tsv, sd_tsv = repeats_path(out), segdups_path(out)
+        for path in (out, tsv, sd_tsv):
+            if path.exists() and not overwrite:
+                raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
+        if out.exists() and not written_by_synth(out):
+            raise GenomeLMError(f"--out {out} was not written by genome-lm synth (its gzip header, or the {tsv.name} "
+                                "beside it, is not synth's); --overwrite replaces only a synth output: choose another "
+                                "--out")
+        check_writable(out.parent)
 
+        t0 = time.perf_counter()
+        genome = synthesize_genome(scale, seed, params)
 
-def _write_synthetic_fasta(out: Path, scale: float, seed: int, overwrite: bool,
-                           params: SynthParams | None) -> WrittenGenome:
-    tsv, sd_tsv = repeats_path(out), segdups_path(out)
-    for path in (out, tsv, sd_tsv):
-        if path.exists() and not overwrite:
-            raise GenomeLMError(f"{path} already exists; pass --overwrite to replace it")
-    if out.exists() and not written_by_synth(out):
-        raise GenomeLMError(f"--out {out} was not written by genome-lm synth (its gzip header, or the {tsv.name} "
-                            "beside it, is not synth's); --overwrite replaces only a synth output: choose another "
-                            "--out")
-    check_writable(out.parent)
-
-    t0 = time.perf_counter()
-    genome = synthesize_genome(scale, seed, params)
-
-    try:  # the FASTA last: a failure (a full disk) removes the sidecars written before it
-        with atomic_file(tsv, "w") as f:
-            f.write(_tsv(RepeatCopy, genome.copies))
-        if genome.segdups:
-            with atomic_file(sd_tsv, "w") as f:
-                f.write(_tsv(SegDup, genome.segdups))
-        else:
-            sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
-        with atomic_file(out, "wb") as f, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
-            for name, seq in genome.sequences.items():
-                gz.write(fasta_lines(name, seq))
-    except BaseException:
-        tsv.unlink(missing_ok=True)
-        sd_tsv.unlink(missing_ok=True)
-        raise
-    lengths = {k: len(v) for k, v in genome.sequences.items()}
-    frac = genome.repeat_fraction()
-    n_tandem = sum(c.family == "tandem" for c in genome.copies)
-    tandem = f" and {n_tandem} tandem units" if n_tandem else ""
-    sd_bases = sum(d.end - d.start for d in genome.segdups)
-    segdups = (f", {len(genome.segdups)} segmental duplications ({sd_bases:,} bp) in "
-               f"{', '.join(sorted({d.chrom for d in genome.segdups}))}" if genome.segdups else "")
-    log.info(
-        "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s%s) "
-        "and %s in %.1f s",
-        out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
-        100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
-        time.perf_counter() - t0,
-    )
-    return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)
+        try:  # the FASTA last: a failure (a full disk) removes the sidecars written before it
+            with atomic_file(tsv, "w") as f:
+                f.write(_tsv(RepeatCopy, genome.copies))
+            if genome.segdups:
+                with atomic_file(sd_tsv, "w") as f:
+                    f.write(_tsv(SegDup, genome.segdups))
+            else:
+                sd_tsv.unlink(missing_ok=True)  # an earlier genome's (--overwrite)
+            with atomic_file(out, "wb") as f, \
+                    gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=6) as gz:
+                for name, seq in genome.sequences.items():
+                    gz.write(fasta_lines(name, seq))
+        except BaseException:
+            tsv.unlink(missing_ok=True)
+            sd_tsv.unlink(missing_ok=True)
+            raise
+        lengths = {k: len(v) for k, v in genome.sequences.items()}
+        frac = genome.repeat_fraction()
+        n_tandem = sum(c.family == "tandem" for c in genome.copies)
+        tandem = f" and {n_tandem} tandem units" if n_tandem else ""
+        sd_bases = sum(d.end - d.start for d in genome.segdups)
+        segdups = (f", {len(genome.segdups)} segmental duplications ({sd_bases:,} bp) in "
+                   f"{', '.join(sorted({d.chrom for d in genome.segdups}))}" if genome.segdups else "")
+        log.info(
+            "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s%s) "
+            "and %s in %.1f s",
+            out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
+            100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
+            time.perf_counter() - t0,
+        )
+        return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)

@@ -4,15 +4,14 @@ The names below are imported on first use."""
 from importlib import import_module
 from typing import Any
 
-_HOME = {**dict.fromkeys(["CompareResult", "EvalResult", "RunMetrics", "implied_compares", "load_compare_dir",
-                          "load_dirs", "load_eval", "load_run"], "data"),
-         **dict.fromkeys(["build_report", "write_report"], "html"),
-         **dict.fromkeys(["ContextGain", "context_gain", "find_roles", "format_ablation", "format_context_gain",
-                          "reading"], "matched"),
-         **dict.fromkeys(["figure_png", "plot_context_gain", "plot_loss_by_context", "plot_relative_change",
-                          "plot_repeat_split", "plot_training_curves"], "plots"),
-         **dict.fromkeys(["bucket_table", "compare_table", "context_gain_table", "parity_table", "repeat_table",
-                          "replicates_table", "run_table"], "tables")}
+_HOME = {name: module for module, names in {
+    "data": "CompareResult EvalResult RunMetrics implied_compares load_compare_dir load_dirs load_eval load_run",
+    "html": "build_report write_report",
+    "matched": "ContextGain context_gain find_roles format_ablation format_context_gain reading",
+    "plots": "figure_png plot_context_gain plot_loss_by_context plot_relative_change plot_repeat_split "
+             "plot_training_curves",
+    "tables": "bucket_table compare_table context_gain_table parity_table repeat_table replicates_table run_table",
+}.items() for name in names.split()}
 __all__ = sorted(_HOME)
 
 

@@ -24,7 +24,7 @@ from genome_lm.report.data import (
     load_run,
     windows_text,
 )
-from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text
+from genome_lm.report.matched import ContextGain, _same, context_gain, find_roles, reading, rel_ci_text
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             raise GenomeLMError(f"matched takes 3 eval directories (base, short, long), got {len(matched)}")
         picked = []
         for d in matched:
-            ev = next((e for e in evals if Path(e.dir).resolve() == Path(d).resolve()), None)
+            ev = next((e for e in evals if _same(e.dir, d)), None)
             if ev is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
@@ -89,18 +89,8 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
         return None
 
 
-def _seeds_of(gain: ContextGain, compares: list[CompareResult]) -> CompareResult | None:
-    """A replicate compare (`compare SHORT,... LONG,...`) whose first pair is this short and long fine-tune."""
-    for cmp in compares:
-        r = cmp.result
-        if r.get("replicates") and Path(r["a"]["dirs"][0]).resolve() == Path(gain.evals["short"].dir).resolve() \
-                and Path(r["b"]["dirs"][0]).resolve() == Path(gain.evals["long"].dir).resolve():
-            return cmp
-    return None
-
-
 def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None) -> list[str]:
-    """The section on context vs more training, with the replicate compare `seeds` (`_seeds_of`) if any."""
+    """The section on context vs more training, with the replicate compare `seeds` if any."""
     o = {role: ev.summary["overall"] for role, ev in gain.evals.items()}
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in "
               f"{windows_text(gain.evals['base'].summary)} (95% CI: "
@@ -179,7 +169,10 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
     gain = _context_gain(evals, compares, matched)
     if not compares and len(evals) >= 2:
         compares = list(gain.pairs.values()) if gain else implied_compares(evals)
-    seeds = _seeds_of(gain, compares) if gain else None  # long vs short over training seeds, read with the three
+    # long vs short over training seeds (`compare SHORT,... LONG,...`), read with the three
+    seeds = next((c for c in compares if c.result.get("replicates")
+                  and _same(c.result["a"]["dirs"][0], gain.evals["short"].dir)
+                  and _same(c.result["b"]["dirs"][0], gain.evals["long"].dir)), None) if gain else None
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S")}; losses in bits per base '
              "(= nats per token / ln 2); context = tokens of sequence preceding the scored token</p>",

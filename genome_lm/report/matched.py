@@ -79,14 +79,6 @@ def _same(a: str | Path, b: str | Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def _find_pair(compares: list[CompareResult], a: EvalResult, b: EvalResult) -> CompareResult | None:
-    for cmp in compares:
-        r = cmp.result
-        if _same(r["a"]["dir"], a.dir) and _same(r["b"]["dir"], b.dir):
-            return cmp
-    return None
-
-
 def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, long: EvalResult | str | Path,
                  compares: Sequence[CompareResult] = (), **compare_kwargs) -> ContextGain:
     """The three evals (EvalResult or eval directories) and their three paired comparisons."""
@@ -94,7 +86,8 @@ def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, 
              for role, ev in (("base", base), ("short", short), ("long", long))}
     pairs = {}
     for b, a, _ in PAIRS:
-        found = _find_pair(list(compares), evals[a], evals[b])
+        found = next((cmp for cmp in compares if _same(cmp.result["a"]["dir"], evals[a].dir)
+                      and _same(cmp.result["b"]["dir"], evals[b].dir)), None)
         if found is None:
             result = compare_evals(evals[a].dir, evals[b].dir, **compare_kwargs)
             found = CompareResult(f"{evals[b].label} vs {evals[a].label}", None, result)
@@ -102,16 +95,10 @@ def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, 
     return ContextGain(evals, pairs, {role: training_of(ev) for role, ev in evals.items()})
 
 
-def _model_dir(ev: EvalResult) -> Path | None:
-    d = ev.summary.get("checkpoint", {}).get("model_dir")
-    return Path(d).resolve() if d else None
-
-
-def _init_is(init: str | None, model_dir: Path) -> bool:
-    if not init:
-        return False
-    p = Path(os.path.expandvars(init)).resolve()
-    return model_dir in (p, (p / "model").resolve())
+def _init_is(init: str | None, model_dir: str) -> bool:
+    """Whether a run's `model.init` is `model_dir` (or the export folder holding it as model/)."""
+    p = Path(os.path.expandvars(init)).resolve() if init else None
+    return p is not None and Path(model_dir).resolve() in (p, (p / "model").resolve())
 
 
 def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalResult] | None:
@@ -119,8 +106,7 @@ def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalRes
     (`model.init`), at different contexts; None if there is none."""
     runs = {id(ev): t for ev in evals if (t := training_of(ev)) is not None}  # the evals whose run is readable
     for base in evals:
-        model_dir = _model_dir(base)
-        if model_dir is None:
+        if not (model_dir := base.summary.get("checkpoint", {}).get("model_dir")):
             continue
         tuned = [ev for ev in evals if ev is not base and id(ev) in runs and _init_is(runs[id(ev)].init, model_dir)]
         if len(tuned) == 2 and runs[id(tuned[0])].seq_len != runs[id(tuned[1])].seq_len:
@@ -147,16 +133,6 @@ def _verdict(o: dict, evidence: str = "these windows") -> str:
     return words[change_in_words(o.get("rel_ci_low"), o.get("rel_ci_high"))]
 
 
-def seeds_reading(seeds: CompareResult) -> str:
-    """One sentence on a replicate compare of short (A) and long (B) fine-tunes over training seeds."""
-    rep = seeds.result["replicates"]
-    o = rep["overall"]
-    per = ", ".join(_pct(p) for p in rep["pairs"])
-    text = (f"Over {rep['n']} training seeds of both fine-tunes, long vs short is {per} seed by seed and "
-            f"{_pct(o)} pooled (95% CI over seeds and then windows {rel_ci_text(o)})")
-    return text + _verdict(o, "these seeds and windows")
-
-
 def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
     """The fine-tunes against the base and each other; with `seeds` (a replicate compare of the short
     and long fine-tunes) a second sentence on long vs short pooled over the seeds."""
@@ -164,11 +140,13 @@ def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
     text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
             f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})") + _verdict(ls)
-    return text if seeds is None else f"{text} {seeds_reading(seeds)}"
-
-
-def _trained(t: Training | None) -> str:
-    return "-" if t is None else f"{t.tokens:,} @ {t.seq_len:,}"
+    if seeds is None:
+        return text
+    rep = seeds.result["replicates"]
+    o = rep["overall"]
+    return (f"{text} Over {rep['n']} training seeds of both fine-tunes, long vs short is "
+            f"{', '.join(_pct(p) for p in rep['pairs'])} seed by seed and {_pct(o)} pooled (95% CI over seeds and "
+            f"then windows {rel_ci_text(o)})" + _verdict(o, "these seeds and windows"))
 
 
 def _bits(x, spec: str = ".4f") -> str:
@@ -185,7 +163,9 @@ def format_context_gain(gain: ContextGain) -> str:
     for role, name in ROLES.items():
         o = gain.evals[role].summary["overall"]
         ci = f"[{_bits(o['ci_low'])}, {_bits(o['ci_high'])}]"
-        lines.append(f"  {name:<33} {_trained(gain.training.get(role)):>27} {_bits(o['mean_nll']):>10} {ci:>18}")
+        t = gain.training.get(role)
+        trained = "-" if t is None else f"{t.tokens:,} @ {t.seq_len:,}"
+        lines.append(f"  {name:<33} {trained:>27} {_bits(o['mean_nll']):>10} {ci:>18}")
     lines.append(f"  {'paired difference, B - A':<33} {'tokens':>10} {'bits/base':>10} {'95% CI':>20} {'rel %':>7} "
                  f"{'95% CI (%)':>16}")
     for b, a, what in PAIRS:

@@ -39,8 +39,7 @@ def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
 def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
     """Per eval, left: loss of the fixed targets vs L; right: the paired change from the previous L, the
     panel that says whether added context helps (the left CIs mostly hold variation between windows)."""
-    evals = _with(evals, "context_ablation")
-    if not evals:
+    if not (evals := _with(evals, "context_ablation")):
         return None
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     ax, dx = fig.subplots(1, 2)
@@ -72,8 +71,7 @@ def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
 
 def context_ablation_table(evals: list[EvalResult]) -> str | None:
     """Per eval and L: mean loss with CI, and the paired change from the previous L (same tokens)."""
-    evals = _with(evals, "context_ablation")
-    if not evals:
+    if not (evals := _with(evals, "context_ablation")):
         return None
     rows = []
     for ev in evals:
@@ -90,8 +88,7 @@ def context_ablation_table(evals: list[EvalResult]) -> str | None:
 
 def context_ablation_reading(evals: list[EvalResult]) -> str | None:
     """Per eval, the paired change from the shortest L to the longest (`span`, else the first step)."""
-    evals = _with(evals, "context_ablation")
-    if not evals:
+    if not (evals := _with(evals, "context_ablation")):
         return None
     parts = []
     for ev in evals:
@@ -128,8 +125,7 @@ def _bars(evals: list[EvalResult], section: str, names: tuple, ticks: list[str],
 
 def plot_strands(evals: list[EvalResult]) -> Figure | None:
     """Per eval: overall loss on the forward strand, the reverse complement and both, with 95% CIs."""
-    evals = _with(evals, "strands")
-    if not evals:
+    if not (evals := _with(evals, "strands")):
         return None
     names = ("forward", "reverse", "average")
     fig, ax = _bars(evals, "strands", names, ["forward strand", "reverse complement", "both"], "Both strands")
@@ -141,8 +137,7 @@ def plot_strands(evals: list[EvalResult]) -> Figure | None:
 
 def strands_table(evals: list[EvalResult]) -> str | None:
     """Per eval: loss per strand and pooled, and the per-base agreement (Pearson r, mean |Δ|)."""
-    evals = _with(evals, "strands")
-    if not evals:
+    if not (evals := _with(evals, "strands")):
         return None
     rows = []
     for ev in evals:
@@ -161,8 +156,7 @@ def strands_table(evals: list[EvalResult]) -> str | None:
 
 
 def strands_reading(evals: list[EvalResult]) -> str | None:
-    evals = _with(evals, "strands")
-    if not evals:
+    if not (evals := _with(evals, "strands")):
         return None
     parts = []
     for ev in evals:
@@ -192,8 +186,7 @@ def _classes(ev: EvalResult) -> list[tuple[str, str, dict]]:
 
 def plot_leakage(evals: list[EvalResult]) -> Figure | None:
     """Per eval: loss on tokens inside a training K-mer vs the rest, 95% CIs."""
-    evals = _with(evals, "leakage")
-    if not evals:
+    if not (evals := _with(evals, "leakage")):
         return None
     ticks = ["not in a training K-mer", "in a training K-mer (prepare --leakage-k)"]
     title = "Is the held-out chromosome held out? Loss with and without shared K-mers"
@@ -215,8 +208,7 @@ def strata_table(evals: list[EvalResult]) -> str | None:
 
 
 def leakage_reading(evals: list[EvalResult]) -> str | None:
-    evals = _with(evals, "leakage")
-    if not evals:
+    if not (evals := _with(evals, "leakage")):
         return None
     lk = evals[0].summary["leakage"]
     masked, unmasked = lk["masked"]["overall"]["n_tokens"], lk["unmasked"]["overall"]["n_tokens"]

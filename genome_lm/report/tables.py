@@ -47,10 +47,8 @@ def _rows(table: dict) -> list[dict]:
 def bucket_table(ev: EvalResult) -> str:
     """Per bucket: tokens, windows, nats/token, bits/base and the 95% CI (bits/base)."""
     s = ev.summary
-    rows = []
-    for b in _rows(s):
-        rows.append([_label(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")), _num(b["mean_nll"]),
-                     _num(b["bits_per_base"]), _range(_bits(b["ci_low"]), _bits(b["ci_high"]))])
+    rows = [[_label(b), f"{b['n_tokens']:,}", str(b.get("n_windows", "")), _num(b["mean_nll"]),
+             _num(b["bits_per_base"]), _range(_bits(b["ci_low"]), _bits(b["ci_high"]))] for b in _rows(s)]
     cfg = s.get("config", {})
     caption = (f"{ev.label}: loss by preceding context (checkpoint {s.get('checkpoint', {}).get('path', '?')}, "
                f"seq_len {cfg.get('seq_len', '?')}, engine {cfg.get('engine', '?')})")
@@ -75,12 +73,9 @@ def repeat_table(evals: list[EvalResult]) -> str:
 def compare_table(cmp: CompareResult) -> str:
     """Per bucket: A and B in nats/token, B - A, relative change with its paired 95% CI, gain share."""
     r = cmp.result
-    rows = []
-    for b in _rows(r):
-        rows.append([_label(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]),
-                     _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"), _num(b["rel_change_pct"], "{:+.2f}%"),
-                     _range(b["rel_ci_low"], b["rel_ci_high"], "{:+.2f}"),
-                     _num(b.get("gain_share"), "{:.1%}") if b.get("lo") is not None else ""])
+    rows = [[_label(b), f"{b['n_tokens']:,}", _num(b["mean_nll_a"]), _num(b["mean_nll_b"]), _num(b["diff"], "{:+.4f}"),
+             _num(b["rel_change_pct"], "{:+.2f}%"), _range(b["rel_ci_low"], b["rel_ci_high"], "{:+.2f}"),
+             _num(b.get("gain_share"), "{:.1%}") if b.get("lo") is not None else ""] for b in _rows(r)]
     caption = f"{cmp.label}: A = {r['a']['dir']}, B = {r['b']['dir']} (negative change: B has lower loss)"
     return _table(["context (tokens)", "tokens", "A nats/token", "B nats/token", "B - A", "change", "95% CI (%)",
                    "share of gain"], rows, caption)
