@@ -7,6 +7,7 @@ exercised everywhere.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import TYPE_CHECKING, Callable
 
@@ -104,15 +105,9 @@ def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
     return out
 
 
-_OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _stream_for(device: torch.device):
-    if device.type != "cuda":
-        return None
-    if device not in _OFFLOAD_STREAM:
-        _OFFLOAD_STREAM[device] = torch.cuda.Stream(device)
-    return _OFFLOAD_STREAM[device]
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
 class _Parked(list):
