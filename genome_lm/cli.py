@@ -256,22 +256,23 @@ def storage_message(e: OSError, out: str | None = None) -> str:
 
 def _kept(args) -> str:
     """What a fetch, an eval or a score that stopped early keeps for a rerun."""
-    if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
-        parts = sorted(p.name for p in Path(args.out).glob("*.part"))
-        return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
+    out = getattr(args, "out", None)
+    if not out or args.command not in ("fetch", "score", "eval"):
+        return ""
+    if args.command == "fetch":
+        parts = sorted(p.name for p in Path(out).glob("*.part"))
+        return (f"; {', '.join(parts)} in {out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
-    if args.command == "score" and getattr(args, "out", None):
+    if args.command == "score":
         from genome_lm.score.outputs import work_dir_for
 
-        done = work_dir_for(Path(args.out)) / "done"
+        done = work_dir_for(Path(out)) / "done"
         n = len(list(done.iterdir())) if done.is_dir() else 0
         return (f"; the {n} region(s) scored so far are kept in {done.parent}, and the same score command resumes "
                 "from them") if n else ""
-    if args.command != "eval" or not getattr(args, "out", None):
-        return ""
     from genome_lm.eval.cache import cache_dir_for
 
-    cache = cache_dir_for(Path(args.out))
+    cache = cache_dir_for(Path(out))
     n = len(list(cache.glob("w*.npz"))) if cache.is_dir() else 0
     return (f"; the {n} window(s) scored so far are kept in {cache}, and the same eval command resumes from them "
             "(delete it to start over)") if n else ""

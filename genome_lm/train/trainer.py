@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from genome_lm.config import ExperimentConfig, parse_experiment
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.loss import IGNORE_INDEX
@@ -33,7 +33,7 @@ from genome_lm.progress import Bar, progress
 from genome_lm.tf32 import set_tf32
 from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
-from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
+from genome_lm.train.guard import Preemption, Watchdog
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
@@ -167,10 +167,6 @@ class Run(StepParts):
     worker: WorkerContext  # what the launcher told this process (attempt, restarts, files)
     unlogged: dict = field(default_factory=dict)  # checkpoint writes completed at steps not logged
 
-    @property
-    def ckpt_dir(self) -> Path:
-        return self.rd.path / "checkpoints"
-
 
 def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume: bool,
               show_progress: bool | None, worker: WorkerContext) -> Run:
@@ -293,7 +289,7 @@ def handle_nonfinite(run: Run, record: dict) -> None:
     if run.cfg.train.on_nonfinite == "stop":
         run.metrics.write(record)
         run.checkpoints.wait()
-        last = latest_checkpoint(run.ckpt_dir)
+        last = latest_checkpoint(run.checkpoints.ckpt_dir)
         raise GenomeLMError(
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} "
             f"(loss {loss}, grad norm {grad_norm}); stopped without updating the weights. Last good "
@@ -338,8 +334,8 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     callbacks.after_step(step, par.rank, run.worker.attempt)
     if preempted:
         why = stop.requested() or "a preemption signal on another rank"
-        raise Preempted(f"stopped on {why} at step {step}: checkpoint {run.ckpt_dir / f'step_{step:08d}'} is "
-                        f"complete (exit code {EXIT_PREEMPTED})")
+        raise Preempted(f"stopped on {why} at step {step}: checkpoint "
+                        f"{run.checkpoints.ckpt_dir / f'step_{step:08d}'} is complete (exit code {EXIT_PREEMPTED})")
     return record
 
 
@@ -370,7 +366,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
         finish_run(run, stop, dog, outcome)
     if record:
         log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
-                 run.ckpt_dir)
+                 run.checkpoints.ckpt_dir)
     return record
 
 
@@ -390,9 +386,8 @@ def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -
             discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)
 
 
-def _worker(cfg_json: dict, out: str | None, resume: bool, device=None, worker: WorkerContext | None = None) -> dict:
+def _worker(cfg_json: dict, out: str | None, resume: bool, device, worker: WorkerContext) -> dict:
     """Every worker of a training launch; after a restart the run resumes from its newest checkpoint."""
-    worker = worker or WorkerContext()
     return train(parse_experiment(cfg_json), out=out, resume=resume or worker.attempt > 0, device=device,
                  worker=worker)
 
