@@ -80,8 +80,7 @@ def check_count(nproc: int, what: str = "processes") -> None:
 
 
 def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContext:
-    """Count this rank's start (its attempt) and record its node. A restarted worker raises an earlier
-    attempt's user error again; rank 0 logs what ended the last."""
+    """Count this rank's start (its attempt) and record its node."""
     starts = Path(error_dir, "starts")
     starts.mkdir(exist_ok=True)
     counter = starts / f"rank_{rank:05d}"
@@ -91,16 +90,6 @@ def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContex
     folder = Path(error_dir, f"attempt_{attempt}")
     folder.mkdir(exist_ok=True)
     (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
-    for k in range(attempt):
-        for left in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
-            found = json.loads(left.read_text())
-            if found.get("user"):
-                raise GenomeLMError(found["message"])
-    if attempt and rank == 0:
-        what = attempt_failure(Path(error_dir, f"attempt_{attempt - 1}"), int(os.environ.get("WORLD_SIZE", "1")))
-        said = f"rank {what[1]} on {what[2]}: {what[3]}" if what else "a worker stopped (no message)"
-        log.warning("restart %d of %d: %s; %d restart(s) left; resuming from the newest complete checkpoint",
-                    attempt, max_restarts, said, max_restarts - attempt)
     return WorkerContext(rank, attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
 
 
@@ -120,6 +109,8 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
     try:
         if error_dir:
             worker = _start_attempt(error_dir, rank, max_restarts)
+            if worker.attempt:
+                _after_restart(error_dir, worker.attempt, rank, max_restarts)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
@@ -131,6 +122,21 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
         if not (user or preempted):
             traceback.print_exc()
         raise
+
+
+def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -> None:
+    """A restarted worker raises an earlier attempt's user error again; rank 0 logs what ended the last."""
+    for k in range(attempt):
+        for f in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
+            found = json.loads(f.read_text())
+            if found.get("user"):
+                raise GenomeLMError(found["message"])
+    if rank == 0:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        what = attempt_failure(Path(error_dir, f"attempt_{attempt - 1}"), world)
+        said = f"rank {what[1]} on {what[2]}: {what[3]}" if what else "a worker stopped (no message)"
+        log.warning("restart %d of %d: %s; %d restart(s) left; resuming from the newest complete checkpoint",
+                    attempt, max_restarts, said, max_restarts - attempt)
 
 
 def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0):
