@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
@@ -130,41 +131,34 @@ class DemoParams(Params):
                                  "fine-tunes with those seeds and compares them pooled over seeds (docs/demo.md)")
 
 
-def _demo(args) -> None:
+def _demo(p: DemoParams) -> None:
     from genome_lm.demo import run
 
-    p = from_args(DemoParams, args)
     run(Path(p.root), quick=p.quick, overrides=p.overrides)
 
 
-def _synth(args) -> None:
+def _synth(out: SynthOutput, params) -> None:
     from genome_lm.genome.synth_files import write_synthetic_fasta
-    from genome_lm.genome.synth_params import SynthParams
 
-    p = from_args(SynthOutput, args)
-    write_synthetic_fasta(p.out, scale=p.scale, seed=p.seed, overwrite=p.overwrite,
-                          params=from_args(SynthParams, args))
+    write_synthetic_fasta(out.out, scale=out.scale, seed=out.seed, overwrite=out.overwrite, params=params)
 
 
-def _fetch(args) -> None:
-    from genome_lm.genome.fetch import FetchParams, fetch_chromosomes
+def _fetch(p) -> None:
+    from genome_lm.genome.fetch import fetch_chromosomes
 
-    p = from_args(FetchParams, args)
     fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)
 
 
-def _prepare(args) -> None:
-    from genome_lm.genome.prepare import PrepareParams, prepare
+def _prepare(params, out: PrepareOutput) -> None:
+    from genome_lm.genome.prepare import prepare
 
-    out = from_args(PrepareOutput, args)
-    prepare(from_args(PrepareParams, args), out.out, overwrite=out.overwrite)
+    prepare(params, out.out, overwrite=out.overwrite)
 
 
-def _train(args) -> None:
+def _train(p: TrainParams, run: Launch) -> None:
     from genome_lm.config import load_experiment
     from genome_lm.train import train
 
-    p, run = from_args(TrainParams, args), from_args(Launch, args)
     cfg = load_experiment(p.experiment, p.overrides)
     if run.dry_run:
         from genome_lm.plan.dry_run import train_dry_run
@@ -199,23 +193,18 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
           f"(genome-lm plan {p.experiment} for the breakdown)")
 
 
-def _export(args) -> None:
+def _export(p: ExportParams) -> str:
     from genome_lm.train.export import export_checkpoint
 
-    p = from_args(ExportParams, args)
-    out = export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)
-    print(f"export: {out}")
+    return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"
 
 
-def _eval(args) -> None:
-    from genome_lm.eval.config import EvalConfig
-
-    cfg, run = from_args(EvalConfig, args), from_args(Launch, args)
+def _eval(cfg, run: Launch) -> str | None:
     if run.dry_run:
         from genome_lm.plan.dry_run import eval_dry_run
 
         eval_dry_run(cfg, world=run.nproc)
-        return
+        return None
     if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.eval.run import launch
 
@@ -226,41 +215,34 @@ def _eval(args) -> None:
         s = evaluate(cfg)
     from genome_lm.eval.text import format_summary
 
-    print(format_summary(s, cfg.out))
+    return format_summary(s, cfg.out)
 
 
-def _score(args) -> None:
-    from genome_lm.score.params import ScoreParams
-
-    p, run = from_args(ScoreParams, args), from_args(Workers, args)
+def _score(p, run: Workers) -> str:
     from genome_lm.score.run import launch, score
 
     s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
-    print(f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
-          + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
-             if s["longer_than_trained"] else ""))
+    return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
+            + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
+               if s["longer_than_trained"] else ""))
 
 
-def _compare(args) -> None:
+def _compare(p: CompareParams) -> str:
     from genome_lm.eval import format_table, write_compare
 
-    p = from_args(CompareParams, args)
-    print(format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite)))
+    return format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite))
 
 
-def _report(args) -> None:
+def _report(p: ReportParams) -> str:
     from genome_lm.report import write_report
 
-    p = from_args(ReportParams, args)
-    print(f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}")
+    return f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}"
 
 
-def _variants(args) -> None:
-    from genome_lm.score.params import VariantsParams
+def _variants(p) -> str:
     from genome_lm.score.variants import format_summary, run_variants
 
-    p = from_args(VariantsParams, args)
-    print(format_summary(run_variants(p), p.out))
+    return format_summary(run_variants(p), p.out)
 
 
 def storage_message(e: OSError, out: str | None = None) -> str:
@@ -274,22 +256,23 @@ def storage_message(e: OSError, out: str | None = None) -> str:
 
 def _kept(args) -> str:
     """What a fetch, an eval or a score that stopped early keeps for a rerun."""
-    if args.command == "fetch" and getattr(args, "out", None) and Path(args.out).is_dir():
-        parts = sorted(p.name for p in Path(args.out).glob("*.part"))
-        return (f"; {', '.join(parts)} in {args.out} (the bytes received) are kept, and the same fetch command "
+    out = getattr(args, "out", None)
+    if not out or args.command not in ("fetch", "score", "eval"):
+        return ""
+    if args.command == "fetch":
+        parts = sorted(p.name for p in Path(out).glob("*.part"))
+        return (f"; {', '.join(parts)} in {out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
-    if args.command == "score" and getattr(args, "out", None):
+    if args.command == "score":
         from genome_lm.score.run import work_dir_for
 
-        done = work_dir_for(Path(args.out)) / "done"
+        done = work_dir_for(Path(out)) / "done"
         n = len(list(done.iterdir())) if done.is_dir() else 0
         return (f"; the {n} region(s) scored so far are kept in {done.parent}, and the same score command resumes "
                 "from them") if n else ""
-    if args.command != "eval" or not getattr(args, "out", None):
-        return ""
     from genome_lm.eval.outputs import cache_dir_for
 
-    cache = cache_dir_for(Path(args.out))
+    cache = cache_dir_for(Path(out))
     n = len(list(cache.glob("w*.npz"))) if cache.is_dir() else 0
     return (f"; the {n} window(s) scored so far are kept in {cache}, and the same eval command resumes from them "
             "(delete it to start over)") if n else ""
@@ -297,12 +280,12 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: its function (or "module:function", called with the parameters of its first model and
-    its result printed unless None), help, and parameter models (a class, or "module:Class" imported only
-    when its parser is built). `files`: the model `--config` and `--set` fill (with no flags of its own
-    when it is not one of `models`)."""
+    """A subcommand: its function (or "module:function"), called with one parameter model of each of
+    `models` (then `files`, when not one of them) and its result printed unless None; help; parameter
+    models (a class, or "module:Class" imported only when its parser is built). `files`: the model
+    `--config` and `--set` fill (with no flags of its own when it is not one of `models`)."""
 
-    run: Callable[[argparse.Namespace], None] | str
+    run: Callable[..., str | None] | str
     help: str
     models: tuple[type[Params] | str, ...] = ()
     files: str | None = None
@@ -342,17 +325,17 @@ COMMANDS = {
 }
 
 
-def _model(ref: type[Params] | str) -> type[BaseModel]:
-    if isinstance(ref, type):
+def _model(ref: Any) -> Any:
+    """A class or function, or the one "module:name" names."""
+    if not isinstance(ref, str):
         return ref
     module, name = ref.split(":")
     return getattr(import_module(module), name)
 
 
-def _run_library(command: Command, args: argparse.Namespace) -> None:
-    assert isinstance(command.run, str), "a command whose run is a library function's name"
-    module, name = command.run.split(":")
-    result = getattr(import_module(module), name)(*[from_args(_model(m), args) for m in command.models[:1]])
+def _call(command: Command, args: argparse.Namespace) -> None:
+    refs = [*command.models, *([command.files] if command.files not in (None, *command.models) else [])]
+    result = _model(command.run)(*[from_args(_model(ref), args) for ref in refs])
     if result is not None:
         print(result)
 
@@ -368,7 +351,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
-        p.set_defaults(func=partial(_run_library, command) if isinstance(command.run, str) else command.run, parser=p)
+        p.set_defaults(func=partial(_call, command), parser=p)
         if argv is not None and name != named:
             continue
         for ref in command.models:

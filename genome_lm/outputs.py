@@ -72,17 +72,6 @@ def _contains(folder: Path, path: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def _never_replaced(resolved: Path) -> str | None:
-    """What `resolved` is when it is a place no --overwrite may replace, else None."""
-    if resolved == Path.home().resolve():
-        return "your home directory"
-    if resolved.parent == resolved:
-        return "a filesystem root"
-    if _contains(resolved, Path.cwd().resolve()):
-        return "the working directory or one of its parents"
-    return None
-
-
 def what_it_is(path: Path) -> str:
     """A few words for what `path` holds, for refusals."""
     if not path.is_dir():
@@ -242,7 +231,10 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     if not overwrite and not empty:
         raise GenomeLMError(f"{option} {out} already exists; pass --overwrite to replace it or choose another {option}")
     resolved = out.resolve()
-    if (place := _never_replaced(resolved)) is not None:
+    place = ("your home directory" if resolved == Path.home().resolve() else "a filesystem root"
+             if resolved.parent == resolved else "the working directory or one of its parents"
+             if _contains(resolved, Path.cwd().resolve()) else None)  # what no --overwrite may replace
+    if place is not None:
         raise GenomeLMError(f"{option} {out} is {place}; --overwrite would delete it: choose a new folder for {option}")
     if os.path.ismount(resolved):
         raise GenomeLMError(f"{option} {out} is a mount point; an output is built beside it and renamed into place, "

@@ -180,7 +180,7 @@ def test_sigterm_stops_a_command_in_one_line(tmp_path, monkeypatch, capsys):
     import genome_lm.cli as cli
 
     monkeypatch.setitem(cli.COMMANDS, "synth", dataclasses.replace(
-        cli.COMMANDS["synth"], run=lambda args: os.kill(os.getpid(), signal.SIGTERM)))
+        cli.COMMANDS["synth"], run=lambda *params: os.kill(os.getpid(), signal.SIGTERM)))
     assert main(["synth", "--out", str(tmp_path / "s.fa.gz")]) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.strip().splitlines() == ["genome-lm synth: terminated (SIGTERM)"]
 

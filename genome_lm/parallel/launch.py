@@ -170,23 +170,19 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
     return "failed", rank, found[rank]["node"], found[rank]["message"]
 
 
-def _worker_error(error_dir: str, world: int, launcher: str, keeps: str) -> Exception | None:
-    """The error of a failed launch's last attempt: a user error as is, a preemption as `Preempted`,
-    else one line naming the rank, its node and its error."""
+def _launch_error(error_dir: str, world: int, launcher: str, keeps: str, otherwise: Exception | None):
+    """The error of a failed launch's last attempt: a user error as is, a preemption as `Preempted`, else
+    one line naming the rank, its node and its error; `otherwise` when no worker left a message."""
     attempts = sorted(Path(error_dir).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
     what = attempt_failure(attempts[-1] if attempts else Path(error_dir, "attempt_0"), world)
     if what is None:
-        return None
+        return otherwise
     kind, rank, node, msg = what
     if kind == "user":
         return GenomeLMError(msg)
     if kind == "preempted":
         return Preempted(msg)
-    return _failed(launcher, rank, f"{msg} (node {node})", keeps)
-
-
-def _failed(launcher: str, rank: int, msg: str, keeps: str) -> GenomeLMError:
-    return GenomeLMError(f"{launcher}: rank {rank} failed: {msg}. {keeps}")
+    return GenomeLMError(f"{launcher}: rank {rank} failed: {msg} (node {node}). {keeps}")
 
 
 def free_port() -> int:
@@ -231,15 +227,14 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
         results = elastic_launch(config, elastic_worker)(job.fn, job.args, error_dir, callbacks.installed(),
                                                          max_restarts)
     except (ChildFailedError, SignalException) as e:
-        err = _worker_error(error_dir, nproc, f"--nproc {nproc}", job.keeps)
-        if err is None:
-            if isinstance(e, SignalException):
-                err = Preempted(f"the launcher got {signal.Signals(e.sigval).name} before the workers started "
-                                "training")
-            else:
-                rank, failure = min(e.failures.items())
-                err = _failed(f"--nproc {nproc}", rank, f"exited with code {failure.exitcode}", job.keeps)
-        raise err from None
+        if isinstance(e, SignalException):
+            otherwise: Exception = Preempted(f"the launcher got {signal.Signals(e.sigval).name} before the workers "
+                                             "started training")
+        else:
+            rank, failure = min(e.failures.items())
+            otherwise = GenomeLMError(f"--nproc {nproc}: rank {rank} failed: exited with code {failure.exitcode}. "
+                                      f"{job.keeps}")
+        raise _launch_error(error_dir, nproc, f"--nproc {nproc}", job.keeps, otherwise) from None
     finally:
         elastic_log.setLevel(level)
         shutil.rmtree(error_dir, ignore_errors=True)
@@ -304,24 +299,6 @@ def _ray_init(address: str | None, nproc: int | None):
                             "there, or give no address for a local instance") from None
 
 
-def ray_workers(job: Job, nproc: int | None) -> tuple[int, bool]:
-    """(workers, use_gpu): --nproc, else the job's default, else one per GPU of the cluster."""
-    import ray
-
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    nproc = nproc if nproc is not None else job.default_workers
-    if nproc is None:
-        if not gpus:
-            raise GenomeLMError(f"--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N"
-                                f"{job.workers_hint}")
-        nproc = gpus
-    check_count(nproc, "workers")
-    job.layout(nproc)
-    if gpus and nproc > gpus:
-        raise GenomeLMError(f"--ray: {nproc} workers need {nproc} GPUs, the cluster has {gpus}")
-    return nproc, gpus > 0
-
-
 def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_restarts: int = 0) -> None:
     """Run `job` under Ray Train's TorchTrainer; SIGTERM or SIGUSR1 to this process create the launch's
     stop file, which every worker reads at its next step boundary."""
@@ -332,10 +309,19 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_
     if address:
         _check_reachable(address)
     _ray_init(address, nproc)
+    import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    workers, use_gpu = ray_workers(job, nproc)
+    gpus = int(ray.cluster_resources().get("GPU", 0))  # workers: --nproc, the job's default, or one per GPU
+    workers = nproc if nproc is not None else job.default_workers or gpus
+    if not workers:
+        raise GenomeLMError(f"--ray: the cluster has no GPUs; give the number of CPU workers with --nproc N"
+                            f"{job.workers_hint}")
+    job.layout(workers)
+    if gpus and workers > gpus:
+        raise GenomeLMError(f"--ray: {workers} workers need {workers} GPUs, the cluster has {gpus}")
+    use_gpu = gpus > 0
     job.work_dir.mkdir(parents=True, exist_ok=True)  # on the filesystem every worker sees: so are their messages
     error_dir = tempfile.mkdtemp(prefix=".errors-", dir=job.work_dir)
     env = {k: os.environ.get(k) for k in FORWARDED_ENV}
@@ -355,17 +341,14 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_
     old = {sig: signal.signal(sig, lambda signum, frame: _ask_workers_to_stop(stop, signum)) for sig in PREEMPT_SIGNALS}
     try:
         trainer.fit()
-        err = _worker_error(error_dir, workers, "--ray", job.keeps) if stop.exists() else None
-        if err is not None:
+        if stop.exists() and (err := _launch_error(error_dir, workers, "--ray", job.keeps, None)) is not None:
             raise err
     except Exception as e:  # Ray wraps worker errors (TrainingFailedError, WorkerGroupError, ...)
         if isinstance(e, (GenomeLMError, Preempted)):
             raise
-        err = _worker_error(error_dir, workers, "--ray", job.keeps)
-        if err is None:
-            err = GenomeLMError(f"--ray: a worker failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}. "
-                                f"{job.keeps}")
-        raise err from None
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise _launch_error(error_dir, workers, "--ray", job.keeps,
+                            GenomeLMError(f"--ray: a worker failed: {said}. {job.keeps}")) from None
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -60,7 +60,6 @@ class ParallelContext:
 
     world: int = 1
     rank: int = 0
-    local_rank: int = 0
     dp: int = 1
     cp: int = 1
     device: torch.device = torch.device("cpu")
@@ -206,7 +205,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
-    par = ParallelContext(world=world, rank=rank, local_rank=local_rank, dp=dp, cp=cp, device=device, mesh=mesh,
+    par = ParallelContext(world=world, rank=rank, dp=dp, cp=cp, device=device, mesh=mesh,
                           ep=ep, reduce_dtype=parallel_cfg.reduce_dtype,
                           backward_prefetch=parallel_cfg.backward_prefetch, owns_process_group=owns)
     par.ep_mesh  # created now, by every rank together

@@ -209,9 +209,8 @@ def state_bytes(tree) -> int:
 
 def export_bytes(model, dtype: torch.dtype | None) -> int:
     """Bytes of `model/`: every parameter and buffer at its global shape, in `dtype` (None: as held)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * (t.element_size() if dtype is None or not t.is_floating_point()
-                            else torch.tensor([], dtype=dtype).element_size()) for t in tensors)
+    return sum(t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() else t.element_size())
+               for t in [*model.parameters(), *model.buffers()])
 
 
 @dataclass
@@ -299,11 +298,9 @@ class CheckpointManager:
             if self.par.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
-        timings["checkpoint_stall_s"] = time.perf_counter() - t0
         if wait:
-            self.staged()
             timings.update(self.wait())
-            timings["checkpoint_stall_s"] = time.perf_counter() - t0
+        timings["checkpoint_stall_s"] = time.perf_counter() - t0
         return timings
 
     def _start(self, state: dict, tmp: Path, final: Path, step: int, info: dict) -> None:

@@ -92,23 +92,17 @@ class SequenceStream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self.epoch)
 
-    def _advance(self) -> tuple[int, int, int]:
-        """Move to the next piece; return its (row, offset, length)."""
-        if self.index >= len(self._order):
-            self.epoch += 1
-            self.index = 0
-            self._order = self._permutation(self.epoch)
-        row, offset, length = self.pieces[self._order[self.index]].tolist()
-        self.index += 1
-        return row, offset, length
-
     def next_batch(self, micro_batch: int = 1, part: int = 0, parts: int = 1) -> dict[str, torch.Tensor]:
         """input_ids, labels: int64 [B, T] with T the longest piece of the batch. Data parallel: of
         `micro_batch * parts` pieces drawn, this caller gets those of `part` (the others skipped unread),
         so a run resumes on any number of parts (parts=1, micro_batch=2 reads what parts=2 do)."""
         pieces = []
         for i in range(micro_batch * parts):
-            row, offset, length = self._advance()
+            if self.index >= len(self._order):  # the next epoch
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            row, offset, length = self.pieces[self._order[self.index]].tolist()
+            self.index += 1
             if i // micro_batch == part:
                 pieces.append(self.ds[row]["tokens"][offset : offset + length])
         T = max(len(p) for p in pieces)

@@ -16,10 +16,7 @@ import time
 from types import FrameType
 from typing import Any, Callable, Sequence
 
-from genome_lm.errors import EXIT_PREEMPTED, Preempted
 from genome_lm.parallel.launch import WorkerContext
-
-__all__ = ["EXIT_HUNG", "EXIT_PREEMPTED", "Preempted", "Preemption", "Watchdog"]
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +64,25 @@ class Watchdog:
     begun the step and which are inside it (each rank records its steps in the process group's
     store). Armed after two steps; paused while a checkpoint is written (`paused()`)."""
 
-    def __init__(self, par, factor: float, min_s: float, worker: WorkerContext | None = None, poll_s: float = 0.5,
-                 on_abort=None):
+    def __init__(self, par, factor: float, min_s: float, worker: WorkerContext):
         import torch.distributed as dist
 
-        self.par, self.factor, self.min_s, self.poll_s = par, factor, min_s, poll_s
-        worker = worker or WorkerContext()
+        self.par, self.factor, self.min_s, self.worker = par, factor, min_s, worker
         self.prefix = f"genome_lm/watchdog/{worker.attempt}"
-        self.store = dist.distributed_c10d._get_default_store() if par.distributed else None
+        self.store = dist.distributed_c10d._get_default_store()  # a distributed run's (the only one watched)
         self.times: list[float] = []
         self.step, self.last_end, self.pause_depth = 0, time.monotonic(), 0
-        self.on_abort = on_abort or (lambda message: _abort(message, worker))
         self._stop = threading.Event()
-        self._set("host", socket.gethostname())
-        self._set("begun", "0")
-        self._set("done", "0")
+        for what, value in (("host", socket.gethostname()), ("begun", "0"), ("done", "0")):
+            self._set(what, value)
         self.thread = threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True)
         self.thread.start()
 
     def _set(self, what: str, value: str) -> None:
-        if self.store is not None:
-            self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
+        self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
 
     def _get(self, what: str, rank: int) -> str | None:
         key = f"{self.prefix}/{what}/{rank}"
-        assert self.store is not None  # a run of one process asks nothing
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def begin(self, step: int) -> None:
@@ -112,30 +103,29 @@ class Watchdog:
             self.pause_depth -= 1
             self.last_end = time.monotonic()
 
-    def limit(self) -> float | None:
-        if len(self.times) < 2:
-            return None
-        return max(self.min_s, self.factor * statistics.median(self.times))
-
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            limit = self.limit()
+        while not self._stop.wait(0.5):
             waited = time.monotonic() - self.last_end
-            if limit is not None and not self.pause_depth and waited > limit:
-                self.on_abort(self.describe(waited, limit))
-                return
+            if len(self.times) < 2 or self.pause_depth:
+                continue
+            limit = max(self.min_s, self.factor * statistics.median(self.times))
+            if waited > limit:
+                message = self.describe(waited, limit)
+                log.error("%s", message)
+                self.worker.record_failure(message)
+                sys.stderr.flush()
+                sys.stdout.flush()
+                os._exit(EXIT_HUNG)
 
     def describe(self, waited: float, limit: float) -> str:
         """One line: the step, the time, the ranks that have not begun it and those inside it."""
-        step = max(self.step, int(self._done(self.par.rank) or 0) + 1)
+        step = max(self.step, int(self._get("done", self.par.rank) or 0) + 1)
         head = (f"watchdog: step {step} has not finished on rank {self.par.rank} after {waited:.1f} s "
                 f"(limit {limit:.1f} s = max({self.min_s:g} s, {self.factor:g} x the median step time "
                 f"{statistics.median(self.times):.2f} s))")
-        if self.store is None:
-            return head
         missing, inside = [], []
         for r in range(self.par.world):
-            begun, done = int(self._get("begun", r) or 0), int(self._done(r) or 0)
+            begun, done = int(self._get("begun", r) or 0), int(self._get("done", r) or 0)
             where = f"rank {r} on {self._get('host', r) or '?'} (last finished step {done})"
             if begun < step:
                 missing.append(where)
@@ -146,16 +136,6 @@ class Watchdog:
             parts.append(f"inside step {step} (waiting, or stuck in a collective or device): {', '.join(inside)}")
         return f"{head}; {'; '.join(parts)}; aborting so the launcher restarts the run from its newest checkpoint"
 
-    def _done(self, rank: int) -> str | None:
-        return self._get("done", rank) if self.store is not None else str(self.step - 1)
-
     def close(self) -> None:
         self._stop.set()
 
-
-def _abort(message: str, worker: WorkerContext) -> None:
-    log.error("%s", message)
-    worker.record_failure(message)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(EXIT_HUNG)

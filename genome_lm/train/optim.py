@@ -48,14 +48,6 @@ class AdamW(torch.optim.Optimizer):
                 if key in state and state[key].dtype != self.state_dtype:
                     state[key] = state[key].to(self.state_dtype)
 
-    def _state(self, p: torch.Tensor) -> dict:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
-        return state
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -68,7 +60,12 @@ class AdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self._state(p)
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
+                                                           memory_format=torch.preserve_format)
                 state["step"] += 1
                 step = state["step"].item()
                 param, grad = _local(p), _local(p.grad)

@@ -7,8 +7,9 @@ exercised everywhere.
 
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -104,15 +105,9 @@ def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
     return out
 
 
-_OFFLOAD_STREAM: dict[torch.device, torch.cuda.Stream] = {}
-
-
+@functools.cache
 def _stream_for(device: torch.device):
-    if device.type != "cuda":
-        return None
-    if device not in _OFFLOAD_STREAM:
-        _OFFLOAD_STREAM[device] = torch.cuda.Stream(device)
-    return _OFFLOAD_STREAM[device]
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
 class _Parked(list):
@@ -183,22 +178,16 @@ class _OffloadedRecompute(_ModuleMixin):
         inner = super().forward
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
-        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        tensor_kw = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-        tensors = [args[i] for i in tensor_pos] + [kwargs[k] for k in tensor_kw]
+        template: dict[Any, Any] = {**dict(enumerate(args)), **kwargs}  # positions and names -> arguments
+        slots = [k for k, v in template.items() if isinstance(v, torch.Tensor)]
         # The replay closure must not hold the tensors themselves: the saved copy lives in host
         # memory and the device tensor has to be free to go after the forward.
-        arg_template = [None if i in tensor_pos else a for i, a in enumerate(args)]
-        kw_template = {k: (None if k in tensor_kw else v) for k, v in kwargs.items()}
-        returns_tuple = []
+        tensors = [template.pop(k) for k in slots]
+        n_args, returns_tuple = len(args), []
 
         def run(*ts):
-            a, kw = list(arg_template), dict(kw_template)
-            for i, t in zip(tensor_pos, ts[: len(tensor_pos)]):
-                a[i] = t
-            for k, t in zip(tensor_kw, ts[len(tensor_pos):]):
-                kw[k] = t
-            out = inner(*a, **kw)
+            full = {**template, **dict(zip(slots, ts))}
+            out = inner(*[full[i] for i in range(n_args)], **{k: v for k, v in full.items() if isinstance(k, str)})
             returns_tuple.append(isinstance(out, tuple))
             return out
 

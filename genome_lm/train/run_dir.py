@@ -42,12 +42,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def changes(stored: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(key, old, new) for every dotted key whose value differs, in the new config's order."""
     old, cur = flatten(stored), flatten(new)
-    keys = list(cur) + [k for k in old if k not in cur]
-    return [(k, old.get(k), cur.get(k)) for k in keys if _norm(old.get(k)) != _norm(cur.get(k))]
-
-
-def _norm(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+    return [(k, old.get(k), cur.get(k)) for k in {**cur, **old} if old.get(k) != cur.get(k)]
 
 
 def taken(key: str) -> bool:
@@ -93,17 +88,6 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
     return found
 
 
-def record_resume(run_dir: Path, cfg: ExperimentConfig, found: list) -> None:
-    """Keep the earlier config as `config.resume-N.yaml` when anything changed; write the new one."""
-    path = run_dir / "config.yaml"
-    if found:
-        n = 1 + sum(1 for _ in run_dir.glob("config.resume-*.yaml"))
-        path.rename(run_dir / f"config.resume-{n}.yaml")
-        log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
-                 ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in found), n)
-    path.write_text(dump_experiment(cfg))
-
-
 @dataclass
 class RunDir:
     """What `check_run_dir` found, for `write_run_dir`: the checkpoint to resume from (None: a fresh run)
@@ -118,25 +102,22 @@ class RunDir:
     manifest_sha256: str  # of the shards' manifest.json
 
 
-def _written(run_dir: Path):
-    """What a folder holds besides the files a Ray launch makes in it first (`ray/`, `.errors-*`)."""
-    return (c for c in run_dir.iterdir() if c.name != "ray" and not c.name.startswith(".errors-"))
-
-
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
     """Rank 0: refuse a folder that is not a run directory, take the resume decision, and refuse a resume
     with changed settings. Writes nothing; holds the run's lock to the end of the process."""
     lock_output(run_dir, "train")
     marker = read_marker(run_dir) if run_dir.is_dir() else None
     earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
-    if run_dir.exists() and (not run_dir.is_dir() or any(_written(run_dir))) and (
+    written = run_dir.is_dir() and any(c.name != "ray" and not c.name.startswith(".errors-")
+                                       for c in run_dir.iterdir())  # what a Ray launch makes first does not count
+    if run_dir.exists() and (not run_dir.is_dir() or written) and (
             (marker is None and not earlier_run) or (marker is not None and marker["kind"] != "run")):
         raise GenomeLMError(f"--out {run_dir} is {what_it_is(run_dir)}, not a run directory; train writes into a new "
                             "folder or its own run directory: choose another --out")
     latest = resume_from(run_dir, resume)
     per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
     accepted = []
-    data = manifest_sha256(cfg)
+    data = sha256_file(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
         accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
         trained_on = None if marker is None else marker.get("shards_manifest_sha256")
@@ -145,11 +126,6 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
                                 f"their manifest.json had sha256 {trained_on}, now {data}; resume on the shards it "
                                 "was trained on, or train into a new --out")
     return RunDir(run_dir, latest, accepted, marker is None, run_dir.exists(), per_step, data)
-
-
-def manifest_sha256(cfg: ExperimentConfig) -> str:
-    """sha256 of the shards' manifest.json: how a run knows its data set."""
-    return sha256_file(Path(cfg.data.shards) / "manifest.json")
 
 
 def discard_unstarted(rd: RunDir) -> None:
@@ -171,7 +147,10 @@ def write_run_dir(rd: RunDir, cfg: ExperimentConfig) -> None:
     if rd.fresh:
         write_marker(rd.path, "run", [cfg.data.shards], sequences_per_step=rd.sequences_per_step,
                      shards_manifest_sha256=rd.manifest_sha256)
-    if rd.latest is not None:
-        record_resume(rd.path, cfg, rd.accepted)
-    else:
-        (rd.path / "config.yaml").write_text(dump_experiment(cfg))
+    path = rd.path / "config.yaml"
+    if rd.accepted:  # a resume that changed anything keeps the earlier config
+        n = 1 + sum(1 for _ in rd.path.glob("config.resume-*.yaml"))
+        path.rename(rd.path / f"config.resume-{n}.yaml")
+        log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
+                 ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in rd.accepted), n)
+    path.write_text(dump_experiment(cfg))

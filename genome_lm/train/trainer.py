@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from genome_lm.config import ExperimentConfig, parse_experiment
-from genome_lm.errors import GenomeLMError
+from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.loss import IGNORE_INDEX
@@ -33,7 +33,7 @@ from genome_lm.progress import Bar, progress
 from genome_lm.tf32 import set_tf32
 from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
-from genome_lm.train.guard import EXIT_PREEMPTED, Preempted, Preemption, Watchdog
+from genome_lm.train.guard import Preemption, Watchdog
 from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
 from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
@@ -137,12 +137,6 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
-def _micro_batches(stream: SequenceStream, cfg: ExperimentConfig, par: ParallelContext) -> list[dict]:
-    """This replica's micro-batches of the step (all CP ranks of a replica get the same)."""
-    return [{k: v.to(par.device) for k, v in stream.next_batch(cfg.train.micro_batch, par.dp_rank, par.dp).items()}
-            for _ in range(cfg.train.grad_accum)]
-
-
 
 @dataclass
 class StepParts:
@@ -173,10 +167,6 @@ class Run(StepParts):
     worker: WorkerContext  # what the launcher told this process (attempt, restarts, files)
     unlogged: dict = field(default_factory=dict)  # checkpoint writes completed at steps not logged
 
-    @property
-    def ckpt_dir(self) -> Path:
-        return self.rd.path / "checkpoints"
-
 
 def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume: bool,
               show_progress: bool | None, worker: WorkerContext) -> Run:
@@ -200,7 +190,16 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     scheduler = make_scheduler(optimizer, cfg.train)
     checkpoints = CheckpointManager(run_dir / "checkpoints", par, cfg.train.checkpoint_mode,
                                     cfg.train.keep_checkpoints, cfg.train.on_disk_full, tokenizer_from=cfg.model.name)
-    start = _resume(cfg, run_dir, rd, checkpoints, model, optimizer, scheduler, stream)
+    start = 0  # the step to start after: that of the newest checkpoint that loads, when resuming
+    if rd.latest is None:
+        torch.manual_seed(cfg.train.seed)
+    else:
+        start, latest = checkpoints.load_newest(model, optimizer, scheduler, stream)
+        log.info("resumed from %s (step %d)", latest, start)
+        if start >= cfg.train.steps:
+            log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
+                        "(e.g. --set train.steps=%d) to continue it", run_dir, start, cfg.train.steps,
+                        start + cfg.train.steps)
     par.on_main(lambda: write_run_dir(rd, cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
@@ -210,21 +209,6 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
                cfg=cfg, rd=rd, stream=stream, metrics=metrics, start=start, memory=PeakMemory(par.device),
                bar=progress(cfg.train.steps, start, f"train {cfg.name}", "step",
                             disable=not par.is_main or show_progress is False), worker=worker)
-
-
-def _resume(cfg: ExperimentConfig, run_dir: Path, rd: RunDir, checkpoints: CheckpointManager, model, optimizer,
-            scheduler, stream) -> int:
-    """The step to start after: that of the newest checkpoint that loads, when resuming."""
-    if rd.latest is None:
-        torch.manual_seed(cfg.train.seed)
-        return 0
-    start, latest = checkpoints.load_newest(model, optimizer, scheduler, stream)
-    log.info("resumed from %s (step %d)", latest, start)
-    if start >= cfg.train.steps:
-        log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
-                    "(e.g. --set train.steps=%d) to continue it", run_dir, start, cfg.train.steps,
-                    start + cfg.train.steps)
-    return start
 
 
 def _value(t: torch.Tensor, fake: float) -> float:
@@ -305,23 +289,13 @@ def handle_nonfinite(run: Run, record: dict) -> None:
     if run.cfg.train.on_nonfinite == "stop":
         run.metrics.write(record)
         run.checkpoints.wait()
-        last = latest_checkpoint(run.ckpt_dir)
+        last = latest_checkpoint(run.checkpoints.ckpt_dir)
         raise GenomeLMError(
             f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} "
             f"(loss {loss}, grad norm {grad_norm}); stopped without updating the weights. Last good "
             f"checkpoint: {last or 'none'}. Lower train.lr, check the data, or set train.on_nonfinite: skip"
         )
     log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
-
-
-def save(run: Run, step: int, loss: float, wait: bool) -> dict:
-    """Checkpoint `step` (collective); the record's checkpoint timings."""
-    cfg, par = run.cfg, run.par
-    export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
-    info = {"loss": loss, "experiment": cfg.name, "world_size": par.world, "dp": par.dp, "cp": par.cp, "ep": par.ep,
-            "model_exported": export}
-    return run.checkpoints.save(step, run.model, run.optimizer, run.scheduler, run.stream, info, export,
-                                compute_dtype(cfg), wait=wait)
 
 
 def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dict:
@@ -332,7 +306,8 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
         dog.begin(step)
     run.memory.reset()
     t0 = time.perf_counter()
-    done = train_step(run, _micro_batches(run.stream, cfg, par))
+    batches = (run.stream.next_batch(cfg.train.micro_batch, par.dp_rank, par.dp) for _ in range(cfg.train.grad_accum))
+    done = train_step(run, [{k: v.to(par.device) for k, v in b.items()} for b in batches])  # all CP ranks: the same
     elapsed = par.max_all(time.perf_counter() - t0)
     record = step_record(run, step, done, elapsed)
     record.update(run.unlogged)
@@ -345,7 +320,11 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     preempted = stop.agreed(par)
     if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or preempted:
         with dog.paused() if dog is not None else contextlib.nullcontext():
-            record.update(save(run, step, done["loss"], wait=preempted or step == cfg.train.steps))
+            export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
+            info = {"loss": done["loss"], "experiment": cfg.name, "world_size": par.world, "dp": par.dp, "cp": par.cp,
+                    "ep": par.ep, "model_exported": export}
+            record.update(run.checkpoints.save(step, run.model, run.optimizer, run.scheduler, run.stream, info, export,
+                                               compute_dtype(cfg), wait=preempted or step == cfg.train.steps))
     if step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted:
         run.metrics.write(record)
     else:  # what the resume decision reads goes into the next logged record
@@ -355,8 +334,8 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     callbacks.after_step(step, par.rank, run.worker.attempt)
     if preempted:
         why = stop.requested() or "a preemption signal on another rank"
-        raise Preempted(f"stopped on {why} at step {step}: checkpoint {run.ckpt_dir / f'step_{step:08d}'} is "
-                        f"complete (exit code {EXIT_PREEMPTED})")
+        raise Preempted(f"stopped on {why} at step {step}: checkpoint "
+                        f"{run.checkpoints.ckpt_dir / f'step_{step:08d}'} is complete (exit code {EXIT_PREEMPTED})")
     return record
 
 
@@ -387,7 +366,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
         finish_run(run, stop, dog, outcome)
     if record:
         log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
-                 run.ckpt_dir)
+                 run.checkpoints.ckpt_dir)
     return record
 
 
@@ -407,9 +386,8 @@ def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -
             discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)
 
 
-def _worker(cfg_json: dict, out: str | None, resume: bool, device=None, worker: WorkerContext | None = None) -> dict:
+def _worker(cfg_json: dict, out: str | None, resume: bool, device, worker: WorkerContext) -> dict:
     """Every worker of a training launch; after a restart the run resumes from its newest checkpoint."""
-    worker = worker or WorkerContext()
     return train(parse_experiment(cfg_json), out=out, resume=resume or worker.attempt > 0, device=device,
                  worker=worker)
 
