@@ -140,41 +140,32 @@ def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: i
     return {"by_length": by_length, "paired_differences": diffs, "span": span}
 
 
-class AblationStats:
-    """Per-window ablation sums, overall and per stratum class -> summary.json's `context_ablation`."""
+def window_parts(nll: np.ndarray, masks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """One window's sums [1 + 2 S, n_L] and counts [1 + 2 S] of `nll` [n_L, n] (all targets, then each
+    stratum's classes; `masks` bool [n] per stratum, the targets' classes), and its n."""
+    parts = [window_sums(nll)] + [window_sums(nll, m == c) for m in masks for c in (False, True)]
+    return np.stack([p[0] for p in parts]), np.array([p[1] for p in parts]), nll.shape[1]
 
-    def __init__(self, lengths: list[int], strata: list):
-        self.lengths, self.strata = list(lengths), list(strata)
-        # per window: [1 + 2 S, n_L], [1 + 2 S], n
-        self.sums: list[np.ndarray] = []
-        self.counts: list[np.ndarray] = []
-        self.targets: list[int] = []
 
-    def add(self, nll: np.ndarray, masks: list[np.ndarray]) -> None:
-        """One window: `nll` [n_L, n], `masks` bool [n] per stratum (the targets' classes)."""
-        parts = [window_sums(nll)] + [window_sums(nll, m == c) for m in masks for c in (False, True)]
-        self.sums.append(np.stack([p[0] for p in parts]))
-        self.counts.append(np.array([p[1] for p in parts]))
-        self.targets.append(nll.shape[1])
+def summary_section(parts: list[tuple[np.ndarray, np.ndarray, int]], lengths: list[int], strata: list,
+                    targets: int | None, n_windows: int, engine: str, resamples: int, seed: int) -> dict:
+    """summary.json's `context_ablation` from the ablated windows' `window_parts`."""
+    sums, counts = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])  # [W, 1 + 2 S, n_L], [W, 1 + 2 S]
+    each = [p[2] for p in parts]
 
-    def result(self, targets: int | None, n_windows: int, engine: str, resamples: int, seed: int) -> dict:
-        sums, counts = np.stack(self.sums), np.stack(self.counts)  # [W, 1 + 2 S, n_L], [W, 1 + 2 S]
+    def part(i: int) -> dict:
+        return table(sums[:, i], counts[:, i], lengths, resamples, seed)
 
-        def part(i: int) -> dict:
-            return table(sums[:, i], counts[:, i], self.lengths, resamples, seed)
-
-        uniform = len(set(self.targets)) == 1
-        out = {"targets_per_window": self.targets[0] if uniform else None,
-               "targets": f"the last {targets} tokens of each window" if targets else
-               f"the last length // {TARGET_FRACTION} tokens of each window",
-               "lengths": self.lengths, "n_windows": len(self.targets),
-               "windows_left_out": n_windows - len(self.targets),
-               "target_tokens": int(counts[:, 0].sum()), **part(0),
-               "definition": "target t (t0 <= t < end) scored given tokens [t0 - L, t) of its window; mean_delta = "
-                             "mean_nll(to) - mean_nll(from) over the same tokens (negative: more context helps); "
-                             "CIs: bootstrap over windows",
-               "engine": engine}
-        return place(out, self.strata, lambda i, c: part(1 + 2 * i + c))
+    out = {"targets_per_window": each[0] if len(set(each)) == 1 else None,
+           "targets": f"the last {targets} tokens of each window" if targets else
+           f"the last length // {TARGET_FRACTION} tokens of each window",
+           "lengths": list(lengths), "n_windows": len(parts), "windows_left_out": n_windows - len(parts),
+           "target_tokens": int(counts[:, 0].sum()), **part(0),
+           "definition": "target t (t0 <= t < end) scored given tokens [t0 - L, t) of its window; mean_delta = "
+                         "mean_nll(to) - mean_nll(from) over the same tokens (negative: more context helps); "
+                         "CIs: bootstrap over windows",
+           "engine": engine}
+    return place(out, strata, lambda i, c: part(1 + 2 * i + c))
 
 
 def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):

@@ -25,7 +25,6 @@ from genome_lm.eval.stats import (
     ratio,
 )
 from genome_lm.eval.strata import merged_strata, place, strata_of
-from genome_lm.eval.text import format_table  # noqa: F401  (re-exported: genome_lm.eval.compare.format_table)
 from genome_lm.outputs import atomic_directory, claim_output, holding, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -229,12 +228,9 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
     tables = paired_tables(*fwd, edges, resamples, seed)
 
     def side(dirs, sums):
-        if len(dirs) == 1:
-            return {"dir": str(dirs[0]), "checkpoint": sums[0].get("checkpoint", {}).get("path"),
-                    "seq_len": sums[0]["config"]["seq_len"]}
-        return {"dir": ",".join(map(str, dirs)), "dirs": [str(d) for d in dirs],
-                "checkpoints": [s.get("checkpoint", {}).get("path") for s in sums],
-                "seq_len": sums[0]["config"]["seq_len"]}
+        paths = [s.get("checkpoint", {}).get("path") for s in sums]
+        one = {"checkpoint": paths[0]} if len(dirs) == 1 else {"dirs": [str(d) for d in dirs], "checkpoints": paths}
+        return {"dir": ",".join(map(str, dirs)), **one, "seq_len": sums[0]["config"]["seq_len"]}
 
     result = {
         "a": side(A, [s[0] for s in summaries]), "b": side(B, [s[1] for s in summaries]),

@@ -78,12 +78,8 @@ def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[
                       "rel_change_pct": _spread([p["rel_change_pct"] for p in pairs])},
            "overall": _diff_entry(sa, sb, n, resamples, seed)}
     if ablation:
-        spans = []
-        for p in ablation:
-            _, _, xa, xb, xn = p
-            c = xn[:, 0].astype(np.float64)
-            spans.append({"a": _span_entry(xa[None, :, 0], c[None], resamples, seed),
-                          "b": _span_entry(xb[None, :, 0], c[None], resamples, seed)})
+        spans = [{k: _span_entry(x[None, :, 0], xn[None, :, 0].astype(np.float64), resamples, seed)
+                  for k, x in (("a", xa), ("b", xb))} for _, _, xa, xb, xn in ablation]
         for entry, span in zip(pairs, spans):
             entry["ablation_span"] = span
         out["context_ablation"] = _ablation_section(ablation, spans, resamples, seed)

@@ -199,12 +199,8 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
 
-    def write_outputs() -> dict:
-        assert cache is not None, "on_main runs this on rank 0, which holds the cache"
-        return _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra, checked["annotations"],
-                              targets)
-
-    summary = par.on_main(write_outputs)
+    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra,
+                                                 checked["annotations"], targets))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
@@ -239,7 +235,11 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
     model = sharded.build_model(cfg, model_dir, par).eval()
     lut, n_known = token_lut(vocab, model_dir), len(vocab)
     passes = len(engines) + (cfg.strands == "both")  # whole-window passes: engines, reverse complement
-    pieces = [_forwards(int(length), seq_len, passes, cfg.context, int(t)) for length, t in zip(lengths, targets)]
+    # forward passes per window: its pieces per whole-window pass, plus one per ablation length (less one that
+    # the main pass serves); the dp replicas of a round make as many
+    pieces = [sharded.n_pieces(int(w), seq_len) for w in lengths]
+    forwards = [p * passes + (len(cfg.context) - (p == 1 and int(w - t) in cfg.context) if t else 0)
+                for p, w, t in zip(pieces, lengths, targets)]
 
     def score(i: int) -> dict[str, np.ndarray]:
         tokens = ds[i]["tokens"]
@@ -261,7 +261,7 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
     scored_tokens = 0
     with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"eval {Path(cfg.out).name}",
                   "tokens", disable=not par.is_main or show_progress is False, unit_scale=True) as bar:
-        for r, done in enumerate(sharded.scored_rounds(par, model, todo, pieces, score)):
+        for r, done in enumerate(sharded.scored_rounds(par, model, todo, forwards, score)):
             for j, arrays in done:
                 assert cache is not None, "scored_rounds yields windows on rank 0 only, which holds the cache"
                 cache.put(j, **arrays)
@@ -271,20 +271,14 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
     return scored_tokens
 
 
-def _forwards(length: int, seq_len: int, passes: int, context: list[int], targets: int) -> int:
-    """Forward passes of a window: its pieces per whole-window pass, plus one per ablation length (less
-    one that the main pass serves); the dp replicas of a round make as many."""
-    pieces = sharded.n_pieces(length, seq_len)
-    extra = len(context) - (pieces == 1 and length - targets in context) if targets else 0
-    return pieces * passes + extra
-
-
 def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
-                   cache: WindowCache, engines: list[str], extra: dict, annotations: list, targets: np.ndarray) -> dict:
+                   cache: WindowCache | None, engines: list[str], extra: dict, annotations: list,
+                   targets: np.ndarray) -> dict:
     """All output files, built under a temporary name; then the cache goes. `targets` [W]: ablation
     targets per window (0: none)."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
+    assert cache is not None, "on_main runs this on rank 0, which holds the cache"
     n = len(meta["chrom"])
     leakage = LEAKAGE_COLUMN in ds.column_names
     strata = [REPEAT] + ([LEAKAGE] if leakage else []) + [annotation(a.name) for a in annotations]
@@ -293,10 +287,11 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
     par = ParityTable(edges) if cfg.parity else None
     masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
-    abl = ablation.AblationStats(cfg.context, strata) if cfg.context else None
+    abl: list[tuple] = []  # the ablated windows' ablation.window_parts
     with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \
             contextlib.ExitStack() as files:
-        abl_writer = files.enter_context(RowWriter(tmp / ablation.ABLATION_FILE, ablation.SCHEMA)) if abl else None
+        abl_writer = files.enter_context(RowWriter(tmp / ablation.ABLATION_FILE, ablation.SCHEMA)) \
+            if cfg.context else None
         with TokensWriter(tmp / "tokens.parquet", leakage, [a.name for a in annotations], both) as writer:
             for i in range(n):
                 arrays, row = cache.get(i), masks[i]
@@ -314,12 +309,12 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 if acc_rc is not None and agree is not None:  # --strands both
                     rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
-                    agree.add(i, nll, rc["nll"], contexts, contexts)
+                    agree.add(i, nll, rc["nll"], contexts)
                     writer.add(row_id, (*where[:3], rc["strand"]), rc, True)
                 if targets[i]:
-                    assert abl is not None and abl_writer is not None, "targets are nonzero only with --context"
+                    assert abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])
-                    abl.add(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)])
+                    abl.append(ablation.window_parts(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)]))
                     abl_writer.add_row(window=row_id, chrom=where[0], start=where[1], end=where[2], strand=where[3],
                                        target_start=t0, nll=list(arrays["ablation"]))  # float32 [n_L][n]
         files.close()  # context_ablation.parquet complete before the directory is renamed
@@ -341,8 +336,9 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                                 "method": "percentile"}
         if acc_rc is not None and agree is not None:  # --strands both
             summary["strands"] = strands.strand_tables(acc, acc_rc, agree, cfg.resamples, cfg.seed)
-        if abl is not None:
-            summary["context_ablation"] = abl.result(cfg.ablation_targets, n, cfg.engine, cfg.resamples, cfg.seed)
+        if cfg.context:
+            summary["context_ablation"] = ablation.summary_section(abl, cfg.context, strata, cfg.ablation_targets, n,
+                                                                   cfg.engine, cfg.resamples, cfg.seed)
         if par is not None:
             summary["parity"] = par.result(engines)
             write_json_atomic(tmp / "parity.json", summary["parity"])

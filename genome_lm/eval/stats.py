@@ -90,7 +90,7 @@ class StrataAccumulator:
         self.ctx = np.zeros(shape[1:])
 
     def add(self, i: int, rec: dict, contexts: np.ndarray, nll: np.ndarray | None = None) -> None:
-        """Window i: `rec` holds the masks (`strata.mask_of`) and, unless given, `nll` float32 [L]."""
+        """Window i: `rec` holds the masks (`strata.masks`) and, unless given, `nll` float32 [L]."""
         nll = rec["nll"] if nll is None else nll
         s, n, c = zip(*(window_stats(nll, contexts, m, self.edges) for m in masks(rec, self.strata)))
         self.sums[i] += np.stack(s)

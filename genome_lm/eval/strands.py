@@ -38,10 +38,10 @@ class Agreement:
         self.edges = edges
         self.moments = np.zeros((n_windows, _MOMENTS, len(edges)))
 
-    def add(self, i: int, nll_f: np.ndarray, nll_rc: np.ndarray, contexts_f: np.ndarray,
-            contexts_rc: np.ndarray) -> None:
+    def add(self, i: int, nll_f: np.ndarray, nll_rc: np.ndarray, contexts: np.ndarray) -> None:
+        """Window i: `contexts` [L] of each strand's row (the same positions on both)."""
         f, r = nll_f.astype(np.float64), nll_rc[::-1].astype(np.float64)  # r[j]: genome position of f[j]
-        shorter = np.minimum(contexts_f, contexts_rc[::-1])
+        shorter = np.minimum(contexts, contexts[::-1])
         both = ~(np.isnan(f) | np.isnan(r))
         K = len(self.edges) - 1
         bucket = assign(shorter, self.edges, outside=K)[both]

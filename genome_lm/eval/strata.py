@@ -43,13 +43,9 @@ def merged_strata(wa: dict, wb: dict) -> dict:
     return rec
 
 
-def mask_of(rec: dict, stratum: Stratum) -> np.ndarray:
-    """Mask bool [L] of `stratum` in a window record."""
-    return rec[stratum.section] if stratum.name is None else rec["annotations"][stratum.name]
-
-
 def masks(rec: dict, strata: list[Stratum]) -> list[np.ndarray]:
-    return [mask_of(rec, s) for s in strata]
+    """Mask bool [L] of each stratum in a window record."""
+    return [rec[s.section] if s.name is None else rec["annotations"][s.name] for s in strata]
 
 
 def place(result: dict, strata: list[Stratum], table: Callable[[int, int], dict]) -> dict:
