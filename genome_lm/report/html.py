@@ -73,8 +73,7 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             raise GenomeLMError(f"matched takes 3 eval directories (base, short, long), got {len(matched)}")
         picked = []
         for d in matched:
-            ev = next((e for e in evals if same_path(e.dir, d)), None)
-            if ev is None:
+            if (ev := next((e for e in evals if same_path(e.dir, d)), None)) is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
         base, short, long = picked
