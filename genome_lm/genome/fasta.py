@@ -18,7 +18,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -121,23 +121,18 @@ class FastaReader:
         self.info = FileInfo(path=str(p.resolve()), size=size,
                              compression="none" if head[:2] != b"\x1f\x8b" else "bgzip" if bgzip else "gzip")
         self.show_progress = show_progress
-        self._index = self._load_index()
-
-    # -- index -------------------------------------------------------------------------------
-    def _load_index(self):
-        fai = Path(f"{self.path}.fai")
-        if (not fai.exists() or fai.stat().st_mtime < self.path.stat().st_mtime or self.info.compression == "gzip"
-                or (self.info.compression == "bgzip" and not Path(f"{self.path}.gzi").exists())):
-            return None  # no index, a stale one, or no random access (plain gzip, bgzip without .gzi)
+        self._index: Any = None  # a pyfaidx.Faidx when the file has a usable index
+        fai = Path(f"{p}.fai")
+        if (not fai.exists() or fai.stat().st_mtime < p.stat().st_mtime or self.info.compression == "gzip"
+                or (self.info.compression == "bgzip" and not Path(f"{p}.gzi").exists())):
+            return  # no index, a stale one, or no random access (plain gzip, bgzip without .gzi)
         try:
             import pyfaidx
 
-            fa = pyfaidx.Faidx(str(self.path), build_index=False, rebuild=False, as_raw=True)
+            self._index = pyfaidx.Faidx(str(p), build_index=False, rebuild=False, as_raw=True)
+            log.debug("using index %s", fai)
         except Exception as e:  # a stale or foreign index: fall back to streaming
-            log.warning("ignoring index %s (%s); reading %s sequentially", fai, e, self.path)
-            return None
-        log.debug("using index %s", fai)
-        return fa
+            log.warning("ignoring index %s (%s); reading %s sequentially", fai, e, p)
 
     def names(self) -> list[str] | None:
         """Record names known before reading (from a .fai index), else None."""

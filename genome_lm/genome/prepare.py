@@ -21,12 +21,12 @@ from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import KmerIndex
 from genome_lm.genome.prepare_params import PrepareParams, chrom_match_key
 from genome_lm.genome.shards import (
-    MegatronWriter,
     SplitWriter,
     check_shards,
     fingerprint_of,
     load_manifest,
     manifest_checksum,
+    megatron_builder,
 )
 from genome_lm.genome.tokenizer import (
     IUPAC_CODES,
@@ -166,7 +166,7 @@ def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwr
             leak_packed = np.packbits(window)
         writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
         if split in mwriters:
-            mwriters[split].add(tokens)
+            mwriters[split].add_document(tokens, [len(tokens)])
         stats.tokens += len(tokens)
 
     rc_rows = []
@@ -250,7 +250,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
         t0 = time.perf_counter()
         with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
             writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
-            mwriters = {s: MegatronWriter(tmp / "megatron" / s) for s in splits} if params.format == "megatron" else {}
+            megatron = params.format == "megatron"
+            mwriters = {s: megatron_builder(tmp / "megatron" / s) for s in splits} if megatron else {}
             stats = _write_records(readers, params, index, writers, mwriters)
             _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
             inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
@@ -347,7 +348,7 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
     fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})[:16]
     files = writers[split].finalize(fp, split)
     if split in mwriters:
-        mwriters[split].finalize()
+        mwriters[split].finalize(f"{tmp / 'megatron' / split}.idx")
     return {
         "chroms": list(chrom_stats),
         "windows": n_windows,

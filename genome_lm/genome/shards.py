@@ -165,30 +165,21 @@ class SplitWriter:
         return names
 
 
-class MegatronWriter:
-    """Megatron IndexedDataset (`.bin`/`.idx`, uint8 tokens, one document per window) through
-    megatron-core, for Megatron-LM / BioNeMo users."""
+def megatron_builder(prefix: Path):
+    """A megatron-core IndexedDatasetBuilder writing `{prefix}.bin` (Megatron IndexedDataset, uint8 tokens, one
+    document per window, for Megatron-LM / BioNeMo users); its `finalize` takes `{prefix}.idx`."""
+    try:
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    except ImportError:
+        raise GenomeLMError(
+            "--format megatron needs megatron-core; install it with `pip install 'genome_lm[megatron]'`"
+        ) from None
+    import warnings
 
-    def __init__(self, prefix: Path):
-        try:
-            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-        except ImportError:
-            raise GenomeLMError(
-                "--format megatron needs megatron-core; install it with `pip install 'genome_lm[megatron]'`"
-            ) from None
-        import warnings
-
-        self.prefix = prefix
-        prefix.parent.mkdir(exist_ok=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint8)
-
-    def add(self, tokens: np.ndarray) -> None:
-        self.builder.add_document(tokens, [len(tokens)])
-
-    def finalize(self) -> None:
-        self.builder.finalize(f"{self.prefix}.idx")
+    prefix.parent.mkdir(exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint8)
 
 
 def fingerprint_of(obj) -> str:

@@ -24,7 +24,7 @@ from genome_lm.report.data import (
     load_run,
     windows_text,
 )
-from genome_lm.report.matched import ContextGain, _same, context_gain, find_roles, reading, rel_ci_text
+from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text, same_path
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             raise GenomeLMError(f"matched takes 3 eval directories (base, short, long), got {len(matched)}")
         picked = []
         for d in matched:
-            ev = next((e for e in evals if _same(e.dir, d)), None)
-            if ev is None:
+            if (ev := next((e for e in evals if same_path(e.dir, d)), None)) is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
         base, short, long = picked
@@ -171,8 +170,8 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
         compares = list(gain.pairs.values()) if gain else implied_compares(evals)
     # long vs short over training seeds (`compare SHORT,... LONG,...`), read with the three
     seeds = next((c for c in compares if c.result.get("replicates")
-                  and _same(c.result["a"]["dirs"][0], gain.evals["short"].dir)
-                  and _same(c.result["b"]["dirs"][0], gain.evals["long"].dir)), None) if gain else None
+                  and same_path(c.result["a"]["dirs"][0], gain.evals["short"].dir)
+                  and same_path(c.result["b"]["dirs"][0], gain.evals["long"].dir)), None) if gain else None
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="meta">generated {time.strftime("%Y-%m-%d %H:%M:%S")}; losses in bits per base '
              "(= nats per token / ln 2); context = tokens of sequence preceding the scored token</p>",

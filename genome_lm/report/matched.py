@@ -75,7 +75,8 @@ def training_of(ev: EvalResult) -> Training | None:
                     seq_len=int(seq_len), init=cfg.get("model", {}).get("init"))
 
 
-def _same(a: str | Path, b: str | Path) -> bool:
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` name the same file or folder (after resolving links and relative parts)."""
     return Path(a).resolve() == Path(b).resolve()
 
 
@@ -86,8 +87,8 @@ def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, 
              for role, ev in (("base", base), ("short", short), ("long", long))}
     pairs = {}
     for b, a, _ in PAIRS:
-        found = next((cmp for cmp in compares if _same(cmp.result["a"]["dir"], evals[a].dir)
-                      and _same(cmp.result["b"]["dir"], evals[b].dir)), None)
+        found = next((cmp for cmp in compares if same_path(cmp.result["a"]["dir"], evals[a].dir)
+                      and same_path(cmp.result["b"]["dir"], evals[b].dir)), None)
         if found is None:
             result = compare_evals(evals[a].dir, evals[b].dir, **compare_kwargs)
             found = CompareResult(f"{evals[b].label} vs {evals[a].label}", None, result)
