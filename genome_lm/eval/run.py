@@ -28,6 +28,7 @@ from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
 from genome_lm.parallel.launch import WorkerContext
 from genome_lm.progress import progress
+from genome_lm.tf32 import set_tf32
 
 log = logging.getLogger(__name__)
 HASH_WEIGHTS_UP_TO = 2 << 30  # hash checkpoint weights up to this size; larger ones by size/mtime
@@ -137,6 +138,7 @@ def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.d
     """Run the eval `cfg` on this process (one rank of a launch, whose `attempt` the step callbacks get);
     return the summary rank 0 writes. dtype: `cfg.dtype`, else float32 on CPU and bfloat16 on CUDA."""
     t0 = time.perf_counter()
+    sharded.check(cfg, sharded.world_size())
     return sharded.on_ranks(cfg, "eval", device, lambda cfg, par: _evaluate(cfg, par, show_progress, t0, attempt))
 
 
@@ -156,6 +158,8 @@ def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, ma
 
 
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attempt: int) -> dict:
+    if par.device.type == "cuda":
+        set_tf32(cfg.tf32)
     checked: dict[str, list] = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     assert cfg.out is not None, "check_inputs refuses an eval without --out, on every rank (on_main)"

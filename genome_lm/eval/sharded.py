@@ -113,19 +113,14 @@ def build_model(cfg, model_dir: str, par):
 def on_ranks(cfg, command: str, device, run: Callable[[Any, Any], dict]) -> dict:
     """`run(cfg, par)` on this process (`init_parallel`: one rank of a launch laid out by `layout`, or the only
     one), with `cfg.dtype` resolved (`resolve_dtype`); rank 0 holds --out's lock (outputs.py) from its
-    checks to its last write. An eval also sets TF32 on CUDA (`--tf32`)."""
+    checks to its last write."""
     from genome_lm.config import ParallelConfig
     from genome_lm.eval.config import resolve_dtype
     from genome_lm.parallel.mesh import init_parallel
-    from genome_lm.tf32 import set_tf32
 
     world = world_size()
     layout(cfg.cp, world)
-    if command == "eval" and world > 1:
-        check_engine(cfg)
     par = init_parallel(ParallelConfig(cp=cfg.cp), device_for(cfg, device, world))
-    if command == "eval" and par.device.type == "cuda":
-        set_tf32(cfg.tf32)
     try:
         with holding(cfg.out, command) if par.is_main and cfg.out else contextlib.nullcontext():
             return run(cfg.model_copy(update={"dtype": resolve_dtype(cfg.dtype, par.device)}), par)
