@@ -205,16 +205,11 @@ def _eval(cfg, run: Launch) -> str | None:
 
         eval_dry_run(cfg, world=run.nproc)
         return None
-    if run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
-        from genome_lm.eval.run import launch
-
-        s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts)
-    else:
-        from genome_lm.eval import evaluate
-
-        s = evaluate(cfg)
+    from genome_lm.eval.run import evaluate, launch
     from genome_lm.eval.text import format_summary
 
+    launched = run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts
+    s = launch(cfg, run.nproc, ray=run.ray, max_restarts=run.max_restarts) if launched else evaluate(cfg)
     return format_summary(s, cfg.out)
 
 
@@ -266,16 +261,14 @@ def _kept(args) -> str:
     if args.command == "score":
         from genome_lm.score.run import work_dir_for
 
-        done = work_dir_for(Path(out)) / "done"
-        n = len(list(done.iterdir())) if done.is_dir() else 0
-        return (f"; the {n} region(s) scored so far are kept in {done.parent}, and the same score command resumes "
-                "from them") if n else ""
-    from genome_lm.eval.outputs import cache_dir_for
+        kept, pattern, what, fix = work_dir_for(Path(out)), "done/*", "region(s)", ""
+    else:
+        from genome_lm.eval.outputs import cache_dir_for
 
-    cache = cache_dir_for(Path(out))
-    n = len(list(cache.glob("w*.npz"))) if cache.is_dir() else 0
-    return (f"; the {n} window(s) scored so far are kept in {cache}, and the same eval command resumes from them "
-            "(delete it to start over)") if n else ""
+        kept, pattern, what, fix = cache_dir_for(Path(out)), "w*.npz", "window(s)", " (delete it to start over)"
+    n = len(list(kept.glob(pattern)))
+    return (f"; the {n} {what} scored so far are kept in {kept}, and the same {args.command} command resumes "
+            f"from them{fix}") if n else ""
 
 
 @dataclass(frozen=True)
@@ -333,9 +326,8 @@ def _model(ref: Any) -> Any:
     return getattr(import_module(module), name)
 
 
-def _call(command: Command, args: argparse.Namespace) -> None:
-    refs = [*command.models, *([command.files] if command.files not in (None, *command.models) else [])]
-    result = _model(command.run)(*[from_args(_model(ref), args) for ref in refs])
+def _call(run: Callable[..., str | None] | str, refs: list, args: argparse.Namespace) -> None:
+    result = _model(run)(*[from_args(_model(ref), args) for ref in refs])
     if result is not None:
         print(result)
 
@@ -350,14 +342,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
+        refs = [*command.models, *([command.files] if command.files not in (None, *command.models) else [])]
         p = sub.add_parser(name, help=command.help, description=command.help)
-        p.set_defaults(func=partial(_call, command), parser=p)
+        p.set_defaults(func=partial(_call, command.run, refs), parser=p)
         if argv is not None and name != named:
             continue
-        for ref in command.models:
-            add_options(p, _model(ref), files=ref == command.files)
-        if command.files is not None and command.files not in command.models:
-            add_options(p, _model(command.files), fields=False)
+        for ref in refs:
+            add_options(p, _model(ref), fields=ref in command.models, files=ref == command.files)
     return parser
 
 
@@ -387,13 +378,11 @@ def _main(argv: list[str]) -> int:
         if out is not None:
             check_out_path(out)
         args.func(args)
-    except GenomeLMError as e:
-        print(f"genome-lm {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except OSError as e:
-        if e.errno not in STORAGE_ERRORS:
+    except (GenomeLMError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in STORAGE_ERRORS:
             raise
-        print(f"genome-lm {args.command}: error: {storage_message(e, out)}{_kept(args)}", file=sys.stderr)
+        why = f"{storage_message(e, out)}{_kept(args)}" if isinstance(e, OSError) else e
+        print(f"genome-lm {args.command}: error: {why}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as e:
         how = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else \

@@ -25,8 +25,7 @@ INSTALLED_EXPERIMENTS = Path(sys.prefix) / "share" / "genome_lm" / "experiments"
 
 
 def experiments_dir() -> Path:
-    """The experiment YAMLs: the source tree's `experiments/`, else the copy `pip install .` puts under
-    `<prefix>/share/genome_lm/experiments`."""
+    """The experiment YAMLs: the source tree's, else the copy `pip install .` puts under `sys.prefix`."""
     for path in (SOURCE_EXPERIMENTS, INSTALLED_EXPERIMENTS):
         if (path / "demo_base.yaml").is_file():
             return path
@@ -76,16 +75,14 @@ class Recipe(BaseModel):
         return [int(x) for x in self.extra_seeds.split(",") if x]
 
 
-UNTAGGED = {"extra_seeds"}  # adds outputs without changing the others: reuses the recipe's outputs
-
-
 FULL = Recipe(scale=1.0, window="8k", base_steps=600, finetune_steps=100, context="1k,2k,4k,7k")
 QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_windows=2, context="256,1k")
 
 
 def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
     """QUICK or FULL with `overrides` ("NAME=VALUE") applied, and the tag that names its outputs: "demo" /
-    "demo_quick" plus the overrides (`base_steps=6000` -> "demo_base_steps-6000"), but for `UNTAGGED`."""
+    "demo_quick" plus the overrides (`base_steps=6000` -> "demo_base_steps-6000"), but for extra_seeds, which
+    adds outputs beside the recipe's own and reuses those."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
     if not overrides:
         return r, tag
@@ -97,7 +94,7 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
             raise GenomeLMError(f"--set {item!r}: expected NAME=VALUE with NAME one of {names}")
         origin[apply_override(raw, item)] = f"--set {item!r}"
     r = validate(Recipe, raw, origin=origin, unknown="unknown recipe field")
-    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(getattr(r, k)))}" for k in origin if k not in UNTAGGED)
+    suffix = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '-', str(getattr(r, k)))}" for k in origin if k != "extra_seeds")
     return r, f"{tag}_{suffix}" if suffix else tag
 
 

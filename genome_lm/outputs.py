@@ -68,10 +68,6 @@ def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = 
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
 
-def _contains(folder: Path, path: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def what_it_is(path: Path) -> str:
     """A few words for what `path` holds, for refusals."""
     if not path.is_dir():
@@ -233,7 +229,7 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     resolved = out.resolve()
     place = ("your home directory" if resolved == Path.home().resolve() else "a filesystem root"
              if resolved.parent == resolved else "the working directory or one of its parents"
-             if _contains(resolved, Path.cwd().resolve()) else None)  # what no --overwrite may replace
+             if Path.cwd().resolve().is_relative_to(resolved) else None)  # what no --overwrite may replace
     if place is not None:
         raise GenomeLMError(f"{option} {out} is {place}; --overwrite would delete it: choose a new folder for {option}")
     if os.path.ismount(resolved):
@@ -242,7 +238,7 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
     if empty:
         return
     for path in inputs:
-        if _contains(resolved, Path(path).resolve()):
+        if Path(path).resolve().is_relative_to(resolved):
             raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "
                                 f"choose another {option}")
     marker = read_marker(out)
