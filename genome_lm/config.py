@@ -52,37 +52,27 @@ class TrainConfig(Section):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="dtype of AdamW's two moments: bfloat16 halves their memory (4 instead of "
-        "8 bytes per parameter, beside float32 master weights and gradients; DeepSeek-V3 trained so) and needs "
-        "betas <= 0.992 (docs/precision.md)")
+        default="float32", description="dtype of AdamW's moments; bfloat16 needs betas <= 0.992 (docs/precision.md)")
     grad_clip: float | None = Field(default=1.0, gt=0)
     seed: int = 0
     checkpoint_every: int = Field(default=100, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0)
     export_model: bool | Literal["last"] = Field(
-        default=True, description="write the Hugging Face-style model/ (what `genome-lm eval` and transformers "
-        "load) into checkpoints: true every checkpoint, last only the final step's, false never. train_state/ "
-        "(DCP) alone resumes a run; `genome-lm export CHECKPOINT --out DIR` writes model/ from it later. For "
-        "full-size runs (GLM-5.3-Flash: ~600 GB of weights per export) use last")
+        default=True, description="which checkpoints get the Hugging Face-style model/: true every one, last only the "
+        "final step's, false none (docs/train.md, Checkpoints)")
     on_nonfinite: Literal["stop", "skip"] = "stop"
     checkpoint_mode: Literal["async", "sync"] = Field(
-        default="async", description="async: torch's dcp.async_save, training waits only while the state is "
-        "copied to host memory and a background thread writes it; sync: training waits for the write "
-        "(docs/long-runs.md)")
+        default="async", description="async: dcp.async_save; sync: training waits for the write (docs/long-runs.md)")
     on_disk_full: Literal["stop", "skip"] = Field(
-        default="stop", description="when the next checkpoint would not fit the free space of the run's "
-        "checkpoints/: stop the run, or skip that save and train on; nothing is deleted either way")
+        default="stop", description="a checkpoint that would not fit the free space: stop, or skip that save")
     preempt_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"]] = Field(
-        default=["SIGTERM", "SIGUSR1"], description="signals on which every rank saves a checkpoint at the next "
-        "step boundary and the run stops with exit code 75 (SLURM's --signal=USR1@SECONDS, spot reclaim, "
-        "Ray's node drain); [] turns this off")
+        default=["SIGTERM", "SIGUSR1"], description="signals that checkpoint and stop the run with exit code 75 "
+        "(docs/long-runs.md, Preemption); [] turns this off")
     tf32: bool = Field(default=True, description="on CUDA, float32 matmuls and convolutions on TF32 tensor cores "
                        "(torch's 'high' float32 matmul precision); false: full float32 ('highest')")
     moe_bias_update_rate: float = Field(
-        default=0.0, ge=0, description="auxiliary-loss-free expert balancing (DeepSeek-V3): after every "
-        "optimizer step each MoE router's e_score_correction_bias moves by this much toward the experts that "
-        "got fewer tokens than the mean (and away from busier ones), loads counted over all micro-batches and "
-        "ranks. 0 keeps the bias as loaded (upstream). DeepSeek-V3 and Megatron use 1e-3")
+        default=0.0, ge=0, description="DeepSeek-V3's auxiliary-loss-free expert balancing (docs/train.md); 0 keeps "
+        "the routers' bias as loaded")
 
 
 class BlockSizes(Section):
@@ -105,8 +95,7 @@ class BlockSizes(Section):
 class MemoryConfig(BlockSizes):
     recompute: Literal["none", "per-layer", "selective"] = "none"
     recompute_layers: list[Literal["kda", "dsa", "moe", "dense"]] = Field(
-        default_factory=list, description="with recompute: selective, the layer kinds to recompute"
-    )
+        default_factory=list, description="with recompute: selective, the layer kinds to recompute")
     offload_layer_inputs: bool = False
     offload_keep_last: int = Field(
         default=1, ge=0, description="with offload_layer_inputs: the last N decoder layers keep their checkpointed "
@@ -142,9 +131,8 @@ class ParallelConfig(Section):
                                    "in backward (1: FSDP2's default; 0: none, one gathered layer less)")
     timeout: float = Field(default=1800, gt=0, description="seconds a collective may wait before the process "
                            "group gives up (torch's process-group timeout)")
-    watchdog_factor: float = Field(default=10, ge=0, description="abort a rank whose step has not finished "
-                                   "within this many times the median step time (0: no watchdog), so that "
-                                   "--max-restarts takes over; the log names the ranks missing from the step")
+    watchdog_factor: float = Field(default=10, ge=0, description="abort a rank whose step takes this many times "
+                                   "the median step time (0: no watchdog; docs/long-runs.md)")
     watchdog_min_s: float = Field(default=300, gt=0, description="the watchdog never aborts a step sooner than "
                                   "this many seconds")
 
