@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     quick = device.type == "cpu"
     if device.type == "cuda":
-        from genome_lm.tf32 import set_tf32
+        from genome_lm.settings import set_tf32
 
         set_tf32(True)
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

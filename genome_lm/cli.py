@@ -273,10 +273,9 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: its function (or "module:function"), called with one parameter model of each of
-    `models` (then `files`, when not one of them) and its result printed unless None; help; parameter
-    models (a class, or "module:Class" imported only when its parser is built). `files`: the model
-    `--config` and `--set` fill (with no flags of its own when it is not one of `models`)."""
+    """A subcommand: `run` (or "module:function") gets one parameter model per class (or "module:Class",
+    imported when its parser is built) of `models`, then of `files` (the model `--config` and `--set` fill;
+    flags of its own only when one of `models`), and its result is printed unless None."""
 
     run: Callable[..., str | None] | str
     help: str

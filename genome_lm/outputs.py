@@ -72,8 +72,7 @@ def what_it_is(path: Path) -> str:
     """A few words for what `path` holds, for refusals."""
     if not path.is_dir():
         return "a file"
-    marker = read_marker(path)
-    if marker is not None:
+    if (marker := read_marker(path)) is not None:
         return KINDS[marker["kind"]]
     if (path / "manifest.json").is_file():
         return KINDS["shards"]
@@ -210,10 +209,8 @@ def holding(out: str | os.PathLike, command: str, option: str = "--out", inside:
 
 def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.PathLike] = (),
                  overwrite: bool = False, option: str = "--out") -> None:
-    """Take the lock of `out`, then refuse in one line an `out` the command may not write: without
-    `overwrite` anything but a missing `out` or an empty folder; home, a root, the working directory or
-    a parent of it; a folder inside or holding an input; an unmarked folder (unless it holds just an
-    output of the kind, `SIGNATURES`), a file, or an output of another kind; one with foreign files."""
+    """Take the lock of `out`, then refuse in one line an `out` the command may not write (without
+    `overwrite`: anything but a missing `out` or an empty folder; the rest: docs/refusals.md)."""
     out = check_out_path(out, option)
     lock_output(out, COMMANDS[kind], option)
     for path in inputs:  # an output inside an input folder: a rebuild or rotation of the input removes it
@@ -241,18 +238,16 @@ def claim_output(out: str | os.PathLike, kind: str, inputs: Iterable[str | os.Pa
         if Path(path).resolve().is_relative_to(resolved):
             raise GenomeLMError(f"{option} {out} holds this command's input {path}; --overwrite would delete it: "
                                 f"choose another {option}")
-    marker = read_marker(out)
-    if marker is None and out.is_dir() and kind in SIGNATURES:  # an unmarked output of the kind, judged by its files
-        needed, allowed = SIGNATURES[kind]
-        if needed <= {p.name for p in out.iterdir()} <= allowed:
-            return
+    marker, names = read_marker(out), {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if marker is None and kind in SIGNATURES and SIGNATURES[kind][0] <= names <= SIGNATURES[kind][1]:
+        return  # an unmarked output of the kind, judged by its files
     if marker is None and out.is_dir():
         raise GenomeLMError(f"{option} {out} is not {KINDS[kind]}: it has no {MARKER} and holds other files than one "
                             f"would; --overwrite replaces only an output of the same command: choose another {option}")
     if marker is None or marker["kind"] != kind:
         raise GenomeLMError(f"{option} {out} is {what_it_is(out)}, not {KINDS[kind]}; --overwrite replaces only an "
                             f"output of the same command: choose another {option}")
-    foreign = sorted(p.name for p in out.iterdir() if p.name != MARKER and p.name not in marker["entries"])
+    foreign = sorted(names - {MARKER, *marker["entries"]})
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise GenomeLMError(f"{option} {out} also holds files genome_lm did not write there ({shown}); move them "

@@ -1,11 +1,7 @@
-"""Settings shared by layers that do not import each other (no torch here): `LongContextSettings`, what
-the long-context classes run with, whose defaults the config models take, so each lives here once.
-
-`kda_backend` picks where KDA's kernels run, handed to the op as an argument (as fla's layers take
-`mode`): `auto` fla's Triton kernels for CUDA tensors and torch ops elsewhere, `fla` every tensor (CPU
-ones under Triton's interpreter), `torch` never fla. `GENOME_LM_KDA_BACKEND`, read once at import,
-replaces the default `auto` for the process and those it starts (docs/config.md, Environment).
-"""
+"""Settings shared by layers that do not import each other (torch only inside `set_tf32`):
+`LongContextSettings`, what the long-context classes run with, whose defaults the config models take,
+so each lives here once. `GENOME_LM_KDA_BACKEND`, read once at import, replaces the default KDA backend
+`auto` for the process and those it starts (docs/config.md, Environment)."""
 
 from __future__ import annotations
 
@@ -51,3 +47,11 @@ def parse_kda_backend(raw: str) -> KDABackend:
 
 
 DEFAULTS = LongContextSettings(kda_backend=parse_kda_backend(os.environ.get(KDA_BACKEND_ENV, "")))  # read once
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls and convolutions on CUDA (precision 'high'), or full float32 ('highest')."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled

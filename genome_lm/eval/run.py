@@ -28,7 +28,7 @@ from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
 from genome_lm.parallel.launch import WorkerContext
 from genome_lm.progress import progress
-from genome_lm.tf32 import set_tf32
+from genome_lm.settings import set_tf32
 
 log = logging.getLogger(__name__)
 HASH_WEIGHTS_UP_TO = 2 << 30  # hash checkpoint weights up to this size; larger ones by size/mtime

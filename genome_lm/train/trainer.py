@@ -30,7 +30,7 @@ from genome_lm.parallel.launch import Job, WorkerContext
 from genome_lm.parallel.layout import resolve_layout
 from genome_lm.parallel.mesh import ParallelContext, init_parallel
 from genome_lm.progress import Bar, progress
-from genome_lm.tf32 import set_tf32
+from genome_lm.settings import set_tf32
 from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import Preemption, Watchdog
