@@ -157,9 +157,8 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
         raise GenomeLMError(f"experiment file {path} does not exist; see experiments/ for examples")
     raw = read_yaml(path, "data, model, train, ... (the sections)")
     origin = {}
-    for assignment in overrides:
-        apply_override(raw, assignment)
-        origin[assignment.split("=", 1)[0].strip()] = "--set"  # a bad value is blamed on the --set, not the file
+    for assignment in overrides:  # a bad value is blamed on the --set, not the file
+        origin[apply_override(raw, assignment)] = "--set"
     cfg = validate(ExperimentConfig, raw, str(path), origin)
     if cfg.name is None:
         cfg.name = path.stem

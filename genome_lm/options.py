@@ -91,8 +91,8 @@ def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: 
 
 
 def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
-    """Apply one `a.b.c=value` override (a YAML value) to the raw dict; return a. `example`: shown for a
-    malformed one."""
+    """Apply one `a.b.c=value` override (a YAML value) to the raw dict; return its key, a.b.c. `example`: shown
+    for a malformed one."""
     if "=" not in assignment:
         raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} {example}")
     key, value = assignment.split("=", 1)
@@ -108,7 +108,7 @@ def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str
         node[parts[-1]] = yaml.load(value, Loader=UniqueKeyLoader) if value.strip() else None
     except yaml.YAMLError as e:
         raise GenomeLMError(f"{flag} {assignment!r}: the value is not valid YAML: {_problem(e)}") from None
-    return parts[0]
+    return ".".join(parts)
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

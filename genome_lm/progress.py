@@ -7,6 +7,7 @@ line every `every_s` seconds and at the end, its estimate the rate so far in thi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -24,7 +25,7 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-class ProgressLog:
+class ProgressLog(contextlib.AbstractContextManager):
     """tqdm's `update` / `set_postfix` / `close` as log lines, at most one per `every_s` seconds."""
 
     def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", every_s: float = 60.0,
@@ -32,16 +33,14 @@ class ProgressLog:
         self.total, self.n, self.start_n, self.desc, self.unit = total, initial, initial, desc, unit
         self.every_s, self.clock = every_s, clock
         self.t0 = self.last = clock()
-        self.postfix = ""
-        self.closed = False
+        self.postfix, self.closed = "", False
 
     def line(self) -> str:
         elapsed = self.clock() - self.t0
         done = self.n - self.start_n
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        left = ""
-        if done > 0 and self.total and self.n < self.total:
-            left = f", about {minutes(elapsed / done * (self.total - self.n))} left"
+        ahead = done > 0 and self.total and self.n < self.total
+        left = f", about {minutes(elapsed / done * (self.total - self.n))} left" if ahead else ""
         post = f"; {self.postfix}" if self.postfix else ""
         return f"{self.desc}: {self.n:,}/{self.total:,} {self.unit}{pct}, {minutes(elapsed)} so far{left}{post}"
 
@@ -58,9 +57,6 @@ class ProgressLog:
         if not self.closed and self.n > self.start_n:
             log.info(self.line())
         self.closed = True
-
-    def __enter__(self) -> "ProgressLog":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
