@@ -84,8 +84,6 @@ def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> 
     "demo_quick" plus the overrides (`base_steps=6000` -> "demo_base_steps-6000"), but for extra_seeds, which
     adds outputs beside the recipe's own and reuses those."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
-    if not overrides:
-        return r, tag
     raw, origin = r.model_dump(), {}
     for item in overrides:
         name, sep, _ = item.partition("=")
@@ -192,7 +190,7 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
     -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}, or {} without extra seeds."""
     if not r.seed_list():
         return {}
-    replicate = {"base": [evals["base"]], "shortctx": [evals["shortctx"]], "longctx": [evals["longctx"]]}
+    replicate = {name: [out] for name, out in evals.items()}
     for S in r.seed_list():
         long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
                                         runs["base"] / "checkpoints" / "last")
@@ -310,8 +308,7 @@ def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest:
     from genome_lm.eval.text import replicate_lines
     from genome_lm.report import format_ablation, format_context_gain
 
-    print()
-    print(f"genome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
+    print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
     for split, info in manifest["splits"].items():
         print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
               f"({', '.join(info['chroms'])})")

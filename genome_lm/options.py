@@ -170,9 +170,7 @@ def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
         assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"
-        kw: dict[str, Any] = {"help": (f.description or "") + _default(f.default)}
-        if "metavar" in extra:
-            kw["metavar"] = extra["metavar"]
+        kw: dict[str, Any] = {"help": (f.description or "") + _default(f.default), "metavar": extra.get("metavar")}
         if extra.get("positional"):
             kw["nargs"] = "*" if get_origin(f.annotation) is list else None if f.is_required() else "?"
             p.add_argument(name, **kw)
