@@ -68,8 +68,7 @@ class TrainConfig(Section):
     preempt_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"]] = Field(
         default=["SIGTERM", "SIGUSR1"], description="signals that checkpoint and stop the run with exit code 75 "
         "(docs/long-runs.md, Preemption); [] turns this off")
-    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls and convolutions on TF32 tensor cores "
-                       "(torch's 'high' float32 matmul precision); false: full float32 ('highest')")
+    tf32: bool = Field(default=True, description="on CUDA, float32 matmuls on TF32 tensor cores (docs/precision.md)")
     moe_bias_update_rate: float = Field(
         default=0.0, ge=0, description="DeepSeek-V3's auxiliary-loss-free expert balancing (docs/train.md); 0 keeps "
         "the routers' bias as loaded")
@@ -123,18 +122,14 @@ class LogConfig(Section):
 class ParallelConfig(Section):
     cp: int = Field(default=1, gt=0, description="context-parallel ranks per sequence")
     dp: int | Literal["auto"] = "auto"
-    ep: int = Field(default=1, gt=0, description="expert-parallel ranks: the routed experts split over groups of "
-                    "ep consecutive ranks (a divisor of the world and of the experts)")
-    reduce_dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="dtype of FSDP2's gradient "
-                                                         "reduce-scatter (bfloat16 halves its buffers and traffic)")
-    backward_prefetch: int = Field(default=1, ge=0, description="decoder layers whose all-gather FSDP2 issues ahead "
-                                   "in backward (1: FSDP2's default; 0: none, one gathered layer less)")
-    timeout: float = Field(default=1800, gt=0, description="seconds a collective may wait before the process "
-                           "group gives up (torch's process-group timeout)")
+    ep: int = Field(default=1, gt=0, description="expert-parallel ranks, a divisor of the world and the experts "
+                    "(docs/parallel.md)")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="FSDP2's reduce-scatter dtype")
+    backward_prefetch: int = Field(default=1, ge=0, description="layers FSDP2 all-gathers ahead in backward")
+    timeout: float = Field(default=1800, gt=0, description="seconds a collective may wait (process-group timeout)")
     watchdog_factor: float = Field(default=10, ge=0, description="abort a rank whose step takes this many times "
                                    "the median step time (0: no watchdog; docs/long-runs.md)")
-    watchdog_min_s: float = Field(default=300, gt=0, description="the watchdog never aborts a step sooner than "
-                                  "this many seconds")
+    watchdog_min_s: float = Field(default=300, gt=0, description="the watchdog never aborts a step sooner than this")
 
 
 class ExperimentConfig(Section):

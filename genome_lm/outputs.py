@@ -1,14 +1,9 @@
 """Output folders a command owns (docs/refusals.md): it writes only into an output it made, and
 `--overwrite` replaces only such an output, made by the same kind of command. Each holds a marker,
-`.genome_lm.json`: `{"kind": "eval", "entries": [...], "inputs": ["/abs/ckpt", ...]}`.
-
-One writer per output: an exclusive `fcntl.flock` on `PARENT/.NAME.lock`, which records the holder and
-is held until the command ends. A second command is refused naming the holder; a lock left by a gone
-process on this host is taken over with a warning. Workers of a launch run under their launcher's lock
-(`HOLDER_ENV`).
-
-Files and output folders are written whole or not at all: under a temporary name beside the target,
-renamed when complete (`atomic_file`, `atomic_directory`)."""
+`.genome_lm.json`: `{"kind": "eval", "entries": [...], "inputs": ["/abs/ckpt", ...]}`. One writer per
+output: an `fcntl.flock` on `PARENT/.NAME.lock`, held until the command ends (a launch's workers work
+under their launcher's, `HOLDER_ENV`). Files and folders are written under a temporary name beside the
+target and renamed when complete (`atomic_file`, `atomic_directory`)."""
 
 from __future__ import annotations
 
@@ -124,25 +119,6 @@ def _alive(pid) -> bool:
     return True
 
 
-def _open_locked(path: Path, out: Path, option: str) -> int | None:
-    """`path` open and locked exclusively, or None when this process works under its launcher's lock."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd) or {}
-            os.close(fd)
-            if "RANK" in os.environ and os.environ.get(HOLDER_ENV) == f"{holder.get('host')}:{holder.get('pid')}":
-                return None
-            raise GenomeLMError(f"{option} {out} is being written by {_holder_text(holder)}; wait for it to end or "
-                                f"choose another {option}") from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not a file its holder removed as we opened it
-                return fd
-        os.close(fd)
-
-
 def lock_output(out: str | os.PathLike, command: str, option: str = "--out", inside: bool = False) -> None:
     """Hold the lock of output `out` for `command` until the command ends (again: a no-op)."""
     path = lock_file(out, inside)
@@ -150,7 +126,21 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _open_locked(path, Path(out), option)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = _read_holder(fd) or {}
+                os.close(fd)
+                if "RANK" in os.environ and os.environ.get(HOLDER_ENV) == f"{other.get('host')}:{other.get('pid')}":
+                    return  # this process works under its launcher's lock
+                raise GenomeLMError(f"{option} {Path(out)} is being written by {_holder_text(other)}; wait for it to "
+                                    f"end or choose another {option}") from None
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not a file its holder removed as we opened it
+                    break
+            os.close(fd)
     except OSError as e:
         if e.errno in STORAGE_ERRORS and e.filename:  # the CLI's one line for a full or read-only disk
             raise
@@ -158,8 +148,6 @@ def lock_output(out: str | os.PathLike, command: str, option: str = "--out", ins
         raise GenomeLMError(f"cannot create output directory {out} (its lock {path.name}): "
                             f"{f'{blocker} is a file' if blocker else e.strerror}; choose a writable location with "
                             f"{option}") from None
-    if fd is None:
-        return
     holder, host = _read_holder(fd), socket.gethostname()
     if holder and holder.get("host") != host:
         os.close(fd)

@@ -1,9 +1,7 @@
-"""Progress of long work: a tqdm bar on a terminal; elsewhere (a log file, CI, SLURM's output) one
-line every `every_s` seconds and at the end, its estimate the rate so far in this process (an
-`initial` resumed from a cache or a checkpoint does not count as time spent):
-
-    train demo_base: 120/600 step (20%), 1.5 min so far, about 6.0 min left; loss 1.2748
-"""
+"""Progress of long work: a tqdm bar on a terminal; elsewhere (a log file, SLURM's output) a log line
+every `every_s` seconds and at the end, its estimate the rate so far in this process (an `initial`
+resumed from a cache or checkpoint is not time spent), e.g. `train demo_base: 120/600 step (20%), 1.5
+min so far, about 6.0 min left; loss 1.2748`."""
 
 from __future__ import annotations
 
