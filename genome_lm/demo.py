@@ -80,9 +80,8 @@ QUICK = Recipe(scale=0.25, window="2k", base_steps=6, finetune_steps=3, eval_win
 
 
 def recipe(quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, str]:
-    """QUICK or FULL with `overrides` ("NAME=VALUE") applied, and the tag that names its outputs: "demo" /
-    "demo_quick" plus the overrides (`base_steps=6000` -> "demo_base_steps-6000"), but for extra_seeds, which
-    adds outputs beside the recipe's own and reuses those."""
+    """QUICK or FULL with `overrides` ("NAME=VALUE") applied, and the tag naming its outputs: "demo[_quick]" plus
+    the overrides (`base_steps=6000` -> "demo_base_steps-6000") but extra_seeds (it adds outputs, reusing the rest)."""
     r, tag = (QUICK, "demo_quick") if quick else (FULL, "demo")
     raw, origin = r.model_dump(), {}
     for item in overrides:
