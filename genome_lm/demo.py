@@ -160,7 +160,6 @@ def _tokens_per_step(cfg) -> int:
 def matched_finetunes(r: Recipe, data: list[str], init: Path):
     """The long- and short-context fine-tunes of `r` from `init`: the short one takes window / seq_len
     sequences per step, so that both train on the same tokens."""
-    window = parse_size(r.window)
     common = [*data, f"model.init={init}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
     short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
@@ -169,7 +168,7 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
         raise ValueError(f"{per_step} tokens per step is no whole number of {short.data.seq_len}-token sequences")
     short.train.micro_batch = per_step // (short.data.seq_len * short.train.grad_accum)
     assert _tokens_per_step(short) == per_step and short.train.steps == long.train.steps
-    assert short.data.seq_len < window
+    assert short.data.seq_len < long.data.seq_len
     return long, short
 
 
