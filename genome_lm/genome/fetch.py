@@ -49,12 +49,8 @@ def add_chr_prefix(name: str) -> str:
 
 
 def _network_error(url: str, err: BaseException) -> GenomeLMError:
-    if isinstance(err, urllib.error.HTTPError):
-        reason = f"HTTP {err.code} {err.reason}"
-    elif isinstance(err, urllib.error.URLError):
-        reason = str(err.reason)
-    else:
-        reason = str(err) or type(err).__name__
+    reason = (f"HTTP {err.code} {err.reason}" if isinstance(err, urllib.error.HTTPError)
+              else str(err.reason) if isinstance(err, urllib.error.URLError) else str(err) or type(err).__name__)
     return GenomeLMError(f"cannot download {url}: {reason}; check --base-url / your connection")
 
 

@@ -109,13 +109,13 @@ class KmerIndex:
                  _gb(self.codes.nbytes), time.perf_counter() - t0)
         return self
 
-    def hits(self, codes: np.ndarray, name: str = "") -> np.ndarray:
-        """bool [T - k + 1] (empty for T < k): k-mer starting at i is valid and in the index."""
+    def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
+        """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
         if not self.finalized:
             raise RuntimeError("KmerIndex: call finalize() after the last add()")
-        n = max(0, len(codes) - self.k + 1)
-        out = np.zeros(n, dtype=bool)
-        for i0, i1 in _chunks(n, f"leakage mask {name}", self.show_progress):
+        t0 = time.perf_counter()
+        hits = np.zeros(max(0, len(codes) - self.k + 1), dtype=bool)  # [i]: the k-mer at i is valid and indexed
+        for i0, i1 in _chunks(len(hits), f"leakage mask {name}", self.show_progress):
             canon, valid = canonical_kmers(codes, self.k, i0, i1)
             if len(self.codes):
                 pos = np.flatnonzero(valid)
@@ -123,13 +123,8 @@ class KmerIndex:
                 q = canon[pos][order]  # sorted queries: searchsorted walks the index in order (~15x faster)
                 idx = np.searchsorted(self.codes, q)
                 np.minimum(idx, len(self.codes) - 1, out=idx)
-                out[i0 + pos[order]] = self.codes[idx] == q
-        return out
-
-    def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
-        """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
-        t0 = time.perf_counter()
-        covered = cover(self.hits(codes, name), self.k, len(codes))
+                hits[i0 + pos[order]] = self.codes[idx] == q
+        covered = cover(hits, self.k, len(codes))
         log.info("leakage mask: %s: %s of %s bases (%.2f%%) covered by a training %d-mer (%.1fs)", name or "sequence",
                  f"{int(covered.sum()):,}", f"{len(codes):,}", 100 * covered.mean() if len(codes) else 0.0,
                  self.k, time.perf_counter() - t0)
