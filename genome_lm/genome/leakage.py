@@ -41,9 +41,8 @@ def _forward_codes(v: np.ndarray, k: int) -> np.ndarray:
 
 
 def canonical_kmers(codes: np.ndarray, k: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Canonical codes uint64 [n] and validity bool [n] of the k-mers starting at start..stop-1
-    (n = stop - start) of `codes` (token ids or prepare's codes: soft-mask bits are ignored); a
-    k-mer is invalid when it holds a base that is not A, C, G or T."""
+    """Canonical codes uint64 [n] and validity bool [n] (only A, C, G, T) of the k-mers starting at
+    start..stop-1 of `codes` (token ids or prepare's codes: soft-mask bits are ignored)."""
     seg = codes[start : stop + k - 1] & TOKEN_MASK  # uint8 [n + k - 1]
     bad = seg > 3
     cs = np.zeros(len(seg) + 1, dtype=np.int32)

@@ -34,8 +34,6 @@ class RepeatCopy:
     source_start: int
 
 
-# --- sequence helpers -----------------------------------------------------------------
-
 def random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
     """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
     r = rng.random(n)
@@ -83,8 +81,6 @@ def make_families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndar
     gcs = rng.uniform(0.38, 0.55, size=p.n_families)
     return {f"fam{i:02d}": random_bases(rng, g, n) for i, (n, g) in enumerate(zip(lengths, gcs))}
 
-
-# --- planting into one record ---------------------------------------------------------
 
 def n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float,
             p: SynthParams) -> list[tuple[int, int]]:
@@ -239,16 +235,15 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
     return sorted(out, key=lambda d: d.start)
 
 
-# --- Markov backgrounds (`--set markov_order=K`) -----------------------------------------
-# Each isochore draws its own order-K transition table, written nowhere: a model can only estimate it
-# from the sequence before the token it predicts. Two kinds of table (`markov_rows`):
-# - "dirichlet": every row (the next base given the K bases before it) from a symmetric
-#   Dirichlet(alpha): 4^K * 3 free parameters; a Bayes-optimal reader's excess loss falls about as
-#   4^K * 3 / (2 L) nats per base after L bases of the isochore.
-# - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2)
-#   per isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases,
-#   the regression that a linear-attention (delta rule) layer estimates in context. This is the
-#   demo genome's background (docs/findings.md, "What an ideal reader gains").
+# Markov backgrounds (`--set markov_order=K`): each isochore draws its own order-K transition table, written
+# nowhere: a model can only estimate it from the sequence before the token it predicts. Two kinds (`markov_rows`):
+# - "dirichlet": every row (the next base given the K bases before it) from a symmetric Dirichlet(alpha):
+#   4^K * 3 free parameters; a Bayes-optimal reader's excess loss falls about as 4^K * 3 / (2 L) nats per base
+#   after L bases of the isochore.
+# - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2) per
+#   isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases, the regression
+#   that a linear-attention (delta rule) layer estimates in context. This is the demo genome's background
+#   (docs/findings.md, "What an ideal reader gains").
 
 def dirichlet_rows(rng: np.random.Generator, order: int, alpha: float) -> np.ndarray:
     """float64 [4^order, 4]: each row a Dirichlet(alpha) draw."""

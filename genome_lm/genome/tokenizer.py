@@ -34,13 +34,11 @@ def _build_code_lut() -> np.ndarray:
 
 CODE_LUT = _build_code_lut()
 
-# Complement on token ids: A<->T, C<->G, N->N.
-COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)
+COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)  # on token ids: A<->T, C<->G, N->N
 
 
 def encode(seq: str) -> np.ndarray:
-    """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N.
-    Raises ValueError naming the first character that is not a base."""
+    """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N; other characters: ValueError."""
     codes = CODE_LUT[np.frombuffer(seq.encode("ascii", errors="replace"), dtype=np.uint8)]
     bad = np.flatnonzero(codes == INVALID)
     if bad.size:
