@@ -103,7 +103,8 @@ class SplitWriter:
             n_frac: float, leak_packed: np.ndarray | None = None) -> None:
         if (leak_packed is not None) != self.leakage:
             raise ValueError(f"{self.dir.name}: a leakage mask is {'required' if self.leakage else 'not expected'}")
-        self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac, leak_packed))
+        self._batch.append((chrom, start, end, strand, tokens, mask_packed, *([leak_packed] if self.leakage else []),
+                            n_frac))  # in schema order
         self._batch_tokens += len(tokens)
         if self._batch_tokens >= BATCH_TOKENS:
             self._flush()
@@ -111,17 +112,9 @@ class SplitWriter:
     def _flush(self) -> None:
         if not self._batch:
             return
-        chrom, start, end, strand, tokens, masks, n_frac, leaks = zip(*self._batch)
-        columns = [
-            _strings(chrom),
-            _primitive(np.array(start, dtype=np.int64), pa.int64()),
-            _primitive(np.array(end, dtype=np.int64), pa.int64()),
-            _strings(strand),
-            _lists(tokens),
-            _lists(masks),
-            *([_lists(leaks)] if self.leakage else []),
-            _primitive(np.array(n_frac, dtype=np.float32), pa.float32()),
-        ]
+        columns = [_lists(values) if pa.types.is_list(f.type) else _strings(values) if pa.types.is_string(f.type)
+                   else _primitive(np.array(values, dtype=f.type.to_pandas_dtype()), f.type)
+                   for values, f in zip(zip(*self._batch), self.schema)]
         batch = pa.record_batch(columns, schema=self.schema)
         self._wait()
         self._pending = self._pool.submit(self._writer.write_batch, batch)
