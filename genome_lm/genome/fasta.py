@@ -272,9 +272,8 @@ class Reference:
         file lacks is a one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
         wanted = {contig_key(c): c for c in chroms or ()}
         reader = FastaReader(path, show_progress=show_progress)
-        records = {}
-        for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted):
-            records[contig_key(rec.name)] = (rec.name, rec.codes & TOKEN_MASK)
+        records = {contig_key(rec.name): (rec.name, rec.codes & TOKEN_MASK)
+                   for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted)}
         missing = [c for k, c in wanted.items() if k not in records]
         if missing and not missing_ok:
             have = reader.info.records
