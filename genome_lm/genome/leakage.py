@@ -91,8 +91,8 @@ class KmerIndex:
         self.codes.resize(w, refcheck=False)
         self.added += added
         self.sources.append(name)
-        log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %s)", name or "sequence",
-                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, _gb(self.codes.nbytes))
+        log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %.2f GB)", name or "sequence",
+                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, self.codes.nbytes / 1e9)
         return added
 
     def finalize(self) -> "KmerIndex":
@@ -103,9 +103,9 @@ class KmerIndex:
         self.codes.sort()
         self.codes.resize(_dedupe_sorted(self.codes), refcheck=False)  # no view of it is left
         self.finalized = True
-        log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %s (sorted in %.1fs)",
+        log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %.2f GB (sorted in %.1fs)",
                  f"{len(self.codes):,}", self.k, ", ".join(self.sources) or "nothing", f"{self.added:,}",
-                 _gb(self.codes.nbytes), time.perf_counter() - t0)
+                 self.codes.nbytes / 1e9, time.perf_counter() - t0)
         return self
 
     def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
@@ -159,7 +159,3 @@ def cover(hits: np.ndarray, k: int, length: int) -> np.ndarray:
         hi = np.minimum(p + 1, len(hits)) - a  # starts lo..hi-1
         np.greater(cs[np.maximum(hi, lo)] - cs[lo], 0, out=out[c0:c1])
     return out
-
-
-def _gb(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.2f} GB"
