@@ -81,10 +81,9 @@ def contig_windows(start: int, end: int, p: PrepareParams) -> tuple[list[tuple[i
     spans = [(s, s + p.seq_len) for s in range(start, end - p.seq_len + 1, p.stride)]
     s = start + len(spans) * p.stride  # where the tail starts
     covered = spans[-1][1] if spans else start
-    if s < end and covered < end:  # the tail: [s, end), shorter than seq_len
-        if p.tail == "keep" and end - s >= p.min_len:
-            spans.append((s, end))
-            covered = end
+    if s < end and covered < end and p.tail == "keep" and end - s >= p.min_len:  # a tail [s, end) is kept
+        spans.append((s, end))
+        covered = end
     dropped_tail = max(0, end - covered) if p.stride <= p.seq_len or not spans else 0
     return spans, dropped_tail
 
