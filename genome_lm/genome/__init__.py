@@ -1,7 +1,5 @@
-"""Genome access and shards: FASTA reading, single-nucleotide tokens, windows, shards.
-
-The names below are imported on first use, so that a module of this package (a command's parameters,
-which `genome-lm CMD --help` reads) loads neither numpy nor pyarrow."""
+"""Genome access and shards: FASTA reading, single-nucleotide tokens, windows, shards. The names below are
+imported on first use, so that `genome-lm CMD --help` loads neither numpy nor pyarrow."""
 
 from importlib import import_module
 from typing import Any

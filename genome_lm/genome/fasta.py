@@ -1,11 +1,8 @@
 """FASTA reading: plain, gzip and bgzip files, any line width, CRLF, several records per file.
 
-A file is read once, front to back, in large blocks: headers found with `bytes.find`, sequence
-bytes mapped to codes (`tokenizer`) and stripped of line ends in one `bytes.translate`, only the
-wanted records kept (one chromosome in memory at a time). With a `.fai` index (and bgzip's `.gzi`)
-names and lengths come from pyfaidx up front and wanted records are read by random access. Every
-file is hashed (sha256) as it is read, for the manifest. `Reference`: the wanted contigs of one FASTA
-as token arrays, by any alias (`score`, `variants`)."""
+A file is read once in large blocks: headers found with `bytes.find`, sequence bytes mapped to codes and
+stripped of line ends in one `bytes.translate`, only wanted records kept. With a `.fai` index (and bgzip's
+`.gzi`) wanted records are read by random access. Every file is hashed (sha256) as it is read."""
 
 from __future__ import annotations
 
@@ -57,8 +54,7 @@ class FileInfo:
 
 
 class _HashingReader:
-    """Wraps a raw binary file: hashes every byte read (sha256, on a helper thread: hashlib releases the
-    GIL) and reports its count (progress)."""
+    """A raw binary file that hashes every byte read (sha256, on a helper thread: hashlib releases the GIL)."""
 
     def __init__(self, raw: BinaryIO, progress: Callable[[int], None]):
         self.raw = raw
@@ -87,8 +83,7 @@ class _HashingReader:
 
 
 def check_writable(directory: Path, option: str = "--out") -> None:
-    """Create `directory` if needed; raise GenomeLMError if files cannot be written in it (`option`:
-    the flag that named it)."""
+    """Create `directory` if needed; GenomeLMError (naming the flag `option`) if it is not writable."""
     if directory.exists() and not directory.is_dir():
         raise GenomeLMError(f"{option} {directory} is a file; give a folder")
     try:
@@ -102,9 +97,8 @@ def check_writable(directory: Path, option: str = "--out") -> None:
 
 
 class FastaReader:
-    """Reads the records of one FASTA file. Use `names()` (None if unknown before reading) and
-    `records(wanted)`, which yields a `Record` for every wanted record name, in file order, and
-    fills `info` (sha256, all record names) once the whole file has been read."""
+    """One FASTA file: `records(wanted)` yields a `Record` per wanted name, in file order, and fills `info`
+    (sha256, all record names) once the whole file has been read."""
 
     def __init__(self, path: str | os.PathLike, show_progress: bool | None = None):
         self.path = p = Path(path)
@@ -138,7 +132,6 @@ class FastaReader:
         """Record names known before reading (from a .fai index), else None."""
         return list(self._index.index) if self._index is not None else None
 
-    # -- reading -----------------------------------------------------------------------------
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
         bar = tqdm(total=self.info.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
@@ -246,8 +239,7 @@ class FastaReader:
 
 
 def _codes(path: Path, name: str, seg: bytes, offset: int) -> bytes:
-    """The codes of the sequence bytes `seg` of record `name`, line ends dropped; an invalid character is a
-    GenomeLMError naming its base offset (`offset`: the record's bases before `seg`)."""
+    """The codes of `seg`, line ends dropped; `offset`: the record's bases before `seg`."""
     codes = seg.translate(_CODE_TABLE, _STRIP)
     if (bad := codes.find(_INVALID_BYTE)) >= 0:
         ch = seg.translate(None, _STRIP)[bad : bad + 1].decode("ascii", errors="replace")
@@ -280,9 +272,8 @@ class Reference:
         file lacks is a one-line error listing the file's names, unless `missing_ok` (then it is not in `records`)."""
         wanted = {contig_key(c): c for c in chroms or ()}
         reader = FastaReader(path, show_progress=show_progress)
-        records = {}
-        for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted):
-            records[contig_key(rec.name)] = (rec.name, rec.codes & TOKEN_MASK)
+        records = {contig_key(rec.name): (rec.name, rec.codes & TOKEN_MASK)
+                   for rec in reader.records(lambda name: chroms is None or contig_key(name) in wanted)}
         missing = [c for k, c in wanted.items() if k not in records]
         if missing and not missing_ok:
             have = reader.info.records
@@ -300,8 +291,6 @@ class Reference:
         return self._get(chrom)[1]
 
     def _get(self, chrom: str) -> tuple[str, np.ndarray]:
-        try:
-            return self.records[contig_key(chrom)]
-        except KeyError:
-            raise GenomeLMError(f"{self.path}: contig {chrom} was not loaded; name it when the reference is "
-                                "loaded") from None
+        if (found := self.records.get(contig_key(chrom))) is None:
+            raise GenomeLMError(f"{self.path}: contig {chrom} was not loaded; name it when the reference is loaded")
+        return found

@@ -49,18 +49,13 @@ def add_chr_prefix(name: str) -> str:
 
 
 def _network_error(url: str, err: BaseException) -> GenomeLMError:
-    if isinstance(err, urllib.error.HTTPError):
-        reason = f"HTTP {err.code} {err.reason}"
-    elif isinstance(err, urllib.error.URLError):
-        reason = str(err.reason)
-    else:
-        reason = str(err) or type(err).__name__
+    reason = (f"HTTP {err.code} {err.reason}" if isinstance(err, urllib.error.HTTPError)
+              else str(err.reason) if isinstance(err, urllib.error.URLError) else str(err) or type(err).__name__)
     return GenomeLMError(f"cannot download {url}: {reason}; check --base-url / your connection")
 
 
 def _open(url: str, offset: int = 0):
-    """urlopen with a Range header when resuming; network problems become GenomeLMError.
-    Returns None when the server says the range starts at or past the end (HTTP 416)."""
+    """urlopen from byte `offset`; None when the server says it is at or past the end (HTTP 416)."""
     from genome_lm import __version__
 
     headers = {"User-Agent": f"genome-lm/{__version__}", "Accept-Encoding": "identity"}
@@ -143,11 +138,11 @@ def _download_once(url: str, part: Path) -> bool:
     return True
 
 
-def _download(url: str, part: Path) -> None:
-    """Download `url` into `part`, resuming it across up to ATTEMPTS responses cut short."""
+def _download(url: str, part: Path) -> str:
+    """Download `url` into `part`, resuming it across up to ATTEMPTS responses cut short; returns its md5."""
     for attempt in range(1, ATTEMPTS + 1):
         if _download_once(url, part):
-            return
+            return md5_file(part)
         if attempt < ATTEMPTS:
             log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
     raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; "
@@ -161,14 +156,10 @@ def _fetch_one(url: str, final: Path, md5: str) -> None:
     part = final.with_name(final.name + ".part")
     if part.exists():
         log.info("resuming %s from %d bytes already in %s", url, part.stat().st_size, part)
-    _download(url, part)
-    got = md5_file(part)
-    if got != md5:
+    if (got := _download(url, part)) != md5:
         part.unlink()
         log.warning("%s: md5 %s, but md5sum.txt lists %s; downloading it once more from the start", url, got, md5)
-        _download(url, part)
-        again = md5_file(part)
-        if again != md5:
+        if (again := _download(url, part)) != md5:
             part.unlink()
             base = url.rsplit("/", 1)[0]
             if again == got:
@@ -184,8 +175,7 @@ def _fetch_one(url: str, final: Path, md5: str) -> None:
 
 
 def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: str = DEFAULT_BASE_URL) -> list[Path]:
-    """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir` (every name checked against
-    md5sum.txt before anything is downloaded); return the paths."""
+    """Download and verify `{chrom}.fa.gz` for each chromosome into `out_dir`; return the paths."""
     out_dir = Path(out_dir)
     base_url = base_url.rstrip("/")
     names = list(dict.fromkeys(add_chr_prefix(c) for c in chroms))

@@ -41,9 +41,8 @@ def _forward_codes(v: np.ndarray, k: int) -> np.ndarray:
 
 
 def canonical_kmers(codes: np.ndarray, k: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Canonical codes uint64 [n] and validity bool [n] of the k-mers starting at start..stop-1
-    (n = stop - start) of `codes` (token ids or prepare's codes: soft-mask bits are ignored); a
-    k-mer is invalid when it holds a base that is not A, C, G or T."""
+    """Canonical codes uint64 [n] and validity bool [n] (only A, C, G, T) of the k-mers starting at
+    start..stop-1 of `codes` (token ids or prepare's codes: soft-mask bits are ignored)."""
     seg = codes[start : stop + k - 1] & TOKEN_MASK  # uint8 [n + k - 1]
     bad = seg > 3
     cs = np.zeros(len(seg) + 1, dtype=np.int32)
@@ -92,8 +91,8 @@ class KmerIndex:
         self.codes.resize(w, refcheck=False)
         self.added += added
         self.sources.append(name)
-        log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %s)", name or "sequence",
-                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, _gb(self.codes.nbytes))
+        log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %.2f GB)", name or "sequence",
+                 f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, self.codes.nbytes / 1e9)
         return added
 
     def finalize(self) -> "KmerIndex":
@@ -104,18 +103,18 @@ class KmerIndex:
         self.codes.sort()
         self.codes.resize(_dedupe_sorted(self.codes), refcheck=False)  # no view of it is left
         self.finalized = True
-        log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %s (sorted in %.1fs)",
+        log.info("leakage index: %s distinct canonical %d-mers of %s (%s added) in %.2f GB (sorted in %.1fs)",
                  f"{len(self.codes):,}", self.k, ", ".join(self.sources) or "nothing", f"{self.added:,}",
-                 _gb(self.codes.nbytes), time.perf_counter() - t0)
+                 self.codes.nbytes / 1e9, time.perf_counter() - t0)
         return self
 
-    def hits(self, codes: np.ndarray, name: str = "") -> np.ndarray:
-        """bool [T - k + 1] (empty for T < k): k-mer starting at i is valid and in the index."""
+    def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
+        """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
         if not self.finalized:
             raise RuntimeError("KmerIndex: call finalize() after the last add()")
-        n = max(0, len(codes) - self.k + 1)
-        out = np.zeros(n, dtype=bool)
-        for i0, i1 in _chunks(n, f"leakage mask {name}", self.show_progress):
+        t0 = time.perf_counter()
+        hits = np.zeros(max(0, len(codes) - self.k + 1), dtype=bool)  # [i]: the k-mer at i is valid and indexed
+        for i0, i1 in _chunks(len(hits), f"leakage mask {name}", self.show_progress):
             canon, valid = canonical_kmers(codes, self.k, i0, i1)
             if len(self.codes):
                 pos = np.flatnonzero(valid)
@@ -123,13 +122,8 @@ class KmerIndex:
                 q = canon[pos][order]  # sorted queries: searchsorted walks the index in order (~15x faster)
                 idx = np.searchsorted(self.codes, q)
                 np.minimum(idx, len(self.codes) - 1, out=idx)
-                out[i0 + pos[order]] = self.codes[idx] == q
-        return out
-
-    def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
-        """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
-        t0 = time.perf_counter()
-        covered = cover(self.hits(codes, name), self.k, len(codes))
+                hits[i0 + pos[order]] = self.codes[idx] == q
+        covered = cover(hits, self.k, len(codes))
         log.info("leakage mask: %s: %s of %s bases (%.2f%%) covered by a training %d-mer (%.1fs)", name or "sequence",
                  f"{int(covered.sum()):,}", f"{len(codes):,}", 100 * covered.mean() if len(codes) else 0.0,
                  self.k, time.perf_counter() - t0)
@@ -165,7 +159,3 @@ def cover(hits: np.ndarray, k: int, length: int) -> np.ndarray:
         hi = np.minimum(p + 1, len(hits)) - a  # starts lo..hi-1
         np.greater(cs[np.maximum(hi, lo)] - cs[lo], 0, out=out[c0:c1])
     return out
-
-
-def _gb(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.2f} GB"

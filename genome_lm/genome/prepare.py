@@ -1,10 +1,9 @@
 """`genome-lm prepare`: FASTA -> single-nucleotide tokens -> windows -> dataset shards + manifest.
 
-A chromosome is cut into contigs at N runs (`scan`, `contigs`) and each contig into windows
-(`contig_windows`; docs/prepare.md). One chromosome is in memory at a time (one uint8 code per base, see
-`tokenizer`), plus one window. The output is built in a hidden folder beside `--out` and renamed into place
-when complete. With `--leakage-k` an eval chromosome that comes before the last training one in the input
-is held in memory until the K-mer index of the training chromosomes (`leakage.KmerIndex`) is complete."""
+A chromosome is cut into contigs at N runs (`scan`) and each contig into windows (`contig_windows`;
+docs/prepare.md). One chromosome is in memory at a time (one uint8 code per base), plus one window. With
+`--leakage-k` an eval chromosome read before the last training one is held in memory until the K-mer index
+of the training chromosomes (`leakage.KmerIndex`) is complete."""
 
 from __future__ import annotations
 
@@ -77,16 +76,14 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
 
 
 def contig_windows(start: int, end: int, p: PrepareParams) -> tuple[list[tuple[int, int]], int]:
-    """Windows inside the contig [start, end) and the number of its bases no window covers
-    because the tail was dropped (too short, or tail == 'drop')."""
+    """Windows inside the contig [start, end), and its bases no window covers because the tail was dropped."""
     assert p.stride is not None and p.min_len is not None, "PrepareParams._check fills them in"
     spans = [(s, s + p.seq_len) for s in range(start, end - p.seq_len + 1, p.stride)]
     s = start + len(spans) * p.stride  # where the tail starts
     covered = spans[-1][1] if spans else start
-    if s < end and covered < end:  # the tail: [s, end), shorter than seq_len
-        if p.tail == "keep" and end - s >= p.min_len:
-            spans.append((s, end))
-            covered = end
+    if s < end and covered < end and p.tail == "keep" and end - s >= p.min_len:  # a tail [s, end) is kept
+        spans.append((s, end))
+        covered = end
     dropped_tail = max(0, end - covered) if p.stride <= p.seq_len or not spans else 0
     return spans, dropped_tail
 
@@ -110,7 +107,7 @@ class ChromStats:
 
 
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
-    """Return the existing manifest if `out` already holds this exact result (a no-op rerun)."""
+    """The existing manifest if `out` already holds this exact result (a no-op rerun)."""
     if not out.exists():
         return None
     if not out.is_dir():
@@ -145,8 +142,7 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
 
 def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwriters,
                     leak: np.ndarray | None = None) -> ChromStats:
-    """Cut `rec` into windows and write them (reverse-complement copies after the forward windows);
-    `leak` (bool [T], forward strand) is the leakage mask of the whole record, if any."""
+    """Cut `rec` into windows and write them, reverse-complement copies last; `leak`: bool [T] leakage mask."""
     t0 = time.perf_counter()
     codes = rec.codes
     spans, gap_bases, n_bases, softmasked, iupac = scan(codes, params.min_gap)
@@ -197,7 +193,6 @@ def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwr
 
 
 def _why_no_windows(st: ChromStats, params: PrepareParams) -> str:
-    """Why a chromosome record gave no window, in words."""
     if st.length == 0:
         return "its FASTA record is empty (0 bp)"
     if st.contigs == 0:
@@ -237,10 +232,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)",
                      out)
             return existing
-        known = {str(r.path): r.names() for r in readers}
-        indexed = {f: names for f, names in known.items() if names is not None}
-        if len(indexed) == len(known):
-            _check_chroms_present(params, indexed)
+        if all(r.names() is not None for r in readers):  # every file indexed: check before reading
+            _check_chroms_present(params, {str(r.path): r.names() or [] for r in readers})
         splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
         for split in ("train", "eval"):
             if split not in splits:
@@ -286,9 +279,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
 
 def _write_records(readers: list[FastaReader], params: PrepareParams, index: KmerIndex | None,
                    writers: dict, mwriters: dict) -> dict[str, ChromStats]:
-    """Every selected record of `readers` cut into windows and written, in input order, except that
-    with a leakage index an eval record waits until every training chromosome is indexed; returns
-    each chromosome's `ChromStats`."""
+    """Write every selected record in input order (with a leakage index an eval record waits until every
+    training chromosome is indexed); returns each chromosome's `ChromStats`."""
     stats: dict[str, ChromStats] = {}
     train_left = {chrom_match_key(c) for c in params.train_chroms}
     held: list[Record] = []  # eval records read before the index was complete

@@ -72,14 +72,11 @@ class PrepareParams(BaseModel):
         return validate(cls, {k: v for k, v in params.items() if v is not None}, "prepare")
 
     def recorded(self) -> dict:
-        """The parameters as the manifest records them (input files are recorded separately;
-        `leakage_k` only when on, so shards made before it existed still match)."""
+        """The parameters as the manifest records them: no input files; `leakage_k` only when on, so shards
+        made before it existed still match."""
         return self.model_dump(exclude={"fasta"} | ({"leakage_k"} if not self.leakage_k else set()))
 
     def split_of(self, record_name: str) -> str | None:
-        n = chrom_match_key(record_name)
-        if n in {chrom_match_key(c) for c in self.train_chroms}:
-            return "train"
-        if n in {chrom_match_key(c) for c in self.eval_chroms}:
-            return "eval"
-        return None
+        key = chrom_match_key(record_name)
+        return next((split for split, chroms in (("train", self.train_chroms), ("eval", self.eval_chroms))
+                     if key in map(chrom_match_key, chroms)), None)

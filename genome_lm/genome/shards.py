@@ -25,9 +25,8 @@ LEAKAGE_COLUMN = "leakage_mask"
 
 
 def features(leakage: bool = False) -> dict:
-    """The `datasets.Features` of a split, in datasets' own serialisation (tests check it against
-    `datasets.Features.to_dict()`; written by hand so `prepare` does not import `datasets`); with `leakage`,
-    the leakage_mask column after repeat_mask."""
+    """The `datasets.Features` of a split as `Features.to_dict()` gives them (written by hand so `prepare` does
+    not import `datasets`); with `leakage`, the leakage_mask column after repeat_mask."""
     def value(dtype: str) -> dict:
         return {"dtype": dtype, "_type": "Value"}
 
@@ -76,8 +75,7 @@ def _lists(arrays) -> pa.Array:
 
 
 class SplitWriter:
-    """Streams windows of one split into Arrow shard files, one shard per `open_shard()` call;
-    with `leakage`, every row also takes a packed leakage mask."""
+    """Streams windows of one split into Arrow shard files, one per `open_shard()`; `leakage`: rows have one."""
 
     def __init__(self, directory: Path, leakage: bool = False):
         self.dir = directory
@@ -105,7 +103,8 @@ class SplitWriter:
             n_frac: float, leak_packed: np.ndarray | None = None) -> None:
         if (leak_packed is not None) != self.leakage:
             raise ValueError(f"{self.dir.name}: a leakage mask is {'required' if self.leakage else 'not expected'}")
-        self._batch.append((chrom, start, end, strand, tokens, mask_packed, n_frac, leak_packed))
+        self._batch.append((chrom, start, end, strand, tokens, mask_packed, *([leak_packed] if self.leakage else []),
+                            n_frac))  # in schema order
         self._batch_tokens += len(tokens)
         if self._batch_tokens >= BATCH_TOKENS:
             self._flush()
@@ -113,17 +112,9 @@ class SplitWriter:
     def _flush(self) -> None:
         if not self._batch:
             return
-        chrom, start, end, strand, tokens, masks, n_frac, leaks = zip(*self._batch)
-        columns = [
-            _strings(chrom),
-            _primitive(np.array(start, dtype=np.int64), pa.int64()),
-            _primitive(np.array(end, dtype=np.int64), pa.int64()),
-            _strings(strand),
-            _lists(tokens),
-            _lists(masks),
-            *([_lists(leaks)] if self.leakage else []),
-            _primitive(np.array(n_frac, dtype=np.float32), pa.float32()),
-        ]
+        columns = [_lists(values) if pa.types.is_list(f.type) else _strings(values) if pa.types.is_string(f.type)
+                   else _primitive(np.array(values, dtype=f.type.to_pandas_dtype()), f.type)
+                   for values, f in zip(zip(*self._batch), self.schema)]
         batch = pa.record_batch(columns, schema=self.schema)
         self._wait()
         self._pending = self._pool.submit(self._writer.write_batch, batch)
@@ -196,8 +187,7 @@ def manifest_checksum(manifest: dict) -> str:
 
 
 def load_manifest(directory: str | os.PathLike) -> dict:
-    """manifest.json of a prepared shard directory; `GenomeLMError` when it is missing, not JSON, or
-    no longer matches its own checksum."""
+    """manifest.json of a prepared shard directory, checked against its own checksum."""
     path = Path(directory) / "manifest.json"
     if not path.exists():
         where = "" if Path(directory).is_absolute() else \
@@ -215,8 +205,7 @@ def load_manifest(directory: str | os.PathLike) -> dict:
 
 
 def check_shards(directory: str | os.PathLike, manifest: dict, splits: Iterable[str] | None = None) -> None:
-    """`GenomeLMError` naming the first file of the split folders of `directory` that is missing or has
-    another size than `manifest` records (`file_bytes`; existence alone for manifests without sizes)."""
+    """`GenomeLMError` naming the first split file missing or of another size than `manifest` records."""
     problems = []
     for split in manifest["splits"] if splits is None else splits:
         entry = manifest["splits"].get(split, {})

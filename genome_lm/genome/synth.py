@@ -1,9 +1,7 @@
 """A deterministic SYNTHETIC genome for demos and tests (`genome-lm synth`; what it plants: data/README.md).
-Per record, in this order: N runs (`n_runs`); an isochore background of its own GC, or a Markov chain per
-isochore (`markov_bases`); segmental duplications of earlier records (`plant_segdups`); interspersed repeat
-clusters (`plant_repeats`) and tandem arrays (`plant_tandems`); IUPAC codes. Same parameters and seed ->
-the same genome (PCG64 per record). Arrays of base codes 0..3 = A, C, G, T (`UPPER` / `LOWER` map them to
-ASCII); coordinates 0-based, half-open, forward strand. Parameters: `synth_params.py`; files: `synth_files.py`."""
+Per record, in this order: N runs; an isochore background, or a Markov chain per isochore; segmental
+duplications of earlier records; repeat clusters and tandem arrays; IUPAC codes. Same parameters and seed ->
+the same genome (PCG64 per record). Base codes 0..3 = A, C, G, T; coordinates 0-based, half-open."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ IUPAC = np.frombuffer(b"RYKMSWBDHV", dtype=np.uint8)
 
 @dataclass(frozen=True)
 class RepeatCopy:
-    """One planted copy: genome[start:end] (reverse-complemented if strand '-') is the copy in
-    its family's orientation; `source_start` is the start of the copy it was mutated from, or
-    -1 for a cluster founder (mutated from the family consensus)."""
+    """genome[start:end] (reverse-complemented if strand '-') is a copy of `family`, mutated from the copy at
+    `source_start` (-1: a cluster founder, mutated from the family consensus)."""
 
     chrom: str
     start: int
@@ -36,8 +33,6 @@ class RepeatCopy:
     family: str
     source_start: int
 
-
-# --- sequence helpers -----------------------------------------------------------------
 
 def random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
     """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
@@ -86,8 +81,6 @@ def make_families(rng: np.random.Generator, p: SynthParams) -> dict[str, np.ndar
     gcs = rng.uniform(0.38, 0.55, size=p.n_families)
     return {f"fam{i:02d}": random_bases(rng, g, n) for i, (n, g) in enumerate(zip(lengths, gcs))}
 
-
-# --- planting into one record ---------------------------------------------------------
 
 def n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float,
             p: SynthParams) -> list[tuple[int, int]]:
@@ -170,9 +163,8 @@ def plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[RepeatC
 
 
 def plant_tandems(rng, name, seq, occ, p: SynthParams) -> list[RepeatCopy]:
-    """Tandem arrays (satellite-like, lowercase): a random unit repeated head to tail, each unit
-    the previous one with `tandem_divergence` substitutions; one RepeatCopy per unit (family
-    'tandem', source = the unit before it, -1 for the first)."""
+    """Tandem arrays (lowercase): a random unit repeated head to tail, each unit the one before it with
+    `tandem_divergence` substitutions; one RepeatCopy per unit (family 'tandem', source the unit before it)."""
     target = p.tandem_fraction * int((seq != N).sum())
     copies: list[RepeatCopy] = []
     covered, failures = 0, 0
@@ -215,9 +207,8 @@ class SegDup:
 
 def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occupancy, sources: dict[str, bytes],
                   n: int, p: SynthParams) -> list[SegDup]:
-    """Segmental duplications: write up to `n` copies of A/C/G/T-only stretches of `sources` into `seq`
-    (ASCII, in place) within `p.segdup_region` (fractions of its length), where `occ` has room, reserving each
-    in `occ`. A copy is uppercase, every other one reverse-complemented, with `p.segdup_substitution_rate`."""
+    """Write up to `n` copies of A/C/G/T-only stretches of `sources` into `seq` (ASCII, in place) within
+    `p.segdup_region`, where `occ` has room; uppercase, every other one reverse-complemented."""
     out: list[SegDup] = []
     names = list(sources)
     lo, hi = int(p.segdup_region[0] * len(seq)), int(p.segdup_region[1] * len(seq))
@@ -244,16 +235,15 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
     return sorted(out, key=lambda d: d.start)
 
 
-# --- Markov backgrounds (`--set markov_order=K`) -----------------------------------------
-# Each isochore draws its own order-K transition table, written nowhere: a model can only estimate it
-# from the sequence before the token it predicts. Two kinds of table (`markov_rows`):
-# - "dirichlet": every row (the next base given the K bases before it) from a symmetric
-#   Dirichlet(alpha): 4^K * 3 free parameters; a Bayes-optimal reader's excess loss falls about as
-#   4^K * 3 / (2 L) nats per base after L bases of the isochore.
-# - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2)
-#   per isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases,
-#   the regression that a linear-attention (delta rule) layer estimates in context. This is the
-#   demo genome's background (docs/findings.md, "What an ideal reader gains").
+# Markov backgrounds (`--set markov_order=K`): each isochore draws its own order-K transition table, written
+# nowhere: a model can only estimate it from the sequence before the token it predicts. Two kinds (`markov_rows`):
+# - "dirichlet": every row (the next base given the K bases before it) from a symmetric Dirichlet(alpha):
+#   4^K * 3 free parameters; a Bayes-optimal reader's excess loss falls about as 4^K * 3 / (2 L) nats per base
+#   after L bases of the isochore.
+# - "additive": log P(next = b | x_{t-K}..x_{t-1}) = sum_i A[i, x_{t-i}, b] + const, A ~ N(0, scale^2) per
+#   isochore: K * 4 * 3 free parameters, each a linear function of the one-hot preceding bases, the regression
+#   that a linear-attention (delta rule) layer estimates in context. This is the demo genome's background
+#   (docs/findings.md, "What an ideal reader gains").
 
 def dirichlet_rows(rng: np.random.Generator, order: int, alpha: float) -> np.ndarray:
     """float64 [4^order, 4]: each row a Dirichlet(alpha) draw."""
@@ -271,10 +261,9 @@ def additive_rows(rng: np.random.Generator, order: int, scale: float) -> np.ndar
 
 
 def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: int, rows) -> np.ndarray:
-    """n base codes (0 A, 1 C, 2 G, 3 T; uint8): consecutive segments of `seg_len` bases (the
-    last cut at n), each an order-`order` Markov chain with its own table `rows(rng)` (float
-    [4^order, 4], rows summing to 1; row c = the K preceding bases, the base at t - 1 in c's
-    lowest two bits); a segment's first bases continue from the bases before it."""
+    """n base codes uint8: segments of `seg_len` bases, each an order-`order` Markov chain with its own table
+    `rows(rng)` (float [4^order, 4]; row c = the K preceding bases, the base at t - 1 in c's lowest two bits),
+    continuing from the bases before it."""
     out = np.empty(n, dtype=np.uint8)
     mask = 4**order - 1
     state, pos = 0, 0
@@ -298,8 +287,7 @@ def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: i
 
 @dataclass
 class SynthGenome:
-    """The generated genome: sequences (ASCII bytes), family consensus sequences, copies, and the
-    segmental duplications (not among the repeat copies: they are uppercase)."""
+    """Sequences (ASCII bytes), family consensus sequences, repeat copies and segmental duplications."""
 
     sequences: dict[str, bytes]
     families: dict[str, bytes]

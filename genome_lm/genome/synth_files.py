@@ -1,7 +1,5 @@
-"""The synthetic genome's files (`genome-lm synth`): gzip FASTA (60 columns, mtime 0, no file
-name: same parameters and seed -> the same bytes), the sidecar TSV of the planted repeat copies
-(`repeats_path`, `read_repeats`) and, when there are any, of the segmental duplications
-(`segdups_path`). The genome itself is built by `synth.py`."""
+"""The synthetic genome's files (`genome-lm synth`): gzip FASTA (60 columns, mtime 0, no file name: same
+parameters and seed -> the same bytes), and sidecar TSVs of the planted repeat copies and segmental duplications."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import logging
 import os
 import time
 from dataclasses import astuple, dataclass, fields
+from functools import partial
 from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
@@ -25,7 +24,7 @@ GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no extra f
 
 
 def _tsv(cls: type, rows: list) -> str:
-    """A sidecar TSV: a header of `cls`'s field names, then one line per row (a `cls`)."""
+    """A header of the dataclass `cls`'s field names, then one line per row."""
     lines = [[f.name for f in fields(cls)], *map(astuple, rows)]
     return "".join("\t".join(map(str, line)) + "\n" for line in lines)
 
@@ -53,31 +52,16 @@ def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
 
 
 def _sidecar(fasta: str | os.PathLike, suffix: str) -> Path:
-    fasta = Path(fasta)
-    stem = fasta.name
+    stem = Path(fasta).name
     for ext in (".gz", ".fa", ".fasta", ".fna"):
         stem = stem.removesuffix(ext)
-    return fasta.with_name(stem + suffix)
+    return Path(fasta).with_name(stem + suffix)
 
 
-def repeats_path(fasta: str | os.PathLike) -> Path:
-    """The sidecar TSV beside a FASTA: genome.fa.gz -> genome.repeats.tsv."""
-    return _sidecar(fasta, ".repeats.tsv")
-
-
-def segdups_path(fasta: str | os.PathLike) -> Path:
-    """The segmental duplications' sidecar TSV (`read_segdups`): genome.fa.gz -> genome.segdups.tsv."""
-    return _sidecar(fasta, ".segdups.tsv")
-
-
-def read_repeats(path: str | os.PathLike) -> list[RepeatCopy]:
-    """The repeat copies' sidecar TSV written by `write_synthetic_fasta`."""
-    return _read_tsv(RepeatCopy, path)
-
-
-def read_segdups(path: str | os.PathLike) -> list[SegDup]:
-    """The segmental duplications' sidecar TSV written by `write_synthetic_fasta`."""
-    return _read_tsv(SegDup, path)
+repeats_path = partial(_sidecar, suffix=".repeats.tsv")  # genome.fa.gz -> genome.repeats.tsv
+segdups_path = partial(_sidecar, suffix=".segdups.tsv")  # genome.fa.gz -> genome.segdups.tsv
+read_repeats = partial(_read_tsv, RepeatCopy)  # the sidecars `write_synthetic_fasta` writes
+read_segdups = partial(_read_tsv, SegDup)
 
 
 @dataclass(frozen=True)
@@ -91,8 +75,7 @@ class WrittenGenome:
 
 def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: bool = False,
                           params: SynthParams | None = None) -> WrittenGenome:
-    """Write the synthetic genome made with `params` (default: SynthParams()) to `out` (gzip FASTA) and the
-    sidecar TSVs of its planted copies and segmental duplications (these when there are any) beside it."""
+    """Write the synthetic genome made with `params` to `out` (gzip FASTA) and its sidecar TSVs beside it."""
     out = Path(out)
     if out.is_dir() or not out.name:
         raise GenomeLMError(f"--out {out} is a folder; give the FASTA file to write, e.g. {out / 'genome.fa.gz'}")

@@ -1,6 +1,5 @@
-"""What shapes the synthetic genome (`synth.py`): `SynthParams`, its records (`ChromSpec`), and
-`make_params`, the checked way to override its fields (`genome-lm synth --config FILE.yaml --set
-NAME=VALUE`, docs/config.md). Lengths are bases at scale 1.0."""
+"""What shapes the synthetic genome (`synth.py`): `SynthParams`, its records (`ChromSpec`), and `make_params`,
+the checked way to override its fields. Lengths are bases at scale 1.0."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ class ChromSpec:
 
 
 class SynthParams(BaseModel):
-    """Everything that shapes the synthetic genome; `synthesize(**overrides)` replaces fields, and
-    `genome-lm synth --config FILE.yaml --set NAME=VALUE` (docs/config.md)."""
+    """Everything that shapes the synthetic genome (`genome-lm synth --set NAME=VALUE`, docs/config.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -21,26 +21,16 @@ IUPAC_SHIFT = 4  # codes >= 1 << IUPAC_SHIFT are ambiguity codes; code >> IUPAC_
 INVALID = 0xFF
 
 
-def _build_code_lut() -> np.ndarray:
-    lut = np.full(256, INVALID, dtype=np.uint8)
-    for base, tid in VOCAB.items():
-        lut[ord(base)] = tid
-        lut[ord(base.lower())] = tid | SOFTMASK_BIT
-    for i, code in enumerate(IUPAC_CODES, start=1):
-        lut[ord(code)] = N_ID | (i << IUPAC_SHIFT)
-        lut[ord(code.lower())] = N_ID | (i << IUPAC_SHIFT) | SOFTMASK_BIT
-    return lut
+CODE_LUT = np.full(256, INVALID, dtype=np.uint8)  # FASTA byte -> code
+for _char, _code in [*VOCAB.items(), *((c, N_ID | (i << IUPAC_SHIFT)) for i, c in enumerate(IUPAC_CODES, start=1))]:
+    CODE_LUT[ord(_char)] = _code
+    CODE_LUT[ord(_char.lower())] = _code | SOFTMASK_BIT
 
-
-CODE_LUT = _build_code_lut()
-
-# Complement on token ids: A<->T, C<->G, N->N.
-COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)
+COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)  # on token ids: A<->T, C<->G, N->N
 
 
 def encode(seq: str) -> np.ndarray:
-    """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N.
-    Raises ValueError naming the first character that is not a base."""
+    """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N; other characters: ValueError."""
     codes = CODE_LUT[np.frombuffer(seq.encode("ascii", errors="replace"), dtype=np.uint8)]
     bad = np.flatnonzero(codes == INVALID)
     if bad.size:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _side(side: dict) -> str:
     return Path(dirs[0]).name + (f" (+{len(dirs) - 1} replicates)" if len(dirs) > 1 else "")
 
 
-def load_dirs(dirs: list[str | Path]) -> tuple[list[EvalResult], list[CompareResult]]:
+def load_dirs(dirs: Iterable[str | Path]) -> tuple[list[EvalResult], list[CompareResult]]:
     """Sort report inputs into evals (summary.json) and comparisons (compare.json)."""
     evals, compares = [], []
     for d in map(Path, dirs):

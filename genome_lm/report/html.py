@@ -1,7 +1,5 @@
 """`genome-lm report`: one self-contained HTML page (PNG plots embedded as base64 data URIs), with the
-sections of docs/report.md: context vs more training (`matched.py`, for `matched=(base, short, long)` or
-the roles `find_roles` sees), the questions (`questions.py`), variant effects (`variants.py`).
-"""
+sections of docs/report.md."""
 
 from __future__ import annotations
 
@@ -159,9 +157,8 @@ def _shards_note(evals) -> str:
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string; `matched`: (base, short, long) eval directories."""
-    found = variants.variants_dirs([Path(d) for d in dirs])
-    evals, compares = load_dirs([d for d in dirs if Path(d) not in found])
-    variant_runs = [variants.load_variants(d) for d in found]
+    variant_runs, rest = variants.split_variants([Path(d) for d in dirs])
+    evals, compares = load_dirs(rest)
     run_metrics = [load_run(r) for r in runs]
     if not evals and not compares and not run_metrics and not variant_runs and matched is None:
         raise GenomeLMError("nothing to report: give eval or compare directories (and/or --run RUN_DIR)")
@@ -220,8 +217,7 @@ REPORT_SUFFIXES = (".html", ".htm")
 
 
 def claim_report(out: Path, overwrite: bool) -> None:
-    """Refuse an `out` that a report may not replace: a folder, an existing file without `overwrite`, or
-    with it a file that is neither a genome_lm report nor an HTML page."""
+    """Refuse an `out` that a report may not replace (a folder, a file that is not a report or HTML page)."""
     if out.is_dir():
         raise GenomeLMError(f"--out {out} is a folder; give the HTML file to write (e.g. {out / 'report.html'})")
     if not out.exists():

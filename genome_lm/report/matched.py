@@ -1,13 +1,7 @@
-"""Is the gain from context, or from more training? Three evals of the same windows: the base, and
-fine-tunes of it at the base's short context and at long context on as many training tokens.
-short - base is more training alone, long - base training + context, long - short the context.
-
-    gain = context_gain("evals/demo_base", "evals/demo_shortctx", "evals/demo_longctx")
-    gain.pair("long", "short").result          # compare_evals(short, long): B = long, A = short
-
-Each difference is `compare_evals` of the pair, or a compare directory of the same two evals given to
-the report. Training tokens: steps x tokens per step of the metrics.jsonl of each eval's run.
-"""
+"""Is the gain from context, or from more training? Three evals of the same windows: the base, and fine-tunes
+of it at the base's short context and at long context on as many training tokens. short - base is more training
+alone, long - base training + context, long - short the context; each is `compare_evals` of the pair (B - A),
+or a compare directory of the same two evals given to the report."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ PAIRS = (("short", "base", "more training"), ("long", "base", "training + contex
 
 @dataclass
 class Training:
-    """What a run trained; `seq_len`: the longest sequence (metrics.jsonl's `seq_tokens`, else
-    config.yaml's data.seq_len)."""
+    """What a run trained; `seq_len`: the longest sequence (metrics.jsonl's `seq_tokens`, else data.seq_len)."""
     run: Path
     steps: int
     tokens_per_step: int
@@ -103,8 +96,7 @@ def _init_is(init: str | None, model_dir: str) -> bool:
 
 
 def find_roles(evals: list[EvalResult]) -> tuple[EvalResult, EvalResult, EvalResult] | None:
-    """(base, short, long) among `evals`: an eval whose checkpoint two others' runs started from
-    (`model.init`), at different contexts; None if there is none."""
+    """(base, short, long): an eval whose checkpoint two others' runs started from, at different contexts."""
     runs = {id(ev): t for ev in evals if (t := training_of(ev)) is not None}  # the evals whose run is readable
     for base in evals:
         if not (model_dir := base.summary.get("checkpoint", {}).get("model_dir")):
@@ -135,8 +127,7 @@ def _verdict(o: dict, evidence: str = "these windows") -> str:
 
 
 def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
-    """The fine-tunes against the base and each other; with `seeds` (a replicate compare of the short
-    and long fine-tunes) a second sentence on long vs short pooled over the seeds."""
+    """The fine-tunes against the base and each other; with `seeds`, long vs short pooled over the seeds."""
     lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
     text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "

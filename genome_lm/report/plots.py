@@ -1,6 +1,5 @@
 """Report figures (matplotlib `Figure`s, no pyplot state; `figure_png` renders one with Agg). A context
-bucket is plotted at the mean context of its tokens; empty buckets are left out. Losses in bits per base.
-"""
+bucket is plotted at the mean context of its tokens; empty buckets are left out. Losses in bits per base."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The report's answers to three questions: does the model read distant sequence (`eval --context`)?
-does it hold on the other strand (`--strands both`)? is the held-out chromosome held out (leakage and
-`--annotate` strata)? For each a figure (`plot_*`), an HTML table (`*_table`) and a reading
-(`*_reading`), in bits per base; each returns None where no eval has the section, which is then left out.
-"""
+"""The report's three questions: does the model read distant sequence (`eval --context`)? does it hold on the
+other strand (`--strands both`)? is the held-out chromosome held out (leakage and `--annotate` strata)? Each
+has a figure, an HTML table and a reading, in bits per base; each is None where no eval has the section."""
 
 from __future__ import annotations
 
@@ -31,9 +29,6 @@ def _bits_ci(entries: list[dict], key: str = "mean_nll") -> tuple[np.ndarray, li
 
 def _with(evals: list[EvalResult], key: str) -> list[EvalResult]:
     return [ev for ev in evals if isinstance(ev.summary.get(key), dict) and "absent" not in ev.summary[key]]
-
-
-# --- 1. context ablation --------------------------------------------------------------------
 
 
 def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
@@ -104,9 +99,6 @@ def context_ablation_reading(evals: list[EvalResult]) -> str | None:
             "sequence gets better as L grows; position in the window plays no part here. " + "; ".join(parts) + ".")
 
 
-# --- 2. both strands ------------------------------------------------------------------------
-
-
 def _bars(evals: list[EvalResult], section: str, names: tuple, ticks: list[str], title: str):
     """(fig, ax): per eval, a bar per class `names` of summary[section] (overall loss, 95% CIs)."""
     fig = Figure(figsize=(8.5, 4))
@@ -170,20 +162,6 @@ def strands_reading(evals: list[EvalResult]) -> str | None:
             "near window ends): " + "; ".join(parts) + ".")
 
 
-# --- 3. leakage and annotation strata ----------------------------------------------------------
-
-
-def _classes(ev: EvalResult) -> list[tuple[str, str, dict]]:
-    """(stratum, class, table) of the leakage split and every annotation, as summary.json has them."""
-    s, out = ev.summary, []
-    if isinstance(s.get("leakage"), dict):
-        out += [("leakage", "shared with training", s["leakage"]["masked"]),
-                ("leakage", "not shared", s["leakage"]["unmasked"])]
-    for name, t in (s.get("annotations") or {}).items():
-        out += [(name, "in", t["in"]), (name, "out", t["out"])]
-    return out
-
-
 def plot_leakage(evals: list[EvalResult]) -> Figure | None:
     """Per eval: loss on tokens inside a training K-mer vs the rest, 95% CIs."""
     if not (evals := _with(evals, "leakage")):
@@ -197,7 +175,11 @@ def strata_table(evals: list[EvalResult]) -> str | None:
     """Per eval: the leakage classes and every annotation's in / out, with tokens and CIs."""
     rows = []
     for ev in evals:
-        for stratum, cls, t in _classes(ev):
+        lk = ev.summary.get("leakage")
+        classes = [("leakage", "shared with training", lk["masked"]), ("leakage", "not shared", lk["unmasked"])] \
+            if isinstance(lk, dict) else []
+        classes += [(name, c, t[c]) for name, t in (ev.summary.get("annotations") or {}).items() for c in ("in", "out")]
+        for stratum, cls, t in classes:
             o = t["overall"]
             rows.append([ev.label, stratum, cls, f"{o['n_tokens']:,}", _num(_bits(o["mean_nll"])),
                          _ci(o["ci_low"], o["ci_high"]).replace("+", "")])

@@ -17,32 +17,26 @@ from genome_lm.report.tables import _num, _table
 SUMMARY = "summary.json"
 
 
-def summary_command(d: Path) -> str | None:
-    """The "command" of d/summary.json ("variants", "score"); None for an eval's."""
-    try:
-        summary = json.loads((d / SUMMARY).read_text())
-    except (OSError, ValueError):
-        return None
-    return summary.get("command") if isinstance(summary, dict) else None
-
-
-def variants_dirs(dirs: list[Path]) -> list[Path]:
-    """The variants outputs among `dirs`; a `genome-lm score` output is refused in one line."""
+def split_variants(dirs: list[Path]) -> tuple[list[EvalResult], list[Path]]:
+    """The variants outputs among `dirs` as (label, dir, summary), and the other dirs."""
+    found, rest = [], []
     for d in dirs:
-        if summary_command(d) == "score":
+        try:
+            summary = json.loads((d / SUMMARY).read_text())
+        except (OSError, ValueError):
+            summary = None
+        command = summary.get("command") if isinstance(summary, dict) else None
+        if command == "score":
             raise GenomeLMError(f"{d} is a `genome-lm score` output (per-base log-probs); the report reads the "
                                 "--out of `genome-lm eval`, `compare` and `variants`")
-    return [d for d in dirs if summary_command(d) == "variants"]
-
-
-def load_variants(d: Path) -> EvalResult:
-    """A variants folder as (label, dir, summary); one line when its summary lacks the contexts or counts."""
-    summary = json.loads((d / SUMMARY).read_text())
-    missing = [k for k in ("contexts", "variants", "metrics") if k not in summary]
-    if missing:
-        raise GenomeLMError(f"{d / SUMMARY} is not a variants summary (it has no {', '.join(missing)}); rebuild it "
-                            "with `genome-lm variants` and --overwrite")
-    return EvalResult(d.name, d, summary)
+        if command != "variants":
+            rest.append(d)
+        elif missing := [k for k in ("contexts", "variants", "metrics") if k not in summary]:
+            raise GenomeLMError(f"{d / SUMMARY} is not a variants summary (it has no {', '.join(missing)}); rebuild "
+                                "it with `genome-lm variants` and --overwrite")
+        else:
+            found.append(EvalResult(d.name, d, summary))
+    return found, rest
 
 
 def plot_roc(v: EvalResult) -> Figure:
