@@ -6,7 +6,7 @@ one piece). Each (engine, T) runs in its own subprocess so the peak-memory numbe
 allocated; CPU: resident high-water mark VmHWM minus the resident size before scoring, with the
 malloc mmap threshold fixed so that freed tensors leave the resident set) is its own. Next to it,
 for the parallel engine, `planned`: what `genome-lm eval --dry-run` estimates for the same forward
-(`genome_lm.plan.inference.plan_forward`, one process: its peak minus the weights).
+(`genome_lm.plan.memory.plan_forward`, one process: its peak minus the weights).
 
     python benchmarks/bench_eval.py                         # T = 16k, 64k; both engines
     python benchmarks/bench_eval.py --T 16k --engines parallel --repeats 3
@@ -69,7 +69,7 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
 def _planned(model, T: int, device: str) -> int:
     """The dry run's estimate of the same forward's activations (peak minus weights), one process."""
     from genome_lm.plan import Layout
-    from genome_lm.plan.inference import plan_forward
+    from genome_lm.plan.memory import plan_forward
     from genome_lm.plan.shapes import shape_of
 
     layout = Layout(T).replace(moe_recompute=True)  # the default block sizes, hyper-connections recomputed

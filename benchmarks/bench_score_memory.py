@@ -10,7 +10,7 @@ that could not hold its activations), with the fla call contract and an assumed 
 - measured: the peak of the bytes of every tensor storage made during the scoring (`LiveBytes`,
   a dispatch mode; the parameters and the input ids excluded), and the carried state
   `StreamingScorer.cache_bytes()` at the end;
-- planned: `plan.inference.plan_score` of the same model shape, peak minus weights, and its
+- planned: `plan.memory.plan_score` of the same model shape, peak minus weights, and its
   carried terms (`carried_bytes`);
 - slope: bytes per token between the shortest and the longest region, measured and planned.
 
@@ -82,7 +82,7 @@ def measure(model, T: int, chunk: int, fake: bool) -> dict:
     from genome_lm.model import apply_long_context
     from genome_lm.model.streaming import StreamingScorer
     from genome_lm.model.values import use_fake_values
-    from genome_lm.plan.inference import plan_score
+    from genome_lm.plan.memory import plan_score
     from genome_lm.plan.shapes import shape_of
 
     dtype = "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"

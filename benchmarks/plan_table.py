@@ -25,15 +25,14 @@ VARIANTS = {"ep=1": 1, "ep chosen (1-8)": None}
 
 def row(gpu: str, gpus: int, seq: str, ep: int | None) -> dict:
     """One table row: what `plan EXPERIMENT --seq-len seq --gpus gpus --gpu gpu [--ep ep] --fit` chooses."""
-    from genome_lm.plan.command import PlanParams, fit_layout
-    from genome_lm.plan.report import gib
+    from genome_lm.plan.command import PlanParams, fit_layout, gib
 
     t0 = time.perf_counter()
     _, result = fit_layout(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True))
     p = result.best or result.closest
-    assert p is not None
+    assert p is not None and p.checkpoint is not None
     return {"gpu": gpu, "gpus": gpus, "seq": seq, "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),
-            "host_gib": gib(p.host_bytes_per_gpu), "staging_gib": gib(p.staging_host_bytes_per_gpu),
+            "host_gib": gib(p.host_bytes_per_gpu), "staging_gib": gib(p.checkpoint.staging_host_bytes_per_gpu),
             "tokens_per_s": p.tokens_per_s or 0.0, "step_time_s": p.step_time_s, "layout": p.layout.describe(),
             "peak_where": p.memory.peak_where, "explanation": result.explain(),
             "search_s": round(time.perf_counter() - t0, 2)}

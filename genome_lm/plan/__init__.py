@@ -12,8 +12,8 @@ loads no torch.
 from importlib import import_module
 from typing import Any
 
-_HOME = {"Assumptions": "assumptions", "GPUS": "hardware", "make_cluster": "hardware", "Layout": "layout",
-         "layout_from_config": "layout", "Plan": "planner", "make_plan": "planner", "fit": "search",
+_HOME = {"Assumptions": "hardware", "GPUS": "hardware", "make_cluster": "hardware", "Layout": "layout",
+         "layout_from_config": "layout", "Plan": "planner", "make_plan": "planner", "fit": "planner",
          "model_shape": "shapes"}
 __all__ = sorted(_HOME)
 

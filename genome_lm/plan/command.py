@@ -1,15 +1,18 @@
-"""`genome-lm plan` and `genome-lm rehearse`: argument handling and output; `cli.py` only registers them
-(the usage of each: docs/plan.md).
+"""`genome-lm plan` and `genome-lm rehearse`: argument handling and output (plans as JSON for scripts and as a
+readable report for people); `cli.py` only registers them (the usage of each: docs/plan.md).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import asdict
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.plan.hardware import GB, GiB
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size
 
@@ -107,8 +110,7 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
     degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
-    from genome_lm.plan.assumptions import Assumptions
-    from genome_lm.plan.hardware import make_cluster
+    from genome_lm.plan.hardware import Assumptions, make_cluster
     from genome_lm.plan.layout import layout_from_config
     from genome_lm.plan.shapes import model_shape
     cfg = _experiment(args)
@@ -141,7 +143,7 @@ def build(args):
 
 def fit_layout(args):
     """(given layout, FitResult) of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
-    from genome_lm.plan.search import fit
+    from genome_lm.plan.planner import fit
 
     shape, layout, cluster, assume, eps = build(args)
     return layout, fit(shape, layout, cluster, assume, eps)
@@ -149,9 +151,8 @@ def fit_layout(args):
 
 def run_score(args: PlanParams, tokens: int) -> None:
     """`plan --score`: the peak per GPU of a scoring run and the longest region that fits."""
-    from genome_lm.plan.assumptions import Assumptions
-    from genome_lm.plan.hardware import GiB, make_cluster
-    from genome_lm.plan.inference import longest_region, plan_score
+    from genome_lm.plan.hardware import Assumptions, make_cluster
+    from genome_lm.plan.memory import longest_region, plan_score
     from genome_lm.plan.shapes import model_shape
 
     if args.fit or args.seq_len is not None:
@@ -187,7 +188,6 @@ def run_score(args: PlanParams, tokens: int) -> None:
 
 def run(args: PlanParams) -> None:
     from genome_lm.plan.planner import make_plan
-    from genome_lm.plan.report import format_plan, plan_json
 
     if args.score is not None:
         run_score(args, args.score)
@@ -236,3 +236,109 @@ def run_rehearse(args: RehearseParams) -> None:
     layers = shape.n_layers if args.layers == "all" else args.layers
     result = rehearse(cfg, args.gpus, args.gpu, args.routing, layers, args.steps, args.experiment, plan=plan)
     print(format_rehearsal(result))
+
+
+LABELS = {
+    "parameters": "float32 master weights (FSDP2 shard)",
+    "optimizer_states": "AdamW states (shard)",
+    "gradients": "float32 gradients (shard, so far)",
+    "fsdp_root_unsharded": "embeddings + LM head (unsharded)",
+    "fsdp_buffers": "FSDP2 all-gather / reduce-scatter buffers",
+    "kept_activations": "kept by earlier layers for backward",
+    "current_layer": "current layer: its saved tensors",
+    "op_transient": "transient of the running op",
+    "grad_streams": "stream gradients (in/out)",
+    "inputs": "input ids + labels",
+    "final": "final norm + hidden + targets",
+    "loss_chunk": "LM head / cross-entropy chunk",
+    "optimizer_temp": "AdamW step temporaries",
+}
+
+
+def gib(n: float) -> float:
+    return round(n / GiB, 2)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M"
+
+
+def plan_json(plan) -> dict:
+    lay, mem = plan.layout, plan.memory
+    out = {
+        "model": {"name": plan.model.name, "dtype": plan.model.dtype, "parameters": plan.model.counts,
+                  "layers": dict(sorted(Counter(x.kind for x in plan.model.layers).items()))},
+        "device": plan.device,
+        "layout": lay.to_json(),
+        "fits": plan.fits,
+        "problems": plan.problems,
+        "notes": plan.notes,
+        "peak_gpu_bytes": plan.peak_gpu_bytes,
+        "peak_gpu_gib": gib(plan.peak_gpu_bytes),
+        "peak_where": mem.peak_where,
+        "needed_gpu_gib": gib(plan.needed_gpu_bytes) if plan.cluster else None,
+        "breakdown": dict(mem.breakdown) | ({"process_baseline": plan.process_baseline_bytes}
+                                            if plan.process_baseline_bytes else {}),
+        "host_bytes_per_gpu": plan.host_bytes_per_gpu,
+        "host_bytes_per_node": plan.host_bytes_per_gpu * (plan.cluster.gpus_per_node if plan.cluster else 1),
+        "activations_per_layer_bytes": mem.activations_by_layer_type,
+        "kept_per_layer_bytes": mem.kept_by_layer_type,
+        "largest_phases": [{"where": w, "bytes": b} for w, b in mem.phases[:5]],
+        "step_time_s": plan.step_time_s,
+        "tokens_per_s": plan.tokens_per_s,
+        "assumptions": plan.assume.model_dump(),
+    }
+    if plan.cluster is not None:
+        c = plan.cluster
+        out["cluster"] = {"gpu": c.gpu.name, "gpus": c.gpus, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes,
+                          "gpu_memory_bytes": c.gpu.memory_bytes, "host_memory_per_node_bytes": c.host_memory_per_node}
+        out["time_breakdown_s"] = plan.time.parts_s
+        out["flops_per_gpu_per_step"] = plan.time.flops_per_step
+        out["model_flops_per_token"] = plan.time.model_flops_per_token
+        out["checkpoint"] = asdict(plan.checkpoint)
+    return out
+
+
+def format_plan(plan) -> str:
+    """A readable report: verdict, memory breakdown at the peak, host memory, time, assumptions."""
+    lay, mem, m = plan.layout, plan.memory, plan.model
+    where = f"{plan.cluster.gpus} x {plan.cluster.gpu.name}" if plan.cluster else "CPU"
+    lines = [f"plan: {m.name} ({m.dtype}, {_count(m.counts.get('total', 0))} parameters, "
+             f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {where}",
+             f"layout: {lay.describe()}  ({lay.tokens:,} tokens per GPU)",
+             "verdict: " + ("FITS" if plan.fits else "DOES NOT FIT: " + "; ".join(plan.problems)), "",
+             f"peak per GPU: {gib(plan.peak_gpu_bytes):,.1f} GiB at {mem.peak_where}"]
+    lines += [f"  {LABELS.get(key, key):<46} {gib(value):>9,.2f} GiB"
+              for key, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1])]
+    if plan.process_baseline_bytes:
+        lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
+    if plan.cluster is not None:
+        lines.append(f"  with {plan.assume.fragmentation:.0%} allocator overhead and "
+                     f"{plan.assume.runtime_reserved_gib:g} GiB runtime: needs {gib(plan.needed_gpu_bytes):,.1f} "
+                     f"of {gib(plan.cluster.gpu.memory_bytes):,.1f} GiB per GPU")
+    lines.append("activations of one layer without recompute / kept between forward and backward:")
+    lines += [f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB"
+              for kind, full in mem.activations_by_layer_type.items()]
+    host = plan.host_bytes_per_gpu
+    lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU"
+                 + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
+                    f"(of {gib(plan.cluster.host_memory_per_node):,.0f})" if plan.cluster else ""))
+    if plan.checkpoint is not None:
+        ck, per_node = plan.checkpoint, plan.cluster.gpus_per_node
+        staging = ck.staging_host_bytes_per_gpu
+        lines += [f"host memory (pinned, async checkpoint staging): {gib(staging):,.1f} GiB per GPU; with offload's "
+                  f"{gib((host + staging) * per_node):,.0f} GiB per node "
+                  f"(usable {gib(plan.cluster.host_memory_per_node * plan.assume.host_usable_fraction):,.0f})",
+                  f"checkpoint ({'async (staged in pinned host memory)' if ck.asynchronous else 'sync'}): train_state "
+                  f"{ck.train_state_bytes / 1e12:,.2f} TB ({ck.state_bytes_per_gpu / GB:,.1f} GB per GPU), model/ "
+                  f"{ck.export_bytes / 1e12:,.2f} TB when exported; training stalls {ck.stall_s:,.1f} s per "
+                  f"checkpoint, the write takes {ck.write_s:,.0f} s at {plan.assume.checkpoint_write_gbps:g} GB/s "
+                  "(--assume checkpoint_write_gbps)"]
+    if plan.time is not None:
+        t = plan.time
+        lines += ["", f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster"]
+        lines += [f"  {key:<20} {value:>8.2f} s" for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1])
+                  if value > 0]
+    lines += [f"note: {note}" for note in plan.notes] + ["", "assumptions (override with --assume KEY=VALUE):"]
+    lines += [f"  {key} = {value}" for key, value in plan.assume.model_dump().items()]
+    return "\n".join(lines)

@@ -1,11 +1,5 @@
-"""The dry runs: nothing is trained or scored, and the model is built on the meta device (no weights read,
-no GPU needed).
-
-`genome-lm train EXP --dry-run [--nproc N]` (`train_dry_run`) checks an experiment end to end and prints
-what a run would do, down to the per-rank shapes of its dp x cp (x ep) layout. `genome-lm eval
---dry-run` (`eval_dry_run`) checks an eval and prints the memory each rank needs:
-`plan.inference.plan_forward`'s parts for one slab of the longest piece (or of one --seq-len window
-without --shards), on GPUs unless `--device cpu`.
+"""The dry runs of `genome-lm train` and `genome-lm eval`: nothing is trained or scored, and the model is built
+on the meta device (no weights read, no GPU needed).
 """
 
 from __future__ import annotations
@@ -72,11 +66,10 @@ def layout_lines(model: Glm5NextCausalLM, cfg, world: int, params: tuple[int, in
 
 
 def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, world: int | None = None) -> int:
-    """Check the experiment end to end without training: data, model on the meta device, token
-    map, shapes, memory strategy, and the parallel layout on `world` processes through the run's
-    own check (`mesh.check_layout`) with the per-rank shapes. Without `world`: cp x dp, or with
-    `dp: auto` one replica of cp processes, which the summary says. Prints a summary; returns the
-    number of processes checked."""
+    """Check the experiment end to end without training and print what a run would do: data, model on
+    the meta device, token map, shapes, memory strategy, and the parallel layout on `world` processes
+    through the run's own check (`mesh.check_layout`) with the per-rank shapes. Without `world`: cp x dp,
+    or with `dp: auto` one replica of cp processes. Returns the number of processes checked."""
     from genome_lm.model import count_parameters, format_counts
 
     manifest = check_data(cfg)
@@ -192,11 +185,13 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
 
 
 def eval_dry_run(cfg, world: int | None = None) -> None:
-    """Check `cfg` for `world` processes (default --cp) and print the memory per rank."""
+    """Check `cfg` for `world` processes (default --cp) and print the memory each rank needs:
+    `plan_forward`'s parts for one slab of the longest piece (or of one --seq-len window without
+    --shards), on GPUs unless `--device cpu`."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model.presets import is_preset
     from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
-    from genome_lm.plan.inference import plan_forward
+    from genome_lm.plan.memory import plan_forward
     from genome_lm.train.checkpoint import resolve_model_dir
 
     world = world or cfg.cp

@@ -108,9 +108,8 @@ class Layout:
 
 
 def layout_from_config(cfg, gpus: int) -> Layout:
-    """The layout an ExperimentConfig describes on `gpus` GPUs; `dp: auto` becomes gpus / cp. The plan
-    command has checked that they fit (`command.build`: gpus >= 1, cp divides gpus, dp auto unless cp x dp
-    = gpus)."""
+    """The layout an ExperimentConfig describes on `gpus` GPUs; `dp: auto` becomes gpus / cp (`command.build`
+    has checked that they fit: gpus >= 1, cp divides gpus, dp auto unless cp x dp = gpus)."""
     par = cfg.parallel
     dp, cp = resolve_layout(par.cp, par.dp, gpus)
     layout = Layout(cfg.data.seq_len, cfg.memory.model_copy(deep=True), par.model_copy(update={"cp": cp, "dp": dp}),

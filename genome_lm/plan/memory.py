@@ -1,26 +1,47 @@
-"""Memory per GPU over one training step: the peak, where it happens, and what it is made of.
+"""Memory per GPU over one training step (`plan_memory`), and of a forward pass without gradients (what
+`genome-lm eval` and `score` need per rank): the peak, where it happens, and what it is made of.
 
-The step is walked phase by phase as the trainer runs it (docs/plan.md, The memory model): forward
-of each layer op by op, the loss, backward of each layer from the last (its recompute first when
-wrapped), the optimizer step. A phase's live bytes: the persistent shards (float32 master weights,
-AdamW moments, the gradients so far), FSDP2's buffers, what earlier layers keep for backward, the
-current layer's saved tensors and its running op's transient, and in backward the stream gradients.
-On a CPU (one process, no FSDP) parameters and optimizer states are part of the measured process
-baseline; the step adds gradients, activations and transients.
+The training step is walked phase by phase as the trainer runs it (docs/plan.md, The memory model). On a
+CPU (one process, no FSDP) parameters and optimizer states are part of the measured process baseline; the
+step adds gradients, activations and transients.
+
+`plan_forward` walks the forward layer by layer, as `plan_memory` walks training's, keeping
+nothing for backward: the FSDP2 shard of the weights, the root (embeddings, final norm, LM head)
+gathered for the whole forward, the running and prefetched layers gathered, the residual streams in
+and out, the largest op's tensors and transient, and at the end the LM head chunk and the gathered
+per-token NLL. Layouts use `moe_recompute=True`: without autograd the MoE keeps no block's
+activations beyond the block running.
+
+`plan_score` (`genome-lm plan --score`) streams a region in chunks (`model/streaming.py`): one
+chunk's forward, whose DSA layers attend to every token so far (its op counts the layer's cache once
+more: `torch.cat`'s copy), plus what is carried between chunks (`carried_bytes`): the KDA state,
+constant, and the DSA caches, linear in the tokens. With cp > 1 the region is one piece over the CP
+ranks, as eval runs it.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
+from genome_lm.config import MemoryConfig
 from genome_lm.plan import activations as act
-from genome_lm.plan.activations import Op, loss_transients, ops_by_layer
-from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.activations import F32, Op, loss_transients, ops_by_layer
+from genome_lm.plan.hardware import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.shapes import LayerShape, ModelShape
 
 MASTER_BYTES = 4  # float32 master weights and gradients, per parameter
+
+
+@dataclass
+class ForwardPlan:
+    peak_bytes: int
+    peak_where: str
+    breakdown: dict[str, int]  # components of the peak, summing to peak_bytes
+    weights_bytes: int  # this rank's shard of the parameters
 
 
 @dataclass
@@ -95,26 +116,15 @@ def kept(ops: list[Op], m: ModelShape, layer: LayerShape, layout: Layout,
     return device + k * one, 0, 0
 
 
-def _walk_forward(ops: list[Op]) -> tuple[int, int, str]:
-    """(saved bytes, transient bytes, op) at the forward peak of a layer with autograd on."""
-    best, done = (0, 0, ""), 0
-    for op in ops:
-        if done + op.saved_bytes + op.fwd > sum(best[:2]):
-            best = (done + op.saved_bytes, op.fwd, op.name)
-        done += op.saved_bytes
-    return best
-
-
-def _walk_backward(ops: list[Op], comm: Callable[[Op], int]) -> tuple[int, int, int, str]:
-    """(saved bytes still alive, transient bytes, FSDP2 buffers, op) at the backward peak of a layer;
-    `comm(op)`: the FSDP2 buffers live during `op`'s backward."""
+def _walk(ops: list[Op], backward: bool = False, comm: Callable[[Op], int] = lambda op: 0) -> tuple[int, int, int, str]:
+    """(saved bytes alive, transient bytes, FSDP2 buffers, op) at the peak of a layer's forward with autograd
+    on, or of its backward (the ops in reverse; `comm(op)`: the FSDP2 buffers live during `op`'s backward)."""
     best = (0, 0, 0, "")
-    remaining = sum(op.saved_bytes for op in ops)
-    for op in reversed(ops):
-        buffers = comm(op)
-        if remaining + op.bwd + buffers > sum(best[:3]):
-            best = (remaining, op.bwd, buffers, op.name)
-        remaining -= op.saved_bytes
+    steps = list(zip(ops, accumulate(op.saved_bytes for op in ops)))
+    for op, saved in reversed(steps) if backward else steps:
+        transient, buffers = (op.bwd, comm(op)) if backward else (op.fwd, 0)
+        if saved + transient + buffers > sum(best[:3]):
+            best = (saved, transient, buffers, op.name)
     return best
 
 
@@ -210,9 +220,9 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
     for i, (ops, lay) in enumerate(zip(all_ops, m.layers)):
         # under ep the experts' all-gather buffer lives until the next group's all-gather
         comm = gathered(i, assume.fsdp_prefetch_layers, 1) + (Xs[i] if fsdp and ep > 1 else 0)
-        walk = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk_forward(ops)
-        phase(f"forward of layer {i} ({lay.kind}): {walk[2]}", kept_activations=kept_before, current_layer=walk[0],
-              op_transient=walk[1], fsdp_buffers=comm, inputs=ids)
+        saved, transient, *_, op = _nograd_forward(ops, m, n) if layout.wraps("layer") else _walk(ops)
+        phase(f"forward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before, current_layer=saved,
+              op_transient=transient, fsdp_buffers=comm, inputs=ids)
         kept_before += keeps[i][0]
     final = outside["final_norm"] + outside["final_hidden"] + outside["loss_targets"]
     lf, lb = loss_transients(m, layout)
@@ -234,7 +244,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
                                            a < MASTER_BYTES) if fsdp else (lambda op: 0)
         # the next backward's offloaded input is copied back during this one (train/recompute.py)
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
-        saved, transient, buffers, op = _walk_backward(ops, buffers_during)
+        saved, transient, buffers, op = _walk(ops, True, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,
               op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=buffers, gradients=grads,
               inputs=ids)
@@ -244,7 +254,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
                   grad_streams=act.layer_input(m, n), fsdp_buffers=own_rs + head_grad, gradients=grads,
                   inputs=ids)
         if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
-            saved, transient, op = _walk_forward(ops)
+            saved, transient, _, op = _walk(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
                   fsdp_buffers=U_bwd + pending + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
@@ -282,3 +292,77 @@ def _memory_plan(phases: list[tuple[str, dict[str, int]]], m: ModelShape, all_op
         phases=sorted(((p, sum(c.values())) for p, c in phases), key=lambda x: -x[1]),
         phase_parts=dict(phases),
     )
+
+
+def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = None, backend: str = "fla",
+                 keys: int | None = None) -> ForwardPlan:
+    """Peak bytes per rank of a no-grad forward of one piece of `layout.seq_len` tokens, split over
+    `layout.parallel.cp` ranks, with FSDP2 over all `layout.gpus` ranks when > 1.
+    `keys`: the tokens DSA attends to when more than the piece (a streaming chunk: the prefix too)."""
+    assume = assume or Assumptions()
+    layout.check()
+    fsdp = layout.gpus > 1
+    n = layout.tokens
+    weights = m.param_bytes // shard_degree(layout, assume) if fsdp else m.param_bytes
+    persistent = {"weights": weights}
+    if fsdp:
+        persistent["root_gathered"] = m.root_param_bytes
+    prefetch = 1 + assume.fsdp_prefetch_layers
+    ids = 2 * n * 8  # input ids and labels, int64
+    phases: list[tuple[str, dict[str, int]]] = []
+    for i, (lay, ops) in enumerate(zip(m.layers, ops_by_layer(m, layout, backend, assume.expert_imbalance, keys))):
+        streams, op_bytes, op = _nograd_forward(ops, m, n)
+        gathered = min(prefetch, m.n_layers - i) * unsharded_layer_bytes(lay, layout) if fsdp else 0
+        phases.append((f"forward of layer {i} ({lay.kind}): {op}",
+                       {**persistent, "layer_gathered": gathered, "streams": streams, "op": op_bytes,
+                        "input_ids": ids}))
+    outside = act.outside_layers(m, n)
+    per_token = layout.train.micro_batch * layout.seq_len * (2 * F32 + 1)  # gathered NLL, shifted copy, mask
+    phases.append(("LM head + per-token NLL", {**persistent, "final": outside["final_norm"] + outside["final_hidden"],
+                                               "loss_chunk": loss_transients(m, layout)[0], "per_token_nll": per_token,
+                                               "input_ids": ids}))
+    where, parts = max(phases, key=lambda p: sum(p[1].values()))
+    parts = {k: v for k, v in parts.items() if v}
+    return ForwardPlan(sum(parts.values()), where, parts, weights)
+
+
+def carried_bytes(m: ModelShape, tokens: int) -> dict[str, int]:
+    """{"kda_state", "dsa_caches"}: bytes the streaming scorer carries after `tokens` tokens (batch 1)."""
+    a, HK = m.act_bytes, m.kda_heads * m.kda_head_dim
+    kda = HK * m.kda_head_dim * F32 + 3 * HK * m.kda_conv * a + 8
+    return {"kda_state": sum(kda for lay in m.layers if lay.attn == "kda"),
+            "dsa_caches": sum(tokens * a * (m.kv_lora + (2 * m.index_dim + 1 if lay.indexer == "full" else 0))
+                              for lay in m.layers if lay.attn == "dsa")}
+
+
+def plan_score(m: ModelShape, tokens: int, chunk: int, gpus: int = 1, cp: int = 1,
+               assume: Assumptions | None = None, backend: str = "fla",
+               memory: MemoryConfig | None = None) -> ForwardPlan:
+    """Peak bytes per device of scoring a `tokens`-long region: streamed in chunks of `chunk` tokens
+    (cp = 1; FSDP2 over `gpus` ranks when > 1), or as one piece over `cp` context-parallel ranks.
+    `memory`: block sizes (default: the trainer's). Its breakdown: weights, kda_state, dsa_caches, activations."""
+    base = Layout(tokens, memory.model_copy()) if memory else Layout(tokens)
+    if cp > 1:
+        plan = plan_forward(m, base.replace(cp=cp, dp=gpus // cp, moe_recompute=True), assume, backend)
+        carried = {"kda_state": 0, "dsa_caches": 0}
+    else:
+        layout = base.replace(seq_len=min(chunk, tokens), dp=gpus, moe_recompute=True)
+        plan = plan_forward(m, layout, assume, backend, keys=tokens)
+        carried = carried_bytes(m, tokens)
+    weights = sum(plan.breakdown.get(k, 0) for k in ("weights", "root_gathered", "layer_gathered"))
+    parts = {"weights": weights, **carried, "activations": plan.peak_bytes - weights}
+    return ForwardPlan(sum(parts.values()), plan.peak_where, parts, plan.weights_bytes)
+
+
+def longest_region(m: ModelShape, chunk: int, limit: int, gpus: int = 1, cp: int = 1,
+                   assume: Assumptions | None = None, backend: str = "fla", memory: MemoryConfig | None = None) -> int:
+    """The most tokens (a multiple of `cp`, below 2^34) whose `plan_score` peak is at most `limit` bytes;
+    0 when not even `chunk` tokens fit."""
+
+    def too_big(k: int) -> bool:  # k: tokens in units of cp
+        return plan_score(m, k * cp, chunk, gpus, cp, assume, backend, memory).peak_bytes > limit
+
+    start = max(1, -(-min(chunk, 2**20) // cp))
+    if too_big(start):
+        return 0
+    return (start + bisect.bisect_left(range(start + 1, 2**34 // cp), True, key=too_big)) * cp

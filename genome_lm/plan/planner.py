@@ -1,4 +1,5 @@
-"""`make_plan(...)`: memory per GPU, host memory, step time, checkpoint cost and whether it all fits.
+"""`make_plan(...)`: memory per GPU, host memory, step time, checkpoint cost and whether it all fits;
+`fit(...)` (`--fit`): the fastest estimated layout that fits.
 
 On a CPU (`cluster=None`) the plan predicts the trainer's `peak_mem_bytes` there: the process's peak
 resident set = `process_baseline_bytes` (measured by the caller) + the step's gradients, activations
@@ -8,10 +9,10 @@ and transients.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GB, Cluster, GiB
+from genome_lm.plan.hardware import GB, Assumptions, Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, MemoryPlan, plan_memory, shard_degree
 from genome_lm.plan.shapes import ModelShape
@@ -27,13 +28,6 @@ class CheckpointPlan:
     staging_host_bytes_per_gpu: int  # pinned host memory of the staged copy (0 when sync)
     stall_s: float  # training waits this long per checkpoint
     write_s: float  # writing train_state/ at the assumed filesystem bandwidth
-
-    def describe(self, write_gbps: float) -> str:
-        mode = "async (staged in pinned host memory)" if self.asynchronous else "sync"
-        return (f"checkpoint ({mode}): train_state {self.train_state_bytes / 1e12:,.2f} TB "
-                f"({self.state_bytes_per_gpu / GB:,.1f} GB per GPU), model/ {self.export_bytes / 1e12:,.2f} TB when "
-                f"exported; training stalls {self.stall_s:,.1f} s per checkpoint, the write takes "
-                f"{self.write_s:,.0f} s at {write_gbps:g} GB/s (--assume checkpoint_write_gbps)")
 
 
 def plan_checkpoint(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Cluster) -> CheckpointPlan:
@@ -66,11 +60,6 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # why it does not fit (empty: fits)
     notes: list[str] = field(default_factory=list)
     checkpoint: CheckpointPlan | None = None  # size, stall and host staging of a checkpoint (GPU plans)
-
-    @property
-    def staging_host_bytes_per_gpu(self) -> int:
-        """Pinned host memory an asynchronous checkpoint stages per GPU, beside offload's."""
-        return self.checkpoint.staging_host_bytes_per_gpu if self.checkpoint else 0
 
     @property
     def device(self) -> str:
@@ -121,6 +110,7 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
         return plan
     c, a, par = cluster, assume, layout.parallel
     plan.checkpoint = plan_checkpoint(model, layout, assume, cluster)
+    staging = plan.checkpoint.staging_host_bytes_per_gpu  # pinned host memory beside offload's
     need = plan.needed_gpu_bytes  # the reasons it does not fit, then the notes
     if need > c.gpu.memory_bytes:
         plan.problems.append(f"GPU memory: needs {need / GiB:.1f} GiB (peak {memory.peak_bytes / GiB:.1f} + "
@@ -128,7 +118,6 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
                              f"{c.gpu.memory_bytes / GiB:.1f} GiB, peak at {memory.peak_where}")
     if layout.memory.offload_layer_inputs and not a.pinned_available:
         plan.problems.append("host memory: offload needs pinned host memory (pinned_available=false)")
-    staging = plan.staging_host_bytes_per_gpu
     per_node = (plan.host_bytes_per_gpu + staging) * c.gpus_per_node
     if per_node > c.host_memory_per_node * a.host_usable_fraction:
         staged = (f" (with {staging * c.gpus_per_node / GiB:,.0f} GiB of async checkpoint staging)" if staging else "")
@@ -140,3 +129,86 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     if par.cp > c.gpus_per_node:
         plan.notes.append(f"cp={par.cp} spans nodes: CP all-gathers go over the network")
     return plan
+
+
+STRATEGIES = (("none", ()), ("selective", ("moe",)), ("selective", ("dsa", "moe")), ("per-layer", ()))
+BLOCKS = {"dsa_block_queries": (4096, 128), "moe_block_tokens": (65536, 1024),  # field: (largest, smallest)
+          "loss_chunk_tokens": (16384, 1024)}
+PEAK_OP_BLOCK = (("dsa", "dsa_block_queries"), ("moe", "moe_block_tokens"), ("loss", "loss_chunk_tokens"))
+
+
+@dataclass
+class FitResult:
+    given: Plan
+    best: Plan | None
+    tried: int
+    faster_rejected: list[Plan] = field(default_factory=list)
+    closest: Plan | None = None  # lowest peak among all, when nothing fits
+
+    def explain(self) -> list[str]:
+        g = self.given
+        lines = [f"given layout: {g.layout.describe()}: "
+                 + ("fits" if g.fits else "does not fit: " + "; ".join(g.problems))
+                 + (f", {g.tokens_per_s:,.0f} tokens/s" if g.fits else "")]
+        if self.best is None:
+            c = self.closest
+            assert c is not None  # set when nothing fits
+            lines.append(f"nothing fits among {self.tried} layouts; "
+                         f"the lowest peak is {c.peak_gpu_bytes / GiB:,.1f} GiB "
+                         f"({c.layout.describe()}): " + "; ".join(c.problems)
+                         + ". Use more GPUs, GPUs with more memory, or a shorter sequence.")
+            return lines
+        b = self.best
+        lines += [f"chosen ({self.tried} layouts tried): {b.layout.describe()}: peak {b.peak_gpu_bytes / GiB:,.1f} "
+                  f"GiB, host {b.host_bytes_per_gpu / GiB:,.0f} GiB/GPU, step {b.step_time_s:,.1f} s, "
+                  f"{b.tokens_per_s:,.0f} tokens/s",
+                  "  why: the highest estimated tokens/s among layouts within the limits; block sizes are the "
+                  "largest that fit (they do not change the first-order time)"]
+        return lines + [f"  faster, closest to fitting: {p.layout.describe()} ({p.tokens_per_s:,.0f} tokens/s): "
+                        + "; ".join(p.problems) for p in self.faster_rejected[:3]]
+
+
+def ep_choices(model: ModelShape, cluster: Cluster) -> tuple[int, ...]:
+    """Expert-parallel degrees worth trying: powers of two up to a node dividing the GPUs and the experts."""
+    top = min(cluster.gpus, cluster.gpus_per_node) if model.experts else 1
+    return tuple(ep for ep in (2**i for i in range(top.bit_length())) if cluster.gpus % ep == 0
+                 and (not model.experts or model.experts % ep == 0))
+
+
+def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
+        eps: tuple[int, ...] | None = None) -> FitResult:
+    """The search of `genome-lm plan --fit` and benchmarks/plan_table.py. Searched: cp (powers of two
+    dividing the GPUs; dp = GPUs / cp), ep (`eps`, default `ep_choices`), `STRATEGIES`, layer-input offload
+    and MoE block recompute; the other keys are the given layout's. Block sizes start at their largest and
+    the block of the op at the peak is halved until the layout fits: they do not change the first-order step
+    time, so the largest blocks that fit are kept. The highest estimated tokens/s wins; ties go to less host
+    memory, then to the lower peak."""
+    given_plan = make_plan(model, given, cluster, assume)
+    plans: list[Plan] = []
+    largest = {k: v[0] for k, v in BLOCKS.items()}
+    cps = [cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
+           if cluster.gpus % cp == 0 and given.seq_len % cp == 0]
+    grid = product(cps, eps or ep_choices(model, cluster), STRATEGIES, (False, True), (False, True))
+    for cp, ep, (recompute, layers), offload, moe_recompute in grid:
+        if recompute == "none" and offload:
+            continue
+        layout = given.replace(cp=cp, dp=cluster.gpus // cp, ep=ep, recompute=recompute, recompute_layers=list(layers),
+                               offload_layer_inputs=offload, moe_recompute=moe_recompute, **largest)
+        plan = make_plan(model, layout, cluster, assume)
+        while not plan.fits:  # halve the block of the op at the peak until the plan fits or no block can shrink
+            key = next((k for op, k in PEAK_OP_BLOCK if op in plan.memory.peak_where.split(":")[-1]), None)
+            if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
+                break
+            layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
+            plan = make_plan(model, layout, cluster, assume)
+        plans.append(plan)
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        closest = min(plans + [given_plan], key=lambda p: p.peak_gpu_bytes)
+        return FitResult(given_plan, None, len(plans), closest=closest)
+    best = min(fitting, key=lambda p: (-round(p.tokens_per_s or 0), p.host_bytes_per_gpu, p.peak_gpu_bytes))
+    # faster layouts that did not fit, closest to fitting first (what it would take to go faster)
+    faster = sorted((p for p in plans if not p.fits and (p.tokens_per_s or 0) > (best.tokens_per_s or 0)),
+                    key=lambda p: p.peak_gpu_bytes)
+    return FitResult(given_plan, best, len(plans), faster_rejected=faster)
+

@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genome_lm.plan import activations as act
-from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import Cluster
+from genome_lm.plan.hardware import Assumptions, Cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, shard_degree, unsharded_layer_bytes
 from genome_lm.plan.shapes import ModelShape
@@ -52,7 +51,6 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
     parts = dict.fromkeys(("gemm", "kda_core", "dsa_indexer", "dsa_attention", "memory_bound", "loss",
                            "optimizer", "fsdp_exposed", "cp_comm", "expert_all_to_all", "offload_exposed"), 0.0)
     flops = 0.0
-    bodies: dict[tuple, int] = {}
     for layer in m.layers:
         # non-expert and routed-expert parameters one token multiplies with in this layer (busiest rank)
         dense_p = layer.param_count - layer.expert_count
@@ -83,10 +81,7 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
             gather = n * W * R * ((2 * a + 8) * (1 + attn_wrapped) + (2 * a + 8 + 24))
             parts["dsa_attention"] += max(f / attn, gather / hbm)
         flops += f
-        key = (layer.attn, layer.mlp, layer.indexer)
-        if key not in bodies:
-            bodies[key] = sum(act.layer_body(m, layer, layout, backend, assume.expert_imbalance).values())
-        saved = bodies[key]
+        saved = sum(act.layer_body(m, layer, layout, backend, assume.expert_imbalance).values())
         hc = 2 * n * 6 * 4 * m.S * m.D * (3 + layer_recompute)
         # recompute: +1 write
         parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm

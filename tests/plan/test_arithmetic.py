@@ -6,8 +6,7 @@ import pytest
 
 from genome_lm.plan import activations as act
 from genome_lm.plan.activations import layer_ops
-from genome_lm.plan.assumptions import Assumptions
-from genome_lm.plan.hardware import GiB, MiB, make_cluster
+from genome_lm.plan.hardware import Assumptions, GiB, MiB, make_cluster
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import kept, pow2
 from genome_lm.plan.planner import make_plan

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from genome_lm.config import MemoryConfig
-from genome_lm.plan.assumptions import Assumptions
+from genome_lm.plan.hardware import Assumptions
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.planner import make_plan
 from genome_lm.plan.shapes import model_shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from genome_lm.plan import Layout, model_shape
-from genome_lm.plan.inference import plan_forward
+from genome_lm.plan.memory import plan_forward
 
 
 @pytest.fixture(scope="module")
