@@ -1,6 +1,6 @@
 """The dependency rule of docs/architecture.md: genome -> model -> parallel -> train -> eval ->
 report, with plan and cli on top. A module imports only from its own package and the layers below
-it (errors, sizes, options, files, tf32, outputs, progress and settings are below everything; config
+it (errors, sizes, options, files, outputs, progress and settings are below everything; config
 belongs to train), and no two modules import each other, directly or around a longer loop, within a
 package too. Read from the source, so imports inside functions (and under `if TYPE_CHECKING:`) count too."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "genome_lm"
-LAYER = {"errors": 0, "sizes": 0, "options": 0, "tf32": 0, "outputs": 0, "progress": 0, "settings": 0,
+LAYER = {"errors": 0, "sizes": 0, "options": 0, "outputs": 0, "progress": 0, "settings": 0,
          "genome": 1, "model": 2, "parallel": 3, "config": 4, "train": 4, "eval": 5, "score": 6, "report": 6,
          "plan": 7, "cli": 8, "demo": 8, "__main__": 9, "__init__": 9}
 
