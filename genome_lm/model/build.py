@@ -1,8 +1,6 @@
-"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset (upstream
-initialisation: seed first; `glm53-flash` on the meta device unless a non-CPU `device` is given) or
-a checkpoint directory (built on meta, then filled tensor by tensor, so peak host memory is about
-one model). Nothing is set on the model or its config after construction.
-"""
+"""`build`: the causal LM from a preset (upstream initialisation: seed first; `glm53-flash` on meta
+unless a non-CPU `device` is given) or a checkpoint directory (built on meta, then filled tensor by
+tensor: peak host memory about one model). Nothing is set on the model or its config afterwards."""
 
 from __future__ import annotations
 
@@ -35,11 +33,9 @@ class BuiltModel:
 
 def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
           meta: bool | None = None, **config_overrides) -> BuiltModel:
-    """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
-
-    `dtype` (or its name): upstream's float32 exceptions (router, conv1d, KDA gate, hyper-connection
-    scales) stay float32; None: float32 for presets, as stored for checkpoints. `meta`: structure
-    only, nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
+    """The text-only causal LM from a preset name or checkpoint directory. `dtype` (or its name):
+    upstream's float32 exceptions stay float32; None: float32 for presets, as stored for checkpoints.
+    `meta`: nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
     """
     route_cpu_to_torch()
     if isinstance(dtype, str):

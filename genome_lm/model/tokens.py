@@ -1,7 +1,5 @@
-"""`token_map`: shard token ids -> model token ids: the identity for a preset or a directory without
-`tokenizer.json` and < 256 ids (a model trained on shard ids), else the id of each symbol's
-single-character token in `tokenizer.json`. `token_lut`: the same over every uint8 shard id.
-"""
+"""Shard token ids -> model token ids: the identity for a preset or a directory without `tokenizer.json`
+and < 256 ids (trained on shard ids), else each symbol's single-character token in `tokenizer.json`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""LM head + cross-entropy: float32 loss and per-token NLL, `chunked_cross_entropy` without all N x V
-logits, `naive_cross_entropy` (the reference) with all of them, then `F.cross_entropy`. The logits
-are computed in the dtype of `hidden`/`weight`, as upstream's `lm_head`, then upcast to float32.
+"""LM head + cross-entropy, float32 loss and per-token NLL: `chunked_cross_entropy` without all N x V
+logits, `naive_cross_entropy` (the reference) with them. Logits are computed in `hidden`/`weight`'s
+dtype, as upstream's `lm_head`, then upcast. Shapes: N tokens, D model dim, V vocabulary.
 
-Shapes: N tokens (flattened B*T), D model dim, V vocabulary, C = `chunk_tokens`.
-
-Forward walks the tokens C at a time: log-sum-exp and the target logit of [C, V] logits give the
-NLL; only the [N] float32 log-sum-exp is kept. Backward recomputes each chunk's logits and forms
+Forward walks C = `chunk_tokens` tokens at a time, keeping only the [N] float32 log-sum-exp.
+Backward recomputes each chunk's logits and forms
     d logits = (softmax - onehot(target)) * g      (g = incoming grad of that token's NLL)
     d hidden[chunk] = d logits @ W,   d W += d logits^T @ hidden[chunk]   (float32 accumulator)
 so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 0 and no gradient.

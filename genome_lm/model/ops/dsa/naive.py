@@ -1,9 +1,6 @@
-"""Plain reference of upstream GLM-5.3-Flash DeepSeek Sparse Attention (tests only, O(T²)).
-
-Written from `transformers.models.glm5_next.modeling_glm5_next` (`Glm5NextTextIndexer`,
-`Glm5NextTextAttention`) for unpadded inputs without a cache. Shapes: B batch, T tokens,
-H attention heads, HI indexer heads, DI indexer head dim, DN/DV key/value head dims,
-R = kv_lora_rank, P complete k-pools, W selected tokens per query.
+"""Plain reference of upstream's DeepSeek Sparse Attention (`Glm5NextTextIndexer`, `Glm5NextTextAttention`;
+tests only, O(T²), unpadded, no cache). Shapes: B batch, T tokens, H heads, HI indexer heads, DI
+indexer head dim, DN/DV key/value head dims, R = kv_lora_rank, P complete k-pools.
 
 Selection (upstream, no padding, query t sees tokens 0..t):
 1. index keys k = k_norm(wk(x)) [B, T, DI]; pool p holds tokens p*kpool .. p*kpool+kpool-1;
@@ -17,13 +14,11 @@ Selection (upstream, no padding, query t sees tokens 0..t):
    dropped. Each kept pool contributes its kpool tokens.
 4. with `index_kpool_always_select_tail`, the tokens of the query's own incomplete pool,
    (t+1)//kpool*kpool .. t, are added (none when t+1 is a multiple of kpool).
-The whole indexer runs under `torch.no_grad()`: its parameters never receive gradients.
+The indexer runs under `torch.no_grad()`: its parameters never receive gradients.
 
-Attention: MLA with per-head keys [k_nope] and values from kv_b_proj(c),
-c = kv_a_layernorm(kv_a_proj_with_mqa(x)[..., :R]), queries q_b_proj(q_a_layernorm(q_a_proj(x))),
-softmax scale (DN + DR)^-0.5, restricted to the selected tokens. A query with no selected token
-(possible only without tail selection) gets a zero output here; upstream's eager path would
-instead spread its weight uniformly over all T keys (every score is finfo.min).
+Attention: MLA, per-head keys/values kv_b_proj(c), c = kv_a_layernorm(kv_a_proj_with_mqa(x)[..., :R]),
+restricted to the selected tokens. A query with no selected token (only without tail selection) gets
+zeros here; upstream's eager path spreads it uniformly over all T keys (every score is finfo.min).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
-
-Every KDA kernel takes a `backend`, as fla's layers take `mode`: `auto` (CUDA tensors -> fla's Triton
-kernels, others -> genome_lm's torch op), `fla` (every tensor; CPU needs TRITON_INTERPRET=1), `torch`.
-
-On CUDA fla is not optional: a missing or broken fla, or one older than `MIN_FLA_CORE` (0.6.0: int64
-pointer offsets past 262,144 tokens at 64 x 128 heads, no faulting autotune configurations on B200),
-raises `GenomeLMError` naming the fix, never a silent fallback. fla's kernels are imported lazily
-(`import fla` needs Triton); its pure-torch references load from their source file. The modules'
-`fla` setting, a `FlaKernels`, says where the fla backend finds its functions."""
+A KDA kernel's `backend` (as fla's `mode`): `auto` (CUDA -> fla's Triton kernels, else the torch op),
+`fla` (CPU needs TRITON_INTERPRET=1), `torch`. On CUDA fla is not optional: a missing or broken fla,
+or one older than `MIN_FLA_CORE` (int64 offsets past 262,144 tokens at 64 x 128 heads, B200-safe
+autotune), raises `GenomeLMError` naming the fix. fla is imported lazily (it needs Triton); its
+torch references load from their source file; a module's `fla` (`FlaKernels`) names its functions."""
 
 import functools
 import importlib.metadata
@@ -110,9 +106,8 @@ def fla_rms_norm_gated(kernels: FlaKernels = FLA) -> Callable:
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:
-    """Function `name` of fla's source file `relpath` (e.g. "ops/kda/naive.py"), executed on its own so
-    that fla's `__init__` (and Triton) is never imported; None when fla, the file or `name` is absent."""
-
+    """Function `name` of fla's source file `relpath` ("ops/kda/naive.py"), run alone so fla's `__init__`
+    (and Triton) is never imported; None when fla, the file or `name` is absent."""
     spec = importlib.util.find_spec("fla")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None

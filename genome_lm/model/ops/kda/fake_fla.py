@@ -1,10 +1,7 @@
-"""Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
-
-fla's Triton kernels cannot run on fake tensors. These stand-ins take fla's arguments as genome_lm
-passes them, check shapes and dtypes, and allocate (and save for backward) what fla-core 0.6's
-functions do, as the planner's KDA terms count it. Not given: values, time, Triton scratch.
-
-Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C."""
+"""Stand-ins for the fla functions genome_lm's CUDA path calls, for the rehearsal (fla's Triton kernels
+cannot run on fake tensors): fla's arguments as genome_lm passes them, shapes and dtypes checked,
+allocating (and saving for backward) what fla-core 0.6's functions do, as the planner counts it; no
+values, time or Triton scratch. Shapes: B batch, T slab tokens, H heads, K = V head dim, C chunk."""
 
 from __future__ import annotations
 

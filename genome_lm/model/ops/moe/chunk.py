@@ -1,11 +1,7 @@
-"""MoE in token blocks: bounded transient memory, per-expert load statistics, upstream semantics.
-
-Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per token, M = `block_tokens`.
-
-Routing and experts are per token upstream, so running upstream's submodules on consecutive blocks
-of M tokens gives the result of all N at once, with transients O(M*k*I) instead of O(N*k*I). With
-`recompute=True` each block is checkpointed and keeps only its input slice. With an `ep` context the
-ranks agree on the number of blocks so that they meet in every block's all-to-alls."""
+"""MoE in token blocks, with per-expert load statistics. Routing and experts are per token upstream, so
+upstream's submodules on consecutive blocks of M = `block_tokens` tokens give the result of all N at
+once, with transients O(M*k*I), not O(N*k*I); with `recompute` each block keeps only its input
+slice. Under EP the ranks agree on the number of blocks, so they meet in every block's all-to-alls."""
 
 from __future__ import annotations
 
@@ -48,8 +44,8 @@ def blocked_moe_forward(
     module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True,
     assumed: AssumedRouting | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream MoE over blocks of `block_tokens` tokens: hidden [..., D] -> (out [..., D], tokens per
-    routed expert [E] int64); `assumed`: counts and EP splits from it, not from the router."""
+    """hidden [..., D] -> (out [..., D], tokens per routed expert [E] int64); `assumed`: counts and EP
+    splits from it, not from the router."""
     shape = hidden.shape
     x = hidden.reshape(-1, shape[-1])  # [N, D]
     n = x.shape[0]
@@ -105,8 +101,7 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
 
 
 def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
-    """Per MoE layer name (`model.layers.3.mlp`) with `last_expert_counts` from its last forward:
-    tokens per expert `max`, `mean` and `imbalance` = max / mean."""
+    """Per MoE layer name with `last_expert_counts`: tokens per expert `max`, `mean`, `imbalance` = max / mean."""
     stats = {}
     for name, module in model.named_modules():
         counts = getattr(module, "last_expert_counts", None)
