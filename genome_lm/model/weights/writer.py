@@ -41,19 +41,16 @@ def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes
         yield batch
 
 
-def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
-    """Per output file, its on-disk tensor names and sizes (planned on the meta device)."""
-    parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
-             for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
-    return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
-
-
 class ShardWriter:
-    """Writes on-disk tensors arriving in plan order into a `shard_plan`'s files, each when its last
-    tensor arrives (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
+    """Writes the on-disk tensors of `specs`, arriving in order, into files of at most `max_bytes` planned
+    on the meta device (`plan`: per file, names and sizes), each when its last tensor arrives
+    (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
 
-    def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
-        self.directory, self.plan, n = Path(directory), plan, len(plan)
+    def __init__(self, directory: Path, specs: Iterable[TensorSpec], max_bytes: int):
+        parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
+                 for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+        self.plan = plan = list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
+        self.directory, n = Path(directory), len(plan)
         self.names = ([f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1
                       else ["model.safetensors"])
         self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
@@ -138,10 +135,9 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
     dtypes = {name: dtype for name, _, dtype in specs}
     head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
     config["dtype"] = str(head).removeprefix("torch.")
-    plan = shard_plan(specs, max_shard_bytes)
     with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        writer = ShardWriter(tmp, plan)
+        writer = ShardWriter(tmp, specs, max_shard_bytes)
         tensor: torch.Tensor | None
         part: torch.Tensor | None
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.cp import attach, gather_seq
-from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.settings import DEFAULTS, KDABackend
 
@@ -59,7 +59,7 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
                     fla: FlaKernels = FLA, **gate):
     """fla's context-parallel `chunk_kda` on this rank's slab (equal slabs; each batch row its own
     sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
-    build = fla.function("fla.ops.cp", "build_cp_context")
+    build = fla_function("fla.ops.cp", "build_cp_context", fla)
     T = q.shape[1]
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
     group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group

@@ -5,8 +5,6 @@ values, time or Triton scratch. Shapes: B batch, T slab tokens, H heads, K = V h
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import torch
 
 from genome_lm.model.ops.kda._fla import FlaKernels
@@ -118,9 +116,9 @@ def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 
-FAKE_FLA = FlaKernels(MappingProxyType({
-    "fla.ops.kda.chunk_kda": chunk_kda,
-    "fla.modules.causal_conv1d.causal_conv1d": causal_conv1d,
-    "fla.modules.norm.fused_norm_gate.rms_norm_gated": rms_norm_gated,
-    "fla.ops.cp.build_cp_context": build_cp_context,
-}))  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)
+FAKE_FLA: FlaKernels = (  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)
+    ("fla.ops.kda.chunk_kda", chunk_kda),
+    ("fla.modules.causal_conv1d.causal_conv1d", causal_conv1d),
+    ("fla.modules.norm.fused_norm_gate.rms_norm_gated", rms_norm_gated),
+    ("fla.ops.cp.build_cp_context", build_cp_context),
+)
