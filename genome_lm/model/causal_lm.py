@@ -20,9 +20,7 @@ from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
 
 @dataclass
-class CausalLMOutput(ModelOutput):
-    """What `Glm5NextCausalLM.forward` returns (see there)."""
-
+class CausalLMOutput(ModelOutput):  # what `Glm5NextCausalLM.forward` returns (see there)
     loss: torch.Tensor | None = None
     per_token_nll: torch.Tensor | None = None
     nll_mask: torch.Tensor | None = None

@@ -78,7 +78,6 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                           chunk_tokens: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
                           return_per_token: bool = False):
     """`naive_cross_entropy`, never holding more than [chunk_tokens, V] logits."""
-
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]
@@ -91,7 +90,6 @@ def naive_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
                         ignore_index: int = IGNORE_INDEX, return_per_token: bool = False):
     """hidden [N, D], LM head weight [V, D], targets [N] -> mean float32 NLL over the targets that are
     not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
-
     logits = F.linear(hidden, weight).float()  # [N, V]
     nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
     count = (targets != ignore_index).sum().clamp(min=1)

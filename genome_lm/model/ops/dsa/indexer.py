@@ -123,7 +123,6 @@ def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch
 def index_inputs(indexer, hidden_states: torch.Tensor, q_resid: torch.Tensor):
     """Upstream `Glm5NextTextIndexer`'s projections of hidden_states [B, T, D] and q_resid (no gradients)
     -> (q [B, T, HI, DI], weights [B, T, HI] float32 times HI^-0.5, keys [B, T, DI], gate [B, T, DI])."""
-
     B, T, _ = hidden_states.shape
     q = indexer.wq_b(q_resid).view(B, T, indexer.n_heads, indexer.head_dim)  # [B, T, HI, DI]
     keys = indexer.k_norm(indexer.wk(hidden_states))  # [B, T, DI]

@@ -61,19 +61,15 @@ def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ap
     return F.pad(tokens, (0, width - tokens.shape[-1]), value=-1)  # [pool tokens, tail, -1 ...]
 
 
-def naive_selection_mask(indices: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """Token indices [B, T, W] (-1 = empty) -> boolean mask [B, T, kv_len] of selected keys."""
-    mask = torch.zeros(*indices.shape[:2], kv_len + 1, dtype=torch.bool, device=indices.device)
-    mask.scatter_(-1, indices.long().masked_fill(indices < 0, kv_len), True)
-    return mask[..., :kv_len]
-
-
-def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor, mask: torch.Tensor,
-                        scale: float) -> torch.Tensor:
-    """Dense MLA attention with keys/values expanded per head (upstream's form) under `mask`
-    [B, T, S] (True = attend) -> [B, T, H, DV]; rows without any True are zero."""
+def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor,
+                        indices: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense MLA attention with keys/values expanded per head (upstream's form) over the selected keys
+    `indices` [B, T, W] (-1 = empty) -> [B, T, H, DV]; rows without any selected key are zero."""
     B, T, H, DN = q_nope.shape
-    kv = F.linear(kv_latent, kv_b_weight).view(B, kv_latent.shape[1], H, -1)  # [B, S, H, DN + DV]
+    S = kv_latent.shape[1]
+    mask = torch.zeros(B, T, S + 1, dtype=torch.bool, device=indices.device)
+    mask = mask.scatter_(-1, indices.long().masked_fill(indices < 0, S), True)[..., :S]  # [B, T, S]
+    kv = F.linear(kv_latent, kv_b_weight).view(B, S, H, -1)  # [B, S, H, DN + DV]
     k, v = kv[..., :DN], kv[..., DN:]
     s = torch.einsum("bthd,bshd->bhts", q_nope, k) * scale
     s = s.float().masked_fill(~mask[:, None], float("-inf"))
@@ -84,7 +80,6 @@ def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weig
 def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
     """Reference forward of an upstream `Glm5NextTextAttention` (its parameters, not its forward; no
     cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
-
     cfg = attn.config
     if cfg.qk_rope_head_dim:
         raise NotImplementedError("naive DSA reference covers NoPE DSA only (qk_rope_head_dim == 0)")
@@ -110,5 +105,5 @@ def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Ten
                 select_tail=ix.index_kpool_always_select_tail,
                 scale=ix.softmax_scale,
             )
-    o = naive_mla_attention(q, c, attn.kv_b_proj.weight, naive_selection_mask(indices, T), attn.scaling)
+    o = naive_mla_attention(q, c, attn.kv_b_proj.weight, indices, attn.scaling)
     return attn.o_proj(o.reshape(B, T, -1)), indices

@@ -72,10 +72,9 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         if self.cp is not None:
             if cache is not None:
                 raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
-            return self._cp_forward(hidden_states, attention_mask)
+            return self._cp_forward(self.cp, hidden_states, attention_mask)
         if cache is None:
             return kda_layer_step(self, hidden_states, None, attention_mask)[0]
-
         return self._cached_forward(hidden_states, cache, attention_mask)
 
     def _cached_forward(self, hidden_states: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -107,10 +106,9 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         cache.update_recurrent_state(kept if keep else final, idx)
         return torch.cat(outs, dim=1)
 
-    def _cp_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _cp_forward(self, cp: CPContext, hidden_states: torch.Tensor,
+                    attention_mask: torch.Tensor | None) -> torch.Tensor:
         """This rank's slab [B, T, D] -> [B, T, D] (`cp` holds the split; the core: `cp.cp_kda_core`)."""
-        cp = self.cp
-        assert cp is not None  # forward takes this path only with a cp
         cp.check_local(hidden_states.shape[1])
         hidden_states = mask_padding(hidden_states, attention_mask)
         # the W-1 pre-conv projections [B, C3, W-1] before this slab (zeros at sequence start)
