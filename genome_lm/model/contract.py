@@ -1,8 +1,7 @@
-"""What genome_lm relies on in upstream `transformers` (and private torch), in one place, checked so
-that a mismatch is one line naming the symbol, the installed version, the supported range and the fix:
-`check_symbols()` when `model/upstream.py` is first imported, `check_model(model)` (attributes set in
-`__init__`) on a built model, `check_torch()` when a rehearsal starts. `SUPPORTED` is pyproject.toml's
-transformers range and `TESTED` the locked version."""
+"""What genome_lm relies on in upstream `transformers` (and private torch), checked so that a mismatch is
+one line naming the symbol, the installed version, the supported range and the fix: `check_symbols()`
+on importing `model/upstream.py`, `check_model(model)` on a built model, `check_torch()` when a
+rehearsal starts. `SUPPORTED` is pyproject.toml's transformers range, `TESTED` the locked version."""
 
 from __future__ import annotations
 

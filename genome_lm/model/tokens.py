@@ -64,6 +64,4 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
 def token_lut(shard_vocab: dict[str, int], model_source: str | Path) -> np.ndarray:
     """`token_map` padded to int64 [256], one entry per uint8 shard id (0 past the vocabulary)."""
     mapped = token_map(shard_vocab, model_source).numpy()
-    lut = np.zeros(SHARD_IDS, dtype=np.int64)
-    lut[: len(mapped)] = mapped
-    return lut
+    return np.pad(mapped, (0, SHARD_IDS - len(mapped)))

@@ -1,10 +1,7 @@
-"""Access to upstream `transformers.models.glm5_next`, and keeping its CPU path on plain torch.
-
-Upstream picks hub kernels for five functions (`KERNEL_FALLBACK_FUNCTIONS`) at import time; fla's
-Triton kernels cannot run on CPU. The decorated functions keep upstream's torch code as
-`__wrapped__`, and the forward looks them up in the module's globals at call time, so
-`route_cpu_to_torch()` makes each a dispatcher sending CPU tensors to the torch fallback, and
-`use_torch_fallbacks()` forces the fallbacks on every device (tests)."""
+"""Access to upstream `transformers.models.glm5_next`, its CPU path kept on plain torch. Upstream binds
+hub kernels to `KERNEL_FALLBACK_FUNCTIONS` at import (fla's Triton kernels cannot run on CPU), keeps its
+torch code as `__wrapped__` and looks them up in its globals at call time: `route_cpu_to_torch` makes
+each a dispatcher sending CPU tensors to the fallback, `use_torch_fallbacks` forces it (tests)."""
 
 from __future__ import annotations
 

@@ -34,11 +34,13 @@ class AssumedRouting:
         if self.imbalance < 1:
             raise ValueError(f"imbalance is the busiest rank over the mean, >= 1; got {self.imbalance}")
 
-    def splits(self, pairs: int, size: int, n_local: int) -> tuple[list[int], list[int], list[int]]:
-        """(rows sent to each rank [P], rows received from each rank [P], rows per local expert
-        [El]) for `pairs` = M·k (token, expert) pairs of this rank."""
+    def splits(self, pairs: int, size: int, n_local: int, device: torch.device):
+        """`_splits` for `pairs` = M·k (token, expert) pairs of this rank, spread evenly."""
         received = math.ceil(pairs * self.imbalance)
-        return _even(pairs, size), _even(received, size), _even(received, n_local)
+        per_expert = _even(received, n_local)
+        expert_of_row = torch.arange(n_local, device=device).repeat_interleave(
+            torch.tensor(per_expert, device=device), output_size=received)
+        return _even(pairs, size), _even(received, size), per_expert, expert_of_row
 
     def counts(self, pairs: int, num_experts: int, device: torch.device) -> torch.Tensor:
         """[E] int64 tokens per expert over the block: the pairs spread evenly."""
@@ -169,10 +171,7 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, a
     """(rows sent to each rank [P], received from each rank [P], per local expert [El], local expert
     of each received row [R]) for this rank's expert ids `flat` [M*k]: exchanged, or `assumed`."""
     if assumed is not None:
-        send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
-        local = torch.arange(n_local, device=flat.device)
-        return send, recv, per_expert, local.repeat_interleave(torch.tensor(per_expert, device=flat.device),
-                                                               output_size=sum(recv))
+        return assumed.splits(flat.numel(), ep.size, n_local, flat.device)
     with torch.no_grad():
         counts = torch.bincount(flat, minlength=num_experts)  # [E]: rows this rank sends per expert
         recv_counts = torch.empty_like(counts)
