@@ -21,9 +21,8 @@ from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_
 
 @dataclass(frozen=True)
 class BuiltModel:
-    """What `build` built: the causal LM; the preset or directory it came from; the dtype of its
-    weights (upstream's float32 exceptions aside: the one asked for, else a checkpoint's, None for a
-    preset in float32); what reading a checkpoint found (None when nothing was read)."""
+    """The causal LM, its preset or directory, its weights' dtype (float32 exceptions aside; None: a float32
+    preset), what reading a checkpoint found (None: nothing read)."""
 
     model: Glm5NextCausalLM
     source: str
@@ -70,8 +69,7 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
 
 
 def check_upstream() -> str:
-    """The whole check against `contract.py` (symbols, a tiny meta model's attributes, torch) -> a
-    one-line summary; a mismatch raises `UpstreamMismatch`."""
+    """Check all of `contract.py` (a tiny meta model for the attributes) -> its one-line summary."""
     check_symbols()
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()

@@ -121,8 +121,7 @@ class Glm5NextCausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
-        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], the prompt once through `cache`
-        (default a new `DynamicCache`), then one token at a time."""
+        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], one token at a time through `cache`."""
         if self.cp is not None:
             raise NotImplementedError("generate runs in one process (this model is context-parallel)")
         cache = DynamicCache(config=self.config) if cache is None else cache

@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 
 class StreamingCache(DynamicCache):
-    """`DynamicCache` plus `total_len`, the final length when known: `LongDSA` then scores a top-k row
-    of total_len // kpool pools, as one pass does, so exact score ties resolve the same way."""
+    """`DynamicCache` plus the final length, if known: `LongDSA` then scores top-k rows as one pass does."""
 
     def __init__(self, config, total_len: int | None = None):
         super().__init__(config=config)
