@@ -1,8 +1,6 @@
-"""`build(preset_or_checkpoint_dir, **overrides)`: the causal LM from a preset (upstream
-initialisation: seed first; `glm53-flash` on the meta device unless a non-CPU `device` is given) or
-a checkpoint directory (built on meta, then filled tensor by tensor, so peak host memory is about
-one model). Nothing is set on the model or its config after construction.
-"""
+"""`build`: the causal LM from a preset (upstream initialisation: seed first; `glm53-flash` on meta
+unless a non-CPU `device` is given) or a checkpoint directory (built on meta, then filled tensor by
+tensor: peak host memory about one model). Nothing is set on the model or its config afterwards."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_
 
 @dataclass(frozen=True)
 class BuiltModel:
-    """What `build` built: the causal LM; the preset or directory it came from; the dtype of its
-    weights (upstream's float32 exceptions aside: the one asked for, else a checkpoint's, None for a
-    preset in float32); what reading a checkpoint found (None when nothing was read)."""
+    """The causal LM, its preset or directory, its weights' dtype (float32 exceptions aside; None: a float32
+    preset), what reading a checkpoint found (None: nothing read)."""
 
     model: Glm5NextCausalLM
     source: str
@@ -35,11 +32,9 @@ class BuiltModel:
 
 def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
           meta: bool | None = None, **config_overrides) -> BuiltModel:
-    """The text-only causal LM (`model.*` + `lm_head.*`) from a preset name or checkpoint directory.
-
-    `dtype` (or its name): upstream's float32 exceptions (router, conv1d, KDA gate, hyper-connection
-    scales) stay float32; None: float32 for presets, as stored for checkpoints. `meta`: structure
-    only, nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
+    """The text-only causal LM from a preset name or checkpoint directory. `dtype` (or its name):
+    upstream's float32 exceptions stay float32; None: float32 for presets, as stored for checkpoints.
+    `meta`: nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
     """
     route_cpu_to_torch()
     if isinstance(dtype, str):
@@ -74,8 +69,7 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
 
 
 def check_upstream() -> str:
-    """The whole check against `contract.py` (symbols, a tiny meta model's attributes, torch) -> a
-    one-line summary; a mismatch raises `UpstreamMismatch`."""
+    """Check all of `contract.py` (a tiny meta model for the attributes) -> its one-line summary."""
     check_symbols()
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()

@@ -1,11 +1,8 @@
-"""Text-only causal LM: upstream `Glm5NextTextModel` (`model`) plus an LM head (`lm_head`); state-dict
-keys are a real checkpoint's text part with the `language_model.` level removed.
-
-Shapes: B batch, T tokens, D model dim, V vocabulary.
-
-Labels follow Hugging Face causal LMs (-100 where not scored; shifted inside).
-`per_token_nll[b, t]` = -log p(x[b, t] | x[b, :t]); column 0 and ignored labels hold 0 (`nll_mask`
-marks the real entries). The loss never builds all [B*T, V] logits; `logits()` does, for small T."""
+"""Text-only causal LM: upstream `Glm5NextTextModel` (`model`) plus `lm_head`; state-dict keys are a real
+checkpoint's text part without the `language_model.` level. Shapes: B batch, T tokens, D model dim.
+Labels as Hugging Face causal LMs' (-100: not scored; shifted inside). `per_token_nll[b, t]` =
+-log p(x[b, t] | x[b, :t]), 0 in column 0 and at ignored labels (`nll_mask` marks the real ones).
+The loss never builds all [B*T, V] logits; `logits()` does, for small T."""
 
 from __future__ import annotations
 
@@ -23,9 +20,7 @@ from genome_lm.model.upstream import Glm5NextTextConfig, Glm5NextTextModel
 
 
 @dataclass
-class CausalLMOutput(ModelOutput):
-    """What `Glm5NextCausalLM.forward` returns (see there)."""
-
+class CausalLMOutput(ModelOutput):  # what `Glm5NextCausalLM.forward` returns (see there)
     loss: torch.Tensor | None = None
     per_token_nll: torch.Tensor | None = None
     nll_mask: torch.Tensor | None = None
@@ -67,11 +62,9 @@ class Glm5NextCausalLM(nn.Module):
         (default: the input ids when `return_per_token_nll`, else no loss), with `num_targets` and,
         when asked, `per_token_nll` / `nll_mask` [B, T], `hidden_states`, `cache` (`use_cache`: a new
         `DynamicCache` unless one is given; the loss covers this call's tokens only).
-
-        Under context parallelism (`self.cp`) every CP rank gets the full batch and runs its slab
-        [B, T_r]: `loss` is the group's mean, its gradient this rank's share (its NLL sum / the
-        group's target count), `num_targets` the group's, `per_token_nll` gathered (no gradient),
-        `hidden_states` the slab's.
+        Under context parallelism each CP rank gets the full batch and runs its slab [B, T_r]: `loss`
+        is the group's mean, its gradient this rank's share, `num_targets` the group's,
+        `per_token_nll` gathered (no gradient), `hidden_states` the slab's.
         """
         if unsupported:
             raise GenomeLMError(
@@ -128,8 +121,7 @@ class Glm5NextCausalLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:
-        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], the prompt once through `cache`
-        (default a new `DynamicCache`), then one token at a time."""
+        """Greedy decoding: prompt [B, T] -> [B, T + max_new_tokens], one token at a time through `cache`."""
         if self.cp is not None:
             raise NotImplementedError("generate runs in one process (this model is context-parallel)")
         cache = DynamicCache(config=self.config) if cache is None else cache

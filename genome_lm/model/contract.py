@@ -1,8 +1,7 @@
-"""What genome_lm relies on in upstream `transformers` (and private torch), in one place, checked so
-that a mismatch is one line naming the symbol, the installed version, the supported range and the fix:
-`check_symbols()` when `model/upstream.py` is first imported, `check_model(model)` (attributes set in
-`__init__`) on a built model, `check_torch()` when a rehearsal starts. `SUPPORTED` is pyproject.toml's
-transformers range and `TESTED` the locked version."""
+"""What genome_lm relies on in upstream `transformers` (and private torch), checked so that a mismatch is
+one line naming the symbol, the installed version, the supported range and the fix: `check_symbols()`
+on importing `model/upstream.py`, `check_model(model)` on a built model, `check_torch()` when a
+rehearsal starts. `SUPPORTED` is pyproject.toml's transformers range, `TESTED` the locked version."""
 
 from __future__ import annotations
 
@@ -21,15 +20,18 @@ FIX = f"`make setup` (installs requirements.lock) or `pip install 'transformers{
 MODULE = "transformers.models.glm5_next.modeling_glm5_next"
 CONFIG_MODULE = "transformers.models.glm5_next.configuration_glm5_next"
 
+# Upstream module globals that may be bound to an optional package's or a hub kernel (model/upstream.py).
+KERNEL_FALLBACK_FUNCTIONS = (
+    "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
+    "causal_conv1d_forward", "causal_conv1d_fn", "causal_conv1d_update",
+)
 # Classes and functions of MODULE: subclassed, swapped, called or routed (model/upstream.py).
 SYMBOLS = (
     "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextPreTrainedModel", "Glm5NextTextModel",
     "Glm5NextTextDecoderLayer", "Glm5NextTextAttention", "Glm5NextTextIndexer", "Glm5NextTextLinearAttention",
     "Glm5NextTextForgetGate", "Glm5NextTextRMSNorm", "Glm5NextTextRMSNormGated", "Glm5NextTextUnweightedRMSNorm",
     "Glm5NextTextHyperConnection", "Glm5NextTextMLP", "Glm5NextTextMoE", "Glm5NextTextExperts",
-    "Glm5NextTextTopkRouter", "Glm5NextForConditionalGeneration",
-    "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
-    "causal_conv1d_forward", "causal_conv1d_fn", "causal_conv1d_update",
+    "Glm5NextTextTopkRouter", "Glm5NextForConditionalGeneration", *KERNEL_FALLBACK_FUNCTIONS,
 )
 
 # Parameters, in order, of what genome_lm replaces (a subclass's forward takes upstream's call)
@@ -52,12 +54,12 @@ SIGNATURES = {
 
 # `transformers.DynamicCache` methods the KDA layer's cache path and streaming eval call.
 CACHE_METHODS = {
-    "get_conv_state": ("self", "layer_idx", "state_idx"),
-    "update_conv_state": ("self", "conv_states", "layer_idx", "state_idx", "kwargs"),
-    "get_recurrent_state": ("self", "layer_idx", "state_idx"),
-    "update_recurrent_state": ("self", "recurrent_states", "layer_idx", "state_idx", "kwargs"),
-    "get_recurrent_states_to_keep": ("self", "layer_idx"),
-    "get_seq_length": ("self", "layer_idx"),
+    "DynamicCache.get_conv_state": ("self", "layer_idx", "state_idx"),
+    "DynamicCache.update_conv_state": ("self", "conv_states", "layer_idx", "state_idx", "kwargs"),
+    "DynamicCache.get_recurrent_state": ("self", "layer_idx", "state_idx"),
+    "DynamicCache.update_recurrent_state": ("self", "recurrent_states", "layer_idx", "state_idx", "kwargs"),
+    "DynamicCache.get_recurrent_states_to_keep": ("self", "layer_idx"),
+    "DynamicCache.get_seq_length": ("self", "layer_idx"),
 }
 
 # Class attributes read at import or build time.
@@ -139,14 +141,23 @@ def _mismatch(problems: list[str], what: str | None = None, fix: str | None = No
     return UpstreamMismatch(f"{what}: {problems[0]}{more}; {fix}")
 
 
-def _signature_problem(where: str, fn, expected: tuple[str, ...]) -> str | None:
-    try:
-        got = tuple(inspect.signature(inspect.unwrap(fn)).parameters)  # past upstream's kernel decorators
-    except (TypeError, ValueError):
-        return None
-    if got == expected:
-        return None
-    return f"{where} takes ({', '.join(got)}), genome_lm calls it as ({', '.join(expected)})"
+def _signature_problems(classes: dict, signatures: dict[str, tuple[str, ...]], missing: str) -> list[str | None]:
+    """Each "Class.method" of `signatures` whose class is in `classes`: `missing` (formatted with `cls`,
+    `method`) when it is absent, a line when its parameters differ, else None."""
+    problems: list[str | None] = []
+    for where, expected in signatures.items():
+        cls_name, method_name = where.split(".")
+        method = getattr(classes.get(cls_name), method_name, None)
+        if method is None:  # a missing class is reported with the classes
+            problems.append(missing.format(cls=cls_name, method=method_name) if cls_name in classes else None)
+            continue
+        try:
+            got = tuple(inspect.signature(inspect.unwrap(method)).parameters)  # past upstream's kernel decorators
+        except (TypeError, ValueError):
+            continue
+        if got != expected:
+            problems.append(f"{where} takes ({', '.join(got)}), genome_lm calls it as ({', '.join(expected)})")
+    return problems
 
 
 def symbol_problems() -> list[str]:
@@ -157,16 +168,9 @@ def symbol_problems() -> list[str]:
     except ImportError as e:
         return [f"{MODULE} cannot be imported ({e})"]
     problems: list[str | None] = [f"{MODULE} has no {name}" for name in SYMBOLS if not hasattr(glm, name)]
-    for where, expected in SIGNATURES.items():
-        cls_name, method_name = where.split(".")
-        if not hasattr(glm, cls_name):
-            continue  # reported with SYMBOLS
-        method = getattr(getattr(glm, cls_name), method_name, None)
-        problems.append(f"{MODULE} has no {where}" if method is None else _signature_problem(where, method, expected))
-    for name, expected in CACHE_METHODS.items():
-        method = getattr(DynamicCache, name, None)
-        problems.append(f"DynamicCache has no method {name}" if method is None
-                        else _signature_problem(f"DynamicCache.{name}", method, expected))
+    problems += _signature_problems(vars(glm), SIGNATURES, f"{MODULE} has no {{cls}}.{{method}}")
+    problems += _signature_problems({"DynamicCache": DynamicCache}, CACHE_METHODS,
+                                    "DynamicCache has no method {method}")
     for cls_name, attrs in CLASS_ATTRIBUTES.items():
         cls = getattr(glm, cls_name, None)
         problems += [f"{cls_name} has no attribute {a!r}" for a in attrs if cls is not None and not hasattr(cls, a)]
@@ -212,12 +216,7 @@ def torch_problems() -> list[str]:
             classes[name] = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
             problems.append(f"{module}.{name} cannot be imported ({e})")
-    for where, expected in TORCH_SIGNATURES.items():
-        cls_name, method_name = where.split(".")
-        method = getattr(classes.get(cls_name), method_name, None)
-        if cls_name in classes:
-            problems.append(f"torch's {cls_name} has no {method_name}" if method is None
-                            else _signature_problem(where, method, expected))
+    problems += _signature_problems(classes, TORCH_SIGNATURES, "torch's {cls} has no {method}")
     if "MemTracker" in classes:
         tracker = classes["MemTracker"]()
         for cls_name, instance in (("MemTracker", tracker), ("ModTracker", getattr(tracker, "_mod_tracker", None))):

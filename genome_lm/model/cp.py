@@ -1,10 +1,7 @@
-"""Context parallelism inside the model: the slab split (`CPContext`) and the autograd-aware
-collectives the long-context layers and the causal LM call.
-
-Slabs are contiguous, one per rank, boundaries at multiples of 64 tokens (the KDA chunk, whole
-k-pools) when every rank gets one such block; no padding reaches the model. Every rank runs the
-same collectives in the same order; autograd runs a CPU graph in reverse creation order, so they
-also meet in backward."""
+"""Context parallelism in the model: the slab split (`CPContext`) and autograd-aware collectives.
+Slabs are contiguous, one per rank, bounded at multiples of 64 tokens (the KDA chunk, whole k-pools)
+when every rank gets a block; no padding reaches the model. Every rank runs the same collectives in
+the same order, and autograd runs a CPU graph in reverse creation order, so they meet in backward too."""
 
 from __future__ import annotations
 

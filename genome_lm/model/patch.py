@@ -1,10 +1,6 @@
-"""`apply_long_context(model, settings)`: install the long-context classes, in place, keeping parameter names.
-
-Works on the causal LM from `build` or a bare `Glm5NextTextModel`; each op in `settings.ops` swaps the
-upstream modules of its kind for a subclass (`ops/__init__.py`), `mlp` only dense layers' MLPs (blocked
-MoE rebuilds its shared experts), `loss` sets the causal LM's `loss_chunk_tokens`. `print(model)`
-shows the classes and their settings; applying again reconfigures them.
-"""
+"""`apply_long_context`: install the long-context classes in place (parameter names kept), on the causal
+LM or a bare `Glm5NextTextModel`. Each op of `settings.ops` swaps its upstream modules for a subclass;
+`mlp` only dense layers' MLPs; `loss` sets `loss_chunk_tokens`. Applying again reconfigures them."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Streaming scoring: the second inference engine, walking a long sequence chunk by chunk.
-
-Same numbers as the parallel forward's `per_token_nll`: element t is -log p(x_t | x_<t) in float32,
-element 0 is 0. The parallel forward is the training path, so the agreement of the two is our
-log-prob parity (the reference run's training-vs-vLLM comparison).
-
-Per chunk the model runs as upstream decodes, with the long-context classes' state in upstream's
-cache (`StreamingCache`): `LongKDA` its conv tail and recurrent state, `LongDSA` the latent rows
-and index keys of the earlier tokens. A chunk's last hidden state is kept: it scores the first
-token of the next chunk. Memory: DSA O(T·(kv_lora + 2·index_dim)) per layer, KDA O(1), activations
-O(chunk). Shapes: B batch, T tokens, n chunk tokens, D model dim.
+"""Streaming scoring, the second inference engine: a long sequence chunk by chunk, giving the parallel
+forward's `per_token_nll` (their agreement is the log-prob parity, as training vs vLLM in the
+reference run). Per chunk the model runs as upstream decodes, the layers' state in upstream's cache
+(`LongKDA`: conv tail and recurrent state; `LongDSA`: latent rows and index keys); a chunk's last
+hidden state scores the next chunk's first token. Memory: DSA O(T·(kv_lora + 2·index_dim)) per
+layer, KDA O(1), activations O(chunk). Shapes: B batch, T tokens, n chunk tokens, D model dim.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ if TYPE_CHECKING:
 
 
 class StreamingCache(DynamicCache):
-    """`DynamicCache` plus `total_len`, the final length when known: `LongDSA` then scores a top-k row
-    of total_len // kpool pools, as one pass does, so exact score ties resolve the same way."""
+    """`DynamicCache` plus the final length, if known: `LongDSA` then scores top-k rows as one pass does."""
 
     def __init__(self, config, total_len: int | None = None):
         super().__init__(config=config)
@@ -36,10 +30,9 @@ class StreamingCache(DynamicCache):
 
 
 class StreamingScorer:
-    """Walk one batch of sequences chunk by chunk, carrying each layer's state (no gradients); the
-    model gets the long-context classes if it lacks them. Give `total_len` for parity: indexer
-    scores are sums of relus, so exact ties are common, and a shorter row may pick other tied pools
-    (equally valid; log-probs then differed by up to 0.07 on glm53-tiny)."""
+    """One batch of sequences chunk by chunk, each layer's state carried (no gradients; long-context
+    classes installed if missing). Give `total_len` for parity: indexer scores (sums of relus) tie
+    often, and a shorter row may pick other tied pools (log-probs then differed by up to 0.07)."""
 
     def __init__(self, model: Glm5NextCausalLM, total_len: int | None = None):
         if not hasattr(model, "lm_head") or not hasattr(model, "model"):

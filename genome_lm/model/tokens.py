@@ -1,7 +1,5 @@
-"""`token_map`: shard token ids -> model token ids: the identity for a preset or a directory without
-`tokenizer.json` and < 256 ids (a model trained on shard ids), else the id of each symbol's
-single-character token in `tokenizer.json`. `token_lut`: the same over every uint8 shard id.
-"""
+"""Shard token ids -> model token ids: the identity for a preset or a directory without `tokenizer.json`
+and < 256 ids (trained on shard ids), else each symbol's single-character token in `tokenizer.json`."""
 
 from __future__ import annotations
 
@@ -66,6 +64,4 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
 def token_lut(shard_vocab: dict[str, int], model_source: str | Path) -> np.ndarray:
     """`token_map` padded to int64 [256], one entry per uint8 shard id (0 past the vocabulary)."""
     mapped = token_map(shard_vocab, model_source).numpy()
-    lut = np.zeros(SHARD_IDS, dtype=np.int64)
-    lut[: len(mapped)] = mapped
-    return lut
+    return np.pad(mapped, (0, SHARD_IDS - len(mapped)))

@@ -1,10 +1,7 @@
-"""Access to upstream `transformers.models.glm5_next`, and keeping its CPU path on plain torch.
-
-Upstream picks hub kernels for five functions (`KERNEL_FALLBACK_FUNCTIONS`) at import time; fla's
-Triton kernels cannot run on CPU. The decorated functions keep upstream's torch code as
-`__wrapped__`, and the forward looks them up in the module's globals at call time, so
-`route_cpu_to_torch()` makes each a dispatcher sending CPU tensors to the torch fallback, and
-`use_torch_fallbacks()` forces the fallbacks on every device (tests)."""
+"""Access to upstream `transformers.models.glm5_next`, its CPU path kept on plain torch. Upstream binds
+hub kernels to `KERNEL_FALLBACK_FUNCTIONS` at import (fla's Triton kernels cannot run on CPU), keeps its
+torch code as `__wrapped__` and looks them up in its globals at call time: `route_cpu_to_torch` makes
+each a dispatcher sending CPU tensors to the fallback, `use_torch_fallbacks` forces it (tests)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from genome_lm.model.contract import check_symbols
+from genome_lm.model.contract import KERNEL_FALLBACK_FUNCTIONS, check_symbols
 
 check_symbols()  # a transformers that does not match is one line, not an error inside a forward
 
@@ -23,27 +20,15 @@ from transformers.models.glm5_next import modeling_glm5_next as glm  # noqa: E40
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextConfig, Glm5NextTextConfig  # noqa: E402
 from transformers.models.glm5_next.modeling_glm5_next import (  # noqa: E402
     Glm5NextTextAttention,
-    Glm5NextTextDecoderLayer,
     Glm5NextTextExperts,
     Glm5NextTextLinearAttention,
     Glm5NextTextModel,
     Glm5NextTextMoE,
-    Glm5NextTextTopkRouter,
 )
 
-__all__ = ["glm", "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextTextModel", "Glm5NextTextDecoderLayer",
-           "Glm5NextTextAttention", "Glm5NextTextLinearAttention", "Glm5NextTextMoE", "Glm5NextTextExperts",
-           "Glm5NextTextTopkRouter", "KERNEL_FALLBACK_FUNCTIONS", "route_cpu_to_torch",
+__all__ = ["glm", "Glm5NextConfig", "Glm5NextTextConfig", "Glm5NextTextModel", "Glm5NextTextAttention",
+           "Glm5NextTextLinearAttention", "Glm5NextTextMoE", "Glm5NextTextExperts", "route_cpu_to_torch",
            "use_torch_fallbacks", "KEEP_IN_FP32"]
-
-# Upstream module globals that may be bound to an optional package's or a hub kernel.
-KERNEL_FALLBACK_FUNCTIONS = (
-    "chunk_kimi_delta_attention",
-    "recurrent_kimi_delta_attention",
-    "causal_conv1d_forward",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-)
 
 # Parameters upstream keeps in float32 even when the model is bf16/fp16 (substring match on names).
 KEEP_IN_FP32 = tuple(glm.Glm5NextPreTrainedModel._keep_in_fp32_modules_strict)

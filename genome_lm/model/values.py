@@ -15,8 +15,8 @@ from genome_lm.model.ops.moe.ep import AssumedRouting, ExpertParallelExperts
 
 
 def use_fake_values(model: nn.Module, imbalance: float = 1.0) -> nn.Module:
-    """Set, for fake tensors, on every long-context module of `model` (in place, also after FSDP2):
-    `imbalance` x the mean expert rows here, no data checks, fla's fake stand-ins; returns it."""
+    """For fake tensors, set on `model`'s long-context modules (in place, also after FSDP2): `imbalance` x
+    the mean expert rows here, no data checks, fla's stand-ins."""
     from genome_lm.model.ops.kda.fake_fla import FAKE_FLA
 
     routing = AssumedRouting(float(imbalance))

@@ -1,10 +1,6 @@
-"""Long-context ops: each `<op>` keeps a plain reference (`naive.py`, or upstream's forward) beside the
-fast version, and how a genome_lm class takes over an upstream module: `Cls.install(module, **settings)`.
-
-`swap_class` is the one place in genome_lm that sets `module.__class__`: installing a subclass in
-place keeps the object itself (its parent's reference, its parameters, hooks), as torch's
-`fully_shard` installs its FSDP classes.
-"""
+"""Long-context ops (each beside a plain reference: `naive.py` or upstream's forward), installed over an
+upstream module by `Cls.install(module, **settings)`. `swap_class` is the one place that sets
+`module.__class__`: the object itself stays (parent reference, parameters, hooks), as `fully_shard` does."""
 
 from __future__ import annotations
 

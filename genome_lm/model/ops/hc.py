@@ -1,10 +1,7 @@
-"""Hyper-connection weights recomputed in backward: upstream's math, a fraction of its memory.
-
-Upstream's forward (`upstream_hc_forward`, streams [B, T, S, D]) normalises the streams in float32,
-projects them to (2 + S)·S logits per token and runs `hc_sinkhorn_iters` Sinkhorn normalisations;
-autograd keeps every intermediate. `RecomputedHyperConnection` runs the same forward under
-checkpointing, keeping only the input streams and the outputs; its two steps over [T, S·D]
-(`HCLogitsFunction`, `HCCollapseFunction`) keep the compute-dtype streams and work in token blocks."""
+"""Hyper-connection weights recomputed in backward. Upstream's forward (streams [B, T, S, D]) normalises
+the streams in float32, projects them to (2 + S)·S logits per token and runs Sinkhorn normalisations,
+autograd keeping every intermediate. `RecomputedHyperConnection` runs it under checkpointing, keeping
+the input streams and outputs; its [T, S·D] steps keep compute-dtype streams, in token blocks."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""LM head + cross-entropy: float32 loss and per-token NLL, `chunked_cross_entropy` without all N x V
-logits, `naive_cross_entropy` (the reference) with all of them, then `F.cross_entropy`. The logits
-are computed in the dtype of `hidden`/`weight`, as upstream's `lm_head`, then upcast to float32.
+"""LM head + cross-entropy, float32 loss and per-token NLL: `chunked_cross_entropy` without all N x V
+logits, `naive_cross_entropy` (the reference) with them. Logits are computed in `hidden`/`weight`'s
+dtype, as upstream's `lm_head`, then upcast. Shapes: N tokens, D model dim, V vocabulary.
 
-Shapes: N tokens (flattened B*T), D model dim, V vocabulary, C = `chunk_tokens`.
-
-Forward walks the tokens C at a time: log-sum-exp and the target logit of [C, V] logits give the
-NLL; only the [N] float32 log-sum-exp is kept. Backward recomputes each chunk's logits and forms
+Forward walks C = `chunk_tokens` tokens at a time, keeping only the [N] float32 log-sum-exp.
+Backward recomputes each chunk's logits and forms
     d logits = (softmax - onehot(target)) * g      (g = incoming grad of that token's NLL)
     d hidden[chunk] = d logits @ W,   d W += d logits^T @ hidden[chunk]   (float32 accumulator)
 so peak extra memory is O(C * V + V * D) whatever N is. Ignored targets get NLL 0 and no gradient.
@@ -80,7 +78,6 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                           chunk_tokens: int = DEFAULT_CHUNK_TOKENS, ignore_index: int = IGNORE_INDEX,
                           return_per_token: bool = False):
     """`naive_cross_entropy`, never holding more than [chunk_tokens, V] logits."""
-
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]
@@ -93,7 +90,6 @@ def naive_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
                         ignore_index: int = IGNORE_INDEX, return_per_token: bool = False):
     """hidden [N, D], LM head weight [V, D], targets [N] -> mean float32 NLL over the targets that are
     not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
-
     logits = F.linear(hidden, weight).float()  # [N, V]
     nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
     count = (targets != ignore_index).sum().clamp(min=1)

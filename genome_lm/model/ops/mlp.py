@@ -1,16 +1,12 @@
-"""The dense SwiGLU MLP as one autograd function that keeps its two projections and recomputes the rest.
-
-Upstream's `Glm5NextTextMLP` (the reference, `upstream_mlp`) keeps six [T, I] tensors for backward.
-`swiglu_mlp(x, w_gate, w_up, w_down, limit)` computes the same values with the same ops, order and
-dtypes, and saves only `x` and the projections `gate`, `up` (2·I + D values per token instead of
-6·I + D); the rest and every gradient are rebuilt in backward in row blocks of `ROW_BLOCK`, weight
-gradients summed in float32.
+"""The dense SwiGLU MLP as one autograd function. Upstream's `Glm5NextTextMLP` (the reference) keeps six
+[T, I] tensors for backward; `swiglu_mlp` computes the same with the same ops, order and dtypes,
+saving only `x`, `gate`, `up` (2·I + D values per token, not 6·I + D) and rebuilding the rest in
+backward in row blocks of `ROW_BLOCK`, weight gradients summed in float32.
 
     gate = x @ w_gate.T, up = x @ w_up.T                       [T, I] (saved)
     h    = silu(min(gate, limit)) * clamp(up, -limit, limit)   [T, I] (per block, not saved)
     y    = h @ w_down.T                                        [T, D]
-
-`LeanMLP.install(module)` makes an upstream `Glm5NextTextMLP` call it (parameters unchanged)."""
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""RMSNorms that keep only their compute-dtype input for backward and recompute the rest.
-
-Upstream's `Glm5NextTextRMSNorm` and `Glm5NextTextRMSNormGated` (KDA's output norm) compute in
-float32 and autograd keeps the float32 copies (8-20 bytes per element beside a bf16 input's 2);
-their forwards are the references (`upstream_rms_norm`, `upstream_gated_rms_norm`).
-`rms_norm(x, weight, eps)` and `gated_rms_norm(x, gate, weight, eps)` are one autograd function each
-with upstream's forward arithmetic (same ops, order, dtypes), saving `x` (and `gate`) and recomputing
-the float32 row statistics in backward, in row blocks of `ROW_BLOCK`:
+"""RMSNorms keeping only their compute-dtype input for backward. Upstream's `Glm5NextTextRMSNorm` and
+`Glm5NextTextRMSNormGated` (the references) compute in float32 and autograd keeps the float32 copies
+(8-20 bytes per element beside a bf16 input's 2). `rms_norm` and `gated_rms_norm` are one autograd
+function each with upstream's forward arithmetic (same ops, order, dtypes), saving `x` (and `gate`)
+and recomputing the float32 row statistics in backward, in row blocks of `ROW_BLOCK`:
 
     norm(x)[r]        = weight * (x_r · rsqrt(mean x_r² + eps)).to(x.dtype)
     gated(x, z)[r]    = (weight · x_r · rsqrt(mean x_r² + eps) · sigmoid(z_r)).to(x.dtype)   (float32 inside)
-
-`LeanRMSNorm.install(module)` makes an upstream norm call `rms_norm` (parameter unchanged)."""
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The key layout of the model's weights on disk (Hugging Face safetensors) against upstream's
-modules, and the dtype policy: what `reader.py` and `writer.py` share.
-
-Keys are in the on-disk layout real checkpoints use, or in upstream's module names (both are
-read); upstream converts at load time (`transformers.conversion_mapping`, "glm5_next"):
+"""The on-disk key layout (safetensors) against upstream's modules and the dtype policy, shared by
+`reader.py` and `writer.py`. Both layouts are read; upstream converts at load time
+(`transformers.conversion_mapping`, "glm5_next"):
 
     on disk (per layer)                          upstream module
     self_attn.{f_a_proj,f_b_proj,dt_bias,A_log}  self_attn.forget_gate.{...}
@@ -66,7 +64,7 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def text_key(key: str, num_layers: int) -> str | None:
-    """Checkpoint key -> causal-LM key (`model.*`, `lm_head.weight`), or None to skip (vision, MTP)."""
+    """Checkpoint key -> causal-LM key, or None to skip (vision, MTP, layers past `num_layers`)."""
     if key.startswith((*_VISION_PREFIXES, "mtp.", "model.mtp.")):
         return None
     if prefix := next((p for p in _TEXT_PREFIXES if key.startswith(p)), None):
@@ -86,8 +84,8 @@ def keep_fp32(name: str) -> bool:
 
 
 def cast_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype of tensor `name` loaded in `dtype`: `dtype`, except upstream's float32 exceptions under
-    bf16/fp16 (None, or not floating point: `stored`)."""
+    """`dtype` for tensor `name`, but float32 for upstream's exceptions under bf16/fp16 (None, or not
+    floating point: `stored`)."""
     if dtype is None or not stored.is_floating_point:
         return stored
     if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):

@@ -1,7 +1,5 @@
-"""Reading the model's weights (safetensors only, never pickles) from a full GLM-5.3-Flash checkpoint
-(vision and MTP weights skipped) or a text-only directory, and `load_weights_`, which fills a model
-in place with the rows each rank holds.
-"""
+"""Reading the model's weights (safetensors, never pickles) from a full GLM-5.3-Flash checkpoint (vision
+and MTP skipped) or a text-only directory: `load_weights_` fills a model with the rows each rank holds."""
 
 from __future__ import annotations
 
@@ -37,12 +35,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What `load_weights_` found besides the model's tensors: `unexpected`, the checkpoint's text
-    weights the model has no place for (logged). Missing weights are an error, so none are listed."""
+    """`unexpected`: the checkpoint's text weights the model has no place for (missing ones are an error)."""
 
     unexpected: tuple[str, ...] = ()
-
-_PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
 @contextlib.contextmanager
@@ -102,14 +97,14 @@ def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
         return [ckpt_dir / "model.safetensors"]
     if files := sorted(ckpt_dir.glob("*.safetensors")):
         return files
-    pickles = [p.name for pat in _PICKLES for p in ckpt_dir.glob(pat)]
+    pickles = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl") for p in ckpt_dir.glob(pat)]
     hint = f" (found {pickles[:3]}: pickled weights are never loaded; convert them to safetensors)" if pickles else ""
     raise GenomeLMError(f"model: no *.safetensors weights in {ckpt_dir}{hint}")
 
 
 class _RowsPlanner(DefaultLoadPlanner):
-    """DCP reads straight into the model's tensors: `pieces` maps (checkpoint key, first row) to the
-    view its rows go into and the dtype they are rounded to first (None: copied as stored)."""
+    """DCP reads straight into the model's tensors: `pieces` maps (checkpoint key, first row) to the view
+    its rows go into and the dtype they are rounded to first (None: as stored)."""
 
     def __init__(self, pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]]):
         super().__init__()
@@ -131,10 +126,9 @@ class _RowsPlanner(DefaultLoadPlanner):
 
 
 class CheckpointReader:
-    """The text model's tensors (upstream names) in a checkpoint directory, read with DCP's
-    `HuggingFaceStorageReader` (only the rows asked for), under their upstream name or from the
-    on-disk tensors behind them (`to_disk_layout`). Every `*.safetensors` file is indexed (DCP's
-    reader does not read the index json); GenomeLMError on a tensor stored twice."""
+    """The text model's tensors (upstream names) in a checkpoint directory, only the rows asked for, via
+    DCP's `HuggingFaceStorageReader` (which reads every `*.safetensors`, not the index json) from the
+    on-disk tensors behind them (`to_disk_layout`); GenomeLMError on a tensor stored twice."""
 
     def __init__(self, ckpt_dir: str | Path, config: Glm5NextTextConfig):
         self.dir = Path(ckpt_dir)
@@ -159,8 +153,8 @@ class CheckpointReader:
         return stored
 
     def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.dtype], list[str]]:
-        """Check that every checkpoint tensor behind `tensors` (name -> full shape) exists with the right
-        shape (GenomeLMError listing the missing) -> (stored dtype by name, unused checkpoint keys)."""
+        """`tensors` (name -> full shape) all stored with that shape, else GenomeLMError -> (stored dtype
+        by name, unused checkpoint keys)."""
         needed, missing, dtypes = set(), [], {}
         for name, shape in tensors.items():
             for disk, _, part in self._disk(name, torch.empty(shape, device="meta")):
@@ -180,8 +174,7 @@ class CheckpointReader:
         return dtypes, sorted(set(self.keys) - needed)
 
     def read_(self, name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
-        """Rows `[start, start + len(local))` of tensor `name` (`rows` in all) into `local`, rounded to
-        `dtype` first (`cast_dtype`; None: as stored)."""
+        """Rows `[start, start + len(local))` of `name` (`rows` in all) into `local`, via `cast_dtype`."""
         pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]] = {}
         items = []
         for disk, row, view in self._disk(name, local, start, rows):
@@ -195,9 +188,8 @@ class CheckpointReader:
 
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the part of `tensor` this rank holds, its first row in the full tensor). Dim-0 sharding only:
-    FSDP2's `Shard(0)`, and under EP `Shard(0)` over "ep" then `_StridedShard(0)` over "edp" (torch.chunk
-    sizes)."""
+    """(this rank's part of `tensor`, its first row). Dim-0 sharding only: FSDP2's `Shard(0)`, under EP
+    `Shard(0)` over "ep" then `_StridedShard(0)` over "edp" (torch.chunk sizes)."""
     if not isinstance(tensor, DTensor):
         return tensor, 0
     placements = tensor.placements
@@ -218,13 +210,11 @@ def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, torch.Tensor],
                   device: str | torch.device | None = None, *, dtype: torch.dtype | None,
                   stored_dtypes: bool = False) -> LoadReport:
-    """Fill `model`'s tensors in place, one at a time, each with the rows this rank holds, from a model
+    """Fill `model`'s tensors in place, one at a time, with the rows this rank holds, from a model
     directory or a full state dict; missing weights and wrong shapes are found before any read.
-
-    device: allocate the meta-built `model` there first (`to_empty`). dtype: round the rows to it
-        (`cast_tensor`) before copying: the dtype the model was built in, so float32 master weights
-        of a bf16 model hold what a bf16 model holds. stored_dtypes: with `device`, the tensors
-        first take the checkpoint's dtypes cast to `dtype` (what `build(dir)` does).
+    device: `to_empty` the meta-built model there first. dtype: round the rows to it (`cast_tensor`),
+    the dtype the model was built in, so float32 masters of a bf16 model hold bf16 values.
+    stored_dtypes: with `device`, tensors take the checkpoint's dtypes cast to `dtype` (`build(dir)`).
     """
     unused: list[str]
     progress: str | bool  # the progress bar's description, or False: none

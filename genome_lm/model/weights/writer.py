@@ -1,7 +1,5 @@
-"""Writing the model's weights: `save_pretrained` / `write_model_dir`, a Hugging Face-style
-text-only directory in real checkpoints' key layout (`layout.py`), streamed one tensor at a time
-into files planned up front (`shard_plan`, `ShardWriter`). Who calls it: docs/checkpoints.md.
-"""
+"""`save_pretrained` / `write_model_dir`: a Hugging Face-style text-only directory in real checkpoints'
+key layout (`layout.py`), streamed one tensor at a time into files planned up front."""
 
 from __future__ import annotations
 
@@ -43,20 +41,16 @@ def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes
         yield batch
 
 
-def shard_plan(specs: Iterable[TensorSpec], max_bytes: int) -> list[list[tuple[str, int]]]:
-    """The output files, planned on the meta device: per file, its on-disk tensor names and sizes."""
-    parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
-             for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
-    return list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
-
-
 class ShardWriter:
-    """Writes on-disk tensors, as they arrive in plan order, into the files of a `shard_plan`, each file
-    as soon as its last tensor arrives (`peak_bytes`: the most it held). Views into a larger tensor
-    are copied, so that tensor can be freed."""
+    """Writes the on-disk tensors of `specs`, arriving in order, into files of at most `max_bytes` planned
+    on the meta device (`plan`: per file, names and sizes), each when its last tensor arrives
+    (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
 
-    def __init__(self, directory: Path, plan: list[list[tuple[str, int]]]):
-        self.directory, self.plan, n = Path(directory), plan, len(plan)
+    def __init__(self, directory: Path, specs: Iterable[TensorSpec], max_bytes: int):
+        parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
+                 for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+        self.plan = plan = list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
+        self.directory, n = Path(directory), len(plan)
         self.names = ([f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1
                       else ["model.safetensors"])
         self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
@@ -106,13 +100,11 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                     state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
                     dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
-    """Write `model` to `out_dir` as a Hugging Face-style text-only directory: `config.json`, safetensors
-    (sharded past `max_shard_bytes`) in the on-disk layout, tokenizer files from `tokenizer_from` (a
-    directory, `BuiltModel.source`). `build(dir)` rebuilds it identically. Atomic: an existing
-    `out_dir` is an error, or replaced with `overwrite`. `dtype`: write in it (`cast_tensor`).
-
-    Streamed one tensor at a time, about one file plus one tensor beyond the model. A sharded (FSDP2)
-    model is gathered one tensor at a time: every rank calls it, only the one with `write=True` writes.
+    """Write `model` to `out_dir` (atomic; existing: an error, or replaced with `overwrite`):
+    `config.json`, safetensors sharded past `max_shard_bytes`, tokenizer files from `tokenizer_from`
+    (a directory); `build(dir)` rebuilds it. `dtype`: write in it. Streamed, about one file plus one
+    tensor beyond the model; a sharded (FSDP2) model is gathered one tensor at a time: every rank
+    calls it, only the one with `write=True` writes.
     """
     from torch.distributed.tensor import DTensor
 
@@ -120,8 +112,7 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
     for name, tensor in tensors.items():
         if tensor.is_meta:
             raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
-    specs = [(name, tuple(t.shape), cast_dtype(name, t.dtype, dtype))
-             for name, t in tensors.items()]
+    specs = [(name, tuple(t.shape), cast_dtype(name, t.dtype, dtype)) for name, t in tensors.items()]
     gathered = ((name, cast_tensor(name, t.full_tensor() if isinstance(t, DTensor) else t, dtype))
                 for name, t in tensors.items())
     if not write:
@@ -136,19 +127,17 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
                     tensors: Iterable[tuple[str, torch.Tensor]], *, overwrite: bool = False,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
                     tokenizer_from: str | Path | None = None) -> Path:
-    """The directory of `save_pretrained` from full tensors arriving in the order of `specs`; `model`
-    (meta is fine) gives the config; `inputs` (what the weights were read from) may not lie inside
-    `out_dir`."""
+    """`save_pretrained`'s directory from full tensors in the order of `specs`; `model` (meta is fine)
+    gives the config; `inputs` (what the weights came from) may not lie inside `out_dir`."""
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
     dtypes = {name: dtype for name, _, dtype in specs}
     head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
     config["dtype"] = str(head).removeprefix("torch.")
-    plan = shard_plan(specs, max_shard_bytes)
     with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        writer = ShardWriter(tmp, plan)
+        writer = ShardWriter(tmp, specs, max_shard_bytes)
         tensor: torch.Tensor | None
         part: torch.Tensor | None
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):

@@ -1,16 +1,14 @@
 """Blockwise sparse attention of DSA in latent (absorbed-MLA) form.
 
-Upstream expands the MLA latent c [B, T, R] into per-head keys/values with `kv_b_proj` and runs
-dense attention under a [B, T, T] mask. Here the key half of `kv_b_proj` is absorbed into the
-query (q_lat = q_nope · W_uk, [B, T, H, R]) and the value half into the output
-(o = o_lat · W_uv), so every head attends directly to the latent c, shared by all heads, and
+Upstream expands the MLA latent c [B, T, R] into per-head keys/values with `kv_b_proj` under a dense
+[B, T, T] mask. Here the key half of `kv_b_proj` is absorbed into the query (q_lat = q_nope · W_uk)
+and the value half into the output (o = o_lat · W_uv): every head attends to the shared latent c,
 only over its W selected tokens:
 
     o_lat[t, h] = softmax_w(scale · q_lat[t, h] · c[idx[t, w]]) · c[idx[t, w]]
 
-The autograd Function below gathers c for one query block at a time (transient
-[B, block, W, R]) in forward and again in backward (flash-attention style: only q_lat, c, the
-output and the row log-sum-exp [B, T, H] are saved), so memory stays O(T·(H·R + W)).
+c is gathered one query block at a time ([B, block, W, R]) in forward and again in backward
+(flash-attention style: q_lat, c, the output and the row log-sum-exp are saved): O(T·(H·R + W)).
 Shapes: B batch, T queries, L keys (L >= start + T), H heads, R latent dim, W selected tokens.
 """
 
@@ -27,9 +25,8 @@ def _acc(t: torch.Tensor) -> torch.Tensor:  # float32, or float64 for float64 in
 
 
 class _Block:
-    """The latent rows one query block attends to: the S pools' kpool tokens each, then WT single
-    (tail) tokens. A pool is copied (and its gradient added back) as one [kpool * R] row, several
-    times cheaper on CPU than token by token."""
+    """The latent rows one query block attends to: S pools of kpool tokens, then WT single (tail)
+    tokens. A pool is copied (its gradient added back) as one [kpool * R] row: several times faster."""
 
     def __init__(self, kv: torch.Tensor, selection: DSASelection, t0: int, t1: int):
         B, L, R = kv.shape

@@ -1,12 +1,8 @@
-"""Blockwise k-pool DSA indexer of GLM-5.3-Flash and the selection it produces.
-
-Shapes: B batch, T queries, HI indexer heads, DI indexer head dim, P complete k-pools,
-S = min(index_topk // kpool, P) pools picked per query, W tokens attended per query.
-
-Memory: keys O(T·DI), the selection O(T·S) int32, a [B, block, HI, P] score tensor per query block.
-A block scores only the pools complete before its last query; `torch.topk` still sees the whole
-row, future pools at finfo.min as upstream, so equal scores tie the same way (rules: `naive.py`).
-"""
+"""Blockwise k-pool DSA indexer of GLM-5.3-Flash and its selection (rules: `naive.py`). Shapes: B batch,
+T queries, HI indexer heads, DI indexer head dim, P complete k-pools, S = min(index_topk // kpool, P)
+pools picked per query. Memory: keys O(T·DI), the selection O(T·S) int32, [B, block, HI, P] scores
+per query block. `torch.topk` sees the whole row (future pools at finfo.min, as upstream), so equal
+scores tie the same way."""
 
 from __future__ import annotations
 
@@ -18,10 +14,9 @@ import torch.nn.functional as F
 
 @dataclass
 class DSASelection:
-    """Tokens each query of one DSA layer attends to; `shared` layers reuse it as is. `pools`: int32
-    [B, T, S] complete-pool ids per query (-1 = empty), pool p holding tokens p*kpool .. p*kpool +
-    kpool - 1; `tail`: the query's own incomplete pool is added; `start`: position of query 0. Or,
-    with `pools` None, upstream's raw `token_indices` [B, T, W] (e.g. an unpatched layer's)."""
+    """Tokens each query of a DSA layer attends to (`shared` layers reuse it): `pools` int32 [B, T, S]
+    pool ids (-1 = empty; pool p holds tokens p*kpool ..), `tail`: the query's incomplete pool too,
+    `start`: position of query 0; or, `pools` None, upstream's `token_indices` [B, T, W]."""
 
     pools: torch.Tensor | None
     kpool: int
@@ -30,8 +25,7 @@ class DSASelection:
     token_indices: torch.Tensor | None = None
 
     def is_dense(self, length: int) -> bool:
-        """True when every query of a `length`-token sequence sees every earlier token and itself
-        (every pool selected, the tail added): attention is then exactly dense causal attention."""
+        """Every query of a `length`-token sequence sees itself and every earlier token (dense causal)."""
         return (self.pools is not None and self.start == 0 and (self.tail or self.kpool == 1)
                 and self.pools.shape[-1] >= length // self.kpool)
 
@@ -86,11 +80,10 @@ def kpool_keys(keys: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, kpool:
 def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch.Tensor, topk: int, kpool: int,
                         select_tail: bool, scale: float, start: int = 0, row_pools: int | None = None,
                         block_queries: int = 128) -> DSASelection:
-    """Causal top-k pool selection, a block of queries at a time: index queries q [B, T, HI, DI] (of
-    positions start..), head weights [B, T, HI] (`index_inputs`), `pool_keys` [B, P, DI] -> pools
-    [B, T, min(topk // kpool, row)]. `row_pools` (>= P, default P): the row `torch.topk` sees, extra
-    pools at finfo.min; a streaming caller passes final length // kpool so ties resolve as one pass.
-    When top-k covers the whole row, nothing is scored: each query lists its visible pools in order.
+    """Causal top-k pool selection per query block: q [B, T, HI, DI] (positions start..), head weights
+    [B, T, HI] (`index_inputs`), `pool_keys` [B, P, DI] -> pools [B, T, min(topk // kpool, row)].
+    `row_pools` (>= P): the row `torch.topk` sees, extra pools at finfo.min (streaming passes final
+    length // kpool, so ties resolve as one pass). A top-k covering the row scores nothing.
     """
     B, T, HI, DI = q.shape
     P = pool_keys.shape[1]
@@ -130,7 +123,6 @@ def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch
 def index_inputs(indexer, hidden_states: torch.Tensor, q_resid: torch.Tensor):
     """Upstream `Glm5NextTextIndexer`'s projections of hidden_states [B, T, D] and q_resid (no gradients)
     -> (q [B, T, HI, DI], weights [B, T, HI] float32 times HI^-0.5, keys [B, T, DI], gate [B, T, DI])."""
-
     B, T, _ = hidden_states.shape
     q = indexer.wq_b(q_resid).view(B, T, indexer.n_heads, indexer.head_dim)  # [B, T, HI, DI]
     keys = indexer.k_norm(indexer.wk(hidden_states))  # [B, T, DI]

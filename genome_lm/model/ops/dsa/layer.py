@@ -1,7 +1,5 @@
-"""DSA layers (upstream `Glm5NextTextAttention`) in blockwise latent form.
-
-Shapes: B batch, T tokens, D model dim, H heads, R kv_lora_rank, DI indexer head dim.
-"""
+"""DSA layers (upstream `Glm5NextTextAttention`) in blockwise latent form. Shapes: B batch, T tokens,
+D model dim, H heads, R kv_lora_rank, DI indexer head dim."""
 
 from __future__ import annotations
 
@@ -17,15 +15,11 @@ from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
 
 
 class LongDSA(LongContextModule, Glm5NextTextAttention):
-    """`Glm5NextTextAttention` (a DSA layer) in blockwise latent form (parameters upstream's).
-
-    Upstream's call and returns; `full` layers run the blockwise indexer (no gradients, as upstream),
-    `shared` layers reuse `prev_topk_indices` (a `DSASelection` or upstream's raw token indices).
-    Under context parallelism (`cp`) the latent rows (differentiably) and, for `full` layers, the
-    index keys are all-gathered, so each rank scores the row one process scores. With a
-    transformers `Cache` they are stored as upstream stores them; a cache with a `total_len` gives
-    top-k rows of total_len // kpool pools, as one pass over the sequence.
-    """
+    """`Glm5NextTextAttention` in blockwise latent form, upstream's call and returns. `full` layers run
+    the indexer (no gradients), `shared` ones reuse `prev_topk_indices` (a `DSASelection` or raw
+    indices). Under `cp` the latent rows (differentiably) and index keys are all-gathered, so each
+    rank scores one process's row; a `Cache` stores them as upstream does (with a `total_len`: top-k
+    rows of total_len // kpool pools, as one pass)."""
 
     upstream = Glm5NextTextAttention
     block_queries: int = DEFAULTS.dsa_block_queries

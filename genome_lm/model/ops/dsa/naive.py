@@ -1,9 +1,6 @@
-"""Plain reference of upstream GLM-5.3-Flash DeepSeek Sparse Attention (tests only, O(T²)).
-
-Written from `transformers.models.glm5_next.modeling_glm5_next` (`Glm5NextTextIndexer`,
-`Glm5NextTextAttention`) for unpadded inputs without a cache. Shapes: B batch, T tokens,
-H attention heads, HI indexer heads, DI indexer head dim, DN/DV key/value head dims,
-R = kv_lora_rank, P complete k-pools, W selected tokens per query.
+"""Plain reference of upstream's DeepSeek Sparse Attention (`Glm5NextTextIndexer`, `Glm5NextTextAttention`;
+tests only, O(T²), unpadded, no cache). Shapes: B batch, T tokens, H heads, HI indexer heads, DI
+indexer head dim, DN/DV key/value head dims, R = kv_lora_rank, P complete k-pools.
 
 Selection (upstream, no padding, query t sees tokens 0..t):
 1. index keys k = k_norm(wk(x)) [B, T, DI]; pool p holds tokens p*kpool .. p*kpool+kpool-1;
@@ -17,13 +14,11 @@ Selection (upstream, no padding, query t sees tokens 0..t):
    dropped. Each kept pool contributes its kpool tokens.
 4. with `index_kpool_always_select_tail`, the tokens of the query's own incomplete pool,
    (t+1)//kpool*kpool .. t, are added (none when t+1 is a multiple of kpool).
-The whole indexer runs under `torch.no_grad()`: its parameters never receive gradients.
+The indexer runs under `torch.no_grad()`: its parameters never receive gradients.
 
-Attention: MLA with per-head keys [k_nope] and values from kv_b_proj(c),
-c = kv_a_layernorm(kv_a_proj_with_mqa(x)[..., :R]), queries q_b_proj(q_a_layernorm(q_a_proj(x))),
-softmax scale (DN + DR)^-0.5, restricted to the selected tokens. A query with no selected token
-(possible only without tail selection) gets a zero output here; upstream's eager path would
-instead spread its weight uniformly over all T keys (every score is finfo.min).
+Attention: MLA, per-head keys/values kv_b_proj(c), c = kv_a_layernorm(kv_a_proj_with_mqa(x)[..., :R]),
+restricted to the selected tokens. A query with no selected token (only without tail selection) gets
+zeros here; upstream's eager path spreads it uniformly over all T keys (every score is finfo.min).
 """
 
 from __future__ import annotations
@@ -66,19 +61,15 @@ def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ap
     return F.pad(tokens, (0, width - tokens.shape[-1]), value=-1)  # [pool tokens, tail, -1 ...]
 
 
-def naive_selection_mask(indices: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """Token indices [B, T, W] (-1 = empty) -> boolean mask [B, T, kv_len] of selected keys."""
-    mask = torch.zeros(*indices.shape[:2], kv_len + 1, dtype=torch.bool, device=indices.device)
-    mask.scatter_(-1, indices.long().masked_fill(indices < 0, kv_len), True)
-    return mask[..., :kv_len]
-
-
-def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor, mask: torch.Tensor,
-                        scale: float) -> torch.Tensor:
-    """Dense MLA attention with keys/values expanded per head (upstream's form) under `mask`
-    [B, T, S] (True = attend) -> [B, T, H, DV]; rows without any True are zero."""
+def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor,
+                        indices: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense MLA attention with keys/values expanded per head (upstream's form) over the selected keys
+    `indices` [B, T, W] (-1 = empty) -> [B, T, H, DV]; rows without any selected key are zero."""
     B, T, H, DN = q_nope.shape
-    kv = F.linear(kv_latent, kv_b_weight).view(B, kv_latent.shape[1], H, -1)  # [B, S, H, DN + DV]
+    S = kv_latent.shape[1]
+    mask = torch.zeros(B, T, S + 1, dtype=torch.bool, device=indices.device)
+    mask = mask.scatter_(-1, indices.long().masked_fill(indices < 0, S), True)[..., :S]  # [B, T, S]
+    kv = F.linear(kv_latent, kv_b_weight).view(B, S, H, -1)  # [B, S, H, DN + DV]
     k, v = kv[..., :DN], kv[..., DN:]
     s = torch.einsum("bthd,bshd->bhts", q_nope, k) * scale
     s = s.float().masked_fill(~mask[:, None], float("-inf"))
@@ -89,7 +80,6 @@ def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weig
 def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
     """Reference forward of an upstream `Glm5NextTextAttention` (its parameters, not its forward; no
     cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
-
     cfg = attn.config
     if cfg.qk_rope_head_dim:
         raise NotImplementedError("naive DSA reference covers NoPE DSA only (qk_rope_head_dim == 0)")
@@ -115,5 +105,5 @@ def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Ten
                 select_tail=ix.index_kpool_always_select_tail,
                 scale=ix.softmax_scale,
             )
-    o = naive_mla_attention(q, c, attn.kv_b_proj.weight, naive_selection_mask(indices, T), attn.scaling)
+    o = naive_mla_attention(q, c, attn.kv_b_proj.weight, indices, attn.scaling)
     return attn.o_proj(o.reshape(B, T, -1)), indices

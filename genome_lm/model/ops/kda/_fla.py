@@ -1,22 +1,16 @@
 """Access to `fla` (flash-linear-attention): which KDA backend a call uses, fla's kernels, its references.
-
-Every KDA kernel takes a `backend`, as fla's layers take `mode`: `auto` (CUDA tensors -> fla's Triton
-kernels, others -> genome_lm's torch op), `fla` (every tensor; CPU needs TRITON_INTERPRET=1), `torch`.
-
-On CUDA fla is not optional: a missing or broken fla, or one older than `MIN_FLA_CORE` (0.6.0: int64
-pointer offsets past 262,144 tokens at 64 x 128 heads, no faulting autotune configurations on B200),
-raises `GenomeLMError` naming the fix, never a silent fallback. fla's kernels are imported lazily
-(`import fla` needs Triton); its pure-torch references load from their source file. The modules'
-`fla` setting, a `FlaKernels`, says where the fla backend finds its functions."""
+A KDA kernel's `backend` (as fla's `mode`): `auto` (CUDA -> fla's Triton kernels, else the torch op),
+`fla` (CPU needs TRITON_INTERPRET=1), `torch`. On CUDA fla is not optional: a missing or broken fla,
+or one older than `MIN_FLA_CORE` (int64 offsets past 262,144 tokens at 64 x 128 heads, B200-safe
+autotune), raises `GenomeLMError` naming the fix. fla is imported lazily (it needs Triton); its
+torch references load from their source file; a module's `fla` (`FlaKernels`) names its functions."""
 
 import functools
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from types import MappingProxyType
 
 from packaging.version import Version
 
@@ -30,26 +24,10 @@ MIN_FLA_CORE = "0.6.0"
 TRITON_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@dataclass(frozen=True)
-class FlaKernels:
-    """The functions a KDA call on the fla backend runs, by "module.name": fla's own (no `stand_ins`),
-    or stand-ins that take fla's arguments (the rehearsal's fakes, `fake_fla.FAKE_FLA`)."""
-
-    stand_ins: Mapping[str, Callable] = field(default_factory=lambda: MappingProxyType({}))
-
-    def __repr__(self) -> str:
-        return "fla" if not self.stand_ins else f"stand-ins ({', '.join(sorted(self.stand_ins))})"
-
-    def __deepcopy__(self, memo) -> "FlaKernels":  # immutable: a deep copy of a model shares it
-        return self
-
-    def function(self, module: str, name: str) -> Callable:
-        """`module.name`: the stand-in, or fla's (`fla_function`)."""
-        stand_in = self.stand_ins.get(f"{module}.{name}")
-        return stand_in if stand_in is not None else fla_function(module, name)
-
-
-FLA = FlaKernels()  # fla's own kernels
+# The functions a KDA call on the fla backend runs: fla's own (FLA, no pairs), or ("module.name", stand-in)
+# pairs taking fla's arguments (the rehearsal's fakes, `fake_fla.FAKE_FLA`); immutable, so copies share it.
+FlaKernels = tuple[tuple[str, Callable], ...]
+FLA: FlaKernels = ()
 
 
 def use_fla(device_type: str, backend: KDABackend, kernels: FlaKernels = FLA) -> bool:
@@ -61,7 +39,7 @@ def use_fla(device_type: str, backend: KDABackend, kernels: FlaKernels = FLA) ->
         return False
     if backend == "auto":
         return device_type == "cuda"
-    if device_type == "cpu" and not TRITON_INTERPRETING and not kernels.stand_ins:
+    if device_type == "cpu" and not TRITON_INTERPRETING and not kernels:
         raise GenomeLMError(
             "kda_backend fla with CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
             "triton is imported (as `make test-interpret` does), or use kda_backend auto"
@@ -79,8 +57,11 @@ def _import_fla(module: str, name: str) -> tuple[Callable | None, str]:
     return fn, ""
 
 
-def fla_function(module: str, name: str) -> Callable:
-    """`module.name` from fla; `GenomeLMError` naming the fix when fla or its kernels do not import."""
+def fla_function(module: str, name: str, kernels: FlaKernels = FLA) -> Callable:
+    """`module.name`: its stand-in in `kernels`, else fla's; `GenomeLMError` naming the fix when fla or its
+    kernels do not import."""
+    if stand_in := dict(kernels).get(f"{module}.{name}"):
+        return stand_in
     fn, error = _import_fla(module, name)
     if fn is None:
         raise GenomeLMError(f"fla's kernels (flash-linear-attention) do not import ({error}); install them with "
@@ -98,21 +79,20 @@ def fla_function(module: str, name: str) -> Callable:
 
 
 def fla_chunk_kda(kernels: FlaKernels = FLA) -> Callable:
-    return kernels.function("fla.ops.kda", "chunk_kda")
+    return fla_function("fla.ops.kda", "chunk_kda", kernels)
 
 
 def fla_causal_conv1d(kernels: FlaKernels = FLA) -> Callable:
-    return kernels.function("fla.modules.causal_conv1d", "causal_conv1d")
+    return fla_function("fla.modules.causal_conv1d", "causal_conv1d", kernels)
 
 
 def fla_rms_norm_gated(kernels: FlaKernels = FLA) -> Callable:
-    return kernels.function("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
+    return fla_function("fla.modules.norm.fused_norm_gate", "rms_norm_gated", kernels)
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:
-    """Function `name` of fla's source file `relpath` (e.g. "ops/kda/naive.py"), executed on its own so
-    that fla's `__init__` (and Triton) is never imported; None when fla, the file or `name` is absent."""
-
+    """Function `name` of fla's source file `relpath` ("ops/kda/naive.py"), run alone so fla's `__init__`
+    (and Triton) is never imported; None when fla, the file or `name` is absent."""
     spec = importlib.util.find_spec("fla")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -10,17 +10,14 @@ carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channe
     o   = (q ⊙ e^Γ) S + A_qk δ
     S'  = e^{Γ_C} ⊙ S + (k ⊙ e^{Γ_C - Γ})^T δ
 
-Memory: the [C, C, K] decay tensor of upstream's fallback is never built; the scores A are
-plain [C, C] matmuls of decay-rescaled q/k. Chunks are processed in segments (16 chunks), each
-recomputed in backward (torch checkpoint): what stays alive is the inputs, the output and one
-[K, V] state per segment, O(T·H·(K + V)). With `use_gate_in_kernel` g is the forget gate's raw
-input and each segment applies the gate (`gate.kda_gate`), so raw g is kept, not the fp32 decay.
+Memory: the [C, C, K] decay tensor of upstream's fallback is never built; A is plain [C, C]
+matmuls of decay-rescaled q/k. Segments of 16 chunks are recomputed in backward: what stays alive
+is the inputs, the output and one [K, V] state per segment, O(T·H·(K + V)); with
+`use_gate_in_kernel` each segment applies the gate (`gate.kda_gate`), so raw g is kept.
 
-Stability: exp() is only ever taken of non-positive numbers (g <= 0), so nothing overflows
-for any decay strength (upstream's bound -5, or none). For A this uses a binary split of the
-chunk: the lower-left block between two halves rescales queries/keys relative to Γ at the
-first token of the second half, so both factors are <= 1; the diagonal blocks recurse down
-to single tokens. Underflow only hits products whose true value is below fp32's range too.
+Stability: exp() is only taken of non-positive numbers (g <= 0), so nothing overflows for any
+decay strength (for A: the binary split of `_lower_scores`). Underflow only hits products whose
+true value is below fp32's range too.
 """
 
 from functools import partial
@@ -49,12 +46,10 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     value head h reads q/k head h // (HV / H)), g [B, T, HV, K] log decay (<= 0), beta [B, T, HV],
     initial_state [B, HV, K, V] -> (o [B, T, HV, V] in q's dtype, final state float32 or None).
 
-    With `use_gate_in_kernel` g is the forget gate's raw input and the op applies
-    `gate.kda_gate(g, A_log [HV], dt_bias [HV·K], lower_bound)` (fla: `safe_gate` for a bound in
-    [-5, 0)). `head_block` (fla only): value heads per kernel call, so fla's backward rebuilds its
-    chunk transients for that many heads at a time (`fla_by_heads`). `backend` (`_fla.use_fla`):
-    fla's kernel (of `fla`) or the torch path, which computes in fp32, shrinks the chunk for short
-    T and is differentiable w.r.t. every tensor argument, `initial_state` included.
+    `use_gate_in_kernel`: g is the gate's raw input, applied as `gate.kda_gate(g, A_log [HV],
+    dt_bias [HV·K], lower_bound)`. `head_block` (fla only): value heads per kernel call
+    (`fla_by_heads`). `backend` (`_fla.use_fla`): fla's kernel (of `fla`) or the torch path (fp32,
+    differentiable w.r.t. every tensor argument, `initial_state` included).
     """
     if use_fla(q.device.type, backend, fla):
         gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
@@ -70,9 +65,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 def fla_options(gate: dict, chunk_size: int, **kw) -> tuple[dict, dict]:
-    """What genome_lm's arguments become for fla's `chunk_kda`: `(gate, kw)`, new dicts: the gate
-    arguments with `safe_gate` (fla's fast path, for bounds in [-5, 0) only) when the gate is
-    applied in the kernel, and `kw` with a chunk size fla's kernels take (32 or 64)."""
+    """(gate, kw) for fla's `chunk_kda`, new dicts: `safe_gate` (fla's fast path, bounds in [-5, 0)
+    only) added for an in-kernel gate, a chunk size fla takes (32 or 64)."""
     if gate.get("use_gate_in_kernel"):
         bound = gate.get("lower_bound")
         gate = dict(gate, safe_gate=bound is not None and -5 <= bound < 0)
@@ -80,10 +74,9 @@ def fla_options(gate: dict, chunk_size: int, **kw) -> tuple[dict, dict]:
 
 
 def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_state=None, **kw):
-    """`fla_fn` (fla's `chunk_kda` contract) over groups of `head_block` value heads (0 or >= HV:
-    one call); outputs [B, T, HV, V] and final states [B, HV, K, V] concatenated over the groups.
-    Per group: q, k heads of its values (GVA: HV / H value heads share one), g, beta, initial
-    state, and the gate's A_log [HV] / dt_bias [HV·K] rows."""
+    """`fla_fn` (fla's `chunk_kda` contract) over groups of `head_block` value heads (0 or >= HV: one
+    call), so fla's backward rebuilds its chunk transients for that many heads at a time; outputs
+    [B, T, HV, V] and final states [B, HV, K, V] concatenated over the groups."""
     HV, H, K = v.shape[2], q.shape[2], q.shape[3]
     if not head_block or head_block >= HV:
         return fla_fn(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, **gate, **kw)
@@ -110,8 +103,8 @@ def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
                     dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
                     segment_chunks: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The pure-torch path of `chunk_kda` (any device), in checkpointed segments of
-    `segment_chunks * chunk_size` tokens (~20 floats per token, head and channel while one runs)."""
+    """`chunk_kda` in torch, in checkpointed segments of `segment_chunks * chunk_size` tokens (~20
+    floats per token, head and channel while one runs); short T shrinks the chunk."""
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K = q.shape

@@ -1,11 +1,8 @@
-"""KDA's short causal convolution + SiLU as one op that keeps only its input for backward.
-
-Upstream convolves the `[q | k | v]` projections (x `[B, T, C]`, C = 3·H·K) depthwise over W tokens
-with the float32 `conv1d` weight `[C, 1, W]`, applies SiLU in float32 and keeps the float32 copies
-for backward (reference: `naive.naive_short_conv`). `short_conv` keeps only x and `prev` (the W-1
-projections before x: a cache's state or the previous CP slab's tail): fla's `causal_conv1d` on
-CUDA, else `ShortConvFunction` (token blocks, the conv recomputed in backward). `KDAShortConv` is
-upstream's `conv1d` module with this op as its forward, so FSDP2 gathers its weight."""
+"""KDA's short causal conv + SiLU keeping only its input. Upstream convolves `[q | k | v]` (x [B, T, C],
+C = 3·H·K) depthwise over W tokens with the float32 weight [C, 1, W], SiLU in float32, keeping the
+float32 copies (reference: `naive.naive_short_conv`). `short_conv` keeps x and `prev` (the W-1
+projections before x): fla's `causal_conv1d` on CUDA, else `ShortConvFunction` (token blocks,
+recomputed in backward). `KDAShortConv` is upstream's `conv1d` on it, so FSDP2 gathers its weight."""
 
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
-"""Context-parallel KDA (`LongKDA` with a `cp`): each rank runs its slab; the recurrent state crosses slabs.
-
+"""Context-parallel KDA (`LongKDA` with a `cp`): each rank runs its slab; the state crosses slabs.
 The gated delta rule is affine in the state it starts from. Over one slab, per head,
 
     S_out = M · S_in + B              M [K, K], B [K, V]
     o_t   = o^B_t + o^M_t · S_in      o^B_t [V], o^M_t [K] (a row vector)
 
-`chunk_kda` gives both halves directly (the op stays single-device, untouched):
-  - B and o^B: the slab with a zero initial state (the ordinary run);
-  - M and o^M: the slab with v replaced by zeros of width K and initial state I (so S_out = M·I).
-Ranks all-gather (M_r, B_r) with a differentiable collective, each composes its incoming state
-from the earlier ranks' maps, S_in(r) = M_{r-1}(... (M_0 · 0 + B_0) ...) + B_{r-1}, and adds
-o^M · S_in to its outputs: all ranks work in parallel, none waits for a chain. Cost: about two
-KDA passes per slab (the second with value width K) plus cp small [K, K+V] maps per head.
+`chunk_kda` gives both halves: B and o^B from the slab with a zero initial state, M and o^M from the
+slab with v replaced by zeros of width K and initial state I. Ranks all-gather (M_r, B_r)
+(differentiably), each composes S_in(r) = M_{r-1}(... (M_0 · 0 + B_0) ...) + B_{r-1} and adds
+o^M · S_in to its outputs: no rank waits for a chain; about two KDA passes per slab.
 
-The short causal convolution (width W) needs the W-1 pre-conv projections [q | k | v] before the
-slab: every rank recomputes those of its own last W-1 tokens and they are all-gathered (a slab
-shorter than W-1 takes the rest from earlier ranks; the sequence start is zero-padded, as
-upstream pads): `LongKDA._cp_forward`.
-
-On fla with equal slabs the core is instead fla's own context parallelism (an `FLACPContext` of the
-CP group exchanges the same maps inside the kernels, no second pass). The two-pass method is the
-path on every other device and the reference fla's is tested against.
-
+The short conv's W-1 pre-conv projections before the slab are recomputed by each rank for its
+last W-1 tokens and all-gathered (`LongKDA._cp_forward`; the sequence start is zero-padded).
+On fla with equal slabs the core is fla's own context parallelism (the same maps exchanged inside
+the kernels, no second pass); the two-pass method runs elsewhere and is its reference.
 Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv width.
 """
 
@@ -30,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from genome_lm.model.cp import attach, gather_seq
-from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
+from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.settings import DEFAULTS, KDABackend
 
@@ -68,7 +59,7 @@ def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_
                     fla: FlaKernels = FLA, **gate):
     """fla's context-parallel `chunk_kda` on this rank's slab (equal slabs; each batch row its own
     sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
-    build = fla.function("fla.ops.cp", "build_cp_context")
+    build = fla_function("fla.ops.cp", "build_cp_context", fla)
     T = q.shape[1]
     bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
     group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group

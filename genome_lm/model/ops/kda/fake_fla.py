@@ -1,14 +1,9 @@
-"""Fake implementations of the fla functions genome_lm's CUDA path calls, for the rehearsal.
-
-fla's Triton kernels cannot run on fake tensors. These stand-ins take fla's arguments as genome_lm
-passes them, check shapes and dtypes, and allocate (and save for backward) what fla-core 0.6's
-functions do, as the planner's KDA terms count it. Not given: values, time, Triton scratch.
-
-Shapes: B batch, T tokens of the slab, H heads of one call, K = V head dim, C chunk, NT = T / C."""
+"""Stand-ins for the fla functions genome_lm's CUDA path calls, for the rehearsal (fla's Triton kernels
+cannot run on fake tensors): fla's arguments as genome_lm passes them, shapes and dtypes checked,
+allocating (and saving for backward) what fla-core 0.6's functions do, as the planner counts it; no
+values, time or Triton scratch. Shapes: B batch, T slab tokens, H heads, K = V head dim, C chunk."""
 
 from __future__ import annotations
-
-from types import MappingProxyType
 
 import torch
 
@@ -121,9 +116,9 @@ def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 
-FAKE_FLA = FlaKernels(MappingProxyType({
-    "fla.ops.kda.chunk_kda": chunk_kda,
-    "fla.modules.causal_conv1d.causal_conv1d": causal_conv1d,
-    "fla.modules.norm.fused_norm_gate.rms_norm_gated": rms_norm_gated,
-    "fla.ops.cp.build_cp_context": build_cp_context,
-}))  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)
+FAKE_FLA: FlaKernels = (  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)
+    ("fla.ops.kda.chunk_kda", chunk_kda),
+    ("fla.modules.causal_conv1d.causal_conv1d", causal_conv1d),
+    ("fla.modules.norm.fused_norm_gate.rms_norm_gated", rms_norm_gated),
+    ("fla.ops.cp.build_cp_context", build_cp_context),
+)

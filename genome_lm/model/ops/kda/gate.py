@@ -1,16 +1,13 @@
-"""KDA's forget gate as one op that keeps only its compute-dtype input for backward.
-
-Upstream's `Glm5NextTextForgetGate.forward(x)` (the reference, `upstream_forget_gate`), with
-raw = f_b_proj(f_a_proj(x)) [B, T, H·K], computes in float32 [B, T, H, K]:
+"""KDA's forget gate keeping only its compute-dtype input. Upstream's `Glm5NextTextForgetGate.forward(x)`
+(the reference), raw = f_b_proj(f_a_proj(x)) [B, T, H·K], computes in float32 [B, T, H, K]:
 
     g = lower_bound · sigmoid(exp(A_log) · (raw + dt_bias))      (GLM-5.3-Flash: lower_bound -5)
     g = -exp(A_log) · softplus(raw + dt_bias)                   (lower_bound None)
 
-keeping three float32 tensors. Here the gate is split where fla's kernel splits it
-(`use_gate_in_kernel=True`): `KDAForgetGate.forward(x)` returns (raw, A_log, dt_bias) and the KDA op
-applies the gate (`kda_gate`, one autograd function in token blocks, in the torch op), so only raw
-in the compute dtype stays for backward. A_log and dt_bias leave the module as copies (`clone`):
-their use runs its backward after FSDP2 has freed the module's gathered parameters."""
+keeping three float32 tensors. Here it is split as fla's `use_gate_in_kernel` splits it:
+`KDAForgetGate` returns (raw, A_log, dt_bias) and the KDA op applies `kda_gate` (token blocks), so
+only raw stays for backward. A_log and dt_bias leave as copies: their backward runs after FSDP2 has
+freed the module's gathered parameters."""
 
 from __future__ import annotations
 
@@ -70,8 +67,7 @@ class KDAGateFunction(torch.autograd.Function):
 
 def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
              lower_bound: float | None = None) -> torch.Tensor:
-    """The forget gate from its inputs: raw `[..., H, K]`, A_log `[H]`, dt_bias `[H·K]` ->
-    `[..., H, K]` float32 log decay, equal to `upstream_forget_gate`'s."""
+    """raw `[..., H, K]`, A_log `[H]`, dt_bias `[H·K]` -> `upstream_forget_gate`'s `[..., H, K]` float32."""
     shape = raw.shape
     return KDAGateFunction.apply(raw.reshape(-1, *shape[-2:]), A_log, dt_bias, lower_bound).view(shape)
 

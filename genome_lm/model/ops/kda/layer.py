@@ -1,6 +1,5 @@
-"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) running on `chunk_kda`, so activations stay
-O(T·H·K): `LongKDA`, through `kda_layer_step`, one layer as a function of the `KDAState` before a
-piece (its training, `Cache` and context-parallel slab paths).
+"""Upstream's KDA layer (`Glm5NextTextLinearAttention`) on `chunk_kda`, activations O(T·H·K): `LongKDA`,
+through `kda_layer_step` (one layer as a function of the `KDAState` before a piece).
 
 Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
@@ -9,9 +8,8 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     o    = KDA(l2norm(q), l2norm(k), v, g, beta)                          # [B, T, H, V]
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
 
-The conv + SiLU, forget gate and gated output norm are each one op that keeps its compute-dtype
-inputs and recomputes the rest (`conv.py`, `gate.py`, `norm.py`, fla's kernels on CUDA); the gate is
-applied inside the recurrent op, as fla's `use_gate_in_kernel` does."""
+The conv + SiLU, forget gate and output norm each keep only compute-dtype inputs (`conv.py`,
+`gate.py`, `norm.py`); the gate is applied inside the recurrent op (fla's `use_gate_in_kernel`)."""
 
 from __future__ import annotations
 
@@ -34,12 +32,9 @@ from genome_lm.settings import DEFAULTS, KDABackend
 
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
-    """`Glm5NextTextLinearAttention` on `chunk_kda` (parameters and names upstream's).
-
-    Settings: `chunk_size`, `head_block`, `backend` and `fla` of `chunk_kda`; `cp`, a `CPContext` once
-    `apply_context_parallel` ran (then the layer runs its rank's slab, `cp.py`). Installing it also
-    installs `conv1d` -> `KDAShortConv` (upstream never calls `conv1d`'s forward: its causal conv
-    reads the weight), `forget_gate` -> `KDAForgetGate`, `o_norm` -> `KDAOutputNorm`.
+    """`Glm5NextTextLinearAttention` on `chunk_kda`. Settings: `chunk_size`, `head_block`, `backend`, `fla`
+    of `chunk_kda`; `cp` (set by `apply_context_parallel`: the layer runs its rank's slab, `cp.py`).
+    Also installs `KDAShortConv` (upstream only reads `conv1d`'s weight), `KDAForgetGate`, `KDAOutputNorm`.
     """
 
     upstream = Glm5NextTextLinearAttention
@@ -71,24 +66,20 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
 
     def forward(self, hidden_states: torch.Tensor, cache=None, attention_mask: torch.Tensor | None = None,
                 **kwargs) -> torch.Tensor:
-        """Upstream's call: hidden_states [B, T, D] -> [B, T, D]; a transformers `cache` is updated as
-        upstream updates it; other kwargs are ignored (packed sequences are refused)."""
+        """Upstream's call: hidden_states [B, T, D] -> [B, T, D], `cache` updated as upstream does."""
         if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
             raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
         if self.cp is not None:
             if cache is not None:
                 raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
-            return self._cp_forward(hidden_states, attention_mask)
+            return self._cp_forward(self.cp, hidden_states, attention_mask)
         if cache is None:
             return kda_layer_step(self, hidden_states, None, attention_mask)[0]
-
         return self._cached_forward(hidden_states, cache, attention_mask)
 
     def _cached_forward(self, hidden_states: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Upstream's cache path on `kda_layer_step`. The cache gets the T raw projections
-        (`update_conv_state`: it counts them, and keeps them while recording for a `crop`); when it
-        asks for the states after each of its last N tokens, those run one at a time after the rest."""
-
+        """Upstream's cache path on `kda_layer_step`: the cache gets the T raw projections (it counts
+        them, and keeps them for a `crop`); the states it keeps for its last N tokens run one at a time."""
         idx = self.layer_idx
         hidden_states = mask_padding(hidden_states, attention_mask)
         B, T, _ = hidden_states.shape
@@ -115,10 +106,9 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         cache.update_recurrent_state(kept if keep else final, idx)
         return torch.cat(outs, dim=1)
 
-    def _cp_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _cp_forward(self, cp: CPContext, hidden_states: torch.Tensor,
+                    attention_mask: torch.Tensor | None) -> torch.Tensor:
         """This rank's slab [B, T, D] -> [B, T, D] (`cp` holds the split; the core: `cp.cp_kda_core`)."""
-        cp = self.cp
-        assert cp is not None  # forward takes this path only with a cp
         cp.check_local(hidden_states.shape[1])
         hidden_states = mask_padding(hidden_states, attention_mask)
         # the W-1 pre-conv projections [B, C3, W-1] before this slab (zeros at sequence start)
@@ -134,28 +124,21 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         return out
 
 
-KDACore = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
-"""A recurrent core called like `chunk_kda`: `(o, final state or None)`."""
-
-
 @dataclass
 class KDAState:
-    """What one KDA layer carries from one piece of a sequence to the next: `conv_state` [B, 3·H·K, W-1]
-    the last pre-conv projections; `recurrent_state` [B, H, K, V] float32, None for a zero state (in)
-    or from a core that gives no final state (out: fla's context parallelism)."""
+    """What a KDA layer carries between pieces: the last pre-conv projections [B, 3·H·K, W-1] and the
+    state [B, H, K, V] float32 (None: zero in; no final state out, as fla's context parallelism)."""
 
     conv_state: torch.Tensor
     recurrent_state: torch.Tensor | None
 
 
 def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState | None = None,
-                   attention_mask: torch.Tensor | None = None, kda_core: KDACore | None = None,
+                   attention_mask: torch.Tensor | None = None, kda_core: Callable | None = None,
                    mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, KDAState]:
-    """A `LongKDA` over the next T >= 1 tokens [B, T, D], given the `KDAState` after the tokens before
-    them (None: sequence start) -> (out [B, T, D], new state). Feeding pieces in order gives one
-    pass's outputs; purely functional, so gradients flow through the carried state. `kda_core`
-    replaces `chunk_kda` (context parallelism); `mixed`: `kda_projections`, if already computed.
-
+    """A `LongKDA` over the next T >= 1 tokens [B, T, D] after `state` (None: sequence start) -> (out
+    [B, T, D], new state); pieces fed in order give one pass's outputs, gradients flow through the
+    state. `kda_core` replaces `chunk_kda` (context parallelism); `mixed`: `kda_projections` if known.
     Kept for backward, in the compute dtype: the input, `[q | k | v]` before and after the conv,
     the gate's raw input, beta, the low-rank gate activations, the core's output and the output gate.
     """
@@ -202,7 +185,7 @@ def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState
 
 
 def mask_padding(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Upstream's `apply_mask_to_padding_states`: zero the `[B, T, D]` input where the `[B, T]` mask is 0."""
+    """Upstream's `apply_mask_to_padding_states`: zero `[B, T, D]` where the `[B, T]` mask is 0."""
     if attention_mask is None:
         return hidden_states
     return (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)

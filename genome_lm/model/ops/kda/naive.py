@@ -1,15 +1,11 @@
-"""Plain recurrent reference for Kimi Delta Attention (KDA).
-
-Same semantics and signature as `fla.ops.kda.naive.naive_recurrent_kda`, written out one token
-at a time so that it is obviously correct. Per value head, with state S in R^{K x V}:
+"""Plain references for KDA: `naive_recurrent_kda`, as `fla.ops.kda.naive.naive_recurrent_kda`, one
+token at a time. Per value head, with state S in R^{K x V}:
 
     S_t = diag(exp(g_t)) S_{t-1}                      (per-channel decay, g in log space)
     S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T        (delta rule)
     o_t = S_t^T (scale * q_t)
 
 GVA: q and k have H heads, v / g / beta have HV = G * H heads; value head h reads q/k head h // G.
-
-`naive_short_conv` is the reference of `conv.short_conv` (float32 conv of [prev | x], SiLU, cast).
 """
 
 import torch

@@ -1,11 +1,7 @@
-"""KDA's gated output norm as one op that keeps only its compute-dtype inputs for backward.
-
-Upstream's `o_norm` (`Glm5NextTextRMSNormGated`, reference `upstream_gated_rms_norm`) computes
-`weight · rmsnorm(o) · sigmoid(gate)` in float32 per head and keeps four float32 [B, T, H, V]
-tensors. `KDAOutputNorm` computes the same keeping o and the gate in the compute dtype: fla's
-`rms_norm_gated` on the fla backend (it also keeps a float32 rstd per row), else
-`ops.norm.gated_rms_norm` (torch, row statistics recomputed in backward).
-"""
+"""KDA's gated output norm keeping only compute-dtype inputs. Upstream's `o_norm` computes
+`weight · rmsnorm(o) · sigmoid(gate)` in float32 per head, keeping four float32 [B, T, H, V] tensors;
+`KDAOutputNorm` keeps o and the gate: fla's `rms_norm_gated` (plus a float32 rstd per row) on the fla
+backend, else `ops.norm.gated_rms_norm` (row statistics recomputed in backward)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""MoE in token blocks: bounded transient memory, per-expert load statistics, upstream semantics.
-
-Shapes: N tokens (flattened B*T), D model dim, E routed experts, k experts per token, M = `block_tokens`.
-
-Routing and experts are per token upstream, so running upstream's submodules on consecutive blocks
-of M tokens gives the result of all N at once, with transients O(M*k*I) instead of O(N*k*I). With
-`recompute=True` each block is checkpointed and keeps only its input slice. With an `ep` context the
-ranks agree on the number of blocks so that they meet in every block's all-to-alls."""
+"""MoE in token blocks, with per-expert load statistics. Routing and experts are per token upstream, so
+upstream's submodules on consecutive blocks of M = `block_tokens` tokens give the result of all N at
+once, with transients O(M*k*I), not O(N*k*I); with `recompute` each block keeps only its input
+slice. Under EP the ranks agree on the number of blocks, so they meet in every block's all-to-alls."""
 
 from __future__ import annotations
 
@@ -44,42 +40,8 @@ def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None)
     return expert_counts(idx, num_experts) if assumed is None else assumed.counts(idx.numel(), num_experts, idx.device)
 
 
-def blocked_moe_forward(
-    module: Glm5NextTextMoE, hidden: torch.Tensor, block_tokens: int, recompute: bool = True,
-    assumed: AssumedRouting | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Upstream MoE over blocks of `block_tokens` tokens: hidden [..., D] -> (out [..., D], tokens per
-    routed expert [E] int64); `assumed`: counts and EP splits from it, not from the router."""
-    shape = hidden.shape
-    x = hidden.reshape(-1, shape[-1])  # [N, D]
-    n = x.shape[0]
-    counts = torch.zeros(module.gate.num_experts, dtype=torch.long, device=x.device)
-    use_ckpt = recompute and torch.is_grad_enabled() and n > 0
-    ep = getattr(module, "ep", None)
-    if ep is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
-        blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
-        torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=ep.group)
-        block_tokens = max(1, -(-n // int(blocks)))
-    elif n <= block_tokens and not use_ckpt:
-        out, idx = _moe_block(module, x)
-        return out.view(shape), counts + _counts(idx, counts.numel(), assumed)
-
-    out = x.new_empty(x.shape)  # [N, D]; block outputs are copied in, not concatenated
-    # split, not sliced: backward joins the blocks' input gradients once, where each slice's backward
-    # would make a zero-filled [N, D] gradient and add it to the sum
-    for start, xb in zip(range(0, n, block_tokens), torch.split(x, block_tokens)):  # xb [M, D]
-        if use_ckpt:
-            yb, idx = checkpoint(_moe_block, module, xb, use_reentrant=False)
-        else:
-            yb, idx = _moe_block(module, xb)
-        out[start : start + block_tokens] = yb
-        counts += _counts(idx, counts.numel(), assumed)
-    return out.view(shape), counts
-
-
 class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
-    """`Glm5NextTextMoE` whose forward runs in blocks of `block_tokens` tokens (each recomputed in
-    backward when `recompute`) and records `last_expert_counts` [E] int64."""
+    """`Glm5NextTextMoE` in blocks of `block_tokens` tokens (each recomputed in backward when `recompute`)."""
 
     upstream = Glm5NextTextMoE
     block_tokens: int = DEFAULTS.moe_block_tokens
@@ -99,14 +61,38 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
         return f"block_tokens={self.block_tokens}, recompute={self.recompute}{ep}"
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        out, counts = blocked_moe_forward(self, hidden_states, self.block_tokens, self.recompute, self.routing)
+        """[..., D] -> [..., D]; sets `last_expert_counts`, tokens per routed expert [E] int64 (with a
+        `routing`, counts and EP splits follow it, not the router)."""
+        shape, assumed, block_tokens = hidden_states.shape, self.routing, self.block_tokens
+        x = hidden_states.reshape(-1, shape[-1])  # [N, D]
+        n = x.shape[0]
+        counts = torch.zeros(self.gate.num_experts, dtype=torch.long, device=x.device)
+        use_ckpt = self.recompute and torch.is_grad_enabled() and n > 0
+        if self.ep is not None and assumed is None:  # every EP rank runs as many blocks as the busiest
+            blocks = torch.tensor([-(-n // block_tokens)], device=x.device)
+            torch.distributed.all_reduce(blocks, torch.distributed.ReduceOp.MAX, group=self.ep.group)
+            block_tokens = max(1, -(-n // int(blocks)))
+        elif n <= block_tokens and not use_ckpt:
+            out, idx = _moe_block(self, x)
+            self.last_expert_counts = counts + _counts(idx, counts.numel(), assumed)
+            return out.view(shape)
+
+        out = x.new_empty(x.shape)  # [N, D]; block outputs are copied in, not concatenated
+        # split, not sliced: backward joins the blocks' input gradients once, where each slice's backward
+        # would make a zero-filled [N, D] gradient and add it to the sum
+        for start, xb in zip(range(0, n, block_tokens), torch.split(x, block_tokens)):  # xb [M, D]
+            if use_ckpt:
+                yb, idx = checkpoint(_moe_block, self, xb, use_reentrant=False)
+            else:
+                yb, idx = _moe_block(self, xb)
+            out[start : start + block_tokens] = yb
+            counts += _counts(idx, counts.numel(), assumed)
         self.last_expert_counts = counts
-        return out
+        return out.view(shape)
 
 
 def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
-    """Per MoE layer name (`model.layers.3.mlp`) with `last_expert_counts` from its last forward:
-    tokens per expert `max`, `mean` and `imbalance` = max / mean."""
+    """Per MoE layer name with `last_expert_counts`: tokens per expert `max`, `mean`, `imbalance` = max / mean."""
     stats = {}
     for name, module in model.named_modules():
         counts = getattr(module, "last_expert_counts", None)

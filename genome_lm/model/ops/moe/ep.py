@@ -1,18 +1,16 @@
-"""Expert parallelism inside the MoE layer: routed experts split over the ranks of an EP group, rows
-sent to the rank that holds their expert and back (all-to-all), as torchtitan's
-`distributed/expert_parallel.py` does.
-
-Shapes: M tokens of this rank's block, D model dim, E routed experts, k experts per token,
-P = EP ranks, El = E / P experts per rank (rank p holds experts [p * El, (p + 1) * El)).
+"""Expert parallelism in the MoE layer, as torchtitan's `distributed/expert_parallel.py`: routed experts
+split over an EP group, rows sent to their expert's rank and back (all-to-all). Shapes: M tokens of
+this rank's block, D model dim, E experts, k per token, P ranks, El = E / P experts per rank (rank p
+holds [p * El, (p + 1) * El)).
 
 `ExpertParallelExperts` computes upstream's `experts(x, idx, w)`: the M * k (token, expert) pairs
 sorted by expert (stable), counts exchanged, rows sent by all-to-all, each local expert's SwiGLU on
-its rows, outputs back by the reverse all-to-all, weighted and added in expert order (upstream's
-sums: P = 1 gives upstream's bits). The router and shared experts run replicated.
+its rows, outputs back by the reverse all-to-all, weighted and added in expert order (P = 1 gives
+upstream's bits). The router and shared experts run replicated.
 
-`AssumedRouting`, for fake tensors (no values to route by): a rank sends its M * k pairs evenly over
-the P ranks and receives `imbalance` x M * k rows, evenly over sources and local experts (the
-planner's `expert_imbalance`: the busiest expert rank simulated)."""
+`AssumedRouting` (fake tensors: no values to route by): a rank sends its M * k pairs evenly over the
+ranks and receives `imbalance` x M * k rows, evenly over sources and local experts (the planner's
+`expert_imbalance`)."""
 
 from __future__ import annotations
 
@@ -36,11 +34,13 @@ class AssumedRouting:
         if self.imbalance < 1:
             raise ValueError(f"imbalance is the busiest rank over the mean, >= 1; got {self.imbalance}")
 
-    def splits(self, pairs: int, size: int, n_local: int) -> tuple[list[int], list[int], list[int]]:
-        """(rows sent to each rank [P], rows received from each rank [P], rows per local expert
-        [El]) for `pairs` = M·k (token, expert) pairs of this rank."""
+    def splits(self, pairs: int, size: int, n_local: int, device: torch.device):
+        """`_splits` for `pairs` = M·k (token, expert) pairs of this rank, spread evenly."""
         received = math.ceil(pairs * self.imbalance)
-        return _even(pairs, size), _even(received, size), _even(received, n_local)
+        per_expert = _even(received, n_local)
+        expert_of_row = torch.arange(n_local, device=device).repeat_interleave(
+            torch.tensor(per_expert, device=device), output_size=received)
+        return _even(pairs, size), _even(received, size), per_expert, expert_of_row
 
     def counts(self, pairs: int, num_experts: int, device: torch.device) -> torch.Tensor:
         """[E] int64 tokens per expert over the block: the pairs spread evenly."""
@@ -63,8 +63,8 @@ def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gr
 
 
 class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
-    """`Glm5NextTextExperts` over an EP group: this rank computes its experts for the tokens of
-    every rank (through FSDP2's forward, which gathers its shard of `gate_up_proj`/`down_proj`)."""
+    """`Glm5NextTextExperts` over an EP group: this rank's experts for every rank's tokens (FSDP2's
+    forward gathers its shard of `gate_up_proj`/`down_proj`)."""
 
     upstream = Glm5NextTextExperts
     ep: EPContext
@@ -103,11 +103,10 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
 
 
 class _ExpertLinear(torch.autograd.Function):
-    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e, in order), weight [El, O, I]
-    -> [R, O]: `F.linear(rows of e, weight[e])` for each expert, bit for bit, and the same input
-    gradient (the matmuls autograd runs for `F.linear`). The weight's gradient is one [El, O, I]
-    tensor written expert by expert; autograd through `weight[e]` instead makes a zero-filled
-    [El, O, I] tensor per expert and adds them."""
+    """x [R, I] rows grouped by expert (`counts[e]` rows for expert e), weight [El, O, I] -> [R, O]:
+    `F.linear(rows of e, weight[e])` per expert, bit for bit, gradients too. The weight's gradient is
+    one [El, O, I] tensor written expert by expert; autograd through `weight[e]` would add a
+    zero-filled [El, O, I] tensor per expert."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -133,9 +132,8 @@ expert_linear = _ExpertLinear.apply
 
 
 class _PermuteRows(torch.autograd.Function):
-    """x [R, ...] -> x[index] for a permutation `index` [R] whose inverse is `inverse`. Autograd keeps
-    only `inverse`, and the backward is one gather, grad[inverse]; indexing instead scatters the
-    gradient into a zero-filled copy (and `index_copy` keeps its source for backward)."""
+    """x [R, ...] -> x[index] for a permutation `index` with inverse `inverse`; keeps only `inverse`, the
+    backward is one gather (indexing would scatter into a zero-filled copy)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
@@ -173,10 +171,7 @@ def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, a
     """(rows sent to each rank [P], received from each rank [P], per local expert [El], local expert
     of each received row [R]) for this rank's expert ids `flat` [M*k]: exchanged, or `assumed`."""
     if assumed is not None:
-        send, recv, per_expert = assumed.splits(flat.numel(), ep.size, n_local)
-        local = torch.arange(n_local, device=flat.device)
-        return send, recv, per_expert, local.repeat_interleave(torch.tensor(per_expert, device=flat.device),
-                                                               output_size=sum(recv))
+        return assumed.splits(flat.numel(), ep.size, n_local, flat.device)
     with torch.no_grad():
         counts = torch.bincount(flat, minlength=num_experts)  # [E]: rows this rank sends per expert
         recv_counts = torch.empty_like(counts)

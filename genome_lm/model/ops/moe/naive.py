@@ -1,11 +1,7 @@
 """Plain reference for the MoE block: upstream `Glm5NextTextMoE.forward` itself, all tokens at once.
-
-Shapes: N tokens (flattened B*T), D model dim, E routed experts, k = experts per token.
-Upstream routing (`Glm5NextTextTopkRouter`): sigmoid scores of float32 router logits; choice by
-`scores + e_score_correction_bias` within the top `topk_group` of `n_group` groups; weights are
-the chosen *uncorrected* scores, normalised to sum 1 (`norm_topk_prob`) and times
-`routed_scaling_factor`. Output = routed experts (weighted SwiGLU per chosen expert) + shared
-experts applied to every token.
+Upstream routing: sigmoid scores of float32 router logits, choice by `scores + e_score_correction_bias`
+within the top `topk_group` of `n_group` groups, weights the chosen uncorrected scores normalised to
+sum 1 times `routed_scaling_factor`. Output: routed experts' weighted SwiGLU + shared experts.
 """
 
 from __future__ import annotations
