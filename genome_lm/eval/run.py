@@ -20,9 +20,17 @@ from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.config import EvalConfig
 from genome_lm.eval.outputs import SUMMARY_FILE, RowWriter, TokensWriter, WindowCache, cache_dir_for, load_summary
 from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
-from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
-from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
-from genome_lm.eval.strata import masks as strata_masks
+from genome_lm.eval.stats import (
+    LEAKAGE,
+    REPEAT,
+    StrataAccumulator,
+    annotation,
+    bucket_edges,
+    contexts_of,
+    describe,
+    summarize,
+)
+from genome_lm.eval.stats import masks as strata_masks
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
