@@ -115,17 +115,15 @@ def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: i
     """{"by_length", "paired_differences" (consecutive L), "span" (shortest to longest L; None with one
     L)} from per-window sums [W, n_L] and counts [W] of the same targets at every L."""
     n = np.broadcast_to(counts[:, None], sums.shape).astype(np.float64)
-    total, tokens = sums.sum(axis=0), int(counts.sum())
-    mean = ratio(total, n.sum(axis=0))
-    steps = np.concatenate([total[1:] - total[:-1], total[-1:] - total[:1]])  # consecutive steps, then the span
-    delta = ratio(steps, n.sum(axis=0)[:1].repeat(len(steps)))
 
-    def stat(s, n):
+    def stat(s, n):  # [r, n_L] each -> mean [n_L], then the consecutive steps and the span [n_L]
         d = np.concatenate([s[:, 1:] - s[:, :-1], s[:, -1:] - s[:, :1]], axis=1)
         return np.concatenate([ratio(s, n), ratio(d, n[:, :1].repeat(d.shape[1], axis=1))], axis=1)
 
+    k, tokens, windows = len(lengths), int(counts.sum()), int((counts > 0).sum())
+    est = stat(sums.sum(axis=0)[None], n.sum(axis=0)[None])[0]
+    mean, delta = est[:k], est[k:]
     low, high = bootstrap_ci(stat, {"s": sums, "n": n}, resamples, seed)
-    k, windows = len(lengths), int((counts > 0).sum())
     by_length = [{"L": int(L), "mean_nll": jfloat(mean[j]), "bits_per_base": jfloat(mean[j] / LN2),
                   "ci_low": jfloat(low[j]), "ci_high": jfloat(high[j]), "tokens": tokens, "n_windows": windows}
                  for j, L in enumerate(lengths)]

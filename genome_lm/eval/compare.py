@@ -316,13 +316,6 @@ def load_compare(compare_dir: str | Path) -> dict:
     return read_json(compare_dir, COMPARE_FILE, "compare")
 
 
-def _overall(stats: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sum_a, sum_b, count) float64 [W] over all scored tokens of one pair's `paired_stats`."""
-    _, acc_a, acc_b = stats
-    return acc_a.sums[:, 0, :, -1].sum(axis=1), acc_b.sums[:, 0, :, -1].sum(axis=1), \
-        acc_a.counts[:, 0, :, -1].sum(axis=1).astype(np.float64)
-
-
 def _diff_entry(sa: np.ndarray, sb: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict:
     """diff and rel_change_pct of B - A with two-level CIs, from sums and counts [R, W]."""
     low, high = two_level_ci(paired_stat, {"a": sa[..., None], "b": sb[..., None], "n": n[..., None]}, resamples, seed)
@@ -372,8 +365,8 @@ def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, se
 def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[tuple[str, str]], resamples: int,
                        seed: int) -> dict:
     """From each pair's `paired_stats`, its `ablation.ablation_sums` (None: no ablation) and directories."""
-    sums = [_overall(st) for st in per_pair]
-    sa, sb, n = (np.stack([s[j] for s in sums]) for j in range(3))  # [R, W]
+    sa, sb = (np.stack([st[j].sums[:, 0, :, -1].sum(axis=1) for st in per_pair]) for j in (1, 2))  # [R, W]: all tokens
+    n = np.stack([st[1].counts[:, 0, :, -1].sum(axis=1) for st in per_pair]).astype(np.float64)
     pairs = []
     for i, (a, b) in enumerate(dirs):  # one pair: its window bootstrap, as its own two-eval compare's overall CI
         pairs.append({"a": a, "b": b, "n_tokens": int(n[i].sum()), "mean_nll_a": jfloat(sa[i].sum() / n[i].sum()),

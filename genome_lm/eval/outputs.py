@@ -29,19 +29,6 @@ SCHEMA = pa.schema([("window", pa.int64()), ("chrom", pa.string()), ("start", pa
                     ("strand", pa.string()), ("nll", pa.list_(pa.float32())), ("repeat_mask", pa.list_(pa.uint8()))])
 
 
-def schema(leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False) -> pa.Schema:
-    """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
-    fields = list(SCHEMA)
-    if leakage:
-        fields.append(pa.field("leakage_mask", pa.list_(pa.uint8())))
-    if annotations:
-        fields.append(pa.field("annotation_masks", pa.list_(pa.list_(pa.uint8()))))
-    if strands:
-        fields.append(pa.field("reverse_complement", pa.bool_()))
-    meta = {ANNOTATIONS_KEY: json.dumps(list(annotations)).encode()} if annotations else None
-    return pa.schema(fields, metadata=meta)
-
-
 class RowWriter(pq.ParquetWriter):
     """A Parquet file written a row (row group) at a time, each data page with its CRC32; a context manager."""
 
@@ -56,7 +43,13 @@ class TokensWriter(RowWriter):
     """Writes `tokens.parquet` one window (row group) at a time."""
 
     def __init__(self, path: Path, leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False):
-        super().__init__(path, schema(leakage, annotations, strands))
+        """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
+        optional = [("leakage_mask", leakage, pa.list_(pa.uint8())),
+                    ("annotation_masks", annotations, pa.list_(pa.list_(pa.uint8()))),
+                    ("reverse_complement", strands, pa.bool_())]
+        fields = list(SCHEMA) + [pa.field(name, kind) for name, wanted, kind in optional if wanted]
+        meta = {ANNOTATIONS_KEY: json.dumps(list(annotations)).encode()} if annotations else None
+        super().__init__(path, pa.schema(fields, metadata=meta))
 
     def add(self, window: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
         """One row: `where` (chrom, start, end, strand), a window record as `iter_windows` yields them (masks
