@@ -225,8 +225,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
             _same_windows(A[0], d)
     W = len(meta["window"])
     seq_len = max(s["config"]["seq_len"] for pair in summaries for s in pair)
-    sum_a, sum_b = summaries[0]
-    edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
+    edges = bucket_edges(summaries[0][0]["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
     per_pair = [paired_stats(x, y, W, seq_len, edges) for x, y in pairs]
     fwd = _pooled(per_pair)
     tables = paired_tables(*fwd, edges, resamples, seed)
@@ -257,11 +256,9 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
                                  (sy.get("context_ablation") or {}).get("lengths", []))
                    for (x, y), (sx, sy) in zip(pairs, summaries)]
         absent = next((p for p in per_abl if isinstance(p, str)), None)
-        if absent is None:
-            ablation = per_abl
-            result["context_ablation"] = ablation_tables(_pooled_ablation(per_abl), resamples, seed)
-        else:
-            result["context_ablation"] = {"absent": absent}
+        ablation = None if absent else per_abl
+        result["context_ablation"] = {"absent": absent} if absent else ablation_tables(_pooled_ablation(per_abl),
+                                                                                        resamples, seed)
     if "leakage" not in tables:
         result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)

@@ -103,14 +103,6 @@ def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str,
     return meta
 
 
-def annotation_names(eval_dir: str | Path) -> list[str]:
-    """NAMEs of the `--annotate` masks in tokens.parquet, in column order."""
-    path = _file(eval_dir, TOKENS_FILE, "eval")
-    with readable(path, "eval"):
-        meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []
-
-
 def _values(column, row: int) -> np.ndarray:
     return column[row].values.to_numpy(zero_copy_only=False)
 
@@ -131,7 +123,9 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
     the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
     only the rows with rc False / True."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
-    names = annotation_names(eval_dir)
+    with readable(path, "eval"):
+        meta = pq.read_schema(path).metadata or {}
+    names = json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []  # the --annotate NAMEs, in order
     for table, row in table_rows(path):
         cols = set(table.column_names)
         rc = bool(table.column("reverse_complement")[row].as_py()) if "reverse_complement" in cols else False
