@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.model.streaming import StreamingScorer
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
@@ -37,14 +36,6 @@ class Chunk:
     def cpu(self) -> Chunk:
         embeddings = {k: v.cpu() for k, v in self.embeddings.items()}
         return Chunk(self.start, self.logp.cpu(), self.logp_acgt.cpu(), embeddings)
-
-
-def check_layers(layers: list[int], n_layers: int) -> None:
-    """A layer the model lacks is one line naming the layers it has."""
-    bad = [i for i in layers if not 0 <= i < n_layers]
-    if bad:
-        raise GenomeLMError(f"--embeddings {','.join(map(str, bad))}: the model has decoder layers 0 to "
-                            f"{n_layers - 1}; name layers in that range")
 
 
 @contextlib.contextmanager

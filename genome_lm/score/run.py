@@ -133,14 +133,16 @@ def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
     from genome_lm.eval.run import checkpoint_record
     from genome_lm.genome.tokenizer import VOCAB
     from genome_lm.model import token_lut
-    from genome_lm.score.engine import check_layers
 
     checked: dict = {}  # rank 0's reference and regions (the other ranks read their own: no FASTA is broadcast)
     par.on_main(lambda: checked.update(zip(("ref", "regions"), check_inputs(p))))
     ref, regions = (checked["ref"], checked["regions"]) if par.is_main else load_regions(p)
     ckpt = checkpoint_record(p.checkpoint)
     model = sharded.build_model(p, ckpt["model_dir"], par).eval()
-    check_layers(p.embeddings, model.config.num_hidden_layers)
+    bad = [i for i in p.embeddings if not 0 <= i < model.config.num_hidden_layers]  # layers the model lacks
+    if bad:
+        raise GenomeLMError(f"--embeddings {','.join(map(str, bad))}: the model has decoder layers 0 to "
+                            f"{model.config.num_hidden_layers - 1}; name layers in that range")
     lut = torch.from_numpy(token_lut(VOCAB, ckpt["model_dir"]))
     strands = STRANDS[p.strands]
     rows = rows_of(regions, p.stride())
