@@ -14,8 +14,7 @@ import pyarrow as pa
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.outputs import iter_windows, table_rows
-from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, paired_stat, ratio
-from genome_lm.eval.strata import masks, merged_strata, place, strata_of
+from genome_lm.eval.stats import LN2, bootstrap_ci, jfloat, masks, merged_strata, paired_stat, place, ratio, strata_of
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
 ABLATION_FILE = "context_ablation.parquet"
@@ -116,17 +115,15 @@ def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: i
     """{"by_length", "paired_differences" (consecutive L), "span" (shortest to longest L; None with one
     L)} from per-window sums [W, n_L] and counts [W] of the same targets at every L."""
     n = np.broadcast_to(counts[:, None], sums.shape).astype(np.float64)
-    total, tokens = sums.sum(axis=0), int(counts.sum())
-    mean = ratio(total, n.sum(axis=0))
-    steps = np.concatenate([total[1:] - total[:-1], total[-1:] - total[:1]])  # consecutive steps, then the span
-    delta = ratio(steps, n.sum(axis=0)[:1].repeat(len(steps)))
 
-    def stat(s, n):
+    def stat(s, n):  # [r, n_L] each -> mean [n_L], then the consecutive steps and the span [n_L]
         d = np.concatenate([s[:, 1:] - s[:, :-1], s[:, -1:] - s[:, :1]], axis=1)
         return np.concatenate([ratio(s, n), ratio(d, n[:, :1].repeat(d.shape[1], axis=1))], axis=1)
 
+    k, tokens, windows = len(lengths), int(counts.sum()), int((counts > 0).sum())
+    est = stat(sums.sum(axis=0)[None], n.sum(axis=0)[None])[0]
+    mean, delta = est[:k], est[k:]
     low, high = bootstrap_ci(stat, {"s": sums, "n": n}, resamples, seed)
-    k, windows = len(lengths), int((counts > 0).sum())
     by_length = [{"L": int(L), "mean_nll": jfloat(mean[j]), "bits_per_base": jfloat(mean[j] / LN2),
                   "ci_low": jfloat(low[j]), "ci_high": jfloat(high[j]), "tokens": tokens, "n_windows": windows}
                  for j, L in enumerate(lengths)]
@@ -179,7 +176,7 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
         return f"no --context length in both evals ({lengths_a} vs {lengths_b})"
     ja, jb = [lengths_a.index(L) for L in common], [lengths_b.index(L) for L in common]
     windows = zip(iter_windows(a, "forward"), iter_windows(b, "forward"))  # the ablated rows, and more
-    sa, sb, n, strata = [], [], [], None
+    rows, strata = [], None
     for ra, rb in zip_longest(iter_ablation(a), iter_ablation(b)):
         if ra is None or rb is None or (ra["window"], ra["target_start"]) != (rb["window"], rb["target_start"]):
             what = lambda r: "none" if r is None else f"window {r['window']} from token {r['target_start']}"  # noqa: E731
@@ -193,16 +190,13 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
         rec = merged_strata(wa, wb)
         strata = strata_of(rec) if strata is None else strata
         xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]
-        t0 = ra["target_start"]
-        classes = [m[t0:t0 + xa.shape[1]] == c for m in masks(rec, strata) for c in (False, True)]
-        keep = ~(np.isnan(xa).any(axis=0) | np.isnan(xb).any(axis=0))
-        sel = [keep] + [keep & m for m in classes]  # all targets, then each stratum's classes
-        sa.append(np.stack([xa[:, m].astype(np.float64).sum(axis=1) for m in sel]))
-        sb.append(np.stack([xb[:, m].astype(np.float64).sum(axis=1) for m in sel]))
-        n.append([int(m.sum()) for m in sel])
-    if not n:
+        t0, lost = ra["target_start"], np.isnan(xa).any(axis=0) | np.isnan(xb).any(axis=0)
+        classes = [m[t0:t0 + xa.shape[1]] for m in masks(rec, strata)]
+        parts = [window_parts(np.where(lost, np.nan, x), classes) for x in (xa, xb)]  # the targets both scored
+        rows.append((parts[0][0], parts[1][0], parts[0][1]))
+    if not rows:
         return "no window in both evals' context_ablation.parquet"
-    return common, strata, np.stack(sa), np.stack(sb), np.asarray(n)
+    return common, strata, *(np.stack(x) for x in zip(*rows))
 
 
 def ablation_tables(sums, resamples: int, seed: int) -> dict:

@@ -1,9 +1,15 @@
 """`genome-lm compare EVAL_A EVAL_B`: paired comparison of two evals of the same windows (docs/eval.md).
 Each token scored by both counts once, in the bucket of its context (with different --seq-len, the
-longer pieces'); 95% CIs from a paired bootstrap over windows. Replicates: `replicates.py`."""
+longer pieces'); 95% CIs from a paired bootstrap over windows.
+
+Replicates (`compare A1,A2,A3 B1,B2,B3`): compare.json's `replicates` holds per-pair overall diffs and
+ablation spans, their spread, and the pooled diff with a two-level bootstrap (`stats.two_level_ci`),
+covering the seeds' spread as well as the windows'. With R replicates the seed level has only
+C(2R - 1, R) distinct draws (10 for R = 3)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,10 +27,13 @@ from genome_lm.eval.stats import (
     bucket_edges,
     contexts_of,
     jfloat,
+    merged_strata,
     paired_stat,
+    place,
     ratio,
+    strata_of,
+    two_level_ci,
 )
-from genome_lm.eval.strata import merged_strata, place, strata_of
 from genome_lm.outputs import atomic_directory, claim_output, holding, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -141,15 +150,13 @@ def _concentration(table: dict) -> dict:
 
 def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
     """compare.json's `strands`; `{"absent": why}` unless every eval of `pairs` has both strands."""
-    from genome_lm.eval.strands import merged
-
     lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
     if lacking:
         return {"absent": f"{lacking[0]} scored one strand only (eval --strands both)"}
     a0, b0 = pairs[0]
     W = len(_same_windows(a0, b0, "reverse")["window"])
     rev = _pooled([paired_stats(a, b, W, seq_len, edges, "reverse") for a, b in pairs])
-    avg = (fwd[0], merged(fwd[1], rev[1]), merged(fwd[2], rev[2]))
+    avg = (fwd[0], fwd[1] + rev[1], fwd[2] + rev[2])
     out = {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
            "average": paired_tables(*avg, edges, resamples, seed),
            "definition": "forward: the rows as stored (the top level); reverse: their reverse complements; "
@@ -174,12 +181,9 @@ def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
         if not np.array_equal(other[1].counts, acc_a.counts):
             raise GenomeLMError("the replicates' evals scored different tokens; evaluate every replicate with the "
                                 "same shards, --split, --max-windows, --window-pick and --seq-len")
-    pooled = []
-    for j in (1, 2):
-        acc = StrataAccumulator(len(acc_a.sums), strata, acc_a.edges)
+    pooled = copy.copy(acc_a), copy.copy(acc_b)  # counts and contexts: the same in every pair, on both sides
+    for j, acc in enumerate(pooled, 1):
         acc.sums = np.mean([st[j].sums for st in stats], axis=0)
-        acc.counts, acc.ctx = acc_a.counts.copy(), acc_a.ctx.copy()
-        pooled.append(acc)
     return strata, *pooled
 
 
@@ -221,8 +225,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
             _same_windows(A[0], d)
     W = len(meta["window"])
     seq_len = max(s["config"]["seq_len"] for pair in summaries for s in pair)
-    sum_a, sum_b = summaries[0]
-    edges = bucket_edges(sum_a["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
+    edges = bucket_edges(summaries[0][0]["config"]["buckets"], max_context=min(seq_len, int(meta["length"].max())) - 1)
     per_pair = [paired_stats(x, y, W, seq_len, edges) for x, y in pairs]
     fwd = _pooled(per_pair)
     tables = paired_tables(*fwd, edges, resamples, seed)
@@ -253,18 +256,14 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
                                  (sy.get("context_ablation") or {}).get("lengths", []))
                    for (x, y), (sx, sy) in zip(pairs, summaries)]
         absent = next((p for p in per_abl if isinstance(p, str)), None)
-        if absent is None:
-            ablation = per_abl
-            result["context_ablation"] = ablation_tables(_pooled_ablation(per_abl), resamples, seed)
-        else:
-            result["context_ablation"] = {"absent": absent}
+        ablation = None if absent else per_abl
+        result["context_ablation"] = {"absent": absent} if absent else ablation_tables(_pooled_ablation(per_abl),
+                                                                                        resamples, seed)
     if "leakage" not in tables:
         result["strata_absent"] = {"leakage": "neither eval has a leakage_mask (shards prepared without --leakage-k)"}
     result["concentration"] = _concentration(result)
     result["dropped_tokens"] = _dropped(summaries[0], tables["overall"]["n_tokens"])
     if len(pairs) > 1:
-        from genome_lm.eval.replicates import replicates_section
-
         result["replicates"] = replicates_section(per_pair, ablation, [(str(x), str(y)) for x, y in pairs],
                                                   resamples, seed)
     return result
@@ -312,3 +311,77 @@ def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool
 
 def load_compare(compare_dir: str | Path) -> dict:
     return read_json(compare_dir, COMPARE_FILE, "compare")
+
+
+def _diff_entry(sa: np.ndarray, sb: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict:
+    """diff and rel_change_pct of B - A with two-level CIs, from sums and counts [R, W]."""
+    low, high = two_level_ci(paired_stat, {"a": sa[..., None], "b": sb[..., None], "n": n[..., None]}, resamples, seed)
+    d = float(sb.sum() / n.sum() - sa.sum() / n.sum())  # as the two-eval compare: mean_B - mean_A
+    return {"diff": jfloat(d), "diff_ci_low": jfloat(low[0]), "diff_ci_high": jfloat(high[0]),
+            "diff_bits_per_base": jfloat(d / LN2), "rel_change_pct": jfloat(100 * (sb.sum() / sa.sum() - 1)),
+            "rel_ci_low": jfloat(low[1]), "rel_ci_high": jfloat(high[1])}
+
+
+def _spread(values: list[float | None]) -> dict:
+    v = np.array([np.nan if x is None else x for x in values], dtype=np.float64)
+    return {"mean": jfloat(np.nanmean(v)), "sd": jfloat(np.nanstd(v, ddof=1)) if np.isfinite(v).sum() > 1 else None,
+            "min": jfloat(np.nanmin(v)), "max": jfloat(np.nanmax(v)), "negative": int((v < 0).sum())}
+
+
+def _span_entry(s: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict:
+    """One side's ablation span (longest L minus shortest L, nats per target) with two-level CIs, from
+    sums [R, W, n_L] and counts [R, W]."""
+    def stat(s, n):
+        return ratio(s[:, -1:] - s[:, :1], n)
+
+    low, high = two_level_ci(stat, {"s": s, "n": n[..., None]}, resamples, seed)
+    d = float((s[..., -1].sum() - s[..., 0].sum()) / n.sum())
+    return {"mean_delta": jfloat(d), "mean_delta_bits": jfloat(d / LN2), "ci_low": jfloat(low[0]),
+            "ci_high": jfloat(high[0])}
+
+
+def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, seed: int) -> dict:
+    common = ablation[0][0]
+    sa = np.stack([p[2][:, 0] for p in ablation])  # [R, W, n_L]: all targets
+    sb = np.stack([p[3][:, 0] for p in ablation])
+    n = np.stack([p[4][:, 0] for p in ablation]).astype(np.float64)  # [R, W]
+
+    def gain(a, b, n):
+        return ratio((b[:, -1:] - b[:, :1]) - (a[:, -1:] - a[:, :1]), n)
+
+    low, high = two_level_ci(gain, {"a": sa, "b": sb, "n": n[..., None]}, resamples, seed)
+    g = float(((sb[..., -1] - sb[..., 0]).sum() - (sa[..., -1] - sa[..., 0]).sum()) / n.sum())
+    return {"from": int(common[0]), "to": int(common[-1]), "target_tokens": int(n[0].sum()),
+            "a": _span_entry(sa, n, resamples, seed), "b": _span_entry(sb, n, resamples, seed),
+            "gain_difference": {"diff": jfloat(g), "diff_bits": jfloat(g / LN2), "ci_low": jfloat(low[0]),
+                                "ci_high": jfloat(high[0])},
+            "spread": {"a": _spread([p["a"]["mean_delta"] for p in span_pairs]),
+                       "b": _spread([p["b"]["mean_delta"] for p in span_pairs])}}
+
+
+def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[tuple[str, str]], resamples: int,
+                       seed: int) -> dict:
+    """From each pair's `paired_stats`, its `ablation.ablation_sums` (None: no ablation) and directories."""
+    sa, sb = (np.stack([st[j].sums[:, 0, :, -1].sum(axis=1) for st in per_pair]) for j in (1, 2))  # [R, W]: all tokens
+    n = np.stack([st[1].counts[:, 0, :, -1].sum(axis=1) for st in per_pair]).astype(np.float64)
+    pairs = []
+    for i, (a, b) in enumerate(dirs):  # one pair: its window bootstrap, as its own two-eval compare's overall CI
+        pairs.append({"a": a, "b": b, "n_tokens": int(n[i].sum()), "mean_nll_a": jfloat(sa[i].sum() / n[i].sum()),
+                      "mean_nll_b": jfloat(sb[i].sum() / n[i].sum()),
+                      **_diff_entry(sa[i:i + 1], sb[i:i + 1], n[i:i + 1], resamples, seed)})
+    out = {"n": len(dirs), "pairs": pairs,
+           "spread": {"diff": _spread([p["diff"] for p in pairs]),
+                      "rel_change_pct": _spread([p["rel_change_pct"] for p in pairs])},
+           "overall": _diff_entry(sa, sb, n, resamples, seed)}
+    if ablation:
+        spans = [{k: _span_entry(x[None, :, 0], xn[None, :, 0].astype(np.float64), resamples, seed)
+                  for k, x in (("a", xa), ("b", xb))} for _, _, xa, xb, xn in ablation]
+        for entry, span in zip(pairs, spans):
+            entry["ablation_span"] = span
+        out["context_ablation"] = _ablation_section(ablation, spans, resamples, seed)
+    out["definition"] = ("replicate i of A paired with replicate i of B; pairs: each pair's own compare (CIs over "
+                         "windows); spread: over the pairs (sd with ddof 1); overall and context_ablation: the "
+                         "pooled estimate with CIs of a bootstrap over pairs, then windows; ablation spans: mean NLL "
+                         "at the longest L minus at the shortest, over the same targets (negative: more context helps)")
+    out["bootstrap"] = {"unit": "replicate pair, then window", "resamples": resamples, "seed": seed, "level": 0.95}
+    return out

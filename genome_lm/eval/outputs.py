@@ -29,19 +29,6 @@ SCHEMA = pa.schema([("window", pa.int64()), ("chrom", pa.string()), ("start", pa
                     ("strand", pa.string()), ("nll", pa.list_(pa.float32())), ("repeat_mask", pa.list_(pa.uint8()))])
 
 
-def schema(leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False) -> pa.Schema:
-    """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
-    fields = list(SCHEMA)
-    if leakage:
-        fields.append(pa.field("leakage_mask", pa.list_(pa.uint8())))
-    if annotations:
-        fields.append(pa.field("annotation_masks", pa.list_(pa.list_(pa.uint8()))))
-    if strands:
-        fields.append(pa.field("reverse_complement", pa.bool_()))
-    meta = {ANNOTATIONS_KEY: json.dumps(list(annotations)).encode()} if annotations else None
-    return pa.schema(fields, metadata=meta)
-
-
 class RowWriter(pq.ParquetWriter):
     """A Parquet file written a row (row group) at a time, each data page with its CRC32; a context manager."""
 
@@ -56,7 +43,13 @@ class TokensWriter(RowWriter):
     """Writes `tokens.parquet` one window (row group) at a time."""
 
     def __init__(self, path: Path, leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False):
-        super().__init__(path, schema(leakage, annotations, strands))
+        """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
+        optional = [("leakage_mask", leakage, pa.list_(pa.uint8())),
+                    ("annotation_masks", annotations, pa.list_(pa.list_(pa.uint8()))),
+                    ("reverse_complement", strands, pa.bool_())]
+        fields = list(SCHEMA) + [pa.field(name, kind) for name, wanted, kind in optional if wanted]
+        meta = {ANNOTATIONS_KEY: json.dumps(list(annotations)).encode()} if annotations else None
+        super().__init__(path, pa.schema(fields, metadata=meta))
 
     def add(self, window: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
         """One row: `where` (chrom, start, end, strand), a window record as `iter_windows` yields them (masks
@@ -110,14 +103,6 @@ def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str,
     return meta
 
 
-def annotation_names(eval_dir: str | Path) -> list[str]:
-    """NAMEs of the `--annotate` masks in tokens.parquet, in column order."""
-    path = _file(eval_dir, TOKENS_FILE, "eval")
-    with readable(path, "eval"):
-        meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []
-
-
 def _values(column, row: int) -> np.ndarray:
     return column[row].values.to_numpy(zero_copy_only=False)
 
@@ -138,7 +123,9 @@ def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterat
     the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
     only the rows with rc False / True."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
-    names = annotation_names(eval_dir)
+    with readable(path, "eval"):
+        meta = pq.read_schema(path).metadata or {}
+    names = json.loads(meta[ANNOTATIONS_KEY]) if ANNOTATIONS_KEY in meta else []  # the --annotate NAMEs, in order
     for table, row in table_rows(path):
         cols = set(table.column_names)
         rc = bool(table.column("reverse_complement")[row].as_py()) if "reverse_complement" in cols else False

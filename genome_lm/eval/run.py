@@ -15,14 +15,12 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval import ablation, sharded, strands
+from genome_lm.eval import ablation, sharded, stats, strands
 from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.config import EvalConfig
 from genome_lm.eval.outputs import SUMMARY_FILE, RowWriter, TokensWriter, WindowCache, cache_dir_for, load_summary
 from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
 from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
-from genome_lm.eval.strata import LEAKAGE, REPEAT, annotation, describe
-from genome_lm.eval.strata import masks as strata_masks
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
 from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
@@ -40,11 +38,11 @@ def checkpoint_record(checkpoint: str) -> dict:
 
     model_dir = resolve_model_dir(checkpoint).resolve()
     weights = sorted(model_dir.glob("*.safetensors"))
-    stats: list[dict[str, Any]] = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-                                   for p in weights]
+    on_disk: list[dict[str, Any]] = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+                                     for p in weights]
     record = {"path": str(checkpoint), "model_dir": str(model_dir),
-              "config_sha256": sha256_file(model_dir / "config.json"), "weights": stats}
-    if sum(s["size"] for s in stats) <= HASH_WEIGHTS_UP_TO:  # sha256 of the files' hex digests, in name order
+              "config_sha256": sha256_file(model_dir / "config.json"), "weights": on_disk}
+    if sum(s["size"] for s in on_disk) <= HASH_WEIGHTS_UP_TO:  # sha256 of the files' hex digests, in name order
         record["weights_sha256"] = hashlib.sha256("".join(sha256_file(p) for p in weights).encode()).hexdigest()
     return record
 
@@ -285,7 +283,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     assert cache is not None, "on_main runs this on rank 0, which holds the cache"
     n = len(meta["chrom"])
     leakage = LEAKAGE_COLUMN in ds.column_names
-    strata = [REPEAT] + ([LEAKAGE] if leakage else []) + [annotation(a.name) for a in annotations]
+    strata = [stats.REPEAT] + ([stats.LEAKAGE] if leakage else []) + [stats.annotation(a.name) for a in annotations]
     both = cfg.strands == "both"
     acc = StrataAccumulator(n, strata, edges)
     acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
@@ -318,7 +316,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 if targets[i]:
                     assert abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])
-                    abl.append(ablation.window_parts(arrays["ablation"], [m[t0:] for m in strata_masks(rec, strata)]))
+                    abl.append(ablation.window_parts(arrays["ablation"], [m[t0:] for m in stats.masks(rec, strata)]))
                     abl_writer.add_row(window=row_id, chrom=where[0], start=where[1], end=where[2], strand=where[3],
                                        target_start=t0, nll=list(arrays["ablation"]))  # float32 [n_L][n]
         files.close()  # context_ablation.parquet complete before the directory is renamed
@@ -327,9 +325,9 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                             "lo/hi": "tokens of preceding context, lo inclusive, hi exclusive"}
         summary["context"] = (f"preceding context = tokens before it in its scored piece: position in the window "
                               f"modulo seq_len ({seq_len}); N bases and the first token of each piece are not scored")
-        summary["strata"] = describe(strata)
+        summary["strata"] = stats.describe(strata)
         for a in annotations:
-            summary["strata"][annotation(a.name).key].update(a.record())
+            summary["strata"][stats.annotation(a.name).key].update(a.record())
             if not summary.get("annotations", {}).get(a.name, {}).get("in", {}).get("overall", {}).get("n_tokens"):
                 log.warning("--annotate %s: no scored token lies in its intervals; its 'in' stratum is empty "
                             "(the intervals miss the scored windows)", a.path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.eval.stats import assign, jfloat
 from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
@@ -39,14 +38,12 @@ def score_piece(model, input_ids: torch.Tensor, labels: torch.Tensor, engine: st
         out = model(input_ids, labels=labels.to(device), return_per_token_nll=True)
         nll = out.per_token_nll[0].float().cpu().numpy()
         mask = out.nll_mask[0].cpu().numpy()
-    elif engine == "streaming":
+    else:  # "streaming" (EvalConfig.engine allows no other)
         from genome_lm.model.streaming import score_streaming
 
         nll = score_streaming(model, input_ids, chunk_tokens).float().reshape(-1).cpu().numpy()
         mask = labels[0].numpy() != IGNORE_INDEX
         mask[0] = False
-    else:
-        raise GenomeLMError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     return np.where(mask, nll, np.nan).astype(np.float32)
 
 

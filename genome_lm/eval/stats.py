@@ -1,5 +1,8 @@
 """Statistics of per-token NLL by context bucket, with a bootstrap over windows.
 
+Strata: binary splits of the scored tokens by a mask bool [L] in token order, each summarised like the
+whole eval: repeat (soft-mask), leakage (`prepare --leakage-k`), one per `--annotate` BED file.
+
 A token's context is the tokens before it that the model saw (its position in the scored piece,
 `scoring.py`); bucket k of `edges` [K+1] is [edges[k], edges[k+1]).
 
@@ -7,24 +10,84 @@ Tokens of one window are not independent (a repeat-rich window is hard everywher
 resampling unit is the window: each replicate draws W windows with replacement and recomputes the
 token-weighted mean sum(NLL) / count, all replicates at once as matrix products (weights [R, W] @
 per-window sums [W, M]). Per-window sums (float64, nats) and counts (int64) are [W, S, C, K+1]: S
-strata (`strata.py`), C = 2 classes (mask False, True), K buckets plus a last column of all tokens.
+strata, C = 2 classes (mask False, True), K buckets plus a last column of all tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval.strata import REPEAT, Stratum, masks, place
 
 LN2 = math.log(2.0)
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 LEVEL = 0.95
 _BLOCK = 256  # bootstrap replicates per matrix product (bounds memory at 256 x W weights)
+
+
+@dataclass(frozen=True)
+class Stratum:
+    section: str  # key in summary.json / compare.json: "repeat", "leakage" or "annotations"
+    name: str | None  # the annotation's NAME (its key under "annotations"); None for repeat, leakage
+    labels: tuple[str, str]  # names of class 0 (mask False) and class 1 (mask True)
+
+    @property
+    def key(self) -> str:
+        return self.section if self.name is None else f"{self.section}:{self.name}"
+
+
+REPEAT = Stratum("repeat", None, ("unmasked", "masked"))
+LEAKAGE = Stratum("leakage", None, ("unmasked", "masked"))
+
+
+def annotation(name: str) -> Stratum:
+    return Stratum("annotations", name, ("out", "in"))
+
+
+def strata_of(rec: dict) -> list[Stratum]:
+    """The strata a window record carries."""
+    return [REPEAT] + ([LEAKAGE] if rec.get("leakage") is not None else []) + \
+        [annotation(n) for n in rec.get("annotations") or {}]
+
+
+def merged_strata(wa: dict, wb: dict) -> dict:
+    """Window record `wa` with the strata that `wb` (the same window, another eval) has and `wa` lacks."""
+    rec = dict(wa)
+    if rec.get("leakage") is None:
+        rec["leakage"] = wb.get("leakage")
+    rec["annotations"] = {**(wb.get("annotations") or {}), **(wa.get("annotations") or {})}
+    return rec
+
+
+def masks(rec: dict, strata: list[Stratum]) -> list[np.ndarray]:
+    """Mask bool [L] of each stratum in a window record."""
+    return [rec[s.section] if s.name is None else rec["annotations"][s.name] for s in strata]
+
+
+def place(result: dict, strata: list[Stratum], table: Callable[[int, int], dict]) -> dict:
+    """File {label: table(s, c)} of each class c of stratum s at result[section] (or [section][name])."""
+    for i, stratum in enumerate(strata):
+        value = {label: table(i, c) for c, label in enumerate(stratum.labels)}
+        if stratum.name is None:
+            result[stratum.section] = value
+        else:
+            result.setdefault(stratum.section, {})[stratum.name] = value
+    return result
+
+
+def describe(strata: list[Stratum]) -> dict:
+    """summary.json's `strata`: what each section splits by."""
+    meaning = {"repeat": "soft-masked (lowercase) bases of the FASTA",
+               "leakage": "tokens in a K-mer that occurs in a training chromosome (prepare --leakage-k)",
+               "annotations": "tokens whose genomic coordinate lies in an interval of the BED file"}
+    return {s.key: {"labels": list(s.labels), "mask_true": s.labels[1], "meaning": meaning[s.section]}
+            for s in strata}
 
 
 def log2_edges(max_context: int) -> np.ndarray:
@@ -96,6 +159,12 @@ class StrataAccumulator:
         self.sums[i] += np.stack(s)
         self.counts[i] += np.stack(n)
         self.ctx += np.stack(c)
+
+    def __add__(self, other: StrataAccumulator) -> StrataAccumulator:
+        """Both accumulators (same windows and strata: the strands of an eval) pooled."""
+        out = copy.copy(self)
+        out.sums, out.counts, out.ctx = self.sums + other.sums, self.counts + other.counts, self.ctx + other.ctx
+        return out
 
 
 def bootstrap_ci(statistic: Callable[..., np.ndarray], per_window: dict[str, np.ndarray],
@@ -189,7 +258,7 @@ def summarize(sums: np.ndarray, counts: np.ndarray, ctx_sums: np.ndarray, edges:
               resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
               strata: list[Stratum] | None = None) -> dict:
     """Per-window statistics [W, C, K+1] (the repeat classes) or, with `strata`, [W, S, C, K+1] ->
-    {"overall", "buckets"} and a `bucket_table` per class of each stratum (`strata.place`)."""
+    {"overall", "buckets"} and a `bucket_table` per class of each stratum (`place`)."""
     if strata is None:
         sums, counts, ctx_sums, strata = sums[:, None], counts[:, None], ctx_sums[None], [REPEAT]
 

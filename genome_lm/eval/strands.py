@@ -23,13 +23,6 @@ def reverse_record(rec: dict, nll_rc: np.ndarray) -> dict:
     return out
 
 
-def merged(x: StrataAccumulator, y: StrataAccumulator) -> StrataAccumulator:
-    """The pooled strands: both accumulators (same windows and strata) added."""
-    out = StrataAccumulator(len(x.sums), x.strata, x.edges)
-    out.sums, out.counts, out.ctx = x.sums + y.sums, x.counts + y.counts, x.ctx + y.ctx
-    return out
-
-
 class Agreement:
     """Per-window moments [W, 7, K+1] of the per-base NLL pairs (forward f, reverse r in genome order), by
     bucket of the shorter context (last column: all pairs)."""
@@ -84,5 +77,5 @@ def strand_tables(fwd: StrataAccumulator, rev: StrataAccumulator, agreement: Agr
     def tables(acc):
         return summarize(acc.sums, acc.counts, acc.ctx, acc.edges, resamples, seed, strata=acc.strata)
 
-    return {"forward": tables(fwd), "reverse": tables(rev), "average": tables(merged(fwd, rev)),
+    return {"forward": tables(fwd), "reverse": tables(rev), "average": tables(fwd + rev),
             "agreement": agreement.result(resamples, seed)}

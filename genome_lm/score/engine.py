@@ -14,7 +14,7 @@ named decoder layer, the mean over the hyper-connection streams ([n, hc, D] -> [
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.model.streaming import StreamingScorer
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
@@ -37,14 +36,6 @@ class Chunk:
     def cpu(self) -> Chunk:
         embeddings = {k: v.cpu() for k, v in self.embeddings.items()}
         return Chunk(self.start, self.logp.cpu(), self.logp_acgt.cpu(), embeddings)
-
-
-def check_layers(layers: list[int], n_layers: int) -> None:
-    """A layer the model lacks is one line naming the layers it has."""
-    bad = [i for i in layers if not 0 <= i < n_layers]
-    if bad:
-        raise GenomeLMError(f"--embeddings {','.join(map(str, bad))}: the model has decoder layers 0 to "
-                            f"{n_layers - 1}; name layers in that range")
 
 
 @contextlib.contextmanager
@@ -138,38 +129,27 @@ def whole(model, ids: torch.Tensor, cols: torch.Tensor, chunk: int, layers: Sequ
                                                                              for i in layers})
 
 
-def _layers(scorer: StreamingScorer) -> list[Any]:
-    """The cache's layers: upstream's linear-attention layers (KDA) and indexed DynamicLayers (DSA)."""
-    return list(scorer.cache.layers)
+def snapshot(scorer: StreamingScorer) -> Callable[[], None]:
+    """A function that brings `scorer` back to this point, in place (the KDA states keep their addresses): per
+    cache layer, clones of a KDA layer's conv and recurrent states and token count, or a DSA layer's length."""
+    length, last, layers = scorer.length, scorer.last_hidden, list[Any](scorer.cache.layers)
+    saved = [(layer, ({i: t.clone() for i, t in layer.conv_states.items() if t is not None},
+                      {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None},
+                      layer.cumulative_length_linear.clone()))
+             if hasattr(layer, "conv_states") else (layer, layer.get_seq_length()) for layer in layers]
 
+    def restore() -> None:
+        scorer.length, scorer.last_hidden = length, last
+        for layer, state in saved:
+            if isinstance(state, int):
+                layer.crop(state - layer.get_seq_length())  # a negative count: the rows after the snapshot
+                continue
+            for states, kept in zip((layer.conv_states, layer.recurrent_states), state):
+                for i, t in kept.items():
+                    states[i].copy_(t)
+            layer.cumulative_length_linear.copy_(state[2])
 
-def snapshot(scorer: StreamingScorer) -> tuple:
-    """What `restore` needs to bring `scorer` back to this point: per layer, clones of a KDA layer's conv
-    and recurrent states (and token count), or a DSA layer's cached length."""
-    layers: list[Any] = []
-    for layer in _layers(scorer):
-        if hasattr(layer, "conv_states"):
-            layers.append(({i: t.clone() for i, t in layer.conv_states.items() if t is not None},
-                           {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None},
-                           layer.cumulative_length_linear.clone()))
-        else:
-            layers.append(layer.get_seq_length())
-    return scorer.length, scorer.last_hidden, layers
-
-
-def restore(scorer: StreamingScorer, snap: tuple) -> None:
-    """Bring `scorer` back to `snap` (in place: the KDA states keep their addresses)."""
-    scorer.length, scorer.last_hidden, layers = snap
-    for layer, saved in zip(_layers(scorer), layers):
-        if isinstance(saved, int):
-            layer.crop(saved - layer.get_seq_length())  # a negative count: the rows after the snapshot
-            continue
-        conv, recurrent, count = saved
-        for i, t in conv.items():
-            layer.conv_states[i].copy_(t)
-        for i, t in recurrent.items():
-            layer.recurrent_states[i].copy_(t)
-        layer.cumulative_length_linear.copy_(count)
+    return restore
 
 
 def _logp(scorer: StreamingScorer, ids: np.ndarray, chunk: int, device) -> np.ndarray:
@@ -202,9 +182,9 @@ def score_continuations(model, prefix: np.ndarray, conts: Sequence[np.ndarray],
         scorer = StreamingScorer(model, total_len=L + max(len(conts[i]) for i in members))
         if L:
             _logp(scorer, prefix, chunk_tokens, device)
-        snap = snapshot(scorer)
+        restore = snapshot(scorer)
         for k, i in enumerate(members):
             if k:
-                restore(scorer, snap)
+                restore()
             out[i] = _logp(scorer, conts[i], chunk_tokens, device)
     return out

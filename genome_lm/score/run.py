@@ -33,7 +33,6 @@ from genome_lm.score.params import STRANDS, ScoreParams
 log = logging.getLogger(__name__)
 SCHEMA = pa.schema([("region", pa.string()), ("chrom", pa.string()), ("pos", pa.int64()), ("strand", pa.string()),
                     ("logp", pa.float32())] + [(f"logp_{b}", pa.float32()) for b in "acgt"])
-STRAND_NAMES = {"+": "forward", "-": "reverse"}
 
 
 @dataclass(frozen=True)
@@ -44,25 +43,21 @@ class Region:
     end: int
 
 
-def read_bed(path: str) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of each interval line of a BED file (comments, track/browser lines skipped)."""
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise GenomeLMError(f"--regions {path}: cannot read it ({getattr(e, 'strerror', None) or e}); give a BED "
-                            "file of chrom, start, end[, name] lines") from None
-    lines = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1)
-             if line.strip() and not line.startswith(("#", "track", "browser"))]
-    if not lines:
-        raise GenomeLMError(f"--regions {path} holds no region; give chrom, start, end[, name] lines")
-    return lines
-
-
 def load_regions(p: ScoreParams):
     """The reference (`genome.fasta.Reference`, only the contigs scored) and the regions, checked."""
     from genome_lm.genome.fasta import Reference
 
-    lines = read_bed(p.regions) if p.regions else []
+    lines: list[tuple[int, list[str]]] = []  # (line number, fields) of each interval line of --regions
+    if p.regions:
+        try:
+            text = Path(p.regions).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise GenomeLMError(f"--regions {p.regions}: cannot read it ({getattr(e, 'strerror', None) or e}); give "
+                                "a BED file of chrom, start, end[, name] lines") from None
+        lines = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1)
+                 if line.strip() and not line.startswith(("#", "track", "browser"))]
+        if not lines:
+            raise GenomeLMError(f"--regions {p.regions} holds no region; give chrom, start, end[, name] lines")
     ref = Reference.load(p.fasta, [f[0] for _, f in lines] if p.regions else None, show_progress=False)
     if not p.regions:
         return ref, [Region(name, name, 0, len(ref.tokens(name))) for name in ref.all_names]
@@ -138,14 +133,16 @@ def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
     from genome_lm.eval.run import checkpoint_record
     from genome_lm.genome.tokenizer import VOCAB
     from genome_lm.model import token_lut
-    from genome_lm.score.engine import check_layers
 
     checked: dict = {}  # rank 0's reference and regions (the other ranks read their own: no FASTA is broadcast)
     par.on_main(lambda: checked.update(zip(("ref", "regions"), check_inputs(p))))
     ref, regions = (checked["ref"], checked["regions"]) if par.is_main else load_regions(p)
     ckpt = checkpoint_record(p.checkpoint)
     model = sharded.build_model(p, ckpt["model_dir"], par).eval()
-    check_layers(p.embeddings, model.config.num_hidden_layers)
+    bad = [i for i in p.embeddings if not 0 <= i < model.config.num_hidden_layers]  # layers the model lacks
+    if bad:
+        raise GenomeLMError(f"--embeddings {','.join(map(str, bad))}: the model has decoder layers 0 to "
+                            f"{model.config.num_hidden_layers - 1}; name layers in that range")
     lut = torch.from_numpy(token_lut(VOCAB, ckpt["model_dir"]))
     strands = STRANDS[p.strands]
     rows = rows_of(regions, p.stride())
@@ -180,7 +177,10 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
     from genome_lm.score.engine import head_weight, stream, whole
 
     strands = STRANDS[p.strands]
-    files = embedding_files(work, p.embeddings, strands, int(rows[-1]), model.config.hidden_size) if work else {}
+    paths = {(layer, s): work / "embeddings" / f"layer{layer}.{'forward' if s == '+' else 'reverse'}.npy"
+             for layer in p.embeddings for s in strands} if work else {}
+    files = {k: np.lib.format.open_memmap(f, mode="r+" if f.exists() else "w+", dtype=np.float16,  # made, or resumed
+                                          shape=(int(rows[-1]), model.config.hidden_size)) for k, f in paths.items()}
     weight = head_weight(model)
 
     def chunks(i: int, strand: str):
@@ -232,17 +232,6 @@ def open_work(out: Path, key: dict) -> tuple[Path, set[int]]:
     (work / "logp").mkdir(exist_ok=True)
     (work / "embeddings").mkdir(exist_ok=True)
     return work, {int(p.name) for p in (work / "done").iterdir()}
-
-
-def embedding_files(work: Path, layers: list[int], strands: list[str], rows: int, width: int) -> dict:
-    """(layer, strand) -> float16 memmap [rows, width] in `work` (made, or opened again on resume)."""
-    out = {}
-    for layer in layers:
-        for s in strands:
-            path = work / "embeddings" / f"layer{layer}.{STRAND_NAMES[s]}.npy"
-            mode = "r+" if path.exists() else "w+"
-            out[layer, s] = np.lib.format.open_memmap(path, mode=mode, dtype=np.float16, shape=(rows, width))
-    return out
 
 
 def write_region(work: Path, index: int, region, by_strand: dict, files: dict, row: int, stride: int | None) -> None:

@@ -25,7 +25,7 @@ from genome_lm.genome.fasta import Reference, contig_key
 from genome_lm.genome.tokenizer import VOCAB, encode, reverse_complement
 from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
 from genome_lm.progress import progress
-from genome_lm.score.params import VariantsParams
+from genome_lm.score.params import STRANDS, VariantsParams
 from genome_lm.score.vcf import Variant, check_against, read_labels_tsv, read_vcf, with_labels
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def run_variants(p: VariantsParams, show_progress: bool | None = None) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build(model_dir, dtype=resolve_dtype(p.dtype, device), device=device).model.eval()
     lut = token_lut(VOCAB, model_dir)
-    strands = ["+", "-"] if p.strands == "both" else ["+"]
+    strands = STRANDS[p.strands]
     log.info("variants: %d variants x %d contexts x %d strands, %s", len(variants), len(p.contexts), len(strands),
              model_dir)
     rows: list[dict] = []
