@@ -32,12 +32,11 @@ def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
         if memory.recompute == "per-layer":
             targets[f"layers.{i}"] = (i, layer)
             continue
-        attn = "kda" if layer.block_type == "linear_attention" else "dsa"
-        mlp = "moe" if hasattr(layer.mlp, "experts") else "dense"
-        if attn in memory.recompute_layers:
-            targets[f"layers.{i}.self_attn"] = (i, layer.get_submodule("self_attn"))
-        if mlp in memory.recompute_layers:
-            targets[f"layers.{i}.mlp"] = (i, layer.get_submodule("mlp"))
+        kinds = {"self_attn": "kda" if layer.block_type == "linear_attention" else "dsa",
+                 "mlp": "moe" if hasattr(layer.mlp, "experts") else "dense"}
+        for name, kind in kinds.items():
+            if kind in memory.recompute_layers:
+                targets[f"layers.{i}.{name}"] = (i, layer.get_submodule(name))
     for i, module in targets.values():  # the last offload_keep_last layers keep their inputs on the device
         recompute(module, offload=memory.offload_layer_inputs and i < len(layers) - memory.offload_keep_last)
     return list(targets)
