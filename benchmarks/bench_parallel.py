@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, port: int, T: int, cp: int, steps: int, warmu
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     from genome_lm.config import MemoryConfig, ParallelConfig
     from genome_lm.model import build
-    from genome_lm.parallel.fsdp import clip_grad_norm
+    from genome_lm.parallel.fsdp import clip_grad_norm_
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.metrics import PeakMemory
     from genome_lm.train.parallelize import parallelize
@@ -72,7 +72,7 @@ def _worker(rank: int, world: int, port: int, T: int, cp: int, steps: int, warmu
         with saved_bytes_counter(saved) if i == 0 else contextlib.nullcontext():
             loss = model(ids, labels=ids).loss
         loss.backward()
-        clip_grad_norm(params, 1.0)
+        float(clip_grad_norm_(params, 1.0))
         opt.step()
         opt.zero_grad(set_to_none=True)
         if par.device.type == "cuda":

@@ -80,7 +80,7 @@ def _tiny_step(device: torch.device, memory: dict, sharded: bool, compute_dtype,
     """One forward+backward of glm53-tiny (seed 0) on [2, T] tokens through `parallelize`: (loss, grad norm)."""
     from genome_lm.config import MemoryConfig, ParallelConfig
     from genome_lm.model import build
-    from genome_lm.parallel.fsdp import clip_grad_norm
+    from genome_lm.parallel.fsdp import clip_grad_norm_
     from genome_lm.parallel.mesh import ParallelContext, init_parallel
     from genome_lm.train.parallelize import parallelize
 
@@ -92,7 +92,7 @@ def _tiny_step(device: torch.device, memory: dict, sharded: bool, compute_dtype,
         ids = torch.randint(0, 8, (2, T), generator=torch.Generator().manual_seed(1)).to(device)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        norm = clip_grad_norm([p for p in model.parameters() if p.requires_grad], math.inf)
+        norm = float(clip_grad_norm_([p for p in model.parameters() if p.requires_grad], math.inf))
     finally:
         par.shutdown()
     return float(loss.detach()), norm

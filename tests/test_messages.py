@@ -54,8 +54,7 @@ def test_demo_root_inside_shards_is_refused(tmp_path, capsys):
 
 def test_layout_advice_leads_to_a_layout_that_fits():
     from genome_lm.config import ParallelConfig
-    from genome_lm.parallel.layout import resolve_layout
-    from genome_lm.parallel.mesh import check_layout
+    from genome_lm.parallel.mesh import check_layout, resolve_layout
 
     with pytest.raises(GenomeLMError, match=r"parallel.dp=2 x parallel.cp=3 = 6 processes, but this launch has 4"):
         resolve_layout(3, 2, 4)

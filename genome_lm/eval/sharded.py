@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.outputs import holding
-from genome_lm.parallel.layout import LayoutWords, resolve_layout
+from genome_lm.parallel.mesh import LayoutWords, resolve_layout
 
 IDLE_TOKENS_PER_RANK = 8  # tokens per CP rank of an idle forward
 

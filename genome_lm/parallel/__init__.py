@@ -1,12 +1,11 @@
 """Scale-out (docs/parallel.md): context and expert parallelism (here), the process layout (`mesh`,
 `layout`), FSDP2 (`fsdp`) and launching (`launch`); applied from `genome_lm.train.parallelize`.
 
-Context parallelism: each sequence split into contiguous slabs over a CP group; every CP rank passes
-the same full [B, T] batch, and the causal LM and long-context layers take the CP path themselves once
-they hold the group's `CPContext`. Expert parallelism: each stacked expert weight ([E, ...]) becomes a
-DTensor sharded on dim 0 over "ep" (global shape unchanged, so weights, DCP and `model/` see [E, ...]
-and a run resumes on another ep), tokens dispatched by all-to-all (`model/ops/moe/ep.py`).
-"""
+Context parallelism: each sequence split into contiguous slabs over a CP group; every CP rank passes the
+same full [B, T] batch, and the causal LM and long-context layers take the CP path once they hold the
+group's `CPContext`. Expert parallelism: each stacked expert weight ([E, ...]) becomes a DTensor sharded on
+dim 0 over "ep" (the global shape, so weights, DCP and `model/` see [E, ...] and a run resumes on another
+ep), tokens dispatched by all-to-all (`model/ops/moe/ep.py`)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,9 @@ __all__ = ["CPContext", "apply_context_parallel", "apply_expert_parallel", "slab
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
-def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> CPContext | None:
-    """Split every sequence over the ranks of `group` (default: the world), in place, once
-    `apply_long_context` has run. A group of one rank leaves the model as it is (returns None)."""
+def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> None:
+    """Split every sequence over the ranks of `group` (default: the world), in place, after
+    `apply_long_context`; a group of one rank leaves the model as it is."""
     if not hasattr(model, "lm_head"):
         raise TypeError("apply_context_parallel needs the causal LM from genome_lm.model.build")
     upstream = (Glm5NextTextLinearAttention, Glm5NextTextAttention)
@@ -37,25 +36,24 @@ def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> CPContext | N
             raise RuntimeError(f"apply_context_parallel: apply_long_context first ({type(m).__name__} is upstream's)")
     size = dist.get_world_size(group)
     if size == 1:
-        return None
+        return
     cp = CPContext(group=group, rank=dist.get_rank(group), size=size)
     model.cp = cp
     for m in model.modules():
         if isinstance(m, (LongKDA, LongDSA)):
             m.cp = cp
-    return cp
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh) -> EPContext | None:
-    """Split the routed experts of every MoE layer over `ep_mesh["ep"]` (`ParallelContext.ep_mesh`), in
-    place (meta or materialised). An EP group of one rank leaves the model as it is (returns None)."""
+def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
+    """Split the routed experts of every MoE layer over `ep_mesh["ep"]`, in place (meta or materialised);
+    an EP group of one rank leaves the model as it is."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, Shard
 
     mesh = ep_mesh["ep"]
     size = mesh.size()
     if size == 1:
-        return None
+        return
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("apply_expert_parallel: expert parallelism before FSDP2 (see train/parallelize.py)")
     ep = EPContext(group=mesh.get_group(), rank=mesh.get_local_rank(), size=size)
@@ -75,4 +73,3 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> EPContext | None:
             setattr(experts, name, nn.Parameter(dt, requires_grad=param.requires_grad))
         ExpertParallelExperts.install(experts, ep=ep)
         moe.ep = ep
-    return ep

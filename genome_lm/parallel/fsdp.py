@@ -1,10 +1,8 @@
-"""FSDP2 sharding of the causal LM over the dp x cp mesh (docs/parallel.md, docs/precision.md).
-
-Gradients of CP and dp ranks are reduced with a plain SUM (divide factor 1) of a loss the trainer
-normalises by the global number of scored tokens: the gradient of the global mean whatever the split.
-FSDP2 needs one original dtype per parameter group, so each module owning one of upstream's float32
-exceptions (`fp32_modules`) becomes its own float32 group, and its other children one compute-dtype
-group (only with a `compute_dtype`, or a model of mixed dtypes)."""
+"""FSDP2 sharding of the causal LM over the dp x cp mesh (docs/parallel.md, docs/precision.md). Gradients
+are reduced with a plain SUM of a loss the trainer normalises by the global number of scored tokens: the
+gradient of the global mean whatever the split. FSDP2 needs one original dtype per parameter group, so each
+module owning one of upstream's float32 exceptions becomes its own float32 group, and its other children one
+compute-dtype group (only with a `compute_dtype`, or a model of mixed dtypes)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def to_master_dtype_(model: nn.Module) -> nn.Module:
-    """Cast every floating parameter to float32 in place (the master weights; buffers keep their dtype).
-    A DTensor parameter (EP experts) is replaced: assigning to its `.data` keeps its dtype."""
+    """Every floating parameter cast to float32 in place (the master weights). A DTensor parameter (EP experts)
+    is replaced: assigning to its `.data` keeps its dtype."""
     from torch.distributed.tensor import DTensor
 
     for module in model.modules():
@@ -67,15 +65,13 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None,
         fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
 
 
-def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtype: torch.dtype | None = None,
-               expert_mesh=None, reduce_dtype: torch.dtype = torch.float32, backward_prefetch: int = 1) -> nn.Module:
+def apply_fsdp(model: Glm5NextCausalLM, mesh, compute_dtype: torch.dtype | None = None,
+               expert_mesh=None, reduce_dtype: torch.dtype = torch.float32, backward_prefetch: int = 1) -> None:
     """Shard `model` (after long-context ops, CP, EP and recompute) in place: every decoder layer, then the
-    root. `compute_dtype`: what parameters are gathered in (None: as they are). `expert_mesh`: the "edp"
-    mesh the EP experts are sharded over. `reduce_dtype`: the compute-dtype groups' reduce-scatter dtype.
-    `backward_prefetch`: decoder layers each layer's backward all-gathers ahead (0: none). `device`: unused."""
+    root. `compute_dtype`: what parameters are gathered in (None: as they are); `expert_mesh`: the "edp" mesh
+    of the EP experts; `backward_prefetch`: layers each backward all-gathers ahead (0: none)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    del device
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
     grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
     policy = _policy(param_dtype, reduce_dtype=reduce_dtype)
@@ -94,16 +90,10 @@ def apply_fsdp(model: Glm5NextCausalLM, mesh, device: torch.device, compute_dtyp
         if isinstance(m, FSDPModule):  # plain SUM (gloo has no PREMUL_SUM / AVG)
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
-    return model
-
-
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> float:
-    """Clip gradients to `max_norm` (inf: measure only); the global norm before clipping (DTensors too)."""
-    return float(clip_grad_norm_(params, max_norm))
 
 
 def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """`clip_grad_norm` without reading the norm's value: the total norm as a tensor (0-dim)."""
+    """Clip gradients to `max_norm` (inf: measure only); the global norm before clipping (DTensors too), 0-dim."""
     from torch.distributed.tensor import DTensor
 
     by_mesh: dict[object, list[torch.Tensor]] = {}  # EP experts live on another mesh than the rest

@@ -1,10 +1,8 @@
 """Launching a `Job` (`train`, `eval`) on several processes (docs/parallel.md, docs/long-runs.md):
 `run_local` (--nproc N: torch's elastic launcher) and `run_ray` (--ray [ADDRESS]: Ray Train).
-
-Restarts (`--max-restarts N`) start the whole group again; each worker counts its starts in the
-message folder (`WorkerContext.attempt`). A GenomeLMError is not retried; once no restart is left,
-one GenomeLMError names the rank, its node and its error. A launcher that gets SIGTERM or SIGUSR1
-passes it on (signals, or under Ray a stop file) and ends with `Preempted`."""
+Restarts (`--max-restarts N`) start the whole group again, each worker counting its starts in the message
+folder; a GenomeLMError is not retried. Once no restart is left, one GenomeLMError names the rank, its node
+and its error. SIGTERM or SIGUSR1 to a launcher are passed on (under Ray as a stop file): `Preempted`."""
 
 from __future__ import annotations
 
@@ -31,22 +29,13 @@ FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """What a worker knows of its launch (`worker=` of the job's function): its rank, its attempt (0, then
-    k after k restarts), the launch's restarts, the file for its error message, and the stop file the
-    launcher creates on a preemption signal. The default: a process that was not launched."""
+    """What a worker knows of its launch (`worker=` of the job's function); the default: not launched."""
 
     rank: int = 0
-    attempt: int = 0
+    attempt: int = 0  # 0, then k after k restarts
     max_restarts: int = 0
     message_file: Path | None = None
-    stop_file: Path | None = None
-
-    @property
-    def restarts_left(self) -> int:
-        return max(0, self.max_restarts - self.attempt)
-
-    def stop_requested(self) -> bool:
-        return self.stop_file is not None and self.stop_file.exists()
+    stop_file: Path | None = None  # created by the launcher on a preemption signal
 
     def record_failure(self, message: str, user: bool = False, preempted: bool = False) -> None:
         """Leave this worker's one-line error for the launcher and the next attempt."""
@@ -71,7 +60,6 @@ class Job:
     default_workers: int | None = None  # Ray without --nproc: this many, else one per GPU of the cluster
     workers_hint: str = ""  # another way to give the number of Ray workers, for the error without GPUs
     timeout_s: float = 1800  # the process group's timeout (parallel.timeout)
-    grace_s: float = 600  # how long a launcher that got a stop signal waits for its workers' checkpoint
 
 
 def check_count(nproc: int, what: str = "processes") -> None:
@@ -79,21 +67,7 @@ def check_count(nproc: int, what: str = "processes") -> None:
         raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
 
 
-def _start_attempt(error_dir: str, rank: int, max_restarts: int) -> WorkerContext:
-    """Count this rank's start (its attempt) and record its node."""
-    starts = Path(error_dir, "starts")
-    starts.mkdir(exist_ok=True)
-    counter = starts / f"rank_{rank:05d}"
-    attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
-    with counter.open("a") as f:
-        f.write(f"{socket.gethostname()}\n")
-    folder = Path(error_dir, f"attempt_{attempt}")
-    folder.mkdir(exist_ok=True)
-    (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
-    return WorkerContext(rank, attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
-
-
-def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple = (), max_restarts: int = 0,
+def _run_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0,
                 device=None):
     """Body of every worker: its logging, the launch's callbacks, its attempt, the job, a one-line error left behind."""
     import torch
@@ -107,10 +81,25 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
     callbacks.install(*hooks)
     worker = WorkerContext(rank, max_restarts=max_restarts)
     try:
-        if error_dir:
-            worker = _start_attempt(error_dir, rank, max_restarts)
-            if worker.attempt:
-                _after_restart(error_dir, worker.attempt, rank, max_restarts)
+        starts = Path(error_dir, "starts")  # this rank's starts: its attempt; its node
+        starts.mkdir(exist_ok=True)
+        counter = starts / f"rank_{rank:05d}"
+        attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
+        with counter.open("a") as f:
+            f.write(f"{socket.gethostname()}\n")
+        folder = Path(error_dir, f"attempt_{attempt}")
+        folder.mkdir(exist_ok=True)
+        (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
+        worker = WorkerContext(rank, attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
+        for k in range(attempt):  # a restarted worker raises an earlier attempt's user error again
+            for message in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
+                if (found := json.loads(message.read_text())).get("user"):
+                    raise GenomeLMError(found["message"])
+        if attempt and rank == 0:  # what ended the last attempt
+            what = attempt_failure(Path(error_dir, f"attempt_{attempt - 1}"), int(os.environ.get("WORLD_SIZE", "1")))
+            said = f"rank {what[1]} on {what[2]}: {what[3]}" if what else "a worker stopped (no message)"
+            log.warning("restart %d of %d: %s; %d restart(s) left; resuming from the newest complete checkpoint",
+                        attempt, max_restarts, said, max_restarts - attempt)
         if device is None and not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
@@ -124,21 +113,6 @@ def _run_worker(fn: Callable, args: tuple, error_dir: str | None, hooks: tuple =
         raise
 
 
-def _after_restart(error_dir: str, attempt: int, rank: int, max_restarts: int) -> None:
-    """A restarted worker raises an earlier attempt's user error again; rank 0 logs what ended the last."""
-    for k in range(attempt):
-        for f in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
-            found = json.loads(f.read_text())
-            if found.get("user"):
-                raise GenomeLMError(found["message"])
-    if rank == 0:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        what = attempt_failure(Path(error_dir, f"attempt_{attempt - 1}"), world)
-        said = f"rank {what[1]} on {what[2]}: {what[3]}" if what else "a worker stopped (no message)"
-        log.warning("restart %d of %d: %s; %d restart(s) left; resuming from the newest complete checkpoint",
-                    attempt, max_restarts, said, max_restarts - attempt)
-
-
 def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0):
     """Entry point of each `--nproc` process (module level: the launcher pickles it)."""
     try:
@@ -150,9 +124,9 @@ def elastic_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (),
 
 
 def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | None:
-    """(kind, rank, node, message) of what ended an attempt, from its workers' messages: a user error
-    first, then a preemption, then a rank that left none (it died; the others then fail on a closed
-    connection), else the lowest rank's error. None when no worker left anything."""
+    """(kind, rank, node, message) of what ended an attempt (None: no worker left anything): a user error,
+    else a preemption, else a rank that left no message (it died; the others fail on a closed connection),
+    else the lowest rank's error."""
     found = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("rank_*")}
     started = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in folder.glob("started_*")}
     if not found and not started:
@@ -171,8 +145,7 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
 
 
 def _launch_error(error_dir: str, world: int, launcher: str, keeps: str, otherwise: Exception | None):
-    """The error of a failed launch's last attempt: a user error as is, a preemption as `Preempted`, else
-    one line naming the rank, its node and its error; `otherwise` when no worker left a message."""
+    """The error of a failed launch's last attempt (`otherwise` when no worker left a message)."""
     attempts = sorted(Path(error_dir).glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
     what = attempt_failure(attempts[-1] if attempts else Path(error_dir, "attempt_0"), world)
     if what is None:
@@ -196,8 +169,7 @@ PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a launcher passes on 
 
 
 def run_local(job: Job, nproc: int, max_restarts: int = 0):
-    """Run `job` on `nproc` local processes (torch's elastic launcher, which passes SIGTERM and SIGUSR1
-    on); rank 0's return value."""
+    """Run `job` on `nproc` local processes (torch's elastic launcher); rank 0's return value."""
     import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -209,13 +181,13 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
                             "use --ray for several nodes")
     job.layout(nproc)
-    error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")
-    log_dir = tempfile.mkdtemp(prefix="genome_lm_elastic_")  # the launcher's (empty: nothing is redirected)
+    error_dir = tempfile.mkdtemp(prefix="genome_lm_errors_")  # also the launcher's logs (empty: none redirected)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=max_restarts, monitor_interval=0.5,
-        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir),
-        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", shutdown_timeout=int(job.grace_s),
+        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "elastic")),
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        shutdown_timeout=600,  # how long a launcher that got a stop signal waits for its workers' checkpoint
     )
     log.info("launching %d processes (%s)%s", nproc, job.describe,
              f", up to {max_restarts} restart(s)" if max_restarts else "")
@@ -238,7 +210,6 @@ def run_local(job: Job, nproc: int, max_restarts: int = 0):
     finally:
         elastic_log.setLevel(level)
         shutil.rmtree(error_dir, ignore_errors=True)
-        shutil.rmtree(log_dir, ignore_errors=True)
     return results.get(0)
 
 
@@ -248,11 +219,9 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    for key in FORWARDED_ENV:  # the driver's view, also where it unset a variable
-        value = config["env"].get(key)
-        if value is None:
-            os.environ.pop(key, None)
-        else:
+    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
+        os.environ.pop(key, None)
+        if value is not None:
             os.environ[key] = value
     os.environ.setdefault("RANK", str(ray.train.get_context().get_world_rank()))
     os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
@@ -265,23 +234,19 @@ def _ray_worker(config: dict) -> None:
         # the driver asked every worker to stop: end without a failure, so Ray does not restart
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on an address nothing listens on (ray.init would retry for minutes)."""
-    if address in ("auto", "local"):
-        return
-    client = address.startswith("ray://")
-    hostport = address.removeprefix("ray://").split("/")[0]
-    host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
-    port_n = int(port) if port.isdigit() else (10001 if client else 6379)
-    try:
-        socket.create_connection((host or "127.0.0.1", port_n), timeout=timeout_s).close()
-    except OSError as e:
-        raise GenomeLMError(f"--ray {address}: cannot reach a Ray cluster there ({e.strerror or e}); start one with "
-                            "`ray start --head`, check the address (ray://HOST:10001 or HOST:6379), or give no "
-                            "address for a local instance") from None
-
-
 def _ray_init(address: str | None, nproc: int | None):
+    """Reach the Ray cluster at `address`, failing fast where nothing listens (ray.init would retry for
+    minutes), or start a local instance."""
+    if address and address not in ("auto", "local"):
+        hostport = address.removeprefix("ray://").split("/")[0]
+        host, _, port = hostport.rpartition(":") if ":" in hostport else (hostport, "", "")
+        port_n = int(port) if port.isdigit() else (10001 if address.startswith("ray://") else 6379)
+        try:
+            socket.create_connection((host or "127.0.0.1", port_n), timeout=5.0).close()
+        except OSError as e:
+            raise GenomeLMError(f"--ray {address}: cannot reach a Ray cluster there ({e.strerror or e}); start one "
+                                "with `ray start --head`, check the address (ray://HOST:10001 or HOST:6379), or give "
+                                "no address for a local instance") from None
     import ray
 
     if ray.is_initialized():
@@ -300,14 +265,11 @@ def _ray_init(address: str | None, nproc: int | None):
 
 
 def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_restarts: int = 0) -> None:
-    """Run `job` under Ray Train's TorchTrainer; SIGTERM or SIGUSR1 to this process create the launch's
-    stop file, which every worker reads at its next step boundary."""
+    """Run `job` under Ray Train's TorchTrainer; SIGTERM or SIGUSR1 create the stop file the workers read."""
     from genome_lm.parallel import callbacks
 
     if nproc is not None:
         check_count(nproc, "workers")
-    if address:
-        _check_reachable(address)
     _ray_init(address, nproc)
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig

@@ -1,8 +1,8 @@
-"""The process layout (docs/parallel.md): world = dp x cp ranks on a DeviceMesh ("dp", "cp"), cp the
-inner dimension (a CP group's ranks are consecutive); with expert parallelism the same ranks as
-("edp", "ep"). FSDP shards over the flattened dp x cp mesh. A single process gets a trivial context
-(every collective the identity), or with `sharded=True` (bf16 training: FSDP2 keeps float32 master
-weights) a 1-rank process group on an in-memory store and a (1, 1) mesh, to run the same FSDP2 path."""
+"""The process layout (docs/parallel.md): world = dp x cp ranks on a DeviceMesh ("dp", "cp"), cp inner (a
+CP group's ranks are consecutive), with EP the same ranks as ("edp", "ep"); FSDP shards over dp x cp. A
+single process gets a trivial context, or with `sharded=True` (bf16 training: float32 master weights) a
+1-rank process group on an in-memory store and a (1, 1) mesh, to run the same FSDP2 path. `resolve_layout`
+is the one dp x cp resolver of training, eval and the planner, each refusing in its own words (`LayoutWords`)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,63 @@ import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.values import has_values
-from genome_lm.parallel.layout import resolve_layout
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LayoutWords:
+    """The refusals of `resolve_layout`, as `str.format` templates over cp, dp, world, need (dp x cp),
+    lower / upper (the multiples of cp on either side of world) and nproc ("add --nproc" for one
+    process, else "launch with --nproc")."""
+
+    no_world: str  # world < 1
+    too_few: str  # cp > world
+    not_divisor: str  # cp does not divide world
+    dp_mismatch: str  # dp x cp != world
+
+
+RUN_WORDS = LayoutWords(
+    no_world="the number of processes must be >= 1, got {world}",
+    too_few="parallel.cp={cp} needs at least {cp} processes, this launch has {world}; launch with --nproc {cp} "
+            "(or a multiple of it) or lower parallel.cp",
+    not_divisor="parallel.cp={cp} does not divide the {world} processes of this launch; use a number of processes "
+                "that is a multiple of {cp}",
+    dp_mismatch="parallel.dp={dp} x parallel.cp={cp} = {need} processes, but this launch has {world}; set "
+                "parallel.dp: auto or launch {need} processes",
+)
+
+
+def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: LayoutWords = RUN_WORDS) -> tuple[int, int]:
+    """(dp, cp) of `world` processes given cp and dp (or "auto": world / cp); GenomeLMError in `words`."""
+
+    def refuse(template: str) -> GenomeLMError:
+        need = int(dp) * cp if dp != "auto" else world
+        nproc = "add --nproc" if world == 1 else "launch with --nproc"
+        return GenomeLMError(template.format(cp=cp, dp=dp, world=world, need=need, lower=world - world % cp,
+                                            upper=-(-world // cp) * cp, nproc=nproc))
+
+    if world < 1:
+        raise refuse(words.no_world)
+    if dp != "auto" and int(dp) * cp != world:  # the one count that fits: dp x cp
+        raise refuse(words.dp_mismatch)
+    if cp > world:
+        raise refuse(words.too_few)
+    if world % cp:
+        raise refuse(words.not_divisor)
+    return (world // cp if dp == "auto" else int(dp)), cp
+
+
 def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) -> tuple[int, int]:
-    """(dp, cp) of `parallel: {cp, dp, ep}` on `world` processes; GenomeLMError naming the key unless cp
-    and dp fit (`resolve_layout`) and ep divides the processes (and `n_routed_experts`, when given)."""
+    """(dp, cp) of `parallel: {cp, dp, ep}` on `world` processes; GenomeLMError unless they fit and ep
+    divides the processes (and `n_routed_experts`, when given)."""
     dp, cp = resolve_layout(parallel_cfg.cp, parallel_cfg.dp, world)
     ep = parallel_cfg.ep
     if n_routed_experts:  # first: the process count the next refusal advises must suit the experts too
@@ -42,7 +84,6 @@ def check_layout(parallel_cfg, world: int, n_routed_experts: int | None = None) 
 
 
 def check_expert_split(ep: int, n_routed_experts: int) -> None:
-    """GenomeLMError unless `parallel.ep` divides the routed experts."""
     if n_routed_experts % ep:
         raise GenomeLMError(f"parallel.ep={ep} does not divide the {n_routed_experts} routed experts; "
                             f"use a divisor of {n_routed_experts}")
@@ -105,8 +146,7 @@ class ParallelContext:
 
     @functools.cached_property
     def ep_mesh(self):
-        """The ("edp", "ep") mesh: EP groups of `ep` consecutive ranks; "edp" joins the ranks that hold the
-        same experts. None without EP."""
+        """("edp", "ep"): EP groups of `ep` consecutive ranks, "edp" those with the same experts; None without EP."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if self.mesh is None or self.ep == 1:
@@ -166,37 +206,29 @@ class ParallelContext:
             self.owns_process_group = False
 
 
-def _init_from_env(backend: str, timeout: timedelta) -> None:
-    """Join the process group of a launcher's environment, its keys under a prefix of the attempt: the
-    elastic launcher keeps one store across restarts, with the addresses a dead worker left there."""
-    from torch.distributed.rendezvous import rendezvous
-
-    store, rank, world = next(rendezvous("env://", timeout=timeout))
-    store = dist.PrefixStore(f"genome_lm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
-def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: float = 1800,
-                  sharded: bool = False) -> ParallelContext:
-    """The layout of this process: in the process group a launcher prepared (torch elastic's environment,
-    or Ray Train's initialised group), else a single process."""
+def init_parallel(parallel_cfg, device: torch.device | None = None, sharded: bool = False) -> ParallelContext:
+    """This process's layout: in the process group a launcher prepared (elastic's environment, Ray Train's group)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = device or default_device(local_rank)
-    backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout_s)
+    device = device or default_device(int(os.environ.get("LOCAL_RANK", "0")))
+    backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=parallel_cfg.timeout)
     owns = False
     if dist.is_available() and dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from torch.distributed.rendezvous import rendezvous
+
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        _init_from_env(backend, timeout)
-        world, rank, owns = dist.get_world_size(), dist.get_rank(), True
+        # the launcher's store, keys under a prefix of the attempt: the elastic launcher keeps one store
+        # across restarts, with the addresses a dead worker left there
+        store, rank, world = next(rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"genome_lm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        owns = True
     else:
         world, rank = 1, 0
     dp, cp = check_layout(parallel_cfg, world)
-    ep = parallel_cfg.ep
     if world == 1 and not sharded:
         return ParallelContext(device=device)
     if device.type == "cuda":
@@ -206,7 +238,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, timeout_s: f
         owns = True
     mesh = init_device_mesh(device.type, (dp, cp), mesh_dim_names=("dp", "cp"))
     par = ParallelContext(world=world, rank=rank, dp=dp, cp=cp, device=device, mesh=mesh,
-                          ep=ep, reduce_dtype=parallel_cfg.reduce_dtype,
+                          ep=parallel_cfg.ep, reduce_dtype=parallel_cfg.reduce_dtype,
                           backward_prefetch=parallel_cfg.backward_prefetch, owns_process_group=owns)
     par.ep_mesh  # created now, by every rank together
     log.info("parallel: %s", par.describe())

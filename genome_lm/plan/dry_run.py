@@ -17,8 +17,7 @@ from genome_lm.eval import sharded
 from genome_lm.eval.config import resolve_dtype
 from genome_lm.parallel import slab_bounds
 from genome_lm.parallel.fsdp import fp32_modules, sharded_numel
-from genome_lm.parallel.layout import resolve_layout
-from genome_lm.parallel.mesh import check_layout, default_device
+from genome_lm.parallel.mesh import check_layout, default_device, resolve_layout
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
 
 if TYPE_CHECKING:

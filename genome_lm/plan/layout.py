@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from genome_lm.config import MemoryConfig, ParallelConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import validate
-from genome_lm.parallel.layout import resolve_layout
+from genome_lm.parallel.mesh import resolve_layout
 from genome_lm.settings import DEFAULTS
 from genome_lm.sizes import format_size
 

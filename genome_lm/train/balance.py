@@ -1,13 +1,10 @@
-"""Auxiliary-loss-free expert balancing (DeepSeek-V3 §2.1.2; docs/train.md, "Expert balancing").
-
-Each router chooses experts by `sigmoid(logits) + e_score_correction_bias`; upstream has no rule that
-moves the bias. DeepSeek-V3's (Megatron's `moe_router_bias_update_rate`), after every optimizer step:
+"""Auxiliary-loss-free expert balancing (DeepSeek-V3 §2.1.2; docs/train.md, "Expert balancing"): after every
+optimizer step each router's `e_score_correction_bias` moves by
 
     bias_e += rate * sign(mean_load - load_e)
 
-with `load_e` the tokens routed to expert e in the step over every micro-batch and rank, so the bias
-(a persistent buffer: checkpoints and model/ carry it) stays identical on all ranks.
-"""
+with `load_e` the tokens routed to expert e in the step over every micro-batch and rank (so the bias stays
+identical on all ranks)."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ __all__ = ["ExpertBalancer"]
 
 
 class ExpertBalancer:
-    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases. With EP
-    over `ep` ranks, `step` also sets `rank_imbalance`: the busiest expert rank's tokens over the ranks'
-    mean, in the most unbalanced layer. With rate 0 and no EP it does nothing (no device syncs)."""
+    """Sums `last_expert_counts` of patched MoE layers over a step, then moves router biases; with EP also
+    `rank_imbalance` (the busiest expert rank's tokens over the mean, in the worst layer). Rate 0, no EP: idle."""
 
     def __init__(self, model: nn.Module, rate: float, ep: int = 1):
         if rate < 0:
@@ -36,7 +32,7 @@ class ExpertBalancer:
         self.active = (self.rate > 0 or ep > 1) and bool(self.layers)
 
     def accumulate(self) -> None:
-        """Add each layer's counts from the forward just run (call once per micro-batch)."""
+        """Add each layer's counts from the forward just run (once per micro-batch)."""
         if not self.active:
             return
         for i, m in enumerate(self.layers):
@@ -46,8 +42,8 @@ class ExpertBalancer:
 
     @torch.no_grad()
     def step(self, update: bool = True) -> float | None:
-        """Move every router's bias by the step's loads (all ranks reduced; `update=False`: a skipped step)
-        and reset the counts; the largest |bias| afterwards, or None when balancing is off."""
+        """Move every router's bias by the step's loads over all ranks (not for a skipped step), reset the
+        counts; the largest |bias| afterwards, or None when balancing is off."""
         if not self.active:
             return None
         counts, self._counts = self._counts, [None] * len(self.layers)

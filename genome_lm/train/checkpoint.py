@@ -1,7 +1,6 @@
-"""The checkpoint manager of a run (docs/long-runs.md, docs/checkpoints.md): saves (DCP `async_save` over
-a gloo group of its own, as torchtitan does, or `dcp.save`), completes, keeps the newest N, loads the
-newest complete checkpoint (falling back past a damaged one), and takes the resume decision
-(`resume_from`). `checkpoints/step_N/{model/, train_state/, genome_lm.json}` and the symlink `last`."""
+"""The checkpoint manager of a run (docs/long-runs.md, docs/checkpoints.md): DCP `async_save` over a gloo
+group of its own (as torchtitan does) or `dcp.save`, the newest N kept, loading falls back past a damaged
+one; `resume_from` decides. `checkpoints/step_N/{model/, train_state/, genome_lm.json}`, symlink `last`."""
 
 from __future__ import annotations
 
@@ -104,9 +103,9 @@ def train_state(model, optimizer, scheduler, data, step: int) -> dict:
     }
 
 
-def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info: dict, keep: int) -> Path:
-    """Rank 0, once every rank's files are in `tmp`: write genome_lm.json, rename `tmp` to `final`,
-    switch `last` atomically, keep the newest `keep` checkpoints (and `final`)."""
+def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info: dict, keep: int) -> None:
+    """Rank 0, once every rank's files are in `tmp`: genome_lm.json, `tmp` -> `final`, `last` switched
+    atomically, the newest `keep` kept (and `final`)."""
     (tmp / "genome_lm.json").write_text(json.dumps({"step": step, "time": time.time(), **info}, indent=2))
     if final.exists():
         shutil.rmtree(final)
@@ -119,23 +118,18 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint step %d -> %s", step, final)
-    return final
-
-
-def stored_state(state_dir: Path) -> dict:
-    """The DCP metadata of `train_state/`: key -> what is stored."""
-    return dcp.FileSystemReader(str(state_dir)).read_metadata().state_dict_metadata
 
 
 class DamagedCheckpoint(Exception):
     """A `train_state/` whose files are shorter than its metadata says (a write cut short)."""
 
 
-def check_train_state(state_dir: Path) -> None:
-    """`DamagedCheckpoint` when a file of `state_dir` is missing or shorter than its metadata says:
-    DCP reads such a file without complaint and hands back short tensors."""
+def check_train_state(state_dir: Path) -> dict:
+    """The DCP metadata of `state_dir` (key -> what is stored); `DamagedCheckpoint` when a file of it is
+    missing or short: DCP would read it without complaint."""
+    metadata = dcp.FileSystemReader(str(state_dir)).read_metadata()
     need: dict[str, int] = {}
-    for info in dcp.FileSystemReader(str(state_dir)).read_metadata().storage_data.values():
+    for info in metadata.storage_data.values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(need.items()):
         path = state_dir / name
@@ -143,14 +137,14 @@ def check_train_state(state_dir: Path) -> None:
         if have is None or have < size:
             raise DamagedCheckpoint(f"{name} {'is missing' if have is None else f'has {have:,} bytes'}, its metadata "
                                     f"needs {size:,} (a write cut short)")
+    return metadata.state_dict_metadata
 
 
 def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
-    """Restore weights, optimizer, scheduler, data position and RNG from `path` (saved on any number of
-    processes); return its step. Collective."""
-    check_train_state(path / "train_state")
+    """Restore everything `train_state` holds from `path` (saved on any number of processes); its step. Collective."""
+    stored = check_train_state(path / "train_state")
     state = train_state(model, optimizer, scheduler, data, 0)
-    state["rng"] = _rng_like(stored_state(path / "train_state"))
+    state["rng"] = _rng_like(stored)
     with warnings.catch_warnings(action="ignore"):
         # partial: parameters that never received a gradient (e.g. upstream's indexer, trained
         # without gradients) have no optimizer state in the checkpoint; the fresh one is unused.
@@ -214,8 +208,7 @@ def export_bytes(model, dtype: torch.dtype | None) -> int:
 
 
 @dataclass
-class _Pending:
-    """A save whose files a background thread is writing."""
+class _Pending:  # a save whose files a background thread is writing
     tmp: Path
     final: Path
     step: int
@@ -246,9 +239,8 @@ class CheckpointManager:
                                                        use_async_staging=cuda, use_non_blocking_copy=cuda))
 
     def load_newest(self, model, optimizer, scheduler, data) -> tuple[int, Path]:
-        """(step, path) of the newest checkpoint that loads; one that fails (a truncated or missing
-        file) is named in a warning and the previous one tried. A `GenomeLMError` (it does not fit this
-        config) is raised as it is."""
+        """(step, path) of the newest checkpoint that loads, warning past those that fail (a truncated or
+        missing file); a `GenomeLMError` (it does not fit this config) is raised as it is."""
         ckpt_dir = self.ckpt_dir
         found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
         for i, path in enumerate(found):
@@ -285,7 +277,17 @@ class CheckpointManager:
                 save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
                                 tokenizer_from=self.tokenizer_from)
             if self.async_:
-                self._start(state, tmp, final, step, info)
+                from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+                with warnings.catch_warnings(action="ignore"):
+                    response = dcp.async_save(state, checkpoint_id=str(tmp / "train_state"), process_group=self.pg,
+                                              async_stager=self.stager, no_dist=not dist.is_initialized())
+                if isinstance(response, AsyncSaveResponse):
+                    self.staging, future = response.staging_completion, response.upload_completion
+                else:
+                    future = response
+                self.pending = pending = _Pending(tmp, final, step, info, future, time.perf_counter())
+                future.add_done_callback(lambda _: setattr(pending, "finished", time.perf_counter()))
             else:
                 with warnings.catch_warnings(action="ignore"):
                     dcp.save(state, checkpoint_id=str(tmp / "train_state"))
@@ -302,20 +304,6 @@ class CheckpointManager:
             timings.update(self.wait())
         timings["checkpoint_stall_s"] = time.perf_counter() - t0
         return timings
-
-    def _start(self, state: dict, tmp: Path, final: Path, step: int, info: dict) -> None:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-
-        with warnings.catch_warnings(action="ignore"):
-            response = dcp.async_save(state, checkpoint_id=str(tmp / "train_state"), process_group=self.pg,
-                                      async_stager=self.stager, no_dist=not dist.is_initialized())
-        if isinstance(response, AsyncSaveResponse):
-            self.staging, future = response.staging_completion, response.upload_completion
-        else:
-            future = response
-        pending = _Pending(tmp, final, step, info, future, time.perf_counter())
-        future.add_done_callback(lambda _: setattr(pending, "finished", time.perf_counter()))
-        self.pending = pending
 
     def staged(self) -> None:
         """Wait until the save in flight is staged (CUDA: on a side stream): the weights may then change."""
@@ -347,8 +335,7 @@ class CheckpointManager:
         return {"checkpoint_write_s": written, "checkpoint_written_step": pending.step}
 
     def _room(self, step: int, state: dict, model, export_model: bool, export_dtype) -> bool:
-        """True when checkpoint `step` fits the free space; otherwise one line, then `skip` (False)
-        or `stop` (GenomeLMError)."""
+        """True when checkpoint `step` fits the free space; else one line, then False or GenomeLMError."""
         need = int(self.par.sum_all(state_bytes(state))[0])
         if export_model:
             need += export_bytes(model, export_dtype)
@@ -373,16 +360,15 @@ class CheckpointManager:
         log.warning("%s; this save is skipped and training goes on (train.on_disk_full: skip)", problem)
         return False
 
-    def close(self, finish: bool = True, grace_s: float = 60) -> dict:
-        """Finish the save in flight and release the stager. A crashed run (`finish` False) completes it
-        only when every rank's write ends within `grace_s`, else leaves it partial (removed at the next start)."""
-        timings = {}
+    def close(self, finish: bool = True, grace_s: float = 60) -> None:
+        """Finish the save in flight, release the stager. A crashed run (not `finish`) completes it only when
+        every rank's write ends within `grace_s` (else it stays partial, removed at the next start)."""
         if finish:
-            timings = self.wait()
+            self.wait()
         elif self.pending is not None:
             try:
                 self.pending.future.result(timeout=grace_s)
-                timings = self.wait()
+                self.wait()
             except BaseException as e:  # noqa: BLE001 - the write of a crashed run: partial, not an error
                 log.warning("checkpoint step %d was not completed (%s); the run resumes from the one before",
                             self.pending.step, type(e).__name__)
@@ -390,4 +376,3 @@ class CheckpointManager:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
-        return timings

@@ -21,17 +21,6 @@ from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 log = logging.getLogger(__name__)
 
 
-def cut_pieces(lengths: np.ndarray, seq_len: int, min_piece: int) -> np.ndarray:
-    """Pieces of each window: int64 [P, 3] of (row, offset, length), in row order."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    counts = -(-lengths // seq_len)  # [W] pieces of each window, the last one shorter
-    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), counts)
-    offsets = (np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * seq_len
-    sizes = np.minimum(seq_len, lengths[rows] - offsets)
-    keep = sizes >= min(min_piece, seq_len)
-    return np.stack([rows[keep], offsets[keep], sizes[keep]], axis=1)
-
-
 class SequenceStream:
     """Deterministic, resumable stream of training batches from a shard directory."""
 
@@ -42,15 +31,20 @@ class SequenceStream:
         rows = np.arange(len(self.ds))
         if not reverse_complement:
             rows = rows[np.asarray(self.ds["strand"]) == "+"]
-        lengths = (ends - starts)[rows]
+        lengths = (ends - starts)[rows].astype(np.int64)
         if len(lengths) and seq_len > lengths.max():
             raise GenomeLMError(
                 f"data.seq_len={seq_len:,} is longer than every window of {shards}/{split} (the longest holds "
                 f"{int(lengths.max()):,} tokens), so no sequence could have that context; prepare shards with "
                 f"--seq-len {seq_len} or longer, or lower data.seq_len"
             )
-        pieces = cut_pieces(lengths, seq_len, min_piece)
-        pieces[:, 0] = rows[pieces[:, 0]]  # back to dataset row ids
+        counts = -(-lengths // seq_len)  # [W] pieces of each window, the last one shorter
+        first = np.repeat(np.cumsum(counts) - counts, counts)  # [P] the first piece of each piece's window
+        offsets = (np.arange(len(first), dtype=np.int64) - first) * seq_len
+        piece_rows = np.repeat(np.arange(len(lengths)), counts)
+        sizes = np.minimum(seq_len, lengths[piece_rows] - offsets)
+        keep = sizes >= min(min_piece, seq_len)
+        pieces = np.stack([rows[piece_rows[keep]], offsets[keep], sizes[keep]], axis=1)  # [P, 3] row, offset, length
         if len(pieces) == 0:
             raise GenomeLMError(
                 f"{shards}/{split}: no training pieces of at least {min_piece} tokens; "

@@ -1,8 +1,7 @@
-"""`genome-lm export RUN/checkpoints/step_N --out DIR`: a checkpoint's `train_state/` (DCP) as the
-model directory its `model/` would be, byte for byte. One process, no GPU: the model is built on the
-meta device from `RUN/config.yaml`, tensors read from DCP in batches of at most `max_shard_bytes` and
-streamed through `save_pretrained`'s writer (memory: about two output files, whatever the model's size).
-"""
+"""`genome-lm export RUN/checkpoints/step_N --out DIR`: a checkpoint's `train_state/` (DCP) as the model
+directory its `model/` would be, byte for byte. One process, no GPU: the model built on the meta device from
+`RUN/config.yaml`, tensors read from DCP in batches of at most `max_shard_bytes` and streamed through
+`save_pretrained`'s writer (memory: about two output files, whatever the model's size)."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Write the model directory of training checkpoint `checkpoint` to `out` (atomically); return `out`."""
     from genome_lm.config import load_experiment
-    from genome_lm.train.checkpoint import DamagedCheckpoint, check_train_state, stored_state
+    from genome_lm.train.checkpoint import DamagedCheckpoint, check_train_state
     from genome_lm.train.trainer import build_model
 
     ckpt = Path(checkpoint)
@@ -52,14 +51,14 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
         raise GenomeLMError(f"{config_path} not found: export reads the model from the run's config.yaml; keep the "
                             "checkpoint inside its run directory (RUN/checkpoints/step_N)")
     try:
-        check_train_state(state_dir)
+        stored = check_train_state(state_dir)
     except DamagedCheckpoint as e:
         raise GenomeLMError(f"{state_dir} is damaged ({e}); export an earlier checkpoint of the run "
                             f"({ckpt.resolve().parent}/step_N)") from None
     cfg = load_experiment(config_path)
     built = build_model(cfg, torch.device("cpu"), None, meta=True)
     model = built.model
-    stored, tensors = stored_state(state_dir), model_tensors(model)
+    tensors = model_tensors(model)
     for name, tensor in tensors.items():
         meta = stored.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):

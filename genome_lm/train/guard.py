@@ -24,9 +24,8 @@ EXIT_HUNG = 76  # the watchdog aborted a step that did not finish in time
 
 
 class Preemption:
-    """Sets a flag on `signals` ("SIGTERM", ...); `agreed` turns the flags of all ranks and the launcher's
-    stop file into one decision. Handlers only from the main thread (Ray Train runs the function in a
-    thread: there the stop file is the way in)."""
+    """A flag set on `signals` ("SIGTERM", ...); `agreed` turns all ranks' flags and the launcher's stop file
+    into one decision. Handlers only in the main thread (Ray Train's workers read the stop file)."""
 
     def __init__(self, signals: Sequence[str], worker: WorkerContext | None = None):
         self.received: str | None = None
@@ -46,7 +45,8 @@ class Preemption:
         """Why this rank wants to stop: a signal's name, "the launcher", or None."""
         if self.received:
             return self.received
-        return "a stop request of the launcher" if self.worker.stop_requested() else None
+        stop_file = self.worker.stop_file
+        return "a stop request of the launcher" if stop_file is not None and stop_file.exists() else None
 
     def agreed(self, par) -> bool:
         """Collective at a step boundary (one small all-reduce): True on every rank when any rank wants to stop."""
@@ -59,10 +59,9 @@ class Preemption:
 
 
 class Watchdog:
-    """Aborts this process (exit EXIT_HUNG) when it has not finished a step within `factor` x the
-    median step time (at least `min_s`) since its previous step ended, logging which ranks have not
-    begun the step and which are inside it (each rank records its steps in the process group's
-    store). Armed after two steps; paused while a checkpoint is written (`paused()`)."""
+    """Aborts this process (exit EXIT_HUNG) when a step has not finished within `factor` x the median step
+    time (at least `min_s`) after the previous one, naming the ranks that have not begun it and those inside
+    it (from the process group's store). Armed after two steps; `paused()` while a checkpoint is written."""
 
     def __init__(self, par, factor: float, min_s: float, worker: WorkerContext):
         import torch.distributed as dist
@@ -75,8 +74,7 @@ class Watchdog:
         self._stop = threading.Event()
         for what, value in (("host", socket.gethostname()), ("begun", "0"), ("done", "0")):
             self._set(what, value)
-        self.thread = threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True).start()
 
     def _set(self, what: str, value: str) -> None:
         self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
@@ -110,15 +108,13 @@ class Watchdog:
                 continue
             limit = max(self.min_s, self.factor * statistics.median(self.times))
             if waited > limit:
-                message = self.describe(waited, limit)
-                log.error("%s", message)
+                log.error("%s", message := self.describe(waited, limit))
                 self.worker.record_failure(message)
                 sys.stderr.flush()
                 sys.stdout.flush()
                 os._exit(EXIT_HUNG)
 
     def describe(self, waited: float, limit: float) -> str:
-        """One line: the step, the time, the ranks that have not begun it and those inside it."""
         step = max(self.step, int(self._get("done", self.par.rank) or 0) + 1)
         head = (f"watchdog: step {step} has not finished on rank {self.par.rank} after {waited:.1f} s "
                 f"(limit {limit:.1f} s = max({self.min_s:g} s, {self.factor:g} x the median step time "

@@ -63,8 +63,7 @@ def rss_peak() -> int:
 
 
 def logged_steps(path: Path) -> tuple[list[tuple[int, str]], list[int]]:
-    """metrics.jsonl's records as (step, line), and the numbers of the lines that are not whole JSON
-    records with a step (a line cut short by a killed run or a full disk)."""
+    """metrics.jsonl's records as (step, line), and the numbers of the lines that are not (cut short)."""
     records, damaged = [], []
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
@@ -110,13 +109,3 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
-
-
-class NullMetrics:
-    """What ranks other than 0 log: nothing."""
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -1,12 +1,7 @@
-"""The optimizer and learning-rate schedule of a run: AdamW (weight decay on matrices only), linear
-warmup then cosine decay to `min_lr_ratio` (or constant), and an AdamW whose moments are stored in
-`train.optimizer_state_dtype`.
-
-That AdamW reads a parameter's moments into float32, updates them with torch AdamW's arithmetic (same
-ops, same order: with float32 state it is torch's single-tensor AdamW bit for bit), rounds them back
-to the storage dtype and updates the float32 parameter. bf16 moments need beta1, beta2 <= 1 - 2^-7,
-else the decay rounds away. The update is elementwise, so it runs on each rank's local shard of a
-DTensor; the moments are DTensors of the same placements, as torch's are."""
+"""The optimizer and learning-rate schedule of a run: AdamW (weight decay on matrices only), linear warmup
+then cosine decay to `min_lr_ratio` (or constant), and an AdamW with moments stored in
+`train.optimizer_state_dtype` (docs/precision.md): torch AdamW's arithmetic in the same order (bit for bit
+with float32 state), elementwise on each rank's local shard of a DTensor."""
 
 from __future__ import annotations
 
@@ -86,7 +81,6 @@ class AdamW(torch.optim.Optimizer):
 
 def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
     def fn(step: int) -> float:
-        """Multiplier of the base lr for optimizer step `step` (0-based)."""
         warmup, min_lr_ratio = train_cfg.warmup_steps, train_cfg.min_lr_ratio
         if warmup and step < warmup:
             return (step + 1) / warmup
@@ -99,9 +93,8 @@ def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.l
 
 
 def make_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
-    """AdamW (torch's, or with bfloat16 state this module's); weight decay on matrices only. The routed
-    experts' stacked weights are a group of their own: under EP they are DTensors on another mesh, which
-    one foreach update cannot mix."""
+    """AdamW (torch's, or with bfloat16 state this module's). The routed experts' stacked weights are a group
+    of their own: under EP they are DTensors on another mesh, which one foreach update cannot mix."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     experts: list[torch.nn.Parameter] = []

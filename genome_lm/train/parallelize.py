@@ -1,10 +1,8 @@
-"""One place that turns a single-device model into the one that trains, in a fixed order (as
-torchtitan's `parallelize`): 1. the long-context classes (`apply_long_context`); 2. context
-parallelism (cp > 1) and 3. expert parallelism (ep > 1) (`genome_lm.parallel`); 4. recompute, with
-layer-input offload (`recompute.py`); 5. FSDP2 (`parallel.fsdp`, with a mesh), for a bf16 model over
-float32 master weights gathered in bf16. Out of order, 1 after 4 (with offload) or after 5, 3 or 4
-after 5 raise an error naming the order; 2 or 3 before 1 too.
-"""
+"""One place that turns a single-device model into the one that trains, in a fixed order (as torchtitan's
+`parallelize`): 1. the long-context classes; 2. context parallelism (cp > 1) and 3. expert parallelism
+(ep > 1); 4. recompute, with layer-input offload; 5. FSDP2 (with a mesh; a bf16 model over float32 master
+weights gathered in bf16). Out of order, 1 after 4 (with offload) or after 5, 3 or 4 after 5 raise an error
+naming the order; 2 or 3 before 1 too."""
 
 from __future__ import annotations
 
@@ -34,12 +32,11 @@ def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
         if memory.recompute == "per-layer":
             targets[f"layers.{i}"] = (i, layer)
             continue
-        attn = "kda" if layer.block_type == "linear_attention" else "dsa"
-        mlp = "moe" if hasattr(layer.mlp, "experts") else "dense"
-        if attn in memory.recompute_layers:
-            targets[f"layers.{i}.self_attn"] = (i, layer.get_submodule("self_attn"))
-        if mlp in memory.recompute_layers:
-            targets[f"layers.{i}.mlp"] = (i, layer.get_submodule("mlp"))
+        kinds = {"self_attn": "kda" if layer.block_type == "linear_attention" else "dsa",
+                 "mlp": "moe" if hasattr(layer.mlp, "experts") else "dense"}
+        for name, kind in kinds.items():
+            if kind in memory.recompute_layers:
+                targets[f"layers.{i}.{name}"] = (i, layer.get_submodule(name))
     for i, module in targets.values():  # the last offload_keep_last layers keep their inputs on the device
         recompute(module, offload=memory.offload_layer_inputs and i < len(layers) - memory.offload_keep_last)
     return list(targets)
@@ -48,7 +45,7 @@ def apply_recompute(model: Glm5NextCausalLM, memory: MemoryConfig) -> list[str]:
 def parallelize(model: Glm5NextCausalLM, memory: MemoryConfig, parallel: ParallelContext | None = None,
                 compute_dtype: torch.dtype | None = None) -> nn.Module:
     """`model` made ready to train, in place. `compute_dtype`: bf16 for a bf16 model (needs a sharded
-    `parallel`), None to compute in the parameters' own dtype."""
+    `parallel`), None for the parameters' own."""
     from genome_lm.model import apply_long_context
     from genome_lm.parallel import apply_context_parallel, apply_expert_parallel
     from genome_lm.parallel.fsdp import apply_fsdp, to_master_dtype_
@@ -68,7 +65,7 @@ def parallelize(model: Glm5NextCausalLM, memory: MemoryConfig, parallel: Paralle
     if parallel is not None and parallel.sharded:
         if compute_dtype not in (None, torch.float32):
             to_master_dtype_(model)
-        apply_fsdp(model, parallel.fsdp_mesh, parallel.device, compute_dtype=compute_dtype,
+        apply_fsdp(model, parallel.fsdp_mesh, compute_dtype=compute_dtype,
                    expert_mesh=ep_mesh["edp"] if ep_mesh is not None else None,
                    reduce_dtype=getattr(torch, parallel.reduce_dtype), backward_prefetch=parallel.backward_prefetch)
     log.info("memory strategy: recompute=%s%s, offload=%s, %d modules wrapped", memory.recompute,

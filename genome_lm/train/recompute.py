@@ -1,9 +1,7 @@
 """Per-layer / selective recompute, and offload of each checkpointed layer's input to (pinned) host memory
 (docs/train.md). In backward each offloaded module takes its inputs back, starts the copy back of the
-next module's inputs on a side stream (overlapping its own backward; the host never waits), and replays
-its forward with the same RNG state. On CPU the copy goes to a separate host buffer, so the path is
-exercised everywhere.
-"""
+next module's inputs on a side stream (overlapping its own backward; the host never waits), and replays its
+forward with the same RNG state. On CPU the copy goes to a separate host buffer: the path runs everywhere."""
 
 from __future__ import annotations
 
@@ -19,9 +17,8 @@ from genome_lm.model.ops import swap_class
 
 
 class _HostCopy:
-    """An input tensor parked in host memory (pinned on CUDA) and its way back to the device: the copy
-    out and back (`prefetch`) on the offload stream, `back` makes the compute stream wait for it. CPU:
-    a plain copy, or with a `host_device` a new tensor there (no data copied)."""
+    """An input tensor parked in host memory (pinned on CUDA): copied out and back (`prefetch`) on the offload
+    stream, `back` makes the compute stream wait for it. CPU: a plain copy, or a new tensor on `host_device`."""
 
     in_use = 0  # host bytes held by live copies, and the most since `reset_peak`
     peak = 0
@@ -86,17 +83,6 @@ class _HostCopy:
 _PARKED: list[weakref.ref] = []
 
 
-def _prefetch_next() -> None:
-    while _PARKED:
-        parked = _PARKED[-1]()
-        if parked is not None:
-            for p in parked:
-                if isinstance(p, _HostCopy):
-                    p.prefetch()
-            return
-        _PARKED.pop()
-
-
 def host_bytes(reset_peak: bool = False) -> tuple[int, int]:
     """(host bytes the offloaded inputs hold now, the most they held since the last reset)."""
     out = (_HostCopy.in_use, _HostCopy.peak)
@@ -115,8 +101,7 @@ class _Parked(list):
 
 
 class _Recompute(torch.autograd.Function):
-    """forward(run, host_device, *tensors) -> run(*tensors) without activations; the tensors parked in host
-    memory until backward."""
+    """forward(run, host_device, *tensors) -> run(*tensors) without activations, the tensors parked on the host."""
 
     @staticmethod
     def forward(ctx, run: Callable, host_device: torch.device | None, *tensors: torch.Tensor):
@@ -140,7 +125,11 @@ class _Recompute(torch.autograd.Function):
             _PARKED.pop()
         inputs = [p.back() if isinstance(p, _HostCopy) else p for p in parked]
         del parked  # the host copies go now, the device inputs after this module's backward
-        _prefetch_next()  # the next module to run backward: its inputs come back during this one
+        while _PARKED and _PARKED[-1]() is None:  # graphs dropped without their backward
+            _PARKED.pop()
+        for p in (_PARKED[-1]() or []) if _PARKED else []:  # the next module to run backward: back during this one
+            if isinstance(p, _HostCopy):
+                p.prefetch()
         inputs = [t.detach().requires_grad_(t.is_floating_point() and g) if isinstance(t, torch.Tensor) else t
                   for t, g in zip(inputs, ctx.needs_input_grad[2:])]
         rng_devices = list(range(torch.cuda.device_count())) if ctx.cuda_rng is not None else []
@@ -165,8 +154,7 @@ else:
 
 
 class _OffloadedRecompute(_ModuleMixin):
-    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory (off CUDA: on
-    `host_device`, when set)."""
+    """Mixin: `forward` recomputes in backward, its tensor arguments parked in host memory (or `host_device`)."""
 
     host_device: torch.device | None = None
 
@@ -200,10 +188,9 @@ _OFFLOADED: dict[type, type] = {}
 
 
 def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
-    """Make `module` recompute its activations in backward (in place). Without offload: torch's
-    composable `checkpoint`. With offload, `_Recompute` as an `Offloaded<Class>` subclass: torch's
-    checkpoint keeps the inputs referenced on the device until backward (`save_on_cpu` around it would
-    free nothing); ours keeps only the host copy."""
+    """Make `module` recompute its activations in backward (in place): torch's composable `checkpoint`, or
+    with offload an `Offloaded<Class>` subclass, as torch's keeps the inputs referenced on the device until
+    backward (`save_on_cpu` around it would free nothing); ours keeps only the host copy."""
     if not offload:
         return checkpoint(module)
     cls = type(module)
@@ -213,8 +200,8 @@ def recompute(module: nn.Module, offload: bool = False) -> nn.Module:
 
 
 def park_host_copies_on(model: nn.Module, device: str | torch.device) -> None:
-    """Every offloaded module of `model` parks a non-CUDA input as a new tensor on `device` (no data
-    copied). The rehearsal parks on "meta": its memory tracker sees the device input freed."""
+    """Every offloaded module of `model` parks a non-CUDA input as a new tensor on `device` (the rehearsal's
+    "meta": its memory tracker sees the device input freed)."""
     for m in model.modules():
         if isinstance(m, _OffloadedRecompute):
             m.host_device = torch.device(device)

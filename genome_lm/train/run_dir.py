@@ -1,11 +1,11 @@
 """The run directory of `genome-lm train` (docs/train.md): what rank 0 checks before a run starts, records
 once it has started, and removes when a new run stops before its first checkpoint. A resume takes the
 config keys that do not change what is computed (`TAKEN`), and the batch keys when the sequences per step
-stay the same; any other change is refused: the checkpoint's optimizer state was made with the old values.
-"""
+stay the same; any other change is refused: the checkpoint's optimizer state was made with the old values."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from dataclasses import dataclass
@@ -20,13 +20,14 @@ from genome_lm.train.checkpoint import latest_checkpoint, resume_from
 
 log = logging.getLogger(__name__)
 
-# Dotted keys (or section prefixes ending in ".") a resume may change.
+# Dotted keys, and whole sections, a resume may change.
 TAKEN = (
     "name", "train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.export_model",
-    "train.on_nonfinite", "train.checkpoint_mode", "train.on_disk_full", "train.preempt_signals", "log.", "memory.",
+    "train.on_nonfinite", "train.checkpoint_mode", "train.on_disk_full", "train.preempt_signals",
     "parallel.dp", "parallel.cp", "parallel.ep", "parallel.backward_prefetch", "parallel.timeout",
     "parallel.watchdog_factor", "parallel.watchdog_min_s",
 )
+TAKEN_SECTIONS = ("log.", "memory.")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,29 +38,6 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         flat.update(flatten(value, f"{prefix}{key}."))
     return flat
-
-
-def changes(stored: dict, new: dict) -> list[tuple[str, Any, Any]]:
-    """(key, old, new) for every dotted key whose value differs, in the new config's order."""
-    old, cur = flatten(stored), flatten(new)
-    return [(k, old.get(k), cur.get(k)) for k in {**cur, **old} if old.get(k) != cur.get(k)]
-
-
-def taken(key: str) -> bool:
-    return any(key == t or (t.endswith(".") and key.startswith(t)) for t in TAKEN)
-
-
-def _stored_config(path: Path) -> dict:
-    """config.yaml resolved (the YAML itself if it no longer validates)."""
-    try:
-        raw = read_yaml(path, "data, model, train, ...")
-    except GenomeLMError as e:
-        raise GenomeLMError(f"--resume: {e}; it records the settings the run's checkpoints were trained with: "
-                            "restore it, or train into a new --out") from None
-    try:
-        return ExperimentConfig.model_validate(raw).model_dump(mode="json")
-    except ValueError:
-        return raw
 
 
 BATCH_KEYS = ("train.micro_batch", "train.grad_accum")
@@ -73,9 +51,18 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
         raise GenomeLMError(f"--resume: {path} is missing; it records the settings {run_dir}'s checkpoints were "
                             "trained with, which --resume compares with the new ones key by key: restore it, or "
                             "train into a new --out")
-    found = changes(_stored_config(path), cfg.model_dump(mode="json"))
+    try:
+        stored = read_yaml(path, "data, model, train, ...")
+    except GenomeLMError as e:
+        raise GenomeLMError(f"--resume: {e}; it records the settings the run's checkpoints were trained with: "
+                            "restore it, or train into a new --out") from None
+    with contextlib.suppress(ValueError):  # resolved, unless it no longer validates
+        stored = ExperimentConfig.model_validate(stored).model_dump(mode="json")
+    old, cur = flatten(stored), flatten(cfg.model_dump(mode="json"))
+    found = [(k, old.get(k), cur.get(k)) for k in {**cur, **old} if old.get(k) != cur.get(k)]  # new config's order
     same_batch = stored_per_step is not None and stored_per_step == per_step
-    refused = [c for c in found if not (taken(c[0]) or (c[0] in BATCH_KEYS and same_batch))]
+    refused = [c for c in found if not (c[0] in TAKEN or c[0].startswith(TAKEN_SECTIONS)
+                                        or (c[0] in BATCH_KEYS and same_batch))]
     if any(c[0] in BATCH_KEYS for c in refused) and stored_per_step is not None:
         refused.append(("sequences per step", stored_per_step, per_step))
     if refused:
@@ -90,12 +77,11 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
 
 @dataclass
 class RunDir:
-    """What `check_run_dir` found, for `write_run_dir`: the checkpoint to resume from (None: a fresh run)
-    and the changes a resume takes."""
+    """What `check_run_dir` found, for `write_run_dir`."""
 
     path: Path
-    latest: Path | None
-    accepted: list
+    latest: Path | None  # the checkpoint to resume from (None: a fresh run)
+    accepted: list  # the changes a resume takes
     fresh: bool  # no marker yet: the folder is new (or empty), and is marked as a run when it starts
     existed: bool  # the folder was there before this run (empty, when fresh)
     sequences_per_step: int

@@ -27,14 +27,13 @@ from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm_
 from genome_lm.parallel.launch import Job, WorkerContext
-from genome_lm.parallel.layout import resolve_layout
-from genome_lm.parallel.mesh import ParallelContext, init_parallel
+from genome_lm.parallel.mesh import ParallelContext, init_parallel, resolve_layout
 from genome_lm.progress import Bar, progress
 from genome_lm.settings import set_tf32
 from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import Preemption, Watchdog
-from genome_lm.train.metrics import MetricsLog, NullMetrics, PeakMemory
+from genome_lm.train.metrics import MetricsLog, PeakMemory
 from genome_lm.train.optim import make_optimizer, make_scheduler
 from genome_lm.train.parallelize import parallelize
 from genome_lm.train.recompute import host_bytes
@@ -100,9 +99,9 @@ def compute_dtype(cfg: ExperimentConfig) -> torch.dtype | None:
 
 
 def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str | None):
-    """The model built, then `parallelize`d. Distributed: on the meta device, then each rank fills only
-    its shards, from the weights directory or from the preset built in full on CPU with the seed of
-    one process (the same weights; not for glm53-flash)."""
+    """The model built, then `parallelize`d. Distributed: on the meta device, then each rank fills only its
+    shards, from the weights directory or the preset built in full on CPU with one process's seed (the same
+    weights on every rank; not for glm53-flash)."""
     from genome_lm.model.presets import META_ONLY, is_preset
 
     compute = compute_dtype(cfg)
@@ -137,7 +136,6 @@ def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
 
 
-
 @dataclass
 class StepParts:
     """What `train_step` works on: the trainer's `Run`, or the rehearsal's fake-tensor model (no checkpoints)."""
@@ -160,7 +158,7 @@ class Run(StepParts):
     cfg: ExperimentConfig
     rd: RunDir
     stream: SequenceStream
-    metrics: MetricsLog | NullMetrics
+    metrics: MetricsLog | None  # rank 0's
     start: int  # the step resumed from (0: a fresh run)
     memory: PeakMemory
     bar: Bar
@@ -202,7 +200,7 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
                         start + cfg.train.steps)
     par.on_main(lambda: write_run_dir(rd, cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
-                         cfg.model_dump(mode="json"), resume_step=start) if par.is_main else NullMetrics()
+                         cfg.model_dump(mode="json"), resume_step=start) if par.is_main else None
     return Run(par, model, optimizer, scheduler, ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
                [p for p in model.parameters() if p.requires_grad],
                cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf, checkpoints,
@@ -217,11 +215,10 @@ def _value(t: torch.Tensor, fake: float) -> float:
 
 
 def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] | None = None) -> dict:
-    """The training step (the trainer's and the rehearsal's): forward and backward of each micro-batch
-    (the loss weighted by its targets over those of the global batch), clipping, and when loss and norm
-    are finite the optimizer and scheduler step; then zero_grad and the expert balancer. Fake tensors:
-    targets count as the labels' size, loss and norm as 0. `optimizer_phase(True)` / `(False)` bracket
-    clipping to zero_grad. Returns the step's numbers (loss and tokens summed over the replicas)."""
+    """The training step (the trainer's and the rehearsal's): forward and backward of each micro-batch (its
+    loss weighted by its share of the global batch's targets), clipping, the optimizer and scheduler step
+    when loss and norm are finite, zero_grad, the expert balancer. Fake tensors: targets count as the labels'
+    size, loss and norm as 0. `optimizer_phase(True)` / `(False)` bracket clipping to zero_grad."""
     par = parts.par
     n_targets = [int(_value((b["labels"][:, 1:] != IGNORE_INDEX).sum(), b["labels"][:, 1:].numel())) for b in batches]
     total_targets = max(1, int(par.sum_dp(sum(n_targets))[0]))  # over all replicas
@@ -282,25 +279,8 @@ def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
     return record
 
 
-def handle_nonfinite(run: Run, record: dict) -> None:
-    """A step with a non-finite loss or norm (not applied): mark it, then stop (train.on_nonfinite) or warn."""
-    step, loss, grad_norm = record["step"], record["loss"], record["grad_norm"]
-    record["skipped"] = True
-    if run.cfg.train.on_nonfinite == "stop":
-        run.metrics.write(record)
-        run.checkpoints.wait()
-        last = latest_checkpoint(run.checkpoints.ckpt_dir)
-        raise GenomeLMError(
-            f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} "
-            f"(loss {loss}, grad norm {grad_norm}); stopped without updating the weights. Last good "
-            f"checkpoint: {last or 'none'}. Lower train.lr, check the data, or set train.on_nonfinite: skip"
-        )
-    log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
-
-
 def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dict:
-    """Train, record, agree on a preemption, checkpoint, log, step callbacks; `Preempted` after a
-    preemption checkpoint."""
+    """Train, record, agree on a preemption, checkpoint, log, step callbacks; `Preempted` after its checkpoint."""
     cfg, par = run.cfg, run.par
     if dog is not None:
         dog.begin(step)
@@ -313,8 +293,20 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     record.update(run.unlogged)
     record.update(run.checkpoints.poll())
     run.unlogged = {}
-    if not done["finite"]:
-        handle_nonfinite(run, record)
+    if not done["finite"]:  # not applied: stop (train.on_nonfinite) or warn
+        loss, grad_norm = done["loss"], done["grad_norm"]
+        record["skipped"] = True
+        if cfg.train.on_nonfinite == "stop":
+            if run.metrics is not None:
+                run.metrics.write(record)
+            run.checkpoints.wait()
+            raise GenomeLMError(
+                f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at step {step} "
+                f"(loss {loss}, grad norm {grad_norm}); stopped without updating the weights. Last good "
+                f"checkpoint: {latest_checkpoint(run.checkpoints.ckpt_dir) or 'none'}. Lower train.lr, check the "
+                "data, or set train.on_nonfinite: skip"
+            )
+        log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
     if dog is not None:
         dog.end(step, elapsed)
     preempted = stop.agreed(par)
@@ -326,7 +318,8 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
             record.update(run.checkpoints.save(step, run.model, run.optimizer, run.scheduler, run.stream, info, export,
                                                compute_dtype(cfg), wait=preempted or step == cfg.train.steps))
     if step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted:
-        run.metrics.write(record)
+        if run.metrics is not None:
+            run.metrics.write(record)
     else:  # what the resume decision reads goes into the next logged record
         run.unlogged = {k: record[k] for k in ("checkpoint_write_s", "checkpoint_written_step") if k in record}
     run.bar.update(1)
@@ -343,7 +336,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
           device: torch.device | None = None, show_progress: bool | None = None,
           worker: WorkerContext | None = None) -> dict:
     """Train `cfg` into the run directory `out` (default runs/NAME); return the last metrics."""
-    par = init_parallel(cfg.parallel, device, timeout_s=cfg.parallel.timeout, sharded=compute_dtype(cfg) is not None)
+    par = init_parallel(cfg.parallel, device, sharded=compute_dtype(cfg) is not None)
     run_dir = Path(out) if out else Path("runs") / (cfg.name or "run")
     worker = worker or WorkerContext()
     stop = Preemption(cfg.train.preempt_signals, worker)
@@ -362,28 +355,24 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     except (GenomeLMError, Preempted):
         outcome = "stopped"
         raise
-    finally:
-        finish_run(run, stop, dog, outcome)
+    finally:  # the save in flight completes unless the run crashed
+        if dog is not None:
+            dog.close()
+        stop.restore()
+        try:
+            run.checkpoints.close(finish=outcome != "crashed")
+        finally:
+            run.bar.close()
+            if run.metrics is not None:
+                run.metrics.close()
+            run.par.shutdown()
+            restarted = outcome == "crashed" and run.worker.max_restarts > run.worker.attempt  # kept for a restart
+            if outcome != "done" and run.par.is_main and not restarted:
+                discard_unstarted(run.rd)  # a new run that stopped before its first checkpoint leaves nothing
     if record:
         log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
                  run.checkpoints.ckpt_dir)
     return record
-
-
-def finish_run(run: Run, stop: Preemption, dog: Watchdog | None, outcome: str) -> None:
-    """Close what the run opened (the save in flight completed unless it crashed); a new run that
-    stopped before its first checkpoint leaves nothing."""
-    if dog is not None:
-        dog.close()
-    stop.restore()
-    try:
-        run.checkpoints.close(finish=outcome != "crashed")
-    finally:
-        run.bar.close()
-        run.metrics.close()
-        run.par.shutdown()
-        if outcome != "done" and run.par.is_main and not (outcome == "crashed" and run.worker.restarts_left):
-            discard_unstarted(run.rd)  # (a crash the launcher restarts keeps the run for its next attempt)
 
 
 def _worker(cfg_json: dict, out: str | None, resume: bool, device, worker: WorkerContext) -> dict:

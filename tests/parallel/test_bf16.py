@@ -99,8 +99,7 @@ def test_fsdp_groups_float32_exceptions():
     assert all(not keep_fp32(n) or any(n.startswith(o + ".") for o in owners) for n, _ in model.named_parameters())
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), torch.device("cpu"),
-                   compute_dtype=torch.bfloat16)
+        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), compute_dtype=torch.bfloat16)
         for name, _ in fp32_modules(model):
             sub = model.get_submodule(name)
             assert isinstance(sub, FSDPModule) and sub._get_fsdp_state()._mp_policy.param_dtype is None, name
@@ -141,8 +140,8 @@ def test_backward_prefetch_and_reduce_dtype_reach_fsdp2(prefetch):
     model = apply_long_context(tiny_model(dtype="bfloat16"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), torch.device("cpu"),
-                   compute_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, backward_prefetch=prefetch)
+        apply_fsdp(to_master_dtype_(model), init_device_mesh("cpu", (1,)), compute_dtype=torch.bfloat16,
+                   reduce_dtype=torch.bfloat16, backward_prefetch=prefetch)
         layers = list(model.model.layers)
         for i, layer in enumerate(layers):
             want = [layer] if prefetch == 0 or i == 0 else layers[max(0, i - prefetch):i][::-1]

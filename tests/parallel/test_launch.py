@@ -10,7 +10,7 @@ import pytest
 from genome_lm.cli import build_parser, main
 from genome_lm.errors import GenomeLMError
 from genome_lm.parallel import callbacks
-from genome_lm.parallel.layout import resolve_layout
+from genome_lm.parallel.mesh import resolve_layout
 from tests.faults import KillAt
 from tests.helpers import write_experiment
 

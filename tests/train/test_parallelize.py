@@ -53,7 +53,7 @@ def test_out_of_order_steps_raise():
     par = init_parallel(ParallelConfig(), torch.device("cpu"), sharded=True)
     try:
         model = tiny_model()
-        apply_fsdp(model, par.fsdp_mesh, par.device)
+        apply_fsdp(model, par.fsdp_mesh)
         with pytest.raises(RuntimeError, match="recompute before FSDP2"):
             apply_recompute(model, MemoryConfig(recompute="per-layer"))
         with pytest.raises(TypeError, match="before recompute and FSDP2"):
