@@ -219,9 +219,11 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
-        os.environ.pop(key, None)
-        if value is not None:
+    for key in FORWARDED_ENV:  # the driver's view, also where it unset a variable
+        value = config["env"].get(key)
+        if value is None:
+            os.environ.pop(key, None)
+        else:
             os.environ[key] = value
     os.environ.setdefault("RANK", str(ray.train.get_context().get_world_rank()))
     os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
