@@ -25,7 +25,6 @@ from genome_lm.genome.shards import (
     fingerprint_of,
     load_manifest,
     manifest_checksum,
-    megatron_builder,
 )
 from genome_lm.genome.tokenizer import (
     IUPAC_CODES,
@@ -140,7 +139,7 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
         )
 
 
-def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwriters,
+def _process_record(rec: Record, split: str, params: PrepareParams, writer: SplitWriter,
                     leak: np.ndarray | None = None) -> ChromStats:
     """Cut `rec` into windows and write them, reverse-complement copies last; `leak`: bool [T] leakage mask."""
     t0 = time.perf_counter()
@@ -151,7 +150,7 @@ def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwr
     stats.dropped_bases["gap"] = gap_bases
     if leak is not None:
         stats.leakage_masked_tokens = 0
-    writers[split].open_shard()
+    writer.open_shard()
 
     def emit(s: int, e: int, strand: str, tokens, mask, n_frac: float) -> None:
         leak_packed = None
@@ -160,9 +159,7 @@ def _process_record(rec: Record, split: str, params: PrepareParams, writers, mwr
             assert stats.leakage_masked_tokens is not None, "set to 0 above whenever `leak` is given"
             stats.leakage_masked_tokens += int(np.count_nonzero(window))
             leak_packed = np.packbits(window)
-        writers[split].add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
-        if split in mwriters:
-            mwriters[split].add_document(tokens, [len(tokens)])
+        writer.add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
         stats.tokens += len(tokens)
 
     rc_rows = []
@@ -242,14 +239,12 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
         index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
         t0 = time.perf_counter()
         with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
-            writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval") for s in splits}
-            megatron = params.format == "megatron"
-            mwriters = {s: megatron_builder(tmp / "megatron" / s) for s in splits} if megatron else {}
-            stats = _write_records(readers, params, index, writers, mwriters)
+            writers = {s: SplitWriter(tmp / s, leakage=index is not None and s == "eval",
+                                      megatron=params.format == "megatron") for s in splits}
+            stats = _write_records(readers, params, index, writers)
             _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
             inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
-            manifest_splits = {split: _finish_split(split, stats, params, inputs, writers, mwriters, tmp)
-                               for split in splits}
+            manifest_splits = {split: _finish_split(split, stats, params, inputs, writers[split]) for split in splits}
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "genome_lm_version": __version__,
@@ -266,8 +261,8 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             }
             if index is not None:
                 manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
-            if mwriters:
-                manifest["megatron"] = {s: f"megatron/{s}" for s in mwriters}
+            if params.format == "megatron":
+                manifest["megatron"] = {s: f"megatron/{s}" for s in splits}
             manifest["checksum"] = manifest_checksum(manifest)
             write_json_atomic(tmp / "manifest.json", manifest)
         elapsed = time.perf_counter() - t0
@@ -278,7 +273,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
 
 
 def _write_records(readers: list[FastaReader], params: PrepareParams, index: KmerIndex | None,
-                   writers: dict, mwriters: dict) -> dict[str, ChromStats]:
+                   writers: dict[str, SplitWriter]) -> dict[str, ChromStats]:
     """Write every selected record in input order (with a leakage index an eval record waits until every
     training chromosome is indexed); returns each chromosome's `ChromStats`."""
     stats: dict[str, ChromStats] = {}
@@ -287,7 +282,7 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, index: Kme
 
     def process(rec: Record, split: str) -> None:
         leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
-        stats[rec.name] = _process_record(rec, split, params, writers, mwriters, leak)
+        stats[rec.name] = _process_record(rec, split, params, writers[split], leak)
 
     claimed: dict[str, str] = {}
     for reader in readers:
@@ -318,7 +313,7 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, index: Kme
 
 
 def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParams, inputs: list[dict],
-                  writers: dict, mwriters: dict, tmp: Path) -> dict:
+                  writer: SplitWriter) -> dict:
     """Close `split`'s files and return its manifest entry; a split without windows is an error."""
     chrom_stats = {name: st for name, st in stats.items() if st.split == split}
     n_windows = sum(st.windows + st.rc_windows for st in chrom_stats.values())
@@ -338,14 +333,12 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
         if st.windows == 0:
             log.warning("%s (%s) gives no window: %s", name, split, _why_no_windows(st, params))
     fp = fingerprint_of({"inputs": [i["sha256"] for i in inputs], "params": params.recorded(), "split": split})[:16]
-    files = writers[split].finalize(fp, split)
-    if split in mwriters:
-        mwriters[split].finalize(f"{tmp / 'megatron' / split}.idx")
+    files = writer.finalize(fp, split)
     return {
         "chroms": list(chrom_stats),
         "windows": n_windows,
         "tokens": sum(st.tokens for st in chrom_stats.values()),
         "files": files,
-        "file_bytes": {name: (tmp / split / name).stat().st_size for name in files},
+        "file_bytes": {name: (writer.dir / name).stat().st_size for name in files},
         "per_chrom": {name: {k: v for k, v in asdict(st).items() if v is not None} for name, st in chrom_stats.items()},
     }

@@ -75,12 +75,14 @@ def _lists(arrays) -> pa.Array:
 
 
 class SplitWriter:
-    """Streams windows of one split into Arrow shard files, one per `open_shard()`; `leakage`: rows have one."""
+    """Streams windows of one split into Arrow shard files, one per `open_shard()`; `leakage`: rows have one;
+    `megatron`: each window is also a document of `megatron/{split}.bin` beside the split's folder."""
 
-    def __init__(self, directory: Path, leakage: bool = False):
+    def __init__(self, directory: Path, leakage: bool = False, megatron: bool = False):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.leakage = leakage
+        self.megatron = megatron_builder(directory.parent / "megatron" / directory.name) if megatron else None
         self.schema = arrow_schema(leakage)
         self.shards: list[Path] = []
         self._sink: Any = None  # pyarrow's file and stream writer (pyarrow ships no types)
@@ -106,6 +108,8 @@ class SplitWriter:
         self._batch.append((chrom, start, end, strand, tokens, mask_packed, *([leak_packed] if self.leakage else []),
                             n_frac))  # in schema order
         self._batch_tokens += len(tokens)
+        if self.megatron is not None:
+            self.megatron.add_document(tokens, [len(tokens)])
         if self._batch_tokens >= BATCH_TOKENS:
             self._flush()
 
@@ -153,6 +157,8 @@ class SplitWriter:
                 "features": features(self.leakage)}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
         (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2))
+        if self.megatron is not None:
+            self.megatron.finalize(f"{self.dir.parent / 'megatron' / split}.idx")
         return names
 
 
