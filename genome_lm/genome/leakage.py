@@ -146,16 +146,13 @@ def _dedupe_sorted(a: np.ndarray) -> int:
 
 
 def cover(hits: np.ndarray, k: int, length: int) -> np.ndarray:
-    """bool [length]: p is covered when hits[i] for some i in [p - k + 1, p] (hits: bool [length - k + 1])."""
+    """bool [length]: p is covered when hits[i] for some i in [p - k + 1, p] (hits: bool [length - k + 1]),
+    by doubling: out[p] = any hit in [p - w + 1, p] for w = 1, 2, 4, ... up to k."""
     out = np.zeros(length, dtype=bool)
-    for c0 in range(0, length, CHUNK):
-        c1 = min(length, c0 + CHUNK)
-        a = max(0, c0 - k + 1)
-        h = hits[a:c1]  # the starts that can cover [c0, c1)
-        cs = np.zeros(len(h) + 1, dtype=np.int32)
-        np.cumsum(h, out=cs[1:])
-        p = np.arange(c0, c1)
-        lo = np.maximum(p - k + 1, 0) - a
-        hi = np.minimum(p + 1, len(hits)) - a  # starts lo..hi-1
-        np.greater(cs[np.maximum(hi, lo)] - cs[lo], 0, out=out[c0:c1])
+    out[: len(hits)] = hits
+    w = 1
+    while w < k:
+        s = min(w, k - w)
+        out[s:] |= out[:-s]  # numpy reads the overlapping input from a copy
+        w += s
     return out

@@ -6,7 +6,7 @@ the same genome (PCG64 per record). Base codes 0..3 = A, C, G, T; coordinates 0-
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -292,7 +292,7 @@ class SynthGenome:
     sequences: dict[str, bytes]
     families: dict[str, bytes]
     copies: list[RepeatCopy]
-    segdups: list[SegDup] = field(default_factory=list)
+    segdups: list[SegDup]
 
     def repeat_fraction(self) -> float:
         """Share of non-N bases that lie in planted copies."""
@@ -357,15 +357,13 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     if not total or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = make_families(np.random.default_rng([seed, 0]), params)
-    sequences: dict[str, bytes] = {}
-    copies: list[RepeatCopy] = []
-    segdups: list[SegDup] = []
+    genome = SynthGenome({}, {k: UPPER[v].tobytes() for k, v in families.items()}, [], [])
     for i, spec in enumerate(params.chroms):
-        seq, chrom_copies, chrom_segdups = _chromosome(seed, i, spec, scale, params, families, dict(sequences))
-        sequences[spec.name] = seq.tobytes()
-        copies += chrom_copies
-        segdups += chrom_segdups
-    return SynthGenome(sequences, {k: UPPER[v].tobytes() for k, v in families.items()}, copies, segdups)
+        seq, copies, segdups = _chromosome(seed, i, spec, scale, params, families, dict(genome.sequences))
+        genome.sequences[spec.name] = seq.tobytes()
+        genome.copies += copies
+        genome.segdups += segdups
+    return genome
 
 
 def synthesize(scale: float = 1.0, seed: int = 0, **params) -> dict[str, bytes]:
