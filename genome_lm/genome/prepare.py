@@ -49,7 +49,7 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
     """One blockwise pass over codes [T] (transient memory O(block)): the contigs [start, end) between N runs
     of at least `min_gap` bases, the bases in those runs, the N bases (IUPAC codes included), the soft-masked
     bases, and each ambiguity code's count."""
-    edges: list[np.ndarray] = []
+    edges = [np.zeros(0, dtype=np.int64)]  # where N runs start and end, alternating
     prev = False
     n_bases = softmasked = 0
     iupac = np.zeros(16, dtype=np.int64)
@@ -59,14 +59,11 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
         n_bases += int(np.count_nonzero(isn))
         softmasked += int(np.count_nonzero(block & SOFTMASK_BIT))
         iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
-        if isn[0] != prev:
-            edges.append(np.array([b0], dtype=np.int64))
-        edges.append(np.flatnonzero(isn[1:] != isn[:-1]).astype(np.int64) + (b0 + 1))
+        edges.append(np.flatnonzero(np.diff(isn, prepend=prev)).astype(np.int64) + b0)
         prev = bool(isn[-1])
     if prev:
         edges.append(np.array([len(codes)], dtype=np.int64))
-    flat = np.concatenate(edges) if edges else np.zeros(0, dtype=np.int64)
-    runs = flat.reshape(-1, 2)  # alternating start, end
+    runs = np.concatenate(edges).reshape(-1, 2)
     gaps = runs[(runs[:, 1] - runs[:, 0]) >= min_gap]
     bounds = np.concatenate([[0], gaps.ravel(), [len(codes)]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
     counts = {code: int(iupac[i]) for i, code in enumerate(IUPAC_CODES, start=1) if iupac[i]}
