@@ -97,8 +97,6 @@ class KmerIndex:
 
     def finalize(self) -> "KmerIndex":
         """Sort in place and drop repeated k-mers (in place, chunk by chunk)."""
-        if self.finalized:
-            return self
         t0 = time.perf_counter()
         self.codes.sort()
         self.codes.resize(_dedupe_sorted(self.codes), refcheck=False)  # no view of it is left

@@ -54,8 +54,6 @@ def substitute(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.nda
 def indels(rng: np.random.Generator, seq: np.ndarray, rate: float) -> np.ndarray:
     """Small insertions and deletions (1-3 bp each), about `rate` events per base."""
     n_events = rng.poisson(rate * len(seq))
-    if n_events == 0:
-        return seq
     pos = rng.integers(0, len(seq), size=n_events)
     size = rng.integers(1, 4, size=n_events)
     is_del = rng.random(n_events) < 0.5
