@@ -283,15 +283,15 @@ class Command:
     files: str | None = None
 
 
-PREPARE, EVAL = "genome_lm.genome.prepare_params:PrepareParams", "genome_lm.eval.config:EvalConfig"
+PREPARE, EVAL = "genome_lm.genome.params:PrepareParams", "genome_lm.eval.config:EvalConfig"
 SCORE = "genome_lm.score.params:ScoreParams"
 COMMANDS = {
     "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
                     "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
     "synth": Command(_synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)",
-                     (SynthOutput,), files="genome_lm.genome.synth_params:SynthParams"),
+                     (SynthOutput,), files="genome_lm.genome.params:SynthParams"),
     "fetch": Command(_fetch, "download hg38 chromosomes from UCSC and verify their md5 sums",
-                     ("genome_lm.genome.fetch:FetchParams",)),
+                     ("genome_lm.genome.params:FetchParams",)),
     "prepare": Command(_prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
                        (PREPARE, PrepareOutput), files=PREPARE),
     "train": Command(_train, "fine-tune a model from an experiment YAML", (TrainParams, Launch)),

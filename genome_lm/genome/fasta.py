@@ -21,7 +21,7 @@ from tqdm import tqdm
 from tqdm.utils import CallbackIOWrapper
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.prepare_params import chrom_match_key
+from genome_lm.genome.params import chrom_match_key
 from genome_lm.genome.tokenizer import CODE_LUT, INVALID, TOKEN_MASK
 
 log = logging.getLogger(__name__)

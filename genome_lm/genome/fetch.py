@@ -12,31 +12,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
-from genome_lm.options import Names
+from genome_lm.genome.params import DEFAULT_BASE_URL
 from genome_lm.outputs import holding
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
 CHUNK = 1 << 20
 ATTEMPTS = 3  # downloads cut short are resumed this many times in one run
 TIMEOUT = 60.0  # seconds without an answer before a request fails
 _MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
-
-
-class FetchParams(BaseModel):
-    """The parameters of `genome-lm fetch`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    chroms: Names = Field(default=["chr1", "chr2", "chr22"], description="comma-separated chromosome names")
-    out: str = Field(default="data/hg38", description="directory for the .fa.gz files")
-    base_url: str = Field(default=DEFAULT_BASE_URL, description="server holding chrN.fa.gz and md5sum.txt")
 
 
 def add_chr_prefix(name: str) -> str:

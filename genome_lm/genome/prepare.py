@@ -18,7 +18,7 @@ from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import FastaReader, Record
 from genome_lm.genome.leakage import KmerIndex
-from genome_lm.genome.prepare_params import PrepareParams, chrom_match_key
+from genome_lm.genome.params import PrepareParams, chrom_match_key
 from genome_lm.genome.shards import (
     SplitWriter,
     check_shards,

@@ -12,7 +12,7 @@ from functools import partial
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.genome.synth_params import SPACER, ChromSpec, SynthParams, make_params
+from genome_lm.genome.params import SPACER, ChromSpec, SynthParams, make_params
 from genome_lm.genome.tokenizer import CODE_LUT, TOKEN_MASK
 
 UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code

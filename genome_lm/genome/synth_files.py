@@ -13,8 +13,8 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
+from genome_lm.genome.params import SynthParams
 from genome_lm.genome.synth import RepeatCopy, SegDup, synthesize_genome
-from genome_lm.genome.synth_params import SynthParams
 from genome_lm.outputs import atomic_file, holding
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome import leakage, load_manifest, load_shards
 from genome_lm.genome.leakage import KmerIndex, canonical_kmers
+from genome_lm.genome.params import make_params
 from genome_lm.genome.synth import synthesize_genome
-from genome_lm.genome.synth_params import make_params
 from genome_lm.genome.tokenizer import CODE_LUT, SOFTMASK_BIT, encode, reverse_complement, unpack_mask
 
 from .conftest import random_chrom, write_fasta

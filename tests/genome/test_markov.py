@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.params import make_params
 from genome_lm.genome.synth import additive_rows, dirichlet_rows, markov_bases, synthesize, synthesize_genome
-from genome_lm.genome.synth_params import make_params
 
 
 def _deterministic(next_of):

@@ -11,9 +11,9 @@ import pytest
 
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
+from genome_lm.genome.params import SynthParams, make_params
 from genome_lm.genome.synth import synthesize, synthesize_genome
 from genome_lm.genome.synth_files import read_repeats, read_segdups, repeats_path, segdups_path, write_synthetic_fasta
-from genome_lm.genome.synth_params import SynthParams, make_params
 
 SCALE = 0.25  # 1 Mbp in total: big enough for every structure, fast enough for every test
 VALID = set(b"ACGTNacgt") | set(b"RYKMSWBDHV")
