@@ -16,7 +16,6 @@ from genome_lm.genome.tokenizer import TOKEN_MASK
 
 log = logging.getLogger(__name__)
 
-MAX_K = 32  # 2 bits per base in a uint64
 CHUNK = 1 << 22  # K-mers per step of the build and the query
 
 
@@ -68,7 +67,7 @@ class KmerIndex:
     k-mer added (one array, grown in place), 8 per distinct k-mer once finalized, ~50 x CHUNK bytes more."""
 
     def __init__(self, k: int, show_progress: bool | None = None):
-        self.k = k  # 1..MAX_K (`PrepareParams` checks --leakage-k)
+        self.k = k  # 1..params.MAX_K (`PrepareParams` checks --leakage-k)
         self.show_progress = show_progress
         self.codes = np.empty(0, dtype=np.uint64)
         self.added = 0  # valid k-mers added (with repeats)

@@ -14,6 +14,7 @@ from genome_lm.options import Names, validate
 from genome_lm.sizes import Size
 
 DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
+MAX_K = 32  # the longest --leakage-k: 2 bits per base in a uint64
 
 
 def chrom_match_key(name: str) -> str:
@@ -46,8 +47,6 @@ class PrepareParams(BaseModel):
     @model_validator(mode="after")
     def _check(self):
         if self.leakage_k:
-            from genome_lm.genome.leakage import MAX_K  # numpy: imported when the K is checked
-
             if not 1 <= self.leakage_k <= MAX_K:
                 raise ValueError(f"--leakage-k must lie in 1..{MAX_K} (K-mers are packed 2 bits per base into 64 "
                                  f"bits; 32 is the usual choice), or 0 for off (got {self.leakage_k})")
