@@ -138,7 +138,7 @@ def _demo(p: DemoParams) -> None:
 
 
 def _synth(out: SynthOutput, params) -> None:
-    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth import write_synthetic_fasta
 
     write_synthetic_fasta(out.out, scale=out.scale, seed=out.seed, overwrite=out.overwrite, params=params)
 

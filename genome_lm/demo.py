@@ -238,7 +238,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     from genome_lm.eval import write_compare
     from genome_lm.genome.params import make_params
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth import write_synthetic_fasta
     from genome_lm.report import context_gain, load_compare_dir, write_report
 
     fasta = root / "data" / "generated" / f"{tag}.fa.gz"

@@ -114,7 +114,7 @@ def make_shards(root: Path, *, scale: float = 0.05, seed: int = 3, train_chroms:
     from it; returns `root / "shards"`. The defaults are those of the `tiny_shards` fixture but for
     its reverse-complement copies."""
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth import write_synthetic_fasta
 
     root = Path(root)
     fasta = root / "genome.fa.gz"

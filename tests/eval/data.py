@@ -63,7 +63,7 @@ def strata_inputs(root: Path) -> SimpleNamespace:
     """Shards with a leakage mask (chr1 train, chr22 eval, 1k windows, --leakage-k 32)."""
     from genome_lm.genome.params import SynthParams
     from genome_lm.genome.prepare import PrepareParams, prepare
-    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth import write_synthetic_fasta
 
     fasta = root / "genome.fa.gz"
     write_synthetic_fasta(fasta, scale=0.05, seed=3, params=SynthParams(**STRATA_GENOME))

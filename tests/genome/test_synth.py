@@ -12,8 +12,15 @@ import pytest
 from genome_lm.cli import main
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.params import SynthParams, make_params
-from genome_lm.genome.synth import synthesize, synthesize_genome
-from genome_lm.genome.synth_files import read_repeats, read_segdups, repeats_path, segdups_path, write_synthetic_fasta
+from genome_lm.genome.synth import (
+    read_repeats,
+    read_segdups,
+    repeats_path,
+    segdups_path,
+    synthesize,
+    synthesize_genome,
+    write_synthetic_fasta,
+)
 
 SCALE = 0.25  # 1 Mbp in total: big enough for every structure, fast enough for every test
 VALID = set(b"ACGTNacgt") | set(b"RYKMSWBDHV")
@@ -325,7 +332,7 @@ def test_a_seed_or_scale_it_cannot_use_is_one_line(tmp_path, capsys, flags, expe
 
 def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch):
     from genome_lm.errors import GenomeLMError
-    from genome_lm.genome import synth_files
+    from genome_lm.genome import synth
 
     with pytest.raises(GenomeLMError, match=r"--out \. is a folder; give the FASTA file to write, e\.g\. genome"):
         write_synthetic_fasta(".", scale=0.01)
@@ -333,7 +340,7 @@ def test_out_as_a_folder_and_a_failed_write_leave_nothing(tmp_path, monkeypatch)
     def full_disk(name, seq):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(synth_files, "fasta_lines", full_disk)  # the FASTA fails after the sidecars are written
+    monkeypatch.setattr(synth, "fasta_lines", full_disk)  # the FASTA fails after the sidecars are written
     with pytest.raises(OSError):
         write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.01)
     assert list(tmp_path.iterdir()) == []

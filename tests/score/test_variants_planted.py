@@ -35,7 +35,7 @@ def test_copy_contigs_plant_one_variant_per_contig_labelled_by_the_copy(tmp_path
 
 
 def test_repeat_variants_lie_in_copies_with_an_earlier_source_or_outside_all(tmp_path):
-    from genome_lm.genome.synth_files import write_synthetic_fasta
+    from genome_lm.genome.synth import write_synthetic_fasta
 
     written = write_synthetic_fasta(tmp_path / "g.fa.gz", scale=0.02, seed=4)
     tsv = written.repeats
