@@ -51,12 +51,10 @@ def _open(url: str, offset: int = 0):
         headers["Range"] = f"bytes={offset}-"
     try:
         return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and offset:
+    except (OSError, http.client.HTTPException) as e:  # urllib's URLError and HTTPError are OSErrors
+        if isinstance(e, urllib.error.HTTPError) and e.code == 416 and offset:
             e.close()
             return None
-        raise _network_error(url, e) from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise _network_error(url, e) from None
     except ValueError as e:  # malformed URL
         raise GenomeLMError(f"bad URL {url!r} ({e}); check --base-url") from None
