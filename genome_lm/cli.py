@@ -131,30 +131,6 @@ class DemoParams(Params):
                                  "fine-tunes with those seeds and compares them pooled over seeds (docs/demo.md)")
 
 
-def _demo(p: DemoParams) -> None:
-    from genome_lm.demo import run
-
-    run(Path(p.root), quick=p.quick, overrides=p.overrides)
-
-
-def _synth(out: SynthOutput, params) -> None:
-    from genome_lm.genome.synth_files import write_synthetic_fasta
-
-    write_synthetic_fasta(out.out, scale=out.scale, seed=out.seed, overwrite=out.overwrite, params=params)
-
-
-def _fetch(p) -> None:
-    from genome_lm.genome.fetch import fetch_chromosomes
-
-    fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)
-
-
-def _prepare(params, out: PrepareOutput) -> None:
-    from genome_lm.genome.prepare import prepare
-
-    prepare(params, out.out, overwrite=out.overwrite)
-
-
 def _train(p: TrainParams, run: Launch) -> None:
     from genome_lm.config import load_experiment
     from genome_lm.train import train
@@ -193,12 +169,6 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
           f"(genome-lm plan {p.experiment} for the breakdown)")
 
 
-def _export(p: ExportParams) -> str:
-    from genome_lm.train.export import export_checkpoint
-
-    return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"
-
-
 def _eval(cfg, run: Launch) -> str | None:
     if run.dry_run:
         from genome_lm.plan.dry_run import eval_dry_run
@@ -220,24 +190,6 @@ def _score(p, run: Workers) -> str:
     return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
             + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
                if s["longer_than_trained"] else ""))
-
-
-def _compare(p: CompareParams) -> str:
-    from genome_lm.eval import format_table, write_compare
-
-    return format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite))
-
-
-def _report(p: ReportParams) -> str:
-    from genome_lm.report import write_report
-
-    return f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}"
-
-
-def _variants(p) -> str:
-    from genome_lm.score.variants import format_summary, run_variants
-
-    return format_summary(run_variants(p), p.out)
 
 
 def storage_message(e: OSError, out: str | None = None) -> str:
@@ -273,9 +225,9 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: `run` (or "module:function") gets one parameter model per class (or "module:Class",
-    imported when its parser is built) of `models`, then of `files` (the model `--config` and `--set` fill;
-    flags of its own only when one of `models`), and its result is printed unless None."""
+    """A subcommand: `run` (or "module:function", a module of genome_lm) gets one parameter model per class
+    (or "module:Class", imported when its parser is built) of `models`, then of `files` (the model `--config`
+    and `--set` fill; flags of its own only when one of `models`), and its result is printed unless None."""
 
     run: Callable[..., str | None] | str
     help: str
@@ -283,46 +235,47 @@ class Command:
     files: str | None = None
 
 
-PREPARE, EVAL = "genome_lm.genome.prepare_params:PrepareParams", "genome_lm.eval.config:EvalConfig"
-SCORE = "genome_lm.score.params:ScoreParams"
+PREPARE, EVAL, SCORE = "genome.prepare_params:PrepareParams", "eval.config:EvalConfig", "score.params:ScoreParams"
 COMMANDS = {
-    "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
+    "demo": Command("demo:run", "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
                     "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
-    "synth": Command(_synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)",
-                     (SynthOutput,), files="genome_lm.genome.synth_params:SynthParams"),
-    "fetch": Command(_fetch, "download hg38 chromosomes from UCSC and verify their md5 sums",
-                     ("genome_lm.genome.fetch:FetchParams",)),
-    "prepare": Command(_prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
-                       (PREPARE, PrepareOutput), files=PREPARE),
+    "synth": Command("genome.synth_files:synth_command", "write the deterministic synthetic genome (gzip FASTA: chr1, "
+                     "chr2, chr22)", (SynthOutput,), files="genome.synth_params:SynthParams"),
+    "fetch": Command("genome.fetch:fetch_command", "download hg38 chromosomes from UCSC and verify their md5 sums",
+                     ("genome.fetch:FetchParams",)),
+    "prepare": Command("genome.prepare:prepare_command", "FASTA -> windows of single-nucleotide tokens -> dataset "
+                       "shards + manifest", (PREPARE, PrepareOutput), files=PREPARE),
     "train": Command(_train, "fine-tune a model from an experiment YAML", (TrainParams, Launch)),
-    "export": Command(_export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
-                      "directory, for checkpoints saved without model/", (ExportParams,)),
+    "export": Command("train.export:export_command", "a training checkpoint's weights (train_state/) as a Hugging "
+                      "Face-style model directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),
     "score": Command(_score, "per-base log-probs (and embeddings) of FASTA regions at any length, chunk by chunk "
                      "with the model's state carried (equal to one pass)", (SCORE, Workers), files=SCORE),
-    "compare": Command(_compare, "paired comparison of two evals of the same windows, by context bucket (or of "
-                       "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
-    "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
-                      (ReportParams,)),
-    "variants": Command(_variants, "score the variants of a VCF by preceding context: log P(alt) - log P(ref) at each "
-                        "context length, AUROC/AUPRC with labels", ("genome_lm.score.params:VariantsParams",)),
-    "check-upstream": Command("genome_lm.model.build:check_upstream", "check the installed transformers against "
-                              "every upstream symbol, attribute and signature genome_lm relies on"),
-    "plan": Command("genome_lm.plan.command:run", "memory per GPU, host memory and tokens/s of a run, before "
-                    "renting GPUs", ("genome_lm.plan.command:PlanParams",)),
-    "rehearse": Command("genome_lm.plan.command:run_rehearse", "one full-size training step on fake tensors and N "
-                        "fake ranks, its memory measured by FSDP2's tracker beside the planner's prediction",
-                        ("genome_lm.plan.command:RehearseParams",)),
+    "compare": Command("eval.compare:compare_command", "paired comparison of two evals of the same windows, by "
+                       "context bucket (or of two sets of replicate evals, with CIs over training seeds)",
+                       (CompareParams,)),
+    "report": Command("report.html:report_command", "self-contained HTML report (plots + tables) from "
+                      "eval/compare/run directories", (ReportParams,)),
+    "variants": Command("score.variants:variants_command", "score the variants of a VCF by preceding context: "
+                        "log P(alt) - log P(ref) at each context length, AUROC/AUPRC with labels",
+                        ("score.params:VariantsParams",)),
+    "check-upstream": Command("model.build:check_upstream", "check the installed transformers against every "
+                              "upstream symbol, attribute and signature genome_lm relies on"),
+    "plan": Command("plan.command:run", "memory per GPU, host memory and tokens/s of a run, before renting GPUs",
+                    ("plan.command:PlanParams",)),
+    "rehearse": Command("plan.command:run_rehearse", "one full-size training step on fake tensors and N fake ranks, "
+                        "its memory measured by FSDP2's tracker beside the planner's prediction",
+                        ("plan.command:RehearseParams",)),
 }
 
 
 def _model(ref: Any) -> Any:
-    """A class or function, or the one "module:name" names."""
+    """A class or function, or the one "module:name" names (a module of genome_lm)."""
     if not isinstance(ref, str):
         return ref
     module, name = ref.split(":")
-    return getattr(import_module(module), name)
+    return getattr(import_module(f"genome_lm.{module}"), name)
 
 
 def _call(run: Callable[..., str | None] | str, refs: list, args: argparse.Namespace) -> None:

@@ -221,17 +221,18 @@ PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # 
 NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.matched's roles -> this module's names
 
 
-def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> None:
-    """The whole demo under `root`, holding its lock throughout."""
-    r, tag = recipe(quick, overrides)
-    check_writable(Path(root), "--root")
-    resolved = Path(root).resolve()
-    if (output := next((p for p in (resolved, *resolved.parents) if read_marker(p) is not None
-                        or (p / "manifest.json").is_file()), None)) is not None:
+def run(p) -> None:
+    """`genome-lm demo`: the whole demo under `p.root` (`p`: its DemoParams), holding its lock throughout."""
+    r, tag = recipe(p.quick, p.overrides)
+    root = Path(p.root)
+    check_writable(root, "--root")
+    resolved = root.resolve()
+    if (output := next((d for d in (resolved, *resolved.parents) if read_marker(d) is not None
+                        or (d / "manifest.json").is_file()), None)) is not None:
         raise GenomeLMError(f"--root {root} lies inside {what_it_is(output)} ({output}), which its command replaces "
                             "whole; choose a --root outside it")
     with holding(root, "demo", "--root", inside=True):
-        _run(root, quick, r, tag)
+        _run(root, p.quick, r, tag)
 
 
 def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:

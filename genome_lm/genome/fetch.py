@@ -210,3 +210,7 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             out_dir.rmdir()
         raise
     return paths
+
+
+def fetch_command(p: FetchParams) -> None:
+    fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)
