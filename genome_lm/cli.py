@@ -37,6 +37,8 @@ class Terminated(KeyboardInterrupt):
 
 def _terminate(signum, frame) -> None:
     raise Terminated
+
+
 POSITIONAL: JsonDict = {"positional": True}
 SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
 
@@ -183,15 +185,6 @@ def _eval(cfg, run: Launch) -> str | None:
     return format_summary(s, cfg.out)
 
 
-def _score(p, run: Workers) -> str:
-    from genome_lm.score.run import launch, score
-
-    s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
-    return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
-            + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
-               if s["longer_than_trained"] else ""))
-
-
 def storage_message(e: OSError, out: str | None = None) -> str:
     """One line for a storage failure: what happened, where (the file, else the command's `out`), what to do."""
     assert e.errno is not None, "the caller passes only errors whose errno is in STORAGE_ERRORS"
@@ -201,23 +194,22 @@ def storage_message(e: OSError, out: str | None = None) -> str:
     return f"{STORAGE_ERRORS[e.errno]}{where}; {fix} (outputs are renamed into place only when complete)"
 
 
+# what a score or an eval that stopped early keeps: (its folder for --out, the files in it, what they are, a fix)
+KEPT = {"score": ("score.run:work_dir_for", "done/*", "region(s)", ""),
+        "eval": ("eval.outputs:cache_dir_for", "w*.npz", "window(s)", " (delete it to start over)")}
+
+
 def _kept(args) -> str:
     """What a fetch, an eval or a score that stopped early keeps for a rerun."""
     out = getattr(args, "out", None)
-    if not out or args.command not in ("fetch", "score", "eval"):
+    if not out or args.command not in ("fetch", *KEPT):
         return ""
     if args.command == "fetch":
         parts = sorted(p.name for p in Path(out).glob("*.part"))
         return (f"; {', '.join(parts)} in {out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
-    if args.command == "score":
-        from genome_lm.score.run import work_dir_for
-
-        kept, pattern, what, fix = work_dir_for(Path(out)), "done/*", "region(s)", ""
-    else:
-        from genome_lm.eval.outputs import cache_dir_for
-
-        kept, pattern, what, fix = cache_dir_for(Path(out)), "w*.npz", "window(s)", " (delete it to start over)"
+    folder, pattern, what, fix = KEPT[args.command]
+    kept = _model(folder)(Path(out))
     n = len(list(kept.glob(pattern)))
     return (f"; the {n} {what} scored so far are kept in {kept}, and the same {args.command} command resumes "
             f"from them{fix}") if n else ""
@@ -250,8 +242,9 @@ COMMANDS = {
                       "Face-style model directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),
-    "score": Command(_score, "per-base log-probs (and embeddings) of FASTA regions at any length, chunk by chunk "
-                     "with the model's state carried (equal to one pass)", (SCORE, Workers), files=SCORE),
+    "score": Command("score.run:score_command", "per-base log-probs (and embeddings) of FASTA regions at any "
+                     "length, chunk by chunk with the model's state carried (equal to one pass)", (SCORE, Workers),
+                     files=SCORE),
     "compare": Command("eval.compare:compare_command", "paired comparison of two evals of the same windows, by "
                        "context bucket (or of two sets of replicate evals, with CIs over training seeds)",
                        (CompareParams,)),
@@ -322,8 +315,7 @@ def _main(argv: list[str]) -> int:
         format=f"%(asctime)s {f'rank{rank} ' if 'RANK' in os.environ else ''}%(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    out = getattr(args, "out", None)
-    out = out if isinstance(out, str) else None  # every command's output path (train's may be None)
+    out = getattr(args, "out", None)  # every command's output path, when given as a flag
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

@@ -248,7 +248,6 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     evals = {name: root / "evals" / f"{tag}_{name}" for name in runs}
     cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in PAIRS}
     report = root / "reports" / f"{tag}.html"
-    t0 = time.perf_counter()
     timeline = Timeline()
 
     log.info(f"[1/10] synthetic genome -> {fasta}")
@@ -297,17 +296,18 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
                  overwrite=True, title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
     timeline.done(10)
-    _print_results(r, quick, time.perf_counter() - t0, timeline, manifest, gain, summaries, results, seeds, report)
+    _print_results(r, quick, timeline, manifest, gain, summaries, results, seeds, report)
 
 
-def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest: dict, gain, summaries: dict,
-                   results: dict, seeds: dict, report: Path) -> None:
+def _print_results(r, quick: bool, timeline: Timeline, manifest: dict, gain, summaries: dict, results: dict,
+                   seeds: dict, report: Path) -> None:
     """What the demo found, on stdout."""
     from genome_lm.eval import format_table
     from genome_lm.eval.text import replicate_lines
     from genome_lm.report import format_ablation, format_context_gain
 
-    print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
+    print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in "
+          f"{(timeline.clock() - timeline.t0) / 60:.1f} min")
     for split, info in manifest["splits"].items():
         print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
               f"({', '.join(info['chroms'])})")
