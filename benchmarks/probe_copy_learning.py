@@ -51,9 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genome_lm.config import apply_override
 from genome_lm.model import apply_long_context, build
 from genome_lm.model.weights.writer import save_pretrained
+from genome_lm.options import apply_override
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_context_reach
 

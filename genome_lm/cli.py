@@ -37,6 +37,8 @@ class Terminated(KeyboardInterrupt):
 
 def _terminate(signum, frame) -> None:
     raise Terminated
+
+
 POSITIONAL: JsonDict = {"positional": True}
 SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
 
@@ -131,30 +133,6 @@ class DemoParams(Params):
                                  "fine-tunes with those seeds and compares them pooled over seeds (docs/demo.md)")
 
 
-def _demo(p: DemoParams) -> None:
-    from genome_lm.demo import run
-
-    run(Path(p.root), quick=p.quick, overrides=p.overrides)
-
-
-def _synth(out: SynthOutput, params) -> None:
-    from genome_lm.genome.synth import write_synthetic_fasta
-
-    write_synthetic_fasta(out.out, scale=out.scale, seed=out.seed, overwrite=out.overwrite, params=params)
-
-
-def _fetch(p) -> None:
-    from genome_lm.genome.fetch import fetch_chromosomes
-
-    fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)
-
-
-def _prepare(params, out: PrepareOutput) -> None:
-    from genome_lm.genome.prepare import prepare
-
-    prepare(params, out.out, overwrite=out.overwrite)
-
-
 def _train(p: TrainParams, run: Launch) -> None:
     from genome_lm.config import load_experiment
     from genome_lm.train import train
@@ -193,12 +171,6 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
           f"(genome-lm plan {p.experiment} for the breakdown)")
 
 
-def _export(p: ExportParams) -> str:
-    from genome_lm.train.export import export_checkpoint
-
-    return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"
-
-
 def _eval(cfg, run: Launch) -> str | None:
     if run.dry_run:
         from genome_lm.plan.dry_run import eval_dry_run
@@ -213,33 +185,6 @@ def _eval(cfg, run: Launch) -> str | None:
     return format_summary(s, cfg.out)
 
 
-def _score(p, run: Workers) -> str:
-    from genome_lm.score.run import launch, score
-
-    s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
-    return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
-            + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
-               if s["longer_than_trained"] else ""))
-
-
-def _compare(p: CompareParams) -> str:
-    from genome_lm.eval import format_table, write_compare
-
-    return format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite))
-
-
-def _report(p: ReportParams) -> str:
-    from genome_lm.report import write_report
-
-    return f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}"
-
-
-def _variants(p) -> str:
-    from genome_lm.score.variants import format_summary, run_variants
-
-    return format_summary(run_variants(p), p.out)
-
-
 def storage_message(e: OSError, out: str | None = None) -> str:
     """One line for a storage failure: what happened, where (the file, else the command's `out`), what to do."""
     assert e.errno is not None, "the caller passes only errors whose errno is in STORAGE_ERRORS"
@@ -249,23 +194,22 @@ def storage_message(e: OSError, out: str | None = None) -> str:
     return f"{STORAGE_ERRORS[e.errno]}{where}; {fix} (outputs are renamed into place only when complete)"
 
 
+# what a score or an eval that stopped early keeps: (its folder for --out, the files in it, what they are, a fix)
+KEPT = {"score": ("score.run:work_dir_for", "done/*", "region(s)", ""),
+        "eval": ("eval.outputs:cache_dir_for", "w*.npz", "window(s)", " (delete it to start over)")}
+
+
 def _kept(args) -> str:
     """What a fetch, an eval or a score that stopped early keeps for a rerun."""
     out = getattr(args, "out", None)
-    if not out or args.command not in ("fetch", "score", "eval"):
+    if not out or args.command not in ("fetch", *KEPT):
         return ""
     if args.command == "fetch":
         parts = sorted(p.name for p in Path(out).glob("*.part"))
         return (f"; {', '.join(parts)} in {out} (the bytes received) are kept, and the same fetch command "
                 "resumes from them") if parts else ""
-    if args.command == "score":
-        from genome_lm.score.run import work_dir_for
-
-        kept, pattern, what, fix = work_dir_for(Path(out)), "done/*", "region(s)", ""
-    else:
-        from genome_lm.eval.outputs import cache_dir_for
-
-        kept, pattern, what, fix = cache_dir_for(Path(out)), "w*.npz", "window(s)", " (delete it to start over)"
+    folder, pattern, what, fix = KEPT[args.command]
+    kept = _model(folder)(Path(out))
     n = len(list(kept.glob(pattern)))
     return (f"; the {n} {what} scored so far are kept in {kept}, and the same {args.command} command resumes "
             f"from them{fix}") if n else ""
@@ -273,9 +217,9 @@ def _kept(args) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: `run` (or "module:function") gets one parameter model per class (or "module:Class",
-    imported when its parser is built) of `models`, then of `files` (the model `--config` and `--set` fill;
-    flags of its own only when one of `models`), and its result is printed unless None."""
+    """A subcommand: `run` (or "module:function", a module of genome_lm) gets one parameter model per class
+    (or "module:Class", imported when its parser is built) of `models`, then of `files` (the model `--config`
+    and `--set` fill; flags of its own only when one of `models`), and its result is printed unless None."""
 
     run: Callable[..., str | None] | str
     help: str
@@ -283,46 +227,48 @@ class Command:
     files: str | None = None
 
 
-PREPARE, EVAL = "genome_lm.genome.params:PrepareParams", "genome_lm.eval.config:EvalConfig"
-SCORE = "genome_lm.score.params:ScoreParams"
+PREPARE, EVAL, SCORE = "genome.params:PrepareParams", "eval.config:EvalConfig", "score.params:ScoreParams"
 COMMANDS = {
-    "demo": Command(_demo, "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
+    "demo": Command("demo:run", "the whole pipeline on the bundled synthetic genome: base, long- and short-context "
                     "fine-tunes, evals, compares and a report (what `make demo` runs; docs/demo.md)", (DemoParams,)),
-    "synth": Command(_synth, "write the deterministic synthetic genome (gzip FASTA: chr1, chr2, chr22)",
-                     (SynthOutput,), files="genome_lm.genome.params:SynthParams"),
-    "fetch": Command(_fetch, "download hg38 chromosomes from UCSC and verify their md5 sums",
-                     ("genome_lm.genome.params:FetchParams",)),
-    "prepare": Command(_prepare, "FASTA -> windows of single-nucleotide tokens -> dataset shards + manifest",
-                       (PREPARE, PrepareOutput), files=PREPARE),
+    "synth": Command("genome.synth:synth_command", "write the deterministic synthetic genome (gzip FASTA: chr1, "
+                     "chr2, chr22)", (SynthOutput,), files="genome.params:SynthParams"),
+    "fetch": Command("genome.fetch:fetch_command", "download hg38 chromosomes from UCSC and verify their md5 sums",
+                     ("genome.params:FetchParams",)),
+    "prepare": Command("genome.prepare:prepare_command", "FASTA -> windows of single-nucleotide tokens -> dataset "
+                       "shards + manifest", (PREPARE, PrepareOutput), files=PREPARE),
     "train": Command(_train, "fine-tune a model from an experiment YAML", (TrainParams, Launch)),
-    "export": Command(_export, "a training checkpoint's weights (train_state/) as a Hugging Face-style model "
-                      "directory, for checkpoints saved without model/", (ExportParams,)),
+    "export": Command("train.export:export_command", "a training checkpoint's weights (train_state/) as a Hugging "
+                      "Face-style model directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),
-    "score": Command(_score, "per-base log-probs (and embeddings) of FASTA regions at any length, chunk by chunk "
-                     "with the model's state carried (equal to one pass)", (SCORE, Workers), files=SCORE),
-    "compare": Command(_compare, "paired comparison of two evals of the same windows, by context bucket (or of "
-                       "two sets of replicate evals, with CIs over training seeds)", (CompareParams,)),
-    "report": Command(_report, "self-contained HTML report (plots + tables) from eval/compare/run directories",
-                      (ReportParams,)),
-    "variants": Command(_variants, "score the variants of a VCF by preceding context: log P(alt) - log P(ref) at each "
-                        "context length, AUROC/AUPRC with labels", ("genome_lm.score.params:VariantsParams",)),
-    "check-upstream": Command("genome_lm.model.build:check_upstream", "check the installed transformers against "
-                              "every upstream symbol, attribute and signature genome_lm relies on"),
-    "plan": Command("genome_lm.plan.command:run", "memory per GPU, host memory and tokens/s of a run, before "
-                    "renting GPUs", ("genome_lm.plan.command:PlanParams",)),
-    "rehearse": Command("genome_lm.plan.command:run_rehearse", "one full-size training step on fake tensors and N "
-                        "fake ranks, its memory measured by FSDP2's tracker beside the planner's prediction",
-                        ("genome_lm.plan.command:RehearseParams",)),
+    "score": Command("score.run:score_command", "per-base log-probs (and embeddings) of FASTA regions at any "
+                     "length, chunk by chunk with the model's state carried (equal to one pass)", (SCORE, Workers),
+                     files=SCORE),
+    "compare": Command("eval.compare:compare_command", "paired comparison of two evals of the same windows, by "
+                       "context bucket (or of two sets of replicate evals, with CIs over training seeds)",
+                       (CompareParams,)),
+    "report": Command("report.html:report_command", "self-contained HTML report (plots + tables) from "
+                      "eval/compare/run directories", (ReportParams,)),
+    "variants": Command("score.variants:variants_command", "score the variants of a VCF by preceding context: "
+                        "log P(alt) - log P(ref) at each context length, AUROC/AUPRC with labels",
+                        ("score.params:VariantsParams",)),
+    "check-upstream": Command("model.build:check_upstream", "check the installed transformers against every "
+                              "upstream symbol, attribute and signature genome_lm relies on"),
+    "plan": Command("plan.command:run", "memory per GPU, host memory and tokens/s of a run, before renting GPUs",
+                    ("plan.command:PlanParams",)),
+    "rehearse": Command("plan.command:run_rehearse", "one full-size training step on fake tensors and N fake ranks, "
+                        "its memory measured by FSDP2's tracker beside the planner's prediction",
+                        ("plan.command:RehearseParams",)),
 }
 
 
 def _model(ref: Any) -> Any:
-    """A class or function, or the one "module:name" names."""
+    """A class or function, or the one "module:name" names (a module of genome_lm)."""
     if not isinstance(ref, str):
         return ref
     module, name = ref.split(":")
-    return getattr(import_module(module), name)
+    return getattr(import_module(f"genome_lm.{module}"), name)
 
 
 def _call(run: Callable[..., str | None] | str, refs: list, args: argparse.Namespace) -> None:
@@ -369,8 +315,7 @@ def _main(argv: list[str]) -> int:
         format=f"%(asctime)s {f'rank{rank} ' if 'RANK' in os.environ else ''}%(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    out = getattr(args, "out", None)
-    out = out if isinstance(out, str) else None  # every command's output path (train's may be None)
+    out = getattr(args, "out", None)  # every command's output path, when given as a flag
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:

@@ -9,12 +9,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from genome_lm.errors import GenomeLMError
-from genome_lm.options import apply_override, read_yaml, validate
+from genome_lm.options import read_yaml, validate
 from genome_lm.settings import DEFAULTS, KDABackend
 from genome_lm.sizes import Size
-
-__all__ = ["ExperimentConfig", "MemoryConfig", "Size", "apply_override", "load_experiment", "parse_experiment"]
 
 
 class Section(BaseModel):
@@ -148,13 +145,9 @@ def parse_experiment(raw: dict, source: str = "config") -> ExperimentConfig:
 
 def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     path = Path(path)
-    if not path.exists():
-        raise GenomeLMError(f"experiment file {path} does not exist; see experiments/ for examples")
-    raw = read_yaml(path, "data, model, train, ... (the sections)")
-    origin = {}
-    for assignment in overrides:  # a bad value is blamed on the --set, not the file
-        origin[apply_override(raw, assignment)] = "--set"
-    cfg = validate(ExperimentConfig, raw, str(path), origin)
+    raw = read_yaml(path, "data, model, train, ... (the sections)",
+                    "experiment file {} does not exist; see experiments/ for examples")
+    cfg = validate(ExperimentConfig, raw, str(path), overrides=overrides)
     if cfg.name is None:
         cfg.name = path.stem
     return cfg

@@ -221,17 +221,18 @@ PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # 
 NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.matched's roles -> this module's names
 
 
-def run(root: Path, quick: bool = False, overrides: list[str] | tuple[str, ...] = ()) -> None:
-    """The whole demo under `root`, holding its lock throughout."""
-    r, tag = recipe(quick, overrides)
-    check_writable(Path(root), "--root")
-    resolved = Path(root).resolve()
-    if (output := next((p for p in (resolved, *resolved.parents) if read_marker(p) is not None
-                        or (p / "manifest.json").is_file()), None)) is not None:
+def run(p) -> None:
+    """`genome-lm demo`: the whole demo under `p.root` (`p`: its DemoParams), holding its lock throughout."""
+    r, tag = recipe(p.quick, p.overrides)
+    root = Path(p.root)
+    check_writable(root, "--root")
+    resolved = root.resolve()
+    if (output := next((d for d in (resolved, *resolved.parents) if read_marker(d) is not None
+                        or (d / "manifest.json").is_file()), None)) is not None:
         raise GenomeLMError(f"--root {root} lies inside {what_it_is(output)} ({output}), which its command replaces "
                             "whole; choose a --root outside it")
     with holding(root, "demo", "--root", inside=True):
-        _run(root, quick, r, tag)
+        _run(root, p.quick, r, tag)
 
 
 def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
@@ -247,7 +248,6 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     evals = {name: root / "evals" / f"{tag}_{name}" for name in runs}
     cmp_dirs = {p: root / "evals" / f"{tag}_{p[0]}_vs_{p[1]}" for p in PAIRS}
     report = root / "reports" / f"{tag}.html"
-    t0 = time.perf_counter()
     timeline = Timeline()
 
     log.info(f"[1/10] synthetic genome -> {fasta}")
@@ -296,17 +296,18 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
                  overwrite=True, title="genome_lm demo: base vs short- vs long-context fine-tune",
                  matched=(evals["base"], evals["shortctx"], evals["longctx"]))
     timeline.done(10)
-    _print_results(r, quick, time.perf_counter() - t0, timeline, manifest, gain, summaries, results, seeds, report)
+    _print_results(r, quick, timeline, manifest, gain, summaries, results, seeds, report)
 
 
-def _print_results(r, quick: bool, elapsed: float, timeline: Timeline, manifest: dict, gain, summaries: dict,
-                   results: dict, seeds: dict, report: Path) -> None:
+def _print_results(r, quick: bool, timeline: Timeline, manifest: dict, gain, summaries: dict, results: dict,
+                   seeds: dict, report: Path) -> None:
     """What the demo found, on stdout."""
     from genome_lm.eval import format_table
     from genome_lm.eval.text import replicate_lines
     from genome_lm.report import format_ablation, format_context_gain
 
-    print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in {elapsed / 60:.1f} min")
+    print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in "
+          f"{(timeline.clock() - timeline.t0) / 60:.1f} min")
     for split, info in manifest["splits"].items():
         print(f"  shards {split:<5}: {info['windows']:>4} windows, {info['tokens']:>10,} tokens "
               f"({', '.join(info['chroms'])})")

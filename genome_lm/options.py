@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -81,13 +82,16 @@ def _describe(err: ValidationError, model: type[BaseModel], source: str, origin:
 
 
 def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: dict[str, str] | None = None,
-             unknown: str = "unknown key"):
-    """`model` from `raw`; a bad value is one GenomeLMError naming the key (or the flag, file or --set that
-    `origin` says gave it; else `source`)."""
+             unknown: str = "unknown key", overrides: Iterable[str] = ()):
+    """`model` from `raw` with the `--set` `overrides` applied; a bad value is one GenomeLMError naming the key
+    (or the flag, file or --set that `origin` says gave it; else `source`)."""
+    origin = dict(origin or {})
+    for assignment in overrides:  # a bad value is blamed on its --set
+        origin[apply_override(raw, assignment)] = "--set"
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        raise _describe(err, model, source, origin or {}, unknown) from None
+        raise _describe(err, model, source, origin, unknown) from None
 
 
 def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
@@ -130,11 +134,11 @@ def _problem(e: yaml.YAMLError) -> str:
     return getattr(e, "problem", None) or str(e).splitlines()[0]
 
 
-def read_yaml(path: str | Path, hint: str) -> dict:
-    """The mapping in a YAML file; `hint` names the keys it should hold."""
+def read_yaml(path: str | Path, hint: str, missing: str = "config file {} does not exist") -> dict:
+    """The mapping in a YAML file; `hint` names the keys it should hold, `missing` says it does not exist."""
     path = Path(path)
     if not path.exists():
-        raise GenomeLMError(f"config file {path} does not exist")
+        raise GenomeLMError(missing.format(path))
     if not path.is_file():
         raise GenomeLMError(f"{path} is a folder, not a YAML file; give the file itself (keys {hint})")
     try:
@@ -206,6 +210,4 @@ def from_args(model: type[BaseModel], args: argparse.Namespace):
     for name, f in model.model_fields.items():
         if getattr(args, name, None) is not None:
             raw[name], origin[name] = getattr(args, name), _flag(name, f)
-    for assignment in args._set if files else ():
-        origin[apply_override(raw, assignment)] = "--set"
-    return validate(model, raw, "", origin)
+    return validate(model, raw, "", origin, overrides=args._set if files else ())

@@ -309,13 +309,11 @@ def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str |
             yield tmp
             write_marker(tmp, kind, inputs)
             claim_output(final, kind, inputs, overwrite)
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
             if final.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=parent))
                 os.replace(final, old / "x")
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -385,3 +385,10 @@ def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[
                          "at the longest L minus at the shortest, over the same targets (negative: more context helps)")
     out["bootstrap"] = {"unit": "replicate pair, then window", "resamples": resamples, "seed": seed, "level": 0.95}
     return out
+
+
+def compare_command(p) -> str:
+    """`genome-lm compare`: `p` its CompareParams."""
+    from genome_lm.eval.text import format_table
+
+    return format_table(write_compare(p.eval_a, p.eval_b, p.out, overwrite=p.overwrite))

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
-from genome_lm.genome.params import DEFAULT_BASE_URL
+from genome_lm.genome.params import DEFAULT_BASE_URL, FetchParams
 from genome_lm.outputs import holding
 
 log = logging.getLogger(__name__)
@@ -196,3 +196,7 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             out_dir.rmdir()
         raise
     return paths
+
+
+def fetch_command(p: FetchParams) -> None:
+    fetch_chromosomes(p.chroms, p.out, base_url=p.base_url)

@@ -339,3 +339,8 @@ def _finish_split(split: str, stats: dict[str, ChromStats], params: PrepareParam
         "file_bytes": {name: (writer.dir / name).stat().st_size for name in files},
         "per_chrom": {name: {k: v for k, v in asdict(st).items() if v is not None} for name, st in chrom_stats.items()},
     }
+
+
+def prepare_command(params: PrepareParams, out) -> None:
+    """`genome-lm prepare`: `out` its PrepareOutput (out, overwrite)."""
+    prepare(params, out.out, overwrite=out.overwrite)

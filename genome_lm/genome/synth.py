@@ -487,3 +487,8 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
             time.perf_counter() - t0,
         )
         return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)
+
+
+def synth_command(out, params: SynthParams) -> None:
+    """`genome-lm synth`: `out` its SynthOutput (out, scale, seed, overwrite)."""
+    write_synthetic_fasta(out.out, scale=out.scale, seed=out.seed, overwrite=out.overwrite, params=params)

@@ -85,7 +85,8 @@ class RehearseParams(BaseModel):
 
 def _experiment(args):
     """An ExperimentConfig from the YAML or from --model/--seq-len (trainer defaults elsewhere)."""
-    from genome_lm.config import apply_override, load_experiment, parse_experiment
+    from genome_lm.config import load_experiment, parse_experiment
+    from genome_lm.options import apply_override
 
     if args.experiment and args.model:
         raise GenomeLMError("plan: give an experiment file or --model, not both")

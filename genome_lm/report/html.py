@@ -250,3 +250,8 @@ def write_report(dirs: Sequence[str | Path], out: str | Path, runs: Sequence[str
             raise GenomeLMError(f"cannot write {out}: {e.strerror}; choose a writable --out") from None
     log.info("report -> %s (%d kB)", out, len(page) // 1024)
     return out
+
+
+def report_command(p) -> str:
+    """`genome-lm report`: `p` its ReportParams."""
+    return f"report: {write_report(p.dirs, p.out, runs=p.runs, title=p.title, overwrite=p.overwrite)}"

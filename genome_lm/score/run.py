@@ -301,3 +301,11 @@ def launch(p: ScoreParams, nproc: int | None, ray: str | None | bool = None) -> 
     sharded.launch(p, "score", worker, check_inputs, lambda out: f"Regions scored so far are kept in "
                    f"{work_dir_for(out)}; rerun the same command to continue", nproc, ray)
     return json.loads((Path(p.out) / "summary.json").read_text())
+
+
+def score_command(p: ScoreParams, run) -> str:
+    """`genome-lm score`: `run` its Workers (--nproc, --ray)."""
+    s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
+    return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
+            + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
+               if s["longer_than_trained"] else ""))

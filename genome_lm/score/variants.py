@@ -257,3 +257,7 @@ def metrics(scores: dict[int, np.ndarray], y: np.ndarray, strand: str, resamples
                       **{f"mean_score_{k}": jfloat(s[y == v].mean()) if (y == v).any() else None
                          for k, v in (("pos", 1), ("neg", 0))}})
     return {"strand": strand, "by_context": by, "paired_vs_shortest": paired, "roc": roc, "score_shift": shift}
+
+
+def variants_command(p: VariantsParams) -> str:
+    return format_summary(run_variants(p), p.out)

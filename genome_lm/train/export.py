@@ -80,3 +80,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                             f"({ckpt.resolve().parent}/step_N)") from None
     log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
     return Path(out)
+
+
+def export_command(p) -> str:
+    """`genome-lm export`: `p` its ExportParams."""
+    return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"
