@@ -1,24 +1,24 @@
 """FASTA reading: plain, gzip and bgzip files, any line width, CRLF, several records per file.
 
-A file is parsed in large blocks: headers found with `bytes.find`, sequence bytes mapped to codes and
+A file is read once in large blocks: headers found with `bytes.find`, sequence bytes mapped to codes and
 stripped of line ends in one `bytes.translate`, only wanted records kept. With a `.fai` index (and bgzip's
-`.gzi`) wanted records are read by random access. A helper thread hashes each file (sha256) meanwhile."""
+`.gzi`) wanted records are read by random access. Every file is hashed (sha256) as it is read."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import logging
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
-from tqdm.utils import CallbackIOWrapper
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.params import chrom_match_key
@@ -53,13 +53,33 @@ class FileInfo:
     records: list[str] = field(default_factory=list)
 
 
-def _sha256(path: Path, progress: Callable[[int], None]) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while data := f.read(BLOCK_BYTES):
-            sha.update(data)
-            progress(len(data))
-    return sha.hexdigest()
+class _HashingReader:
+    """A raw binary file that hashes every byte read (sha256, on a helper thread: hashlib releases the GIL)."""
+
+    def __init__(self, raw: BinaryIO, progress: Callable[[int], None]):
+        self.raw = raw
+        self._sha = hashlib.sha256()
+        self._progress = progress
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending: Future | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if self._pending is not None:
+            self._pending.result()  # at most one block in flight
+        self._pending = self._pool.submit(self._sha.update, data)
+        self._progress(len(data))
+        return data
+
+    def hexdigest(self) -> str:
+        while self.read(BLOCK_BYTES):
+            pass
+        assert self._pending is not None  # every read hands its data to the hashing thread
+        self._pending.result()
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def check_writable(directory: Path, option: str = "--out") -> None:
@@ -115,15 +135,13 @@ class FastaReader:
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
         bar = tqdm(total=self.info.size, unit="B", unit_scale=True, desc=self.path.name, disable=disable, leave=False)
-        with bar, open(self.path, "rb") as raw, ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:
-            indexed = self._index is not None  # the bar counts the bytes hashed (indexed reads), else those parsed
-            sha256 = pool.submit(_sha256, self.path, bar.update if indexed else lambda n: None)  # hashlib frees the GIL
-            if indexed:
+        with bar, open(self.path, "rb") as raw, contextlib.closing(_HashingReader(raw, bar.update)) as reader:
+            if self._index is not None:
                 yield from self._indexed_records(wanted)
                 self.info.records = list(self._index.index)
             else:
-                yield from self._stream_records(CallbackIOWrapper(bar.update, raw), wanted)
-            self.info.sha256 = sha256.result()
+                yield from self._stream_records(reader, wanted)
+            self.info.sha256 = reader.hexdigest()
 
     def _read_block(self, stream) -> bytes:
         try:
@@ -135,8 +153,10 @@ class FastaReader:
         except (gzip.BadGzipFile, zlib.error, OSError) as e:
             raise GenomeLMError(f"{self.path}: corrupt gzip data ({e}); re-download the file") from None
 
-    def _stream_records(self, raw: BinaryIO, wanted: Callable[[str], bool]) -> Iterator[Record]:
-        stream = raw if self.info.compression == "none" else gzip.GzipFile(fileobj=raw, mode="rb")
+    def _stream_records(self, reader: _HashingReader, wanted: Callable[[str], bool]) -> Iterator[Record]:
+        # typeshed asks GzipFile's file object for seek(), which reading forward never calls
+        plain = self.info.compression == "none"
+        stream = reader if plain else gzip.GzipFile(fileobj=reader, mode="rb")  # type: ignore[call-overload]
         if not (block := self._read_block(stream)):
             raise GenomeLMError(f"FASTA file {self.path} holds no data (empty after decompression)")
         if (head := block.lstrip()) and head[:1] != b">":
