@@ -147,7 +147,8 @@ def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resample
     lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
     if lacking:
         return {"absent": f"{lacking[0]} scored one strand only (eval --strands both)"}
-    W = len(_same_windows(*pairs[0], "reverse")["window"])
+    a0, b0 = pairs[0]
+    W = len(_same_windows(a0, b0, "reverse")["window"])
     rev = _pooled([paired_stats(a, b, W, seq_len, edges, "reverse") for a, b in pairs])
     avg = (fwd[0], fwd[1] + rev[1], fwd[2] + rev[2])
     out = {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
