@@ -10,10 +10,9 @@ reading results (compare, report) imports no torch and `config.EvalConfig` (read
 from importlib import import_module
 from typing import Any
 
-_HOME = {"assign": "stats", "bucket_edges": "stats", "contexts_of": "stats", "log2_edges": "stats",
-         "compare_evals": "compare", "format_table": "text", "load_compare": "compare", "write_compare": "compare",
-         "EvalConfig": "config", "evaluate": "run", "format_summary": "text",
-         "iter_windows": "outputs", "load_summary": "outputs", "read_meta": "outputs"}
+_HOME = {"compare_evals": "compare", "format_table": "text", "load_compare": "compare", "write_compare": "compare",
+         "EvalConfig": "config", "evaluate": "run", "format_summary": "text", "iter_windows": "outputs",
+         "load_summary": "outputs"}
 __all__ = sorted(_HOME)
 
 

@@ -23,18 +23,13 @@ SCHEMA = pa.schema([("window", pa.int64()), ("chrom", pa.string()), ("start", pa
                     ("strand", pa.string()), ("target_start", pa.int64()), ("nll", pa.list_(pa.list_(pa.float32())))])
 
 
-def n_targets(length: int, targets: int | None) -> int:
-    """Targets of a window of `length` tokens."""
-    return int(targets) if targets else max(1, int(length) // TARGET_FRACTION)
-
-
 def plan(window_lengths: np.ndarray, lengths: list[int], targets: int | None, seq_len: int | None,
          cp: int = 1) -> np.ndarray:
     """Targets n int64 [W] of each window, 0 for a window that does not take part; one-line errors."""
     L = sorted(lengths)
     if L[0] < 1:
         raise GenomeLMError(f"--context {L[0]}: every length must be >= 1 (tokens of preceding context)")
-    n = np.array([n_targets(w, targets) for w in window_lengths], dtype=np.int64)
+    n = np.full_like(window_lengths, int(targets)) if targets else np.maximum(1, window_lengths // TARGET_FRACTION)
     if targets and int(targets) >= int(window_lengths.max()):
         raise GenomeLMError(f"--ablation-targets {targets}: must be below the window length "
                             f"({int(window_lengths.max()):,} tokens); the targets need preceding context")
@@ -103,14 +98,6 @@ def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:
         yield rec
 
 
-def window_sums(nll: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """NLL sums float64 [n_L] over the targets scored at every L (and in `mask` bool [n]), and their count."""
-    keep = ~np.isnan(nll).any(axis=0)
-    if mask is not None:
-        keep &= mask
-    return nll[:, keep].astype(np.float64).sum(axis=1), int(keep.sum())
-
-
 def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: int, seed: int) -> dict:
     """{"by_length", "paired_differences" (consecutive L), "span" (shortest to longest L; None with one
     L)} from per-window sums [W, n_L] and counts [W] of the same targets at every L."""
@@ -138,10 +125,12 @@ def table(sums: np.ndarray, counts: np.ndarray, lengths: list[int], resamples: i
 
 
 def window_parts(nll: np.ndarray, masks: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
-    """One window's sums [1 + 2 S, n_L] and counts [1 + 2 S] of `nll` [n_L, n] (all targets, then each
-    stratum's classes; `masks` bool [n] per stratum, the targets' classes), and its n."""
-    parts = [window_sums(nll)] + [window_sums(nll, m == c) for m in masks for c in (False, True)]
-    return np.stack([p[0] for p in parts]), np.array([p[1] for p in parts]), nll.shape[1]
+    """One window's NLL sums float64 [1 + 2 S, n_L] and counts [1 + 2 S] over the targets of `nll` [n_L, n]
+    scored at every L: all of them, then each stratum's classes (`masks` bool [n] per stratum); and its n."""
+    scored = ~np.isnan(nll).any(axis=0)
+    keep = [scored] + [scored & (m == c) for m in masks for c in (False, True)]
+    sums = np.stack([nll[:, k].astype(np.float64).sum(axis=1) for k in keep])
+    return sums, np.array([int(k.sum()) for k in keep]), nll.shape[1]
 
 
 def summary_section(parts: list[tuple[np.ndarray, np.ndarray, int]], lengths: list[int], strata: list,

@@ -55,9 +55,8 @@ def parse_spec(spec: str) -> tuple[Path, str]:
         head, tail = spec.rsplit(":", 1)
         if tail and "/" not in tail:
             path, name = Path(head), tail
-    if name is None:
-        stem = path.name[:-3] if path.name.endswith(".gz") else path.name
-        name = stem.rsplit(".", 1)[0] if "." in stem else stem
+    if name is None:  # the file name without .gz and its last suffix
+        name = path.name.removesuffix(".gz").rsplit(".", 1)[0]
     if not name.strip():
         raise GenomeLMError(f"{FLAG} {spec!r}: give a non-empty NAME after ':' (FILE.bed[:NAME])")
     return path, name
@@ -83,10 +82,9 @@ def read_bed(path: Path, name: str) -> Annotation:
     """Parse and merge one BED file; a malformed line is a `GenomeLMError` naming the file and line."""
     if not path.is_file():
         raise GenomeLMError(f"{FLAG} {path}: no such file (give a BED file: chrom, start, end; 0-based half-open)")
-    by_chrom: dict[str, tuple[list[int], list[int]]] = {}
+    by_chrom: dict[str, list[tuple[int, int]]] = {}  # chromosome key -> (start, end) of each line
     names: dict[str, str] = {}
     opener = gzip.open if path.name.endswith(".gz") else open
-    n = 0
     try:
         with opener(path, "rt") as f:
             for lineno, line in enumerate(f, 1):
@@ -103,13 +101,11 @@ def read_bed(path: Path, name: str) -> Annotation:
                 if s < 0 or e < s:
                     raise GenomeLMError(f"{where}: interval [{s}, {e}) needs 0 <= start <= end (0-based, half-open)")
                 names.setdefault(chrom_match_key(fields[0]), fields[0])
-                starts, ends = by_chrom.setdefault(chrom_match_key(fields[0]), ([], []))
-                starts.append(s)
-                ends.append(e)
-                n += 1
+                by_chrom.setdefault(chrom_match_key(fields[0]), []).append((s, e))
     except (OSError, UnicodeDecodeError, EOFError) as err:
         raise GenomeLMError(f"{FLAG} {path}: cannot read it as a (gzipped) text BED file: {err}") from None
-    intervals = {c: _merge(np.asarray(s, np.int64), np.asarray(e, np.int64)) for c, (s, e) in by_chrom.items()}
+    intervals = {c: _merge(*np.asarray(v, np.int64).reshape(-1, 2).T) for c, v in by_chrom.items()}
+    n = sum(map(len, by_chrom.values()))
     ann = Annotation(name, str(path), intervals, n, names)
     log.info("annotation %s: %s: %s intervals, %s bases on %d chromosome(s)", name, path, f"{n:,}",
              f"{ann.record()['bases']:,}", len(intervals))

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.eval.ablation import ablation_sums, ablation_tables
 from genome_lm.eval.outputs import iter_windows, load_summary, read_json, read_meta
 from genome_lm.eval.stats import (
     DEFAULT_RESAMPLES,
@@ -25,13 +26,14 @@ from genome_lm.eval.stats import (
     StrataAccumulator,
     bootstrap_ci,
     bucket_edges,
+    by_bucket,
     contexts_of,
     jfloat,
     merged_strata,
     paired_stat,
-    place,
     ratio,
     strata_of,
+    strata_tables,
     two_level_ci,
 )
 from genome_lm.outputs import atomic_directory, claim_output, holding, write_json_atomic
@@ -44,10 +46,9 @@ MIN_SHARE_FOR_HEADLINE = 0.01  # a bucket needs >= 1% of the tokens to be named 
 def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
     """`read_meta(a, orientation)`, after checking that `b` scored the same windows."""
     ma, mb = read_meta(a, orientation), read_meta(b, orientation)
-    keys = ("chrom", "start", "end", "strand")
-    if len(ma["window"]) != len(mb["window"]) or not all(np.array_equal(ma[k], mb[k]) for k in keys):
-        n = min(len(ma["window"]), len(mb["window"]))
-        i = next((i for i in range(n) if any(ma[k][i] != mb[k][i] for k in keys)), n)
+    keys, n = ("chrom", "start", "end", "strand"), min(len(ma["window"]), len(mb["window"]))
+    i = next((i for i in range(n) if any(ma[k][i] != mb[k][i] for k in keys)), n)  # the first that differs
+    if i < max(len(ma["window"]), len(mb["window"])):
         where = lambda m: f"{m['chrom'][i]}:{m['start'][i]}-{m['end'][i]} ({m['strand'][i]})" \
             if i < len(m["window"]) else "none"  # noqa: E731
         raise GenomeLMError(
@@ -106,13 +107,8 @@ def paired_stats(a: Path, b: Path, n_windows: int, seq_len: int, edges: np.ndarr
 
 def paired_tables(strata, acc_a, acc_b, edges, resamples, seed) -> dict:
     """{"overall", "buckets", "repeat": {...}, ("leakage", "annotations")} of `paired_stats`' result."""
-    def table(sl):
-        return _paired_table(acc_a.sums[sl], acc_b.sums[sl], acc_a.counts[sl], acc_a.ctx[sl[1:]], edges,
-                             resamples, seed)
-
-    result = _paired_table(acc_a.sums[:, 0].sum(1), acc_b.sums[:, 0].sum(1), acc_a.counts[:, 0].sum(1),
-                           acc_a.ctx[0].sum(0), edges, resamples, seed)
-    return place(result, strata, lambda i, c: table((slice(None), i, c)))
+    return strata_tables(strata, lambda sa, sb, n, c: _paired_table(sa, sb, n, c, edges, resamples, seed), acc_a.ctx,
+                         acc_a.sums, acc_b.sums, acc_a.counts)
 
 
 def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
@@ -129,12 +125,10 @@ def _paired_table(sa, sb, n, ctx, edges, resamples, seed) -> dict:
                 "rel_change_pct": jfloat(100 * (mean_b[k] / mean_a[k] - 1)) if tn[k] else None,
                 "rel_ci_low": jfloat(low[K + 1 + k]), "rel_ci_high": jfloat(high[K + 1 + k])}
 
-    gain = ta[:K] - tb[:K]  # nats saved per bucket
-    total_gain = ta[K] - tb[K]
+    gain = ta - tb  # nats saved per bucket, then overall
     ctx_mean = ratio(ctx, tn)
-    buckets = [{"lo": int(edges[k]), "hi": int(edges[k + 1]), **entry(k), "context_mean": jfloat(ctx_mean[k]),
-                "gain_share": jfloat(gain[k] / total_gain) if total_gain else None} for k in range(K)]
-    return {"overall": entry(K), "buckets": buckets}
+    return by_bucket(edges, entry, lambda k: {"context_mean": jfloat(ctx_mean[k]),
+                                              "gain_share": jfloat(gain[k] / gain[K]) if gain[K] else None})
 
 
 def _concentration(table: dict) -> dict:
@@ -172,8 +166,6 @@ def _pooled(stats: list[tuple]) -> tuple[Any, Any, Any]:
     """`paired_stats` of replicate pairs -> one, whose window sums are the mean over the pairs (each
     token's NLL averaged over a side's replicates); the pairs must have scored the same tokens."""
     strata, acc_a, acc_b = stats[0]
-    if len(stats) == 1:
-        return stats[0]
     for other in stats[1:]:
         if [s.key for s in other[0]] != [s.key for s in strata]:
             raise GenomeLMError("the replicates' evals split by different strata (leakage mask, --annotate); "
@@ -250,8 +242,6 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
         result["strands"] = _compare_strands(pairs, summaries, fwd, tables, seq_len, edges, resamples, seed)
     ablation = None
     if any(s.get("context_ablation") for pair in summaries for s in pair):
-        from genome_lm.eval.ablation import ablation_sums, ablation_tables
-
         per_abl = [ablation_sums(x, y, (sx.get("context_ablation") or {}).get("lengths", []),
                                  (sy.get("context_ablation") or {}).get("lengths", []))
                    for (x, y), (sx, sy) in zip(pairs, summaries)]
@@ -331,10 +321,7 @@ def _spread(values: list[float | None]) -> dict:
 def _span_entry(s: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict:
     """One side's ablation span (longest L minus shortest L, nats per target) with two-level CIs, from
     sums [R, W, n_L] and counts [R, W]."""
-    def stat(s, n):
-        return ratio(s[:, -1:] - s[:, :1], n)
-
-    low, high = two_level_ci(stat, {"s": s, "n": n[..., None]}, resamples, seed)
+    low, high = two_level_ci(lambda s, n: ratio(s[:, -1:] - s[:, :1], n), {"s": s, "n": n[..., None]}, resamples, seed)
     d = float((s[..., -1].sum() - s[..., 0].sum()) / n.sum())
     return {"mean_delta": jfloat(d), "mean_delta_bits": jfloat(d / LN2), "ci_low": jfloat(low[0]),
             "ci_high": jfloat(high[0])}
@@ -342,14 +329,10 @@ def _span_entry(s: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict
 
 def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, seed: int) -> dict:
     common = ablation[0][0]
-    sa = np.stack([p[2][:, 0] for p in ablation])  # [R, W, n_L]: all targets
-    sb = np.stack([p[3][:, 0] for p in ablation])
+    sa, sb = (np.stack([p[j][:, 0] for p in ablation]) for j in (2, 3))  # [R, W, n_L]: all targets
     n = np.stack([p[4][:, 0] for p in ablation]).astype(np.float64)  # [R, W]
-
-    def gain(a, b, n):
-        return ratio((b[:, -1:] - b[:, :1]) - (a[:, -1:] - a[:, :1]), n)
-
-    low, high = two_level_ci(gain, {"a": sa, "b": sb, "n": n[..., None]}, resamples, seed)
+    low, high = two_level_ci(lambda a, b, n: ratio((b[:, -1:] - b[:, :1]) - (a[:, -1:] - a[:, :1]), n),
+                             {"a": sa, "b": sb, "n": n[..., None]}, resamples, seed)  # the spans' difference
     g = float(((sb[..., -1] - sb[..., 0]).sum() - (sa[..., -1] - sa[..., 0]).sum()) / n.sum())
     return {"from": int(common[0]), "to": int(common[-1]), "target_tokens": int(n[0].sum()),
             "a": _span_entry(sa, n, resamples, seed), "b": _span_entry(sb, n, resamples, seed),
@@ -364,11 +347,10 @@ def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[
     """From each pair's `paired_stats`, its `ablation.ablation_sums` (None: no ablation) and directories."""
     sa, sb = (np.stack([st[j].sums[:, 0, :, -1].sum(axis=1) for st in per_pair]) for j in (1, 2))  # [R, W]: all tokens
     n = np.stack([st[1].counts[:, 0, :, -1].sum(axis=1) for st in per_pair]).astype(np.float64)
-    pairs = []
-    for i, (a, b) in enumerate(dirs):  # one pair: its window bootstrap, as its own two-eval compare's overall CI
-        pairs.append({"a": a, "b": b, "n_tokens": int(n[i].sum()), "mean_nll_a": jfloat(sa[i].sum() / n[i].sum()),
-                      "mean_nll_b": jfloat(sb[i].sum() / n[i].sum()),
-                      **_diff_entry(sa[i:i + 1], sb[i:i + 1], n[i:i + 1], resamples, seed)})
+    # one pair: its window bootstrap, as its own two-eval compare's overall CI
+    pairs = [{"a": a, "b": b, "n_tokens": int(n[i].sum()), "mean_nll_a": jfloat(sa[i].sum() / n[i].sum()),
+              "mean_nll_b": jfloat(sb[i].sum() / n[i].sum()),
+              **_diff_entry(sa[i:i + 1], sb[i:i + 1], n[i:i + 1], resamples, seed)} for i, (a, b) in enumerate(dirs)]
     out = {"n": len(dirs), "pairs": pairs,
            "spread": {"diff": _spread([p["diff"] for p in pairs]),
                       "rel_change_pct": _spread([p["rel_change_pct"] for p in pairs])},

@@ -174,8 +174,7 @@ class WindowCache:
     is made with the first scored window and removed once the outputs are complete."""
 
     def __init__(self, out: Path, key: dict):
-        self.dir = cache_dir_for(Path(out))
-        self.key = key
+        self.dir, self.key = cache_dir_for(Path(out)), key
         key_file = self.dir / "key.json"
         if self.dir.exists():
             try:

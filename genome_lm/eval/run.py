@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.eval import ablation, sharded, stats, strands
+from genome_lm.eval import ablation, sharded, stats
 from genome_lm.eval.annotate import load_annotations
 from genome_lm.eval.config import EvalConfig
 from genome_lm.eval.outputs import SUMMARY_FILE, RowWriter, TokensWriter, WindowCache, cache_dir_for, load_summary
@@ -166,9 +166,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
     ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
     rows = window_indices(len(split), cfg.max_windows, cfg.window_pick)  # [W] the split's rows scored
     ds, n = split.select(rows), len(rows)  # window i of this eval = row rows[i] of the split
-    meta = {c: np.asarray(ds[c]) for c in ("chrom", "start", "end", "strand")}
-    meta["window"] = rows
-    lengths = (meta["end"] - meta["start"]).astype(np.int64)
+    lengths = (np.asarray(ds["end"]) - np.asarray(ds["start"])).astype(np.int64)
     seq_len = int(cfg.seq_len or lengths.max())
     edges = bucket_edges(cfg.buckets, max_context=int(min(seq_len, lengths.max())) - 1)
     engines = [cfg.engine] + [e for e in ENGINES if cfg.parity and e != cfg.engine]  # --parity: both
@@ -201,7 +199,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
                    "tokens_per_s": scored_tokens / t_score if scored_tokens else None},
     }
 
-    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, meta, seq_len, edges, cache, engines, extra,
+    summary = par.on_main(lambda: _write_outputs(cfg, out, ds, rows, seq_len, edges, cache, engines, extra,
                                                  checked["annotations"], targets))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
@@ -273,7 +271,7 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
     return scored_tokens
 
 
-def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edges: np.ndarray,
+def _write_outputs(cfg: EvalConfig, out: Path, ds, rows: np.ndarray, seq_len: int, edges: np.ndarray,
                    cache: WindowCache | None, engines: list[str], extra: dict, annotations: list,
                    targets: np.ndarray) -> dict:
     """All output files, built under a temporary name; then the cache goes. `targets` [W]: ablation
@@ -281,14 +279,14 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     assert cache is not None, "on_main runs this on rank 0, which holds the cache"
-    n = len(meta["chrom"])
+    n = len(rows)
     leakage = LEAKAGE_COLUMN in ds.column_names
     strata = [stats.REPEAT] + ([stats.LEAKAGE] if leakage else []) + [stats.annotation(a.name) for a in annotations]
     both = cfg.strands == "both"
     acc = StrataAccumulator(n, strata, edges)
-    acc_rc, agree = (StrataAccumulator(n, strata, edges), strands.Agreement(n, edges)) if both else (None, None)
+    acc_rc, agree = (StrataAccumulator(n, strata, edges), stats.Agreement(n, edges)) if both else (None, None)
     par = ParityTable(edges) if cfg.parity else None
-    masks = ds.select_columns(["repeat_mask"] + ([LEAKAGE_COLUMN] if leakage else []))  # rows without their tokens
+    masks = ds.remove_columns("tokens")  # rows without their tokens: where they lie, their masks
     abl: list[tuple] = []  # the ablated windows' ablation.window_parts
     with atomic_directory(out, "eval", eval_inputs(cfg), overwrite=cfg.overwrite) as tmp, \
             contextlib.ExitStack() as files:
@@ -299,8 +297,8 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                 arrays, row = cache.get(i), masks[i]
                 nll = arrays["nll"]
                 contexts = contexts_of(len(nll), seq_len)
-                where = (str(meta["chrom"][i]), int(meta["start"][i]), int(meta["end"][i]), str(meta["strand"][i]))
-                row_id = int(meta["window"][i])  # the window's row in the shard split
+                where = (row["chrom"], int(row["start"]), int(row["end"]), row["strand"])
+                row_id = int(rows[i])  # the window's row in the shard split
                 rec = {"nll": nll, "repeat": unpack_mask(row["repeat_mask"], len(nll)),
                        "leakage": unpack_mask(row[LEAKAGE_COLUMN], len(nll)) if leakage else None,
                        "annotations": {a.name: a.mask(*where) for a in annotations}}
@@ -309,7 +307,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
                     par.add(nll, arrays["nll_alt"], contexts)
                 writer.add(row_id, where, rec, False)
                 if acc_rc is not None and agree is not None:  # --strands both
-                    rc = strands.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
+                    rc = stats.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
                     agree.add(i, nll, rc["nll"], contexts)
                     writer.add(row_id, (*where[:3], rc["strand"]), rc, True)
@@ -337,7 +335,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, meta: dict, seq_len: int, edg
         summary["bootstrap"] = {"unit": "window", "resamples": cfg.resamples, "seed": cfg.seed, "level": 0.95,
                                 "method": "percentile"}
         if acc_rc is not None and agree is not None:  # --strands both
-            summary["strands"] = strands.strand_tables(acc, acc_rc, agree, cfg.resamples, cfg.seed)
+            summary["strands"] = stats.strand_tables(acc, acc_rc, agree, cfg.resamples, cfg.seed)
         if cfg.context:
             summary["context_ablation"] = ablation.summary_section(abl, cfg.context, strata, cfg.ablation_targets, n,
                                                                    cfg.engine, cfg.resamples, cfg.seed)

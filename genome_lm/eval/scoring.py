@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from genome_lm.eval.stats import assign, jfloat
+from genome_lm.eval.stats import assign, by_bucket, jfloat
 from genome_lm.genome.tokenizer import IGNORE_INDEX, N_ID
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 
@@ -63,11 +63,8 @@ class ParityTable:
     the tokens outside every bucket."""
 
     def __init__(self, edges: np.ndarray):
-        self.edges = edges
-        K = len(edges) - 1
-        self.n = np.zeros(K + 1, dtype=np.int64)
-        self.sum = np.zeros(K + 1)
-        self.max = np.zeros(K + 1)
+        self.edges, self.n = edges, np.zeros(len(edges), dtype=np.int64)  # [K+1]
+        self.sum, self.max = np.zeros(len(edges)), np.zeros(len(edges))
 
     def add(self, nll_a: np.ndarray, nll_b: np.ndarray, contexts: np.ndarray) -> None:
         """nll_a, nll_b float32 [L] (NaN = not scored), contexts int64 [L]."""
@@ -80,16 +77,11 @@ class ParityTable:
         np.maximum.at(self.max, bucket, diff)
 
     def result(self, engines: list[str]) -> dict:
-        K = len(self.edges) - 1
+        n, s = (np.append(x[:-1], x.sum()) for x in (self.n, self.sum))  # the buckets, then all tokens
+        m = np.append(self.max[:-1], self.max.max())
 
-        def entry(n, s, m) -> dict:
-            return {"n_tokens": int(n), "max_abs_diff": jfloat(m) if n else None,
-                    "mean_abs_diff": jfloat(s / n) if n else None}
+        def entry(k: int) -> dict:
+            return {"n_tokens": int(n[k]), "max_abs_diff": jfloat(m[k]) if n[k] else None,
+                    "mean_abs_diff": jfloat(s[k] / n[k]) if n[k] else None}
 
-        return {
-            "engines": engines,
-            "quantity": "|delta log-prob| per token, nats",
-            "overall": entry(self.n.sum(), self.sum.sum(), self.max.max()),
-            "buckets": [{"lo": int(self.edges[k]), "hi": int(self.edges[k + 1]),
-                         **entry(self.n[k], self.sum[k], self.max[k])} for k in range(K)],
-        }
+        return {"engines": engines, "quantity": "|delta log-prob| per token, nats", **by_bucket(self.edges, entry)}

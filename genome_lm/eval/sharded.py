@@ -81,8 +81,6 @@ def n_pieces(length: int, seq_len: int) -> int:
 
 def check_pieces(lengths: np.ndarray, seq_len: int, cp: int) -> None:
     """Every piece must have at least `cp` tokens to be split over the CP group."""
-    if cp == 1:
-        return
     last = lengths - (np.maximum(1, -(-lengths // seq_len)) - 1) * seq_len  # [W] tokens of each window's last piece
     short = int(np.argmin(last))
     if last[short] < cp:

@@ -40,6 +40,7 @@ def format_summary(summary: dict, out: str | None = None) -> str:
 
 
 STRAND_LABELS = {"forward": "forward strand", "reverse": "reverse complement", "average": "both strands"}
+COMPARE_HEAD = f"{'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17}"
 
 
 def _summary_row(label: str, e: dict) -> str:
@@ -113,8 +114,7 @@ def _compare_row(label: str, e: dict, share: bool = True) -> str:
 def format_table(result: dict) -> str:
     """The comparison as a fixed-width text table (printed by the CLI)."""
     lines = [f"A = {result['a']['dir']}", f"B = {result['b']['dir']}",
-             f"{'context':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} "
-             f"{'95% CI (%)':>17} {'share':>6}"]
+             f"{'context':>17} {COMPARE_HEAD} {'share':>6}"]
     for bk in result["buckets"]:
         if bk["n_tokens"]:
             lines.append(_compare_row(f"[{bk['lo']:,}, {bk['hi']:,})", bk))
@@ -152,14 +152,10 @@ def replicate_lines(rep: dict | None, pooled_above: bool = True) -> list[str]:
              "windows only") if pooled_above else ""
     spans = (f"; span: the ablation's change from L {abl['from']:,} to {abl['to']:,} (nats)") if abl else ""
     lines = [f"replicates: {rep['n']} pairs (replicate i of A vs replicate i of B){above}{spans}",
-             f"{'pair':>17} {'tokens':>10} {'A nats':>8} {'B nats':>8} {'B-A':>8} {'rel %':>7} {'95% CI (%)':>17}"
-             + span]
+             f"{'pair':>17} {COMPARE_HEAD}{span}"]
     for i, p in enumerate(rep["pairs"], 1):
-        row = _compare_row(str(i), p, share=False)
-        if abl and "ablation_span" in p:
-            row += f" {_num(p['ablation_span']['a']['mean_delta'], '+.4f', 8)} " \
-                   f"{_num(p['ablation_span']['b']['mean_delta'], '+.4f', 8)}"
-        lines.append(row)
+        deltas = [p["ablation_span"][k]["mean_delta"] for k in "ab"] if abl and "ablation_span" in p else []
+        lines.append(_compare_row(str(i), p, share=False) + "".join(f" {_num(d, '+.4f', 8)}" for d in deltas))
     s, o = rep["spread"]["rel_change_pct"], rep["overall"]
     lines.append(f"spread of rel % over the pairs: mean {_num(s['mean'], '+.2f')}, sd {_num(s['sd'], '.2f')}, "
                  f"min {_num(s['min'], '+.2f')}, max {_num(s['max'], '+.2f')}; {s['negative']} of {rep['n']} negative")
