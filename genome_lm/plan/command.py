@@ -198,17 +198,12 @@ def run(args: PlanParams) -> None:
         return
     layout, result = fit_layout(args)
     chosen = result.best or result.closest
-    if args.json_:
-        out = plan_json(chosen)
-        out["fit"] = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
-                      "chosen": chosen.layout.describe(),
-                      "given": {"layout": layout.describe(), "fits": result.given.fits,
-                                "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
-        print(json.dumps(out, indent=2))
-    else:
-        print("\n".join(result.explain()))
-        print()
-        print(format_plan(chosen))
+    fit = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
+           "chosen": chosen.layout.describe(),
+           "given": {"layout": layout.describe(), "fits": result.given.fits,
+                     "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
+    print(json.dumps(plan_json(chosen) | {"fit": fit}, indent=2) if args.json_
+          else "\n".join(result.explain() + ["", format_plan(chosen)]))
     if result.best is None:
         raise GenomeLMError(f"plan --fit: nothing fits among {result.tried} layouts (the lowest peak is shown above)")
 

@@ -77,9 +77,7 @@ class Layout:
 
     def check(self) -> None:
         """The planner's own limits (the sections' keys are checked by their config models)."""
-        cp, ep = self.parallel.cp, self.parallel.ep
-        if self.seq_len < 1:
-            raise GenomeLMError(f"--seq-len: must be positive, got {self.seq_len}")
+        cp, ep = self.parallel.cp, self.parallel.ep  # seq_len >= 1: a Size
         if self.seq_len < cp:
             raise GenomeLMError(f"parallel.cp={cp} is larger than the sequence ({self.seq_len} tokens)")
         if ep > 1 and self.gpus % ep:
