@@ -204,7 +204,6 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout, keys: int | None =
     t = dsa(m, n, T, layer)
     nb = min(layout.memory.dsa_block_queries, n)
     _, W = m.selected_per_query(T)
-    proj_saved = {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")}
     indexer = 0
     if layer.indexer == "full":
         HI, DI, P = m.index_heads, m.index_dim, T // m.index_kpool
@@ -214,15 +213,15 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout, keys: int | None =
         # scores (scaled and relu'd in place), the row scores before they are copied in, the mask
         scores = nb * P * (F32 * HI + 2 * F32 + 1) + (P * DI * F32 if a != F32 else 0)
         indexer = inputs + max(pools, scores)
-    proj = Op("dsa_proj_indexer", proj_saved, fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
+    proj = Op("dsa_proj_indexer", {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")},
+              fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
     rows = nb * W * R
     gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
     before = F32 * rows + 2 * F32 * nb * H * W if n > nb else 0  # the last block's rows and scores, still bound
     fwd = max(gather + before, F32 * rows + 3 * F32 * nb * H * W)
     bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + 2 * n * a * H * R
-    attn_saved: dict[str, int] = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
-    attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
-    return [proj, attn]
+    return [proj, Op("dsa_attention", {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}, fwd=fwd, bwd=bwd,
+                     part="dsa")]
 
 
 def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> list[Op]:

@@ -110,8 +110,9 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
     degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
+    from genome_lm.parallel.mesh import resolve_layout
     from genome_lm.plan.hardware import Assumptions, make_cluster
-    from genome_lm.plan.layout import layout_from_config
+    from genome_lm.plan.layout import Layout
     from genome_lm.plan.shapes import model_shape
     cfg = _experiment(args)
     if args.cp is not None:
@@ -131,7 +132,9 @@ def build(args):
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
     if isinstance(args.ep, int) and (args.ep < 1 or gpus % args.ep):
         raise GenomeLMError(f"--ep {args.ep} must be a positive divisor of --gpus {gpus}")
-    layout = layout_from_config(cfg, gpus)
+    dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, gpus)  # dp auto becomes gpus / cp
+    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"cp": cp, "dp": dp}), cfg.train)
+    layout.check()
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
     layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it

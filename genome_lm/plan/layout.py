@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from genome_lm.config import MemoryConfig, ParallelConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import validate
-from genome_lm.parallel.mesh import resolve_layout
 from genome_lm.settings import DEFAULTS
 from genome_lm.sizes import format_size
 
@@ -103,14 +102,3 @@ class Layout:
                   f"loss_chunk={format_size(mem.loss_chunk_tokens)}"]
         parts += [f"kda_heads_per_call={mem.kda_head_block}"] if mem.kda_head_block else []
         return " ".join(parts)
-
-
-def layout_from_config(cfg, gpus: int) -> Layout:
-    """The layout an ExperimentConfig describes on `gpus` GPUs; `dp: auto` becomes gpus / cp (`command.build`
-    has checked that they fit: gpus >= 1, cp divides gpus, dp auto unless cp x dp = gpus)."""
-    par = cfg.parallel
-    dp, cp = resolve_layout(par.cp, par.dp, gpus)
-    layout = Layout(cfg.data.seq_len, cfg.memory.model_copy(deep=True), par.model_copy(update={"cp": cp, "dp": dp}),
-                    cfg.train.model_copy(deep=True))
-    layout.check()
-    return layout

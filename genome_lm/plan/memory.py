@@ -249,9 +249,8 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
                   fsdp_buffers=U_bwd + pending + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
-    all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
-    phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
+    phase("optimizer step (AdamW)", gradients=grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
     return _memory_plan(phases, m, all_ops, keeps, assume)
 
 
