@@ -262,13 +262,12 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     """The ops of one decoder layer in forward order; their saved bytes sum to input + body."""
     n = layout.tokens
     fr = frame(m, n, layout.hc_recompute)
-    hc_extra = fr.get("hc_weights", 0) // 2
-    ops = [hc_op(m, n, "attn_hc", layout.hc_recompute,
-                 {"layer_input": layer_input(m, n)} | ({"hc_weights": hc_extra} if hc_extra else {})),
+    hc_extra = {"hc_weights": fr["hc_weights"] // 2} if "hc_weights" in fr else {}  # half in each hyper-connection
+    ops = [hc_op(m, n, "attn_hc", layout.hc_recompute, {"layer_input": layer_input(m, n)} | hc_extra),
            norm_op(m, n, "norm_attn")]
     ops += kda_ops(m, layout, backend) if layer.attn == "kda" else dsa_ops(m, layer, layout, keys)
     ops += [combine_op(m, n, "combine_attn", {"mid_stream": fr["mid_stream"]}),
-            hc_op(m, n, "ffn_hc", layout.hc_recompute, {"hc_weights": hc_extra} if hc_extra else {}),
+            hc_op(m, n, "ffn_hc", layout.hc_recompute, hc_extra),
             norm_op(m, n, "norm_ffn")]
     ops += mlp_ops(m, layer, layout, imbalance)
     ops.append(combine_op(m, n, "combine_ffn", {}))

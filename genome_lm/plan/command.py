@@ -164,8 +164,7 @@ def run_score(args: PlanParams, tokens: int) -> None:
     if gpus % cp:
         raise GenomeLMError(f"--cp {cp} does not divide --gpus {gpus}")
     cfg = _experiment(args.model_copy(update={"seq_len": tokens}))  # its model and memory (block sizes, --set)
-    name = cfg.model.name
-    shape = model_shape(name, args.dtype or cfg.model.dtype, cfg.model.overrides)
+    shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     assume = Assumptions().override(args.assume)
     plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume, memory=cfg.memory)
@@ -178,7 +177,7 @@ def run_score(args: PlanParams, tokens: int) -> None:
                           "usable_bytes": limit, "fits": plan.peak_bytes <= limit, "longest_region": longest},
                          indent=2))
         return
-    print(f"scoring {tokens:,} tokens of {name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
+    print(f"scoring {tokens:,} tokens of {cfg.model.name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
     for key, label in (("weights", "weights"), ("kda_state", "KDA state"), ("dsa_caches", "DSA caches"),
                        ("activations", "activations")):
         print(f"  {label:<12} {plan.breakdown[key] / GiB:>10,.2f} GiB")

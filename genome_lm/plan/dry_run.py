@@ -245,8 +245,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
               "forward does not")
     print("memory per rank (estimate: forward only, no gradients):")
     share = f"FSDP2 shard, 1/{world}" if world > 1 else "whole model, one process"
-    print(f"  {'weights (' + share + ')':<50} {_size(plan.breakdown['weights']):>12}")
-    for key, label in LABELS.items():
+    for key, label in {"weights": f"weights ({share})", **LABELS}.items():  # the weights: never 0
         if key in plan.breakdown:
             print(f"  {label:<50} {_size(plan.breakdown[key]):>12}")
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")

@@ -174,8 +174,7 @@ def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str
     return 2 * act.layer_input(m, n), op.saved_bytes + op.fwd, op.name
 
 
-def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str, backend: str) -> MemoryPlan:
-    gpu = device != "cpu"
+def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, backend: str) -> MemoryPlan:
     n, a = layout.tokens, m.act_bytes
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1

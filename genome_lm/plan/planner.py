@@ -99,7 +99,7 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     # `command.build` makes the layout for the cluster's GPUs; a CPU plan is for one process
     assert layout.gpus == (1 if cluster is None else cluster.gpus), "the layout's cp x dp is the cluster's GPUs"
     backend = assume.kda_backend if assume.kda_backend != "auto" else "torch" if cluster is None else "fla"
-    memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
+    memory = plan_memory(model, layout, assume, cluster is not None, backend)
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
     if cluster is None:
