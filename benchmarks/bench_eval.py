@@ -68,7 +68,7 @@ def _measure(engine: str, T: int, repeats: int, chunk_tokens: int, device: str) 
 
 def _planned(model, T: int, device: str) -> int:
     """The dry run's estimate of the same forward's activations (peak minus weights), one process."""
-    from genome_lm.plan import Layout
+    from genome_lm.plan.layout import Layout
     from genome_lm.plan.memory import plan_forward
     from genome_lm.plan.shapes import shape_of
 

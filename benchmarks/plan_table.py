@@ -54,7 +54,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from genome_lm.plan import Assumptions
+    from genome_lm.plan.hardware import Assumptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpus-list", default="8,16,32,64")

@@ -12,21 +12,7 @@ the torch KDA op runs twice (fla's once); with moe_recompute the MoE keeps only 
 
 Each `Op` carries the bytes it saves for backward (those terms) and the extra bytes alive at its forward
 and at its backward peak (intermediates rebuilt inside, gradients, block buffers), counted from each
-op's code at its block size (n tokens on the rank, a the activation dtype's bytes, float32 where the
-code computes in float32); `memory.py` walks the lists forward and backward.
-- hyper-connection, RMSNorm, KDA conv and gated norm, dense MLP: float32 temporaries in blocks of
-  `HC_BLOCK`, `NORM_BLOCK`, `CONV_BLOCK`, `MLP_BLOCK` tokens (upstream's hyper-connection without
-  recompute: whole), plus their input gradients in backward.
-- KDA torch op: one 16-chunk segment's intermediates (14·K + 4·C floats per token and head), doubled
-  in backward; fla op: chunk_kda_fwd's w, u, qg, kg, h, v_new, rebuilt in backward beside dh,
-  dAqk/dAkk and the input gradients (per call of `memory.kda_head_block` heads).
-- DSA indexer (no grad): index queries/keys, the k-pool build and a float32 [block, P] row buffer,
-  and at the last block the float32 [block, HI, P] scores; sparse attention: per query block the
-  gathered latent rows and float32 scores, beside the previous block's; backward adds the row
-  gradients and the float32 [T, R] latent gradient.
-- MoE block: the routed output before and after un-permuting; with moe_recompute the block's
-  activations while it runs; backward the row gradients and, past the first block, the block's new
-  routed-expert weight gradient (under ep: the down projection's, peaking in its backward).
+op's code at its block size; `memory.py` walks the lists forward and backward.
 """
 
 from __future__ import annotations
@@ -74,12 +60,10 @@ def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> di
     }
     if backend == "fla":
         terms["kda_op"] = n * (3 * a * HK + 8 * H + 2 * a * H * chunk + F32 * H)
-    else:
-        segments = -(-n // (KDA_SEGMENT_CHUNKS * chunk))
-        terms["kda_qkv"] = n * a * 3 * HK
-        terms["kda_op"] = segments * F32 * H * K * K
-    if cp > 1 and backend != "fla":
-        terms["kda_op"] *= 2
+        return terms
+    terms["kda_qkv"] = n * a * 3 * HK
+    terms["kda_op"] = -(-n // (KDA_SEGMENT_CHUNKS * chunk)) * F32 * H * K * K * (2 if cp > 1 else 1)
+    if cp > 1:
         terms["kda_cp_map"] = n * (a * HK + F32 * HK)  # zero values (saved by the op), o^M in float32
     return terms
 
@@ -105,14 +89,13 @@ def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
     return {"mlp_input": n * a * m.D, "mlp_act": n * 2 * a * m.dense_width}
 
 
-def moe(m: ModelShape, n: int, recompute: bool, rows: int | None = None, ep: bool = False) -> dict[str, int]:
+def moe(m: ModelShape, n: int, recompute: bool, rows: int, ep: bool) -> dict[str, int]:
     """`rows`: token-expert pairs on this rank (n·k, times the imbalance under expert parallelism).
     `ep`: the experts run as `model/ops/moe/ep.py` runs them (expert parallelism)."""
     a, D, E, k, W = m.act_bytes, m.D, m.experts, m.top_k, m.moe_width
     terms = {"moe_input": n * a * D}
     if recompute:
         return terms
-    rows = n * k if rows is None else rows
     router = (F32 * D if a != F32 else 0) + F32 * E + 16 * m.n_group + 8 * m.topk_group + E + 8 * k + F32 + F32 * k
     terms["moe_router"] = n * router
     if ep:  # per row received: the rows sorted by expert, the SwiGLU's five a·I and the down input, two
@@ -195,8 +178,9 @@ def kda_ops(m: ModelShape, layout: Layout, backend: str) -> list[Op]:
               part="kda")
     if backend == "fla":
         h = H * K * K // C  # chunk states [NT, H, K, V] per token
-        # per call (layout.memory.kda_head_block heads of H; calls run one after another): the chunk
-        # intermediates; the output (forward) and the input gradients (backward) are whole
+        # per call (layout.memory.kda_head_block heads of H; calls run one after another): chunk_kda_fwd's
+        # w, u, qg, kg, h, v_new, rebuilt in backward beside dh, dAqk/dAkk; the output (forward) and the
+        # input gradients (backward) are whole
         hb = layout.memory.kda_head_block
         calls = H // hb if hb and hb < H else 1
         fwd = n * ((a * 4 * HK + a * h + 64 * H) // calls + a * HK)
@@ -220,7 +204,6 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout, keys: int | None =
     t = dsa(m, n, T, layer)
     nb = min(layout.memory.dsa_block_queries, n)
     _, W = m.selected_per_query(T)
-    proj_saved = {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")}
     indexer = 0
     if layer.indexer == "full":
         HI, DI, P = m.index_heads, m.index_dim, T // m.index_kpool
@@ -230,15 +213,15 @@ def dsa_ops(m: ModelShape, layer: LayerShape, layout: Layout, keys: int | None =
         # scores (scaled and relu'd in place), the row scores before they are copied in, the mask
         scores = nb * P * (F32 * HI + 2 * F32 + 1) + (P * DI * F32 if a != F32 else 0)
         indexer = inputs + max(pools, scores)
-    proj = Op("dsa_proj_indexer", proj_saved, fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
+    proj = Op("dsa_proj_indexer", {k: t[k] for k in ("dsa_input", "dsa_q_lora", "dsa_kv_lora", "dsa_latent")},
+              fwd=indexer, bwd=n * a * (2 * m.q_lora + 2 * R + m.D), part="dsa")
     rows = nb * W * R
     gather = (2 * a + F32) * rows if a != F32 else 2 * F32 * rows
     before = F32 * rows + 2 * F32 * nb * H * W if n > nb else 0  # the last block's rows and scores, still bound
     fwd = max(gather + before, F32 * rows + 3 * F32 * nb * H * W)
     bwd = F32 * T * R + gather + 3 * F32 * rows + 4 * F32 * nb * H * W + 2 * n * a * H * R
-    attn_saved: dict[str, int] = {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}
-    attn = Op("dsa_attention", attn_saved, fwd=fwd, bwd=bwd, part="dsa")
-    return [proj, attn]
+    return [proj, Op("dsa_attention", {k: t[k] for k in ("dsa_queries", "dsa_selection") if k in t}, fwd=fwd, bwd=bwd,
+                     part="dsa")]
 
 
 def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) -> list[Op]:
@@ -250,8 +233,7 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
     M, ep, W = min(layout.memory.moe_block_tokens, n), layout.parallel.ep > 1, m.moe_width
     rows_n = moe_rows(m, n, layout, imbalance)
     rows = max(1, rows_n * M // n)
-    block_saved = sum(moe(m, M, False, rows, ep).values())
-    again = block_saved if layout.memory.moe_recompute else 0  # the block rebuilt inside the backward
+    again = sum(moe(m, M, False, rows, ep).values()) if layout.memory.moe_recompute else 0  # the block rebuilt
     if ep and again:  # a block's checkpointed forward keeps nothing: its largest live tensors are the sorted
         # rows and the gate_up output, made per expert and joined, beside the layer's output [n, D]
         fwd = rows * a * (D + 4 * W) + n * a * D
@@ -262,17 +244,16 @@ def mlp_ops(m: ModelShape, layer: LayerShape, layout: Layout, imbalance: float) 
         # [E, 2I, D] and down [E, D, I]) before it is added to the gradient of the blocks before
         weight_grad = m.experts * 2 * W * D * a if n > M else 0
         bwd = rows * a * (2 * D + 3 * W) + 2 * M * a * D + again + weight_grad
-        return [Op("moe", moe(m, n, layout.memory.moe_recompute, rows_n), fwd=fwd, bwd=bwd, part="moe")]
-    # expert parallelism (ops/moe/ep.py): the block's rebuilt forward ends with the routed output before
-    # and after un-permuting; its backward peaks in the down projection's, with the rows' output and
-    # input gradients and, past the first block, the block's down-weight gradient [E/ep, D, I] beside
-    # the sum of the blocks before (counted with the layer's unsharded gradients)
-    local = -(-m.experts // layout.parallel.ep)
-    grads = rows * a * (D + W) + (local * D * W * a if n > M else 0)
-    # with one block, the layer's unsharded gradients (counted whole) hold no gate_up gradient yet
-    early = local * 2 * W * D * a if n <= M else 0
-    # the gradient arriving at the layer's MoE output [n, D] and the blocks' input gradients, joined once
-    bwd = (max(2 * rows * a * D, grads) if again else grads) + 2 * n * a * D + again - early
+    else:  # expert parallelism (ops/moe/ep.py): the block's rebuilt forward ends with the routed output before
+        # and after un-permuting; its backward peaks in the down projection's, with the rows' output and
+        # input gradients and, past the first block, the block's down-weight gradient [E/ep, D, I] beside
+        # the sum of the blocks before (counted with the layer's unsharded gradients)
+        local = -(-m.experts // layout.parallel.ep)
+        grads = rows * a * (D + W) + (local * D * W * a if n > M else 0)
+        # with one block, the layer's unsharded gradients (counted whole) hold no gate_up gradient yet
+        early = local * 2 * W * D * a if n <= M else 0
+        # the gradient arriving at the layer's MoE output [n, D] and the blocks' input gradients, joined once
+        bwd = (max(2 * rows * a * D, grads) if again else grads) + 2 * n * a * D + again - early
     return [Op("moe", moe(m, n, layout.memory.moe_recompute, rows_n, ep), fwd=fwd, bwd=bwd, part="moe")]
 
 
@@ -281,13 +262,12 @@ def layer_ops(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, im
     """The ops of one decoder layer in forward order; their saved bytes sum to input + body."""
     n = layout.tokens
     fr = frame(m, n, layout.hc_recompute)
-    hc_extra = fr.get("hc_weights", 0) // 2
-    ops = [hc_op(m, n, "attn_hc", layout.hc_recompute,
-                 {"layer_input": layer_input(m, n)} | ({"hc_weights": hc_extra} if hc_extra else {})),
+    hc_extra = {"hc_weights": fr["hc_weights"] // 2} if "hc_weights" in fr else {}  # half in each hyper-connection
+    ops = [hc_op(m, n, "attn_hc", layout.hc_recompute, {"layer_input": layer_input(m, n)} | hc_extra),
            norm_op(m, n, "norm_attn")]
     ops += kda_ops(m, layout, backend) if layer.attn == "kda" else dsa_ops(m, layer, layout, keys)
     ops += [combine_op(m, n, "combine_attn", {"mid_stream": fr["mid_stream"]}),
-            hc_op(m, n, "ffn_hc", layout.hc_recompute, {"hc_weights": hc_extra} if hc_extra else {}),
+            hc_op(m, n, "ffn_hc", layout.hc_recompute, hc_extra),
             norm_op(m, n, "norm_ffn")]
     ops += mlp_ops(m, layer, layout, imbalance)
     ops.append(combine_op(m, n, "combine_ffn", {}))

@@ -111,8 +111,9 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
     degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
+    from genome_lm.parallel.mesh import resolve_layout
     from genome_lm.plan.hardware import Assumptions, make_cluster
-    from genome_lm.plan.layout import layout_from_config
+    from genome_lm.plan.layout import Layout
     from genome_lm.plan.shapes import model_shape
     cfg = _experiment(args)
     if args.cp is not None:
@@ -132,7 +133,9 @@ def build(args):
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
     if isinstance(args.ep, int) and (args.ep < 1 or gpus % args.ep):
         raise GenomeLMError(f"--ep {args.ep} must be a positive divisor of --gpus {gpus}")
-    layout = layout_from_config(cfg, gpus)
+    dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, gpus)  # dp auto becomes gpus / cp
+    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"cp": cp, "dp": dp}), cfg.train)
+    layout.check()
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
     layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it
@@ -162,8 +165,7 @@ def run_score(args: PlanParams, tokens: int) -> None:
     if gpus % cp:
         raise GenomeLMError(f"--cp {cp} does not divide --gpus {gpus}")
     cfg = _experiment(args.model_copy(update={"seq_len": tokens}))  # its model and memory (block sizes, --set)
-    name = cfg.model.name
-    shape = model_shape(name, args.dtype or cfg.model.dtype, cfg.model.overrides)
+    shape = model_shape(cfg.model.name, args.dtype or cfg.model.dtype, cfg.model.overrides)
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     assume = Assumptions().override(args.assume)
     plan = plan_score(shape, tokens, args.chunk, gpus, cp, assume, memory=cfg.memory)
@@ -176,7 +178,7 @@ def run_score(args: PlanParams, tokens: int) -> None:
                           "usable_bytes": limit, "fits": plan.peak_bytes <= limit, "longest_region": longest},
                          indent=2))
         return
-    print(f"scoring {tokens:,} tokens of {name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
+    print(f"scoring {tokens:,} tokens of {cfg.model.name} ({shape.dtype}), {how}, on {gpus} x {cluster.gpu.name}")
     for key, label in (("weights", "weights"), ("kda_state", "KDA state"), ("dsa_caches", "DSA caches"),
                        ("activations", "activations")):
         print(f"  {label:<12} {plan.breakdown[key] / GiB:>10,.2f} GiB")
@@ -199,17 +201,12 @@ def run(args: PlanParams) -> None:
         return
     layout, result = fit_layout(args)
     chosen = result.best or result.closest
-    if args.json_:
-        out = plan_json(chosen)
-        out["fit"] = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
-                      "chosen": chosen.layout.describe(),
-                      "given": {"layout": layout.describe(), "fits": result.given.fits,
-                                "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
-        print(json.dumps(out, indent=2))
-    else:
-        print("\n".join(result.explain()))
-        print()
-        print(format_plan(chosen))
+    fit = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
+           "chosen": chosen.layout.describe(),
+           "given": {"layout": layout.describe(), "fits": result.given.fits,
+                     "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
+    print(json.dumps(plan_json(chosen) | {"fit": fit}, indent=2) if args.json_
+          else "\n".join(result.explain() + ["", format_plan(chosen)]))
     if result.best is None:
         raise GenomeLMError(f"plan --fit: nothing fits among {result.tried} layouts (the lowest peak is shown above)")
 

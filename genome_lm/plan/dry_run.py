@@ -81,7 +81,7 @@ def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, wor
         world = cfg.parallel.cp * (1 if cfg.parallel.dp == "auto" else int(cfg.parallel.dp))
     check_layout(cfg.parallel, world, model.config.n_routed_experts)
     total = sum(p.numel() for p in model.parameters())
-    params = (total, sum(sharded_numel(p.shape, world) for p in model.parameters()) if world > 1 else total,
+    params = (total, sum(sharded_numel(p.shape, world) for p in model.parameters()),  # world 1: the numel
               next(model.parameters()).element_size())
     B, T, c, m = cfg.train.micro_batch, cfg.data.seq_len, model.config, cfg.memory
     token_map = {sym: int(lut[i]) for sym, i in manifest["vocab"].items()}
@@ -189,8 +189,10 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     --shards), on GPUs unless `--device cpu`."""
     from genome_lm.config import BlockSizes, MemoryConfig
     from genome_lm.model.presets import is_preset
-    from genome_lm.plan import GPUS, Assumptions, Layout, model_shape
+    from genome_lm.plan.hardware import GPUS, Assumptions
+    from genome_lm.plan.layout import Layout
     from genome_lm.plan.memory import plan_forward
+    from genome_lm.plan.shapes import model_shape
     from genome_lm.train.checkpoint import resolve_model_dir
 
     world = world or cfg.cp
@@ -243,8 +245,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
               "forward does not")
     print("memory per rank (estimate: forward only, no gradients):")
     share = f"FSDP2 shard, 1/{world}" if world > 1 else "whole model, one process"
-    print(f"  {'weights (' + share + ')':<50} {_size(plan.breakdown['weights']):>12}")
-    for key, label in LABELS.items():
+    for key, label in {"weights": f"weights ({share})", **LABELS}.items():  # the weights: never 0
         if key in plan.breakdown:
             print(f"  {label:<50} {_size(plan.breakdown[key]):>12}")
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")

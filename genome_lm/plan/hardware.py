@@ -66,9 +66,7 @@ def make_cluster(gpu: str = "b200", gpus: int = 8, gpus_per_node: int | None = N
         raise GenomeLMError(f"--gpu: unknown GPU {gpu!r}; use one of {', '.join(GPUS)} "
                             "(and --gpu-mem / --host-mem to describe anything else)")
     spec = GPUS[gpu.strip().lower()]
-    if gpus < 1:
-        raise GenomeLMError(f"--gpus: need at least 1 GPU, got {gpus}")
-    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node  # >= 1: PlanParams checks it
+    per_node = spec.gpus_per_node if gpus_per_node is None else gpus_per_node  # gpus, per_node >= 1: PlanParams
     if gpus > per_node and gpus % per_node:
         raise GenomeLMError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes; "
                             "use a multiple of --gpus-per-node")

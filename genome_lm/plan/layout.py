@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from genome_lm.config import MemoryConfig, ParallelConfig, TrainConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.options import validate
-from genome_lm.parallel.mesh import resolve_layout
 from genome_lm.settings import DEFAULTS
 from genome_lm.sizes import format_size
 
@@ -77,9 +76,7 @@ class Layout:
 
     def check(self) -> None:
         """The planner's own limits (the sections' keys are checked by their config models)."""
-        cp, ep = self.parallel.cp, self.parallel.ep
-        if self.seq_len < 1:
-            raise GenomeLMError(f"--seq-len: must be positive, got {self.seq_len}")
+        cp, ep = self.parallel.cp, self.parallel.ep  # seq_len >= 1: a Size
         if self.seq_len < cp:
             raise GenomeLMError(f"parallel.cp={cp} is larger than the sequence ({self.seq_len} tokens)")
         if ep > 1 and self.gpus % ep:
@@ -105,14 +102,3 @@ class Layout:
                   f"loss_chunk={format_size(mem.loss_chunk_tokens)}"]
         parts += [f"kda_heads_per_call={mem.kda_head_block}"] if mem.kda_head_block else []
         return " ".join(parts)
-
-
-def layout_from_config(cfg, gpus: int) -> Layout:
-    """The layout an ExperimentConfig describes on `gpus` GPUs; `dp: auto` becomes gpus / cp (`command.build`
-    has checked that they fit: gpus >= 1, cp divides gpus, dp auto unless cp x dp = gpus)."""
-    par = cfg.parallel
-    dp, cp = resolve_layout(par.cp, par.dp, gpus)
-    layout = Layout(cfg.data.seq_len, cfg.memory.model_copy(deep=True), par.model_copy(update={"cp": cp, "dp": dp}),
-                    cfg.train.model_copy(deep=True))
-    layout.check()
-    return layout

@@ -3,20 +3,11 @@
 
 The training step is walked phase by phase as the trainer runs it (docs/plan.md, The memory model). On a
 CPU (one process, no FSDP) parameters and optimizer states are part of the measured process baseline; the
-step adds gradients, activations and transients.
-
-`plan_forward` walks the forward layer by layer, as `plan_memory` walks training's, keeping
-nothing for backward: the FSDP2 shard of the weights, the root (embeddings, final norm, LM head)
-gathered for the whole forward, the running and prefetched layers gathered, the residual streams in
-and out, the largest op's tensors and transient, and at the end the LM head chunk and the gathered
-per-token NLL. Layouts use `moe_recompute=True`: without autograd the MoE keeps no block's
-activations beyond the block running.
-
-`plan_score` (`genome-lm plan --score`) streams a region in chunks (`model/streaming.py`): one
-chunk's forward, whose DSA layers attend to every token so far (its op counts the layer's cache once
-more: `torch.cat`'s copy), plus what is carried between chunks (`carried_bytes`): the KDA state,
-constant, and the DSA caches, linear in the tokens. With cp > 1 the region is one piece over the CP
-ranks, as eval runs it.
+step adds gradients, activations and transients. `plan_forward` walks a forward the same way, keeping
+nothing for backward; its layouts use `moe_recompute=True` (without autograd the MoE keeps no block's
+activations beyond the block running). `plan_score` (`genome-lm plan --score`) streams a region in chunks
+(`model/streaming.py`): one chunk's forward, whose DSA layers attend to every token so far (its op counts
+the layer's cache once more: `torch.cat`'s copy), plus what is carried between chunks (`carried_bytes`).
 """
 
 from __future__ import annotations
@@ -183,8 +174,7 @@ def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str
     return 2 * act.layer_input(m, n), op.saved_bytes + op.fwd, op.name
 
 
-def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str, backend: str) -> MemoryPlan:
-    gpu = device != "cpu"
+def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, backend: str) -> MemoryPlan:
     n, a = layout.tokens, m.act_bytes
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1
@@ -258,9 +248,8 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, device: str,
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
                   current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
                   fsdp_buffers=U_bwd + pending + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
-    all_grads = sum(layer_grads) + root_grads
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
-    phase("optimizer step (AdamW)", gradients=all_grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
+    phase("optimizer step (AdamW)", gradients=grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))
     return _memory_plan(phases, m, all_ops, keeps, assume)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from genome_lm.errors import GenomeLMError
 from genome_lm.plan.hardware import GB, Assumptions, Cluster, GiB
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import MASTER_BYTES, MemoryPlan, plan_memory, shard_degree
@@ -97,13 +96,10 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
     """Evaluate one layout. Raises GenomeLMError for layouts that cannot run at all."""
     assume = assume or Assumptions()
     layout.check()
-    if cluster is not None and layout.gpus != cluster.gpus:
-        raise GenomeLMError(f"layout cp={layout.parallel.cp} x dp={layout.dp} = {layout.gpus} GPUs, but the cluster "
-                            f"has {cluster.gpus}; change --gpus or the experiment's parallel section")
-    if cluster is None and layout.gpus != 1:
-        raise GenomeLMError("a CPU plan is for one process: cp = dp = 1")
+    # `command.build` makes the layout for the cluster's GPUs; a CPU plan is for one process
+    assert layout.gpus == (1 if cluster is None else cluster.gpus), "the layout's cp x dp is the cluster's GPUs"
     backend = assume.kda_backend if assume.kda_backend != "auto" else "torch" if cluster is None else "fla"
-    memory = plan_memory(model, layout, assume, "cpu" if cluster is None else "gpu", backend)
+    memory = plan_memory(model, layout, assume, cluster is not None, backend)
     time = None if cluster is None else plan_time(model, layout, assume, cluster, backend)
     plan = Plan(model, layout, cluster, assume, memory, time, process_baseline_bytes)
     if cluster is None:

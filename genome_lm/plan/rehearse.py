@@ -188,7 +188,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
             dist.destroy_process_group()
 
     state_ratio = 2 * (2 if cfg.train.optimizer_state_dtype == "bfloat16" else 4) / 4  # two moments per float32 byte
-    peak = _lift(tracker.where_peaks, omitted_bytes, layers < total_layers, state_ratio)
+    peak = _lift(tracker.where_peaks, omitted_bytes, state_ratio)
     offloaded_run, offloaded_all = layers - mem.offload_keep_last, total_layers - mem.offload_keep_last
     if layers < total_layers and offloaded_run > 0:
         host = host * offloaded_all // offloaded_run
@@ -266,18 +266,17 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
     return tracker, host
 
 
-def _lift(peaks: dict, omitted: int, lift: bool, state_ratio: float) -> Peak:
-    """The highest of the recorded peaks, each lifted (`lift`) by the omitted layers' bytes at that point
-    (`omitted` float32 parameter bytes, as many gradient bytes, `state_ratio` x as many AdamW state bytes)."""
+def _lift(peaks: dict, omitted: int, state_ratio: float) -> Peak:
+    """The highest of the recorded peaks, each lifted by the omitted layers' bytes at that point (`omitted`
+    float32 parameter bytes, as many gradient bytes, `state_ratio` x as many AdamW state bytes)."""
     lifted = []
     for (phase, module), snap in peaks.items():
         kinds = {getattr(k, "value", k): v for k, v in snap.items() if k != "Total"}  # the tracker's enums: str values
-        if lift:
-            kinds["Sharded Param"] = kinds.get("Sharded Param", 0) + omitted
-            kinds["OptState"] = kinds.get("OptState", 0) + int(omitted * state_ratio)
-            # the optimizer's temporaries are per tensor (train/optim.py): not scaled
-            if phase == OPTIMIZER or (phase == "backward" and ".layers." in f".{module}"):
-                kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
+        kinds["Sharded Param"] = kinds.get("Sharded Param", 0) + omitted
+        kinds["OptState"] = kinds.get("OptState", 0) + int(omitted * state_ratio)
+        # the optimizer's temporaries are per tensor (train/optim.py): not scaled
+        if phase == OPTIMIZER or (phase == "backward" and ".layers." in f".{module}"):
+            kinds["Sharded Grad"] = kinds.get("Sharded Grad", 0) + omitted
         lifted.append(Peak(phase, module, kinds))
     if not lifted:
         raise RuntimeError("rehearse: the memory tracker recorded nothing")

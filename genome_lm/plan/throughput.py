@@ -100,14 +100,11 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
     compute = sum(parts.values())
     gpu, n, a, T = cluster.gpu, layout.tokens, m.act_bytes, layout.train.micro_batch * layout.seq_len
     layer_recompute = 1 if layout.memory.recompute == "per-layer" else 0
-    F = shard_degree(layout, assume)
-    if layout.gpus > 1:
-        bw = _link(cluster, F, assume)
-        per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
-        volume = per_layer * (2 + layout.reduce_bytes / a) * (F - 1) / F * layout.train.grad_accum
-        fsdp = volume / bw
-        accum = layout.train.grad_accum
-        parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * accum) / accum
+    F, accum = shard_degree(layout, assume), layout.train.grad_accum
+    # FSDP2's all-gathers and reduce-scatters (none on one GPU: F - 1 = 0)
+    per_layer = sum(unsharded_layer_bytes(lay, layout) for lay in m.layers) + m.root_param_bytes
+    fsdp = per_layer * (2 + layout.reduce_bytes / a) * (F - 1) / F * accum / _link(cluster, F, assume)
+    parts["fsdp_exposed"] = max(0.0, fsdp - assume.fsdp_overlap * compute * accum) / accum
     if layout.parallel.cp > 1:
         bw = _link(cluster, layout.parallel.cp, assume)
         frac = (layout.parallel.cp - 1) / layout.parallel.cp
@@ -134,9 +131,9 @@ def plan_time(m: ModelShape, layout: Layout, assume: Assumptions, cluster: Clust
         forward_compute = compute / 3  # the forward is about a third of the work (backward = 2x forward)
         back = 0.0 if assume.offload_prefetch else copy
         parts["offload_exposed"] = back + max(0.0, copy - forward_compute)
-    step = sum(parts.values()) * layout.train.grad_accum
-    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * layout.train.grad_accum
+    step = sum(parts.values()) * accum
+    tokens = layout.dp * layout.train.micro_batch * layout.seq_len * accum
     active = m.counts.get("active", 0) - m.counts.get("embeddings", 0)
     return TimePlan(step_time_s=step, tokens_per_s=tokens / step,
-                    parts_s={k: v * layout.train.grad_accum for k, v in parts.items()},
-                    flops_per_step=flops * layout.train.grad_accum, model_flops_per_token=6 * active)
+                    parts_s={k: v * accum for k, v in parts.items()}, flops_per_step=flops * accum,
+                    model_flops_per_token=6 * active)

@@ -173,7 +173,7 @@ def test_dtype_defaults():
 
 def test_dry_run_glm53_flash_on_64_gpus(capsys):
     """Memory per rank of GLM-5.3-Flash (meta device) on 64 GPUs, 1M-token windows in cp 8 slabs."""
-    from genome_lm.plan import model_shape
+    from genome_lm.plan.shapes import model_shape
 
     assert main(["eval", "--checkpoint", "glm53-flash", "--seq-len", "1M", "--nproc", "64", "--cp", "8",
                  "--dry-run"]) == 0

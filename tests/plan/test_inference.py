@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from genome_lm.plan import Layout, model_shape
+from genome_lm.plan.layout import Layout
 from genome_lm.plan.memory import plan_forward
+from genome_lm.plan.shapes import model_shape
 
 
 @pytest.fixture(scope="module")
