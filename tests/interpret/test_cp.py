@@ -48,7 +48,7 @@ def _step(cp: bool, head_block: int = 0, backend: str = "fla") -> dict:
 
 
 def _cp_worker(rank: int, world: int, out_dir: str, head_block: int) -> None:
-    from genome_lm.model.ops.kda import cp as cp_mod
+    import genome_lm.model.ops.kda as cp_mod
     from tests.interpret._interpreter import fla_cp_on_cpu
 
     fla_cp_on_cpu()

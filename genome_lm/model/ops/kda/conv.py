@@ -117,7 +117,6 @@ def conv_tail(x: torch.Tensor, prev: torch.Tensor | None, width: int) -> torch.T
 class KDAShortConv(LongContextModule, nn.Conv1d):
     """Upstream's KDA `conv1d` (weight `[3·H·K, 1, W]`) as `short_conv`: forward(x [B, T, C], prev) -> [B, T, C]."""
 
-    upstream = nn.Conv1d
     activation: str = "silu"
     backend: KDABackend = DEFAULTS.kda_backend
     fla: FlaKernels = FLA

@@ -76,8 +76,6 @@ class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
     """`Glm5NextTextForgetGate` whose forward(x [B, T, D]) returns the gate's inputs (raw [B, T, H·K],
     A_log [H], dt_bias [H·K]); the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, lower_bound)`."""
 
-    upstream = glm.Glm5NextTextForgetGate
-
     # upstream's gate returns one tensor; this one returns its parts, which LongKDA (its only caller) combines
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         raw = self.f_b_proj(self.f_a_proj(hidden_states))  # [B, T, H·K]
