@@ -1,6 +1,6 @@
 """A 2-rank context-parallel step on gloo with every KDA call on fla (interpreted) vs one process in torch.
 
-Rank r runs its slab's KDA core on fla's own context parallelism (`fla_cp_kda_core`: one
+Rank r runs its slab's KDA core on fla's own context parallelism (`cp_kda_core`: one
 `chunk_kda` per slab with a `cp_context`, the states exchanged inside fla's kernels, forward and
 backward); loss, per-token NLL and every parameter gradient must equal the single-process run on
 genome_lm's torch op, which the two-pass method (tests/parallel/test_cp.py) also equals.

@@ -19,10 +19,10 @@ import torch
 from genome_lm.model.ops import hc as hc_layer
 from genome_lm.model.ops import norm as rms_mod
 from genome_lm.model.ops.hc import RecomputedHyperConnection, lean_hc_forward, sinkhorn, upstream_hc_forward
-from genome_lm.model.ops.kda import LongKDA
-from genome_lm.model.ops.kda import gate as gate_mod
+from genome_lm.model.ops.kda import KDAForgetGate, LongKDA
+from genome_lm.model.ops.kda import chunk as gate_mod
+from genome_lm.model.ops.kda.chunk import kda_gate, upstream_forget_gate
 from genome_lm.model.ops.kda.conv import ShortConvFunction, conv_tail, short_conv
-from genome_lm.model.ops.kda.gate import KDAForgetGate, kda_gate, upstream_forget_gate
 from genome_lm.model.ops.kda.naive import naive_short_conv
 from genome_lm.model.ops.norm import gated_rms_norm, rms_norm, upstream_gated_rms_norm, upstream_rms_norm
 from genome_lm.model.upstream import glm

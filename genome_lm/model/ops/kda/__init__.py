@@ -10,7 +10,7 @@ Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W 
     out  = o_proj(o_norm(o, gate=g_b_proj(g_a_proj(x))))                  # [B, T, D]
 
 The conv + SiLU, forget gate and output norm each keep only compute-dtype inputs (`conv.py`,
-`gate.py`, `norm.py`); the gate is applied inside the recurrent op (fla's `use_gate_in_kernel`).
+`chunk.py`, `norm.py`); the gate is applied inside the recurrent op (fla's `use_gate_in_kernel`).
 
 Context parallelism (`LongKDA` with a `cp`): each rank runs its slab; the state crosses slabs.
 The gated delta rule is affine in the state it starts from. Over one slab, per head,
@@ -40,10 +40,9 @@ from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
-from genome_lm.model.ops.kda.gate import KDAForgetGate
 from genome_lm.model.ops.kda.naive import naive_recurrent_kda
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
-from genome_lm.model.upstream import Glm5NextTextLinearAttention
+from genome_lm.model.upstream import Glm5NextTextLinearAttention, glm
 from genome_lm.settings import DEFAULTS, KDABackend
 
 __all__ = ["chunk_kda", "naive_recurrent_kda", "LongKDA"]
@@ -137,6 +136,17 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         return out
 
 
+class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
+    """`Glm5NextTextForgetGate` whose forward(x [B, T, D]) returns the gate's inputs (raw [B, T, H·K],
+    A_log [H], dt_bias [H·K]); the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, lower_bound)`."""
+
+    # upstream's gate returns one tensor; this one returns its parts, which LongKDA (its only caller) combines
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        raw = self.f_b_proj(self.f_a_proj(hidden_states))  # [B, T, H·K]
+        # copies made last: their backward runs first, before FSDP2's post-backward of this module
+        return raw, self.A_log.float().clone(), self.dt_bias.float().clone()
+
+
 # What a KDA layer carries between pieces: (the last pre-conv projections [B, 3·H·K, W-1], the state
 # [B, H, K, V] float32 or None: zero in, and no final state out, as fla's context parallelism)
 KDAState = tuple[torch.Tensor, torch.Tensor | None]
@@ -212,8 +222,16 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     if initial_state is not None:
         raise NotImplementedError("context-parallel KDA starts every sequence from a zero state")
     if use_fla(q.device.type, backend, fla) and len(set(cp.lengths)) == 1:
-        return fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size, use_qk_l2norm_in_kernel, head_block, fla,
-                               **gate)
+        # fla's own CP (equal slabs; each batch row its own sequence of cp·T tokens): no final state
+        build = fla_function("fla.ops.cp", "build_cp_context", fla)
+        bounds = torch.tensor([0, q.shape[1] * cp.size], dtype=torch.long)
+        group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group
+        context = build(bounds.to(q.device), group=group, cu_seqlens_cpu=bounds)
+        gate, kw = fla_options(gate, chunk_size, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                               cp_context=context)
+        outs = [fla_by_heads(fla_chunk_kda(fla), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
+                             beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
+        return torch.cat(outs).to(q.dtype), None
     kw = dict(scale=scale, output_final_state=True, chunk_size=chunk_size,
               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, head_block=head_block, backend=backend, fla=fla, **gate)
     Bsz, T, HV, V = v.shape
@@ -232,19 +250,3 @@ def cp_kda_core(cp, q, k, v, g, beta, scale=None, initial_state=None, output_fin
     o = o_b.float() + torch.einsum("bthk,bhkv->bthv", o_m.float(), s_in)
     final = torch.matmul(M_r.float(), s_in) + B_r.float()
     return o.to(q.dtype), final
-
-
-def fla_cp_kda_core(cp, q, k, v, g, beta, scale, chunk_size: int, use_qk_l2norm_in_kernel: bool, head_block: int,
-                    fla: FlaKernels = FLA, **gate):
-    """fla's context-parallel `chunk_kda` on this rank's slab (equal slabs; each batch row its own
-    sequence of cp·T tokens) -> (o [B, T, HV, V], None): fla's CP gives no final state."""
-    build = fla_function("fla.ops.cp", "build_cp_context", fla)
-    T = q.shape[1]
-    bounds = torch.tensor([0, T * cp.size], dtype=torch.long)
-    group = cp.group if cp.group is not None else torch.distributed.group.WORLD  # None: the default group
-    context = build(bounds.to(q.device), group=group, cu_seqlens_cpu=bounds)
-    gate, kw = fla_options(gate, chunk_size, scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                           cp_context=context)
-    outs = [fla_by_heads(fla_chunk_kda(fla), head_block, q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
-                         beta[b:b + 1], gate, **kw)[0] for b in range(q.shape[0])]
-    return torch.cat(outs).to(q.dtype), None

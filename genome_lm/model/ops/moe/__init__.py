@@ -21,17 +21,12 @@ from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
 
 
-def expert_counts(topk_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Tokens routed to each expert: [..., k] expert ids -> [E] int64 counts."""
-    return torch.bincount(topk_indices.reshape(-1).long(), minlength=num_experts)
-
-
 def naive_moe_forward(module: Glm5NextTextMoE, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Upstream's forward of a (patched or not) `Glm5NextTextMoE` on hidden [B, T, D] -> (out, counts [E])."""
     out = Glm5NextTextMoE.forward(module, hidden)
     with torch.no_grad():
         _, _, topk_indices = module.gate(hidden)  # [N, k]
-    return out, expert_counts(topk_indices, module.experts.num_experts)
+    return out, _counts(topk_indices, module.experts.num_experts)
 
 
 def _experts(experts: Glm5NextTextExperts, x: torch.Tensor, topk_indices: torch.Tensor, topk_weights: torch.Tensor):
@@ -53,9 +48,11 @@ def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, 
     return out, topk_indices
 
 
-def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None) -> torch.Tensor:
-    """[E] tokens per expert of a block: counted, or spread evenly by the `assumed` routing."""
-    return expert_counts(idx, num_experts) if assumed is None else assumed.counts(idx.numel(), num_experts, idx.device)
+def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None = None) -> torch.Tensor:
+    """[E] int64 tokens per expert of expert ids idx [..., k]: counted, or spread evenly by `assumed`."""
+    if assumed is not None:
+        return assumed.counts(idx.numel(), num_experts, idx.device)
+    return torch.bincount(idx.reshape(-1).long(), minlength=num_experts)
 
 
 class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
