@@ -1,4 +1,4 @@
-"""Kimi Delta Attention: `naive` (references), `chunk` (chunked op), and here upstream's KDA layer
+"""Kimi Delta Attention: `naive` (reference), `chunk` (chunked op), and here upstream's KDA layer
 (`Glm5NextTextLinearAttention`) on `chunk_kda`, activations O(T·H·K): `LongKDA`, through `kda_layer_step`
 (one layer as a function of the state before a piece), and its context-parallel core.
 
@@ -40,12 +40,11 @@ from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, fla_function, use_fla
 from genome_lm.model.ops.kda.chunk import chunk_kda, fla_by_heads, fla_options
 from genome_lm.model.ops.kda.conv import KDAShortConv, conv_tail
-from genome_lm.model.ops.kda.naive import naive_recurrent_kda
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.upstream import Glm5NextTextLinearAttention, glm
 from genome_lm.settings import DEFAULTS, KDABackend
 
-__all__ = ["chunk_kda", "naive_recurrent_kda", "LongKDA"]
+__all__ = ["chunk_kda", "LongKDA"]
 
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):

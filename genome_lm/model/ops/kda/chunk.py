@@ -1,8 +1,14 @@
 """Chunked Kimi Delta Attention (gated delta rule with per-channel decay) in pure torch.
 
-Semantics are those of `naive.naive_recurrent_kda`. The sequence is cut into chunks of C
-tokens; within a chunk the delta rule is solved in WY form, across chunks a [K, V] state is
-carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channel, [C, K]):
+Semantics are those of fla's `naive_recurrent_kda`, one token at a time; per value head, with state S
+in R^{K x V}:
+
+    S_t = diag(exp(g_t)) S_{t-1}                      (per-channel decay, g in log space)
+    S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T        (delta rule)
+    o_t = S_t^T (scale * q_t)
+
+The sequence is cut into chunks of C tokens; within a chunk the delta rule is solved in WY form, across
+chunks a [K, V] state is carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay ([C, K]):
 
     A_kk[t, s] = Σ_d k_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s < t)
     A_qk[t, s] = Σ_d q_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s <= t)
