@@ -1,4 +1,4 @@
-"""Kimi Delta Attention: `naive` (reference), `chunk` (chunked op), and here upstream's KDA layer
+"""Kimi Delta Attention: `chunk` (chunked op), and here upstream's KDA layer
 (`Glm5NextTextLinearAttention`) on `chunk_kda`, activations O(T·H·K): `LongKDA`, through `kda_layer_step`
 (one layer as a function of the state before a piece), and its context-parallel core.
 
