@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 
 import genome_lm.model.ops.dsa.chunk as dsa_chunk
-import genome_lm.model.ops.kda.layer as kda_step
-from genome_lm.model.ops.kda.gate import kda_gate
-from genome_lm.model.ops.kda.layer import LongKDA
+import genome_lm.model.ops.kda as kda_step
+from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.kda.chunk import kda_gate
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
 

@@ -46,7 +46,7 @@ def frame(m: ModelShape, n: int, hc_recompute: bool) -> dict[str, int]:
 
 
 def kda(m: ModelShape, n: int, backend: str, chunk: int = 64, cp: int = 1) -> dict[str, int]:
-    """Under context parallelism (model/ops/kda/cp.py) the torch op runs twice per slab (ordinary run,
+    """Under context parallelism (model/ops/kda/__init__.py) the torch op runs twice per slab (ordinary run,
     and the slab's affine map with zero values of width K), and o^M is kept in float32 for the
     einsum; fla's own context parallelism (the fla backend, equal slabs) is one pass, nothing more."""
     a, D, H, K = m.act_bytes, m.D, m.kda_heads, m.kda_head_dim

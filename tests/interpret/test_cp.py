@@ -1,6 +1,6 @@
 """A 2-rank context-parallel step on gloo with every KDA call on fla (interpreted) vs one process in torch.
 
-Rank r runs its slab's KDA core on fla's own context parallelism (`fla_cp_kda_core`: one
+Rank r runs its slab's KDA core on fla's own context parallelism (`cp_kda_core`: one
 `chunk_kda` per slab with a `cp_context`, the states exchanged inside fla's kernels, forward and
 backward); loss, per-token NLL and every parameter gradient must equal the single-process run on
 genome_lm's torch op, which the two-pass method (tests/parallel/test_cp.py) also equals.
@@ -48,7 +48,7 @@ def _step(cp: bool, head_block: int = 0, backend: str = "fla") -> dict:
 
 
 def _cp_worker(rank: int, world: int, out_dir: str, head_block: int) -> None:
-    from genome_lm.model.ops.kda import cp as cp_mod
+    import genome_lm.model.ops.kda as cp_mod
     from tests.interpret._interpreter import fla_cp_on_cpu
 
     fla_cp_on_cpu()

@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from genome_lm.model.ops.kda.layer import LongKDA
+from genome_lm.model.ops.kda import LongKDA
 from genome_lm.model.upstream import use_torch_fallbacks
 from tests.helpers import assert_close
 from tests.model.test_kda import cached_outputs, forward_backward, tiny_layer

@@ -2,7 +2,7 @@
 against genome_lm's references, in float32.
 
 - `conv.short_conv` on fla's `causal_conv1d` (the kernel of `ShortConvolution`, `prev` as its initial
-  state) vs `naive.naive_short_conv` (the layer's former code path);
+  state) vs `conv.naive_short_conv` (the layer's former code path);
 - `KDAOutputNorm` on fla's `rms_norm_gated` (the function of `FusedRMSNormGated`, sigmoid gate) vs
   upstream's `Glm5NextTextRMSNormGated.forward`;
 - `chunk_kda(..., use_gate_in_kernel=True)` on fla (`safe_gate` with GLM-5.3-Flash's bound -5;
@@ -17,7 +17,7 @@ import torch
 
 from genome_lm.model.ops.kda.chunk import chunk_kda, chunk_kda_torch
 from genome_lm.model.ops.kda.conv import short_conv
-from genome_lm.model.ops.kda.naive import naive_short_conv
+from genome_lm.model.ops.kda.conv import naive_short_conv
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.ops.norm import upstream_gated_rms_norm
 from genome_lm.model.upstream import glm

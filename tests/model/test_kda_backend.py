@@ -9,12 +9,11 @@ import torch
 
 from genome_lm.config import MemoryConfig
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.ops.kda import _fla
+from genome_lm.model.ops.kda import LongKDA, _fla
 from genome_lm.model.ops.kda import chunk as chunk_mod
 from genome_lm.model.ops.kda import conv as conv_mod
 from genome_lm.model.ops.kda import norm as norm_mod
 from genome_lm.model.ops.kda.chunk import chunk_kda
-from genome_lm.model.ops.kda.layer import LongKDA
 from genome_lm.settings import DEFAULTS, parse_kda_backend
 from genome_lm.train.parallelize import parallelize
 from tests.helpers import tiny_model

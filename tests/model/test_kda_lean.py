@@ -1,6 +1,6 @@
 """The ops that keep only their compute-dtype inputs for backward, against their references.
 
-KDA's short conv + SiLU (`conv.short_conv` vs `naive.naive_short_conv`, the layer's former code
+KDA's short conv + SiLU (`conv.short_conv` vs `conv.naive_short_conv`, the layer's former code
 path), forget gate (`gate.kda_gate` vs upstream's `Glm5NextTextForgetGate.forward`), gated output
 norm and the RMSNorm (`ops.norm` vs upstream's forwards), and the hyper-connection's logits and
 collapse (`ops.hc` vs upstream's forward): outputs and gradients equal in float32, close in bf16,
@@ -19,11 +19,10 @@ import torch
 from genome_lm.model.ops import hc as hc_layer
 from genome_lm.model.ops import norm as rms_mod
 from genome_lm.model.ops.hc import RecomputedHyperConnection, lean_hc_forward, sinkhorn, upstream_hc_forward
-from genome_lm.model.ops.kda import LongKDA
-from genome_lm.model.ops.kda import gate as gate_mod
-from genome_lm.model.ops.kda.conv import ShortConvFunction, conv_tail, short_conv
-from genome_lm.model.ops.kda.gate import KDAForgetGate, kda_gate, upstream_forget_gate
-from genome_lm.model.ops.kda.naive import naive_short_conv
+from genome_lm.model.ops.kda import KDAForgetGate, LongKDA
+from genome_lm.model.ops.kda import chunk as gate_mod
+from genome_lm.model.ops.kda.chunk import kda_gate, upstream_forget_gate
+from genome_lm.model.ops.kda.conv import ShortConvFunction, conv_tail, naive_short_conv, short_conv
 from genome_lm.model.ops.norm import gated_rms_norm, rms_norm, upstream_gated_rms_norm, upstream_rms_norm
 from genome_lm.model.upstream import glm
 from tests.helpers import assert_close

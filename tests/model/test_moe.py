@@ -105,7 +105,7 @@ def test_expert_load_stats():
 
 def test_eager_experts_equal_grouped_mm():
     """The eager loop `_experts` takes for float32 on CUDA computes what grouped_mm does."""
-    from genome_lm.model.ops.moe.chunk import _experts
+    from genome_lm.model.ops.moe import _experts
 
     module = _moe()
     module.config._experts_implementation = "grouped_mm"  # what a built model's config says

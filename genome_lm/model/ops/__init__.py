@@ -18,10 +18,14 @@ def swap_class(module: nn.Module, cls: type) -> nn.Module:
 
 
 class LongContextModule:
-    """Mixin of the long-context classes: `upstream` is the class a subclass extends, `configure` sets
-    its typed settings (shown by `print(model)`)."""
+    """Mixin of the long-context classes, each `class Long(LongContextModule, Upstream)`: `upstream` is
+    the class it extends, `configure` sets its typed settings (shown by `print(model)`)."""
 
-    upstream: type[nn.Module]
+    upstream: type
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.upstream = cls.__bases__[-1]
 
     def configure(self, *args: Any, **settings: Any) -> None:  # a subclass with settings names them
         pass

@@ -109,8 +109,6 @@ class RecomputedHyperConnection(LongContextModule, glm.Glm5NextTextHyperConnecti
     """`Glm5NextTextHyperConnection` whose intermediates are rebuilt in backward; forward
     returns (post [B, T, S], comb [B, T, S, S], collapsed [B, T, D]) as upstream."""
 
-    upstream = glm.Glm5NextTextHyperConnection
-
     def forward(self, hidden_streams: torch.Tensor):
         if torch.is_grad_enabled() and (hidden_streams.requires_grad
                                         or any(p.requires_grad for p in self.parameters())):

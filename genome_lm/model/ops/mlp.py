@@ -73,8 +73,6 @@ swiglu_mlp = SwiGLUFunction.apply
 class LeanMLP(LongContextModule, glm.Glm5NextTextMLP):
     """`Glm5NextTextMLP` computed by `swiglu_mlp`: upstream's values, x and its two projections kept."""
 
-    upstream = glm.Glm5NextTextMLP
-
     def configure(self) -> None:
         if self.config.hidden_act != "silu":
             raise ValueError(f"LeanMLP computes SiLU; this MLP's config has hidden_act={self.config.hidden_act!r}")

@@ -109,7 +109,5 @@ gated_rms_norm = GatedRMSNormFunction.apply
 class LeanRMSNorm(LongContextModule, glm.Glm5NextTextRMSNorm):
     """`Glm5NextTextRMSNorm` computed by `rms_norm`: upstream's values, only the input kept for backward."""
 
-    upstream = glm.Glm5NextTextRMSNorm
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .indexer import DSASelection, index_inputs, kpool_keys
+
 
 def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, weights: torch.Tensor,
                         topk: int, kpool: int, select_tail: bool, scale: float | None = None) -> torch.Tensor:
@@ -35,10 +37,7 @@ def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ap
     scale = DI**-0.5 if scale is None else scale
     P = T // kpool
     pos = torch.arange(T, device=q.device)
-    # pools: [B, P, kpool, DI] -> pool keys [B, P, DI]
-    logits = gate[:, : P * kpool].reshape(B, P, kpool, DI).float() + ape.float()
-    probs = logits.softmax(dim=2).to(k.dtype)
-    pool_keys = (probs * k[:, : P * kpool].reshape(B, P, kpool, DI)).sum(dim=2)
+    pool_keys = kpool_keys(k, gate, ape, kpool)  # [B, P, DI]
     # the same torch ops as upstream, so that scores (and topk ties) are bitwise upstream's
     scores = torch.matmul(q.float(), pool_keys.transpose(-1, -2).float().unsqueeze(1))  # [B, T, HI, P]
     scores = F.relu(scores * scale)
@@ -46,19 +45,9 @@ def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ap
     pool_end = torch.arange(P, device=q.device) * kpool + kpool - 1
     visible = pool_end[None, :] <= pos[:, None]  # [T, P]
     index_scores = index_scores.masked_fill(~visible, torch.finfo(index_scores.dtype).min)
-    select_k = min(topk // kpool, P)
-    picked = index_scores.topk(select_k, dim=-1).indices  # [B, T, S]
+    picked = index_scores.topk(min(topk // kpool, P), dim=-1).indices  # [B, T, S]
     picked = picked.masked_fill(~visible.expand(B, T, P).gather(-1, picked), -1)
-    tokens = picked[..., None] * kpool + torch.arange(kpool, device=q.device)
-    tokens = tokens.masked_fill(picked[..., None] < 0, -1).flatten(-2)  # [B, T, S * kpool]
-    width = topk
-    if select_tail and kpool > 1:
-        count = (pos + 1) % kpool
-        tail = (pos + 1 - count)[:, None] + torch.arange(kpool - 1, device=q.device)  # [T, kpool-1]
-        tail = tail.masked_fill(torch.arange(kpool - 1, device=q.device) >= count[:, None], -1)
-        tokens = torch.cat([tokens, tail.expand(B, T, kpool - 1)], dim=-1)
-        width += kpool - 1
-    return F.pad(tokens, (0, width - tokens.shape[-1]), value=-1)  # [pool tokens, tail, -1 ...]
+    return DSASelection(picked, kpool, select_tail).to_token_indices(topk).long()  # [pool tokens, tail, -1 ...]
 
 
 def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weight: torch.Tensor,
@@ -93,17 +82,9 @@ def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Ten
         indices = prev_indices
     else:
         ix = attn.indexer
+        q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
         with torch.no_grad():
-            indices = naive_kpool_indexer(
-                q=ix.wq_b(q_resid).view(B, T, ix.n_heads, ix.head_dim),
-                k=ix.k_norm(ix.wk(hidden_states)),
-                gate=F.linear(hidden_states, ix.index_kpool_compress_gate),
-                ape=ix.index_kpool_compress_ape,
-                weights=ix.weights_proj(hidden_states).float() * ix.n_heads**-0.5,
-                topk=ix.index_topk,
-                kpool=ix.index_kpool,
-                select_tail=ix.index_kpool_always_select_tail,
-                scale=ix.softmax_scale,
-            )
+            indices = naive_kpool_indexer(q_idx, keys, gate, ix.index_kpool_compress_ape, weights, ix.index_topk,
+                                          ix.index_kpool, ix.index_kpool_always_select_tail, ix.softmax_scale)
     o = naive_mla_attention(q, c, attn.kv_b_proj.weight, indices, attn.scaling)
     return attn.o_proj(o.reshape(B, T, -1)), indices

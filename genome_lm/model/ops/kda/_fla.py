@@ -78,16 +78,9 @@ def fla_function(module: str, name: str, kernels: FlaKernels = FLA) -> Callable:
     return fn
 
 
-def fla_chunk_kda(kernels: FlaKernels = FLA) -> Callable:
-    return fla_function("fla.ops.kda", "chunk_kda", kernels)
-
-
-def fla_causal_conv1d(kernels: FlaKernels = FLA) -> Callable:
-    return fla_function("fla.modules.causal_conv1d", "causal_conv1d", kernels)
-
-
-def fla_rms_norm_gated(kernels: FlaKernels = FLA) -> Callable:
-    return fla_function("fla.modules.norm.fused_norm_gate", "rms_norm_gated", kernels)
+fla_chunk_kda = functools.partial(fla_function, "fla.ops.kda", "chunk_kda")
+fla_causal_conv1d = functools.partial(fla_function, "fla.modules.causal_conv1d", "causal_conv1d")
+fla_rms_norm_gated = functools.partial(fla_function, "fla.modules.norm.fused_norm_gate", "rms_norm_gated")
 
 
 def load_fla_reference(relpath: str, name: str) -> Callable | None:

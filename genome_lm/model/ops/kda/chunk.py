@@ -1,8 +1,14 @@
 """Chunked Kimi Delta Attention (gated delta rule with per-channel decay) in pure torch.
 
-Semantics are those of `naive.naive_recurrent_kda`. The sequence is cut into chunks of C
-tokens; within a chunk the delta rule is solved in WY form, across chunks a [K, V] state is
-carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channel, [C, K]):
+Semantics are those of fla's `naive_recurrent_kda`, one token at a time; per value head, with state S
+in R^{K x V}:
+
+    S_t = diag(exp(g_t)) S_{t-1}                      (per-channel decay, g in log space)
+    S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T        (delta rule)
+    o_t = S_t^T (scale * q_t)
+
+The sequence is cut into chunks of C tokens; within a chunk the delta rule is solved in WY form, across
+chunks a [K, V] state is carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay ([C, K]):
 
     A_kk[t, s] = Σ_d k_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s < t)
     A_qk[t, s] = Σ_d q_t[d] k_s[d] exp(Γ_t[d] - Γ_s[d])   (s <= t)
@@ -13,11 +19,22 @@ carried. With Γ_t = Σ_{u<=t} g_u the in-chunk cumulative log-decay (per channe
 Memory: the [C, C, K] decay tensor of upstream's fallback is never built; A is plain [C, C]
 matmuls of decay-rescaled q/k. Segments of 16 chunks are recomputed in backward: what stays alive
 is the inputs, the output and one [K, V] state per segment, O(T·H·(K + V)); with
-`use_gate_in_kernel` each segment applies the gate (`gate.kda_gate`), so raw g is kept.
+`use_gate_in_kernel` each segment applies the gate (`kda_gate`), so raw g is kept.
 
 Stability: exp() is only taken of non-positive numbers (g <= 0), so nothing overflows for any
 decay strength (for A: the binary split of `_lower_scores`). Underflow only hits products whose
 true value is below fp32's range too.
+
+The forget gate: upstream's `Glm5NextTextForgetGate.forward(x)` (the reference), raw = f_b_proj(f_a_proj(x))
+[B, T, H·K], computes in float32 [B, T, H, K]:
+
+    g = lower_bound · sigmoid(exp(A_log) · (raw + dt_bias))      (GLM-5.3-Flash: lower_bound -5)
+    g = -exp(A_log) · softplus(raw + dt_bias)                   (lower_bound None)
+
+keeping three float32 tensors. Here it is split as fla's `use_gate_in_kernel` splits it:
+`KDAForgetGate` returns (raw, A_log, dt_bias) and the KDA op applies `kda_gate` (token blocks), so
+only raw stays for backward. A_log and dt_bias leave as copies: their backward runs after FSDP2 has
+freed the module's gathered parameters.
 """
 
 from functools import partial
@@ -27,8 +44,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
-from genome_lm.model.ops.kda.gate import kda_gate
+from genome_lm.model.ops.norm import row_blocks
+from genome_lm.model.upstream import glm
 from genome_lm.settings import DEFAULTS, KDABackend
+
+upstream_forget_gate = glm.Glm5NextTextForgetGate.forward
+ROW_BLOCK = 4096  # tokens per block of the forget gate's float32 temporaries
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
@@ -201,3 +222,54 @@ def _lower_scores(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor) -> torch.T
     top = torch.cat([diag[..., 0, :, :], torch.zeros_like(cross)], dim=-1)
     bottom = torch.cat([cross, diag[..., 1, :, :]], dim=-1)
     return torch.cat([top, bottom], dim=-2)  # [2, ..., L, L]
+
+
+def _softplus(g: torch.Tensor) -> torch.Tensor:
+    return torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))  # upstream's, exactly
+
+
+class KDAGateFunction(torch.autograd.Function):
+    """raw [N, H, K] (any float dtype), A_log [H], dt_bias [H·K] -> g [N, H, K] float32."""
+
+    @staticmethod
+    def forward(ctx, raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None):
+        H, K = raw.shape[-2:]
+        rate, bias = A_log.float().exp().view(H, 1), dt_bias.float().view(H, K)
+        out = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
+        for a, b in row_blocks(raw.shape[0], ROW_BLOCK):
+            g = raw[a:b].float() + bias
+            out[a:b] = lower_bound * torch.sigmoid(rate * g) if lower_bound is not None else -rate * _softplus(g)
+        ctx.save_for_backward(raw, A_log, dt_bias)
+        ctx.lower_bound = lower_bound
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        raw, A_log, dt_bias = ctx.saved_tensors
+        H, K = raw.shape[-2:]
+        lb = ctx.lower_bound
+        rate, bias = A_log.float().exp().view(H, 1), dt_bias.float().view(H, K)
+        draw = torch.empty(raw.shape, dtype=raw.dtype, device=raw.device)
+        d_rate = torch.zeros(H, 1, dtype=torch.float32, device=raw.device)
+        d_bias = torch.zeros(H, K, dtype=torch.float32, device=raw.device)
+        for a, b in row_blocks(raw.shape[0], ROW_BLOCK):
+            g, d = raw[a:b].float() + bias, dy[a:b].float()
+            if lb is not None:
+                s = torch.sigmoid(rate * g)
+                dz = d * (lb * s * (1 - s))  # d (rate · g)
+                d_rate += (dz * g).sum((0, 2))[:, None]
+                dg = dz * rate
+            else:
+                d_rate -= (d * _softplus(g)).sum((0, 2))[:, None]
+                dg = -rate * d * torch.where(g > 20.0, torch.ones_like(g), torch.sigmoid(g))
+            d_bias += dg.sum(0)
+            draw[a:b] = dg.to(raw.dtype)
+        d_A = (d_rate[:, 0] * rate[:, 0]).to(A_log.dtype)  # d exp(A_log) / d A_log = exp(A_log)
+        return draw, d_A, d_bias.view_as(dt_bias).to(dt_bias.dtype), None
+
+
+def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+             lower_bound: float | None = None) -> torch.Tensor:
+    """raw `[..., H, K]`, A_log `[H]`, dt_bias `[H·K]` -> `upstream_forget_gate`'s `[..., H, K]` float32."""
+    shape = raw.shape
+    return KDAGateFunction.apply(raw.reshape(-1, *shape[-2:]), A_log, dt_bias, lower_bound).view(shape)

@@ -1,6 +1,6 @@
 """KDA's short causal conv + SiLU keeping only its input. Upstream convolves `[q | k | v]` (x [B, T, C],
 C = 3·H·K) depthwise over W tokens with the float32 weight [C, 1, W], SiLU in float32, keeping the
-float32 copies (reference: `naive.naive_short_conv`). `short_conv` keeps x and `prev` (the W-1
+float32 copies (reference: `naive_short_conv`, below). `short_conv` keeps x and `prev` (the W-1
 projections before x): fla's `causal_conv1d` on CUDA, else `ShortConvFunction` (token blocks,
 recomputed in backward). `KDAShortConv` is upstream's `conv1d` on it, so FSDP2 gathers its weight."""
 
@@ -117,7 +117,6 @@ def conv_tail(x: torch.Tensor, prev: torch.Tensor | None, width: int) -> torch.T
 class KDAShortConv(LongContextModule, nn.Conv1d):
     """Upstream's KDA `conv1d` (weight `[3·H·K, 1, W]`) as `short_conv`: forward(x [B, T, C], prev) -> [B, T, C]."""
 
-    upstream = nn.Conv1d
     activation: str = "silu"
     backend: KDABackend = DEFAULTS.kda_backend
     fla: FlaKernels = FLA
@@ -134,3 +133,14 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 
     def forward(self, x: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
         return short_conv(x, self.weight, prev, self.activation, backend=self.backend, fla=self.fla)
+
+
+def naive_short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(causal depthwise conv), the plain way: x `[B, T, C]`, weight `[C, 1, W]`, prev `[B, C, W-1]`
+    (None: zeros) -> `[B, T, C]` in x's dtype, computed in the weight's dtype."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    prev = x.new_zeros(B, C, W - 1) if prev is None else prev.to(x.dtype)
+    full = torch.cat([prev, x.transpose(1, 2)], dim=-1)  # [B, C, W-1+T]
+    out = F.silu(F.conv1d(full.to(weight.dtype), weight, groups=C))  # [B, C, T]
+    return out.to(x.dtype).transpose(1, 2)

@@ -17,38 +17,20 @@ def _check(name: str, cond: bool, what: str) -> None:
         raise ValueError(f"fla {name}: {what}")
 
 
-class _ChunkKDA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, chunk_size):
-        B, T, H, K = q.shape
-        C, NT = chunk_size, -(-T // chunk_size)
-        a = q.dtype
-        intermediates = [q.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
-        h = q.new_empty(B, NT, H, K, v.shape[-1])  # chunk states
-        o = v.new_empty(v.shape)
-        saved = [q.new_empty(B, T, H, K), k.new_empty(B, T, H, K), v.new_empty(v.shape),  # l2-normed q, k; v
-                 q.new_empty(B, T, H, dtype=F32), q.new_empty(B, T, H, dtype=F32),  # q, k rstd
-                 q.new_empty(B, T, H, C, dtype=a), q.new_empty(B, T, H, C, dtype=a),  # Aqk, Akk
-                 q.new_empty(B, T, H, dtype=F32)]
-        del intermediates, h
-        ctx.save_for_backward(*saved)
-        ctx.shapes = (q.shape, k.shape, v.shape, g.shape, g.dtype, beta.shape, beta.dtype, C)
-        return o
+class _FakeKernel(torch.autograd.Function):
+    """`forward(*inputs)` -> (output, tensors kept for backward); `backward(grad, *kept)` -> the inputs'
+    gradients. Both only allocate, and see shapes, not the inputs themselves."""
 
     @staticmethod
-    def backward(ctx, do):
-        qs, ks, vs, gs, gdtype, bs, bdtype, C = ctx.shapes
-        B, T, H, K = qs
-        NT = -(-T // C)
-        rebuilt = [do.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
-        h = do.new_empty(B, NT, H, K, vs[-1])
-        dh = do.new_empty(B, NT, H, K, vs[-1])
-        dA = [do.new_empty(B, T, H, C, dtype=F32) for _ in range(2)]
-        dv_new = do.new_empty(vs)
-        dq, dk, dv = do.new_empty(qs), do.new_empty(ks), do.new_empty(vs)
-        dg = do.new_empty(gs, dtype=F32)
-        del rebuilt, h, dh, dA, dv_new
-        return dq, dk, dv, dg.to(gdtype), do.new_empty(bs, dtype=bdtype), None
+    def forward(ctx, forward, backward, *inputs):
+        out, saved = forward(*inputs)
+        ctx.save_for_backward(*saved)
+        ctx.backward = backward
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, *ctx.backward(grad, *ctx.saved_tensors)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -64,22 +46,40 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     if use_gate_in_kernel:
         _check("chunk_kda", A_log is not None and A_log.numel() == H and dt_bias is not None
                and dt_bias.numel() == H * K, "use_gate_in_kernel needs A_log [H] and dt_bias [H*K]")
-    o = _ChunkKDA.apply(q, k, v, g, beta, chunk_size)
+    C, NT = chunk_size, -(-T // chunk_size)
+    qs, vs, gs, gdtype, bs, bdtype = q.shape, v.shape, g.shape, g.dtype, beta.shape, beta.dtype
+
+    def forward(q, k, v, g, beta):
+        a = q.dtype
+        intermediates = [q.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
+        h = q.new_empty(B, NT, H, K, v.shape[-1])  # chunk states
+        o = v.new_empty(v.shape)
+        saved = [q.new_empty(B, T, H, K), k.new_empty(B, T, H, K), v.new_empty(v.shape),  # l2-normed q, k; v
+                 q.new_empty(B, T, H, dtype=F32), q.new_empty(B, T, H, dtype=F32),  # q, k rstd
+                 q.new_empty(B, T, H, C, dtype=a), q.new_empty(B, T, H, C, dtype=a),  # Aqk, Akk
+                 q.new_empty(B, T, H, dtype=F32)]
+        del intermediates, h
+        return o, saved
+
+    def backward(do, *saved):
+        rebuilt = [do.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
+        h = do.new_empty(B, NT, H, K, vs[-1])
+        dh = do.new_empty(B, NT, H, K, vs[-1])
+        dA = [do.new_empty(B, T, H, C, dtype=F32) for _ in range(2)]
+        dv_new = do.new_empty(vs)
+        dq, dk, dv = do.new_empty(qs), do.new_empty(qs), do.new_empty(vs)
+        dg = do.new_empty(gs, dtype=F32)
+        del rebuilt, h, dh, dA, dv_new
+        return dq, dk, dv, dg.to(gdtype), do.new_empty(bs, dtype=bdtype)
+
+    o = _FakeKernel.apply(forward, backward, q, k, v, g, beta)
     final = q.new_empty(B, H, K, v.shape[-1], dtype=F32) if output_final_state else None
     return o, final
 
 
-class _Conv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return x.new_empty(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dw = dy.new_empty(weight.shape, dtype=F32)
-        return dy.new_empty(x.shape), dw.to(weight.dtype)
+def _conv_backward(dy, x, weight):
+    dw = dy.new_empty(weight.shape, dtype=F32)
+    return dy.new_empty(x.shape), dw.to(weight.dtype)
 
 
 def causal_conv1d(x, weight, bias=None, initial_state=None, activation=None, **kwargs):
@@ -88,27 +88,21 @@ def causal_conv1d(x, weight, bias=None, initial_state=None, activation=None, **k
            f"x {tuple(x.shape)} weight {tuple(weight.shape)}")
     _check("causal_conv1d", initial_state is None or initial_state.shape == (x.shape[0], x.shape[-1], weight.shape[1]),
            f"initial_state {None if initial_state is None else tuple(initial_state.shape)}")
-    return _Conv.apply(x, weight), None
+    return _FakeKernel.apply(lambda x, w: (x.new_empty(x.shape), [x, w]), _conv_backward, x, weight), None
 
 
-class _NormGated(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g, weight):
-        rstd = x.new_empty(x.shape[:-1], dtype=F32)
-        ctx.save_for_backward(x, g, weight, rstd)
-        return x.new_empty(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, g, weight, _ = ctx.saved_tensors
-        return dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(weight.shape, dtype=weight.dtype)
+def _norm_gated_forward(x, g, weight):
+    rstd = x.new_empty(x.shape[:-1], dtype=F32)
+    return x.new_empty(x.shape), [x, g, weight, rstd]
 
 
 def rms_norm_gated(x, g, weight, bias=None, activation="swish", eps=1e-6, **kwargs):
     """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract."""
     _check("rms_norm_gated", x.shape == g.shape and weight.shape == x.shape[-1:],
            f"x {tuple(x.shape)} g {tuple(g.shape)} weight {tuple(weight.shape)}")
-    return _NormGated.apply(x, g, weight)
+    backward = lambda dy, x, g, weight, _: (  # noqa: E731
+        dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(weight.shape, dtype=weight.dtype))
+    return _FakeKernel.apply(_norm_gated_forward, backward, x, g, weight)
 
 
 def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):

@@ -17,7 +17,6 @@ from genome_lm.settings import DEFAULTS, KDABackend
 class KDAOutputNorm(LongContextModule, glm.Glm5NextTextRMSNormGated):
     """`Glm5NextTextRMSNormGated`: forward(o [..., V], gate [..., V]) -> [..., V] in o's dtype."""
 
-    upstream = glm.Glm5NextTextRMSNormGated
     backend: KDABackend = DEFAULTS.kda_backend
     fla: FlaKernels = FLA
 

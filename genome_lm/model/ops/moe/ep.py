@@ -28,11 +28,7 @@ from genome_lm.model.upstream import Glm5NextTextExperts
 
 @dataclass(frozen=True)
 class AssumedRouting:
-    imbalance: float  # rows this rank receives / the mean over the EP group (>= 1)
-
-    def __post_init__(self) -> None:
-        if self.imbalance < 1:
-            raise ValueError(f"imbalance is the busiest rank over the mean, >= 1; got {self.imbalance}")
+    imbalance: float  # rows this rank receives / the mean over the EP group (>= 1, `Assumptions` checks it)
 
     def splits(self, pairs: int, size: int, n_local: int, device: torch.device):
         """`_splits` for `pairs` = M·k (token, expert) pairs of this rank, spread evenly."""
@@ -66,7 +62,6 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
     """`Glm5NextTextExperts` over an EP group: this rank's experts for every rank's tokens (FSDP2's
     forward gathers its shard of `gate_up_proj`/`down_proj`)."""
 
-    upstream = Glm5NextTextExperts
     ep: EPContext
     routing: AssumedRouting | None = None  # None: split by the router's choice (`model/values.py` sets an assumption)
 
