@@ -178,12 +178,24 @@ def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState
     raw_gate, A_log, dt_bias = module.forget_gate(hidden_states)  # the gate's inputs; the core applies it
     beta = torch.sigmoid(module.b_proj(hidden_states))  # [B, T, H]
 
-    core, recurrent = (kda_core or chunk_kda)(  # core [B, T, H, V]
-        query, key, value, raw_gate.view(head_shape), beta, initial_state=h0, output_final_state=True,
-        chunk_size=module.chunk_size, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-        dt_bias=dt_bias, lower_bound=module.forget_gate.safe_gate_lower_bound, head_block=module.head_block,
-        backend=module.backend, fla=module.fla,
-    )
+    core, recurrent = (kda_core or chunk_kda)(
+        query,
+        key,
+        value,
+        raw_gate.view(head_shape),
+        beta,
+        initial_state=h0,
+        output_final_state=True,
+        chunk_size=module.chunk_size,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        lower_bound=module.forget_gate.safe_gate_lower_bound,
+        head_block=module.head_block,
+        backend=module.backend,
+        fla=module.fla,
+    )  # core [B, T, H, V]
 
     gate = module.g_b_proj(module.g_a_proj(hidden_states)).view(head_shape)
     out = module.o_proj(module.o_norm(core, gate).reshape(B, T, -1))  # [B, T, D]
