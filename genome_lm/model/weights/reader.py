@@ -81,20 +81,16 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
 
 
 def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
-    """The safetensors shards of a directory: its index's, else `model.safetensors`, else `*.safetensors`."""
+    """The `*.safetensors` of a directory (DCP reads them all), once every shard its index lists is there."""
     ckpt_dir = Path(ckpt_dir)
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
         with _reading(index):
             weight_map = json.loads(index.read_text())["weight_map"]
-        files = [ckpt_dir / name for name in sorted(set(weight_map.values()))]
-        if missing := [f.name for f in files if not f.is_file()]:
+        if missing := [name for name in sorted(set(weight_map.values())) if not (ckpt_dir / name).is_file()]:
             raise GenomeLMError(
                 f"model: {index} lists shards missing from {ckpt_dir}: {missing[:5]}; finish the download"
             )
-        return files
-    if (ckpt_dir / "model.safetensors").is_file():
-        return [ckpt_dir / "model.safetensors"]
     if files := sorted(ckpt_dir.glob("*.safetensors")):
         return files
     pickles = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl") for p in ckpt_dir.glob(pat)]
