@@ -14,7 +14,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.contract import check_model, check_symbols, check_torch, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
-from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
+from genome_lm.model.upstream import route_cpu_to_torch
 from genome_lm.model.weights.layout import cast_tensor
 from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_config
 
@@ -52,12 +52,14 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
                 raise GenomeLMError(f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
                                     "(counting, planning) or on a GPU device")
             meta = on_cpu if meta is None else meta
-        model = _construct(config, "meta" if meta else device)
+        with torch.device("meta" if meta else device or "cpu"):
+            model = Glm5NextCausalLM(config)
         if dtype is not None:
             _cast_(model, dtype)
     else:
         config = read_text_config(source_str, **config_overrides)
-        model = _construct(config, "meta")
+        with torch.device("meta"):
+            model = Glm5NextCausalLM(config)
         if not meta:
             report = load_weights_(model, source_str, device or "cpu", dtype=dtype, stored_dtypes=True)
         elif dtype is not None:
@@ -74,11 +76,6 @@ def check_upstream() -> str:
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()
     return summary()
-
-
-def _construct(config: Glm5NextTextConfig, device: str | torch.device | None) -> Glm5NextCausalLM:
-    with torch.device(device or "cpu"):
-        return Glm5NextCausalLM(config)
 
 
 def _cast_(model: nn.Module, dtype: torch.dtype) -> None:

@@ -24,8 +24,8 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
         raise GenomeLMError(f"token map: shard vocabulary ids must be 0..{len(ids) - 1}, got {shard_vocab}")
     symbols = sorted(shard_vocab, key=shard_vocab.__getitem__)
     source = Path(str(model_source))
+    mapping = list(range(len(symbols)))  # the identity: a model trained on shard ids
     if is_preset(str(model_source)):
-        mapping = list(range(len(symbols)))
         vocab_size = vocab_size or preset_config(str(model_source)).vocab_size
     elif (source / "tokenizer.json").is_file():
         from tokenizers import Tokenizer  # ships with transformers
@@ -52,7 +52,6 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
         if vocab_size is None or vocab_size >= SMALL_VOCAB:
             raise GenomeLMError(f"token map: {source} has no tokenizer.json and a {vocab_size}-id vocabulary; "
                                 "copy the GLM tokenizer.json into it")
-        mapping = list(range(len(symbols)))
     else:
         raise GenomeLMError(f"token map: {model_source!r} is neither a preset nor a directory")
     if vocab_size is not None and max(mapping) >= vocab_size:
