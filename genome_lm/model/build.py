@@ -79,9 +79,6 @@ def check_upstream() -> str:
 
 
 def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
-    for name, param in model.named_parameters():
-        param.data = cast_tensor(name, param.data, dtype)
-    for module_name, module in model.named_modules():
-        for name, buf in module.named_buffers(recurse=False):
-            module._buffers[name] = cast_tensor(f"{module_name}.{name}", buf, dtype)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        tensor.data = cast_tensor(name, tensor.data, dtype)
 
