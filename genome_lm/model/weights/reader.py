@@ -201,17 +201,15 @@ def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, tor
     the dtype the model was built in, so float32 masters of a bf16 model hold bf16 values.
     stored_dtypes: with `device`, tensors take the checkpoint's dtypes cast to `dtype` (`build(dir)`).
     """
-    unused: list[str]
-    progress: str | bool  # the progress bar's description, or False: none
-    if isinstance(source, Mapping):
+    if not isinstance(source, Mapping):
+        reader = CheckpointReader(source, model.config)
+        dtypes, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
+        read_, progress = reader.read_, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
+    else:
         dtypes, unused, progress = {name: t.dtype for name, t in source.items()}, [], False
 
         def read_(name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
             local.copy_(cast_tensor(name, source[name][start:start + len(local)], dtype))
-    else:
-        reader = CheckpointReader(source, model.config)
-        dtypes, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
-        read_, progress = reader.read_, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
     if unused:
         log.warning("%s: %d weights not used by the model, e.g. %s", source, len(unused), unused[:5])
     if device is not None:
