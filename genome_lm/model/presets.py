@@ -52,8 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-# glm53-tiny's widths and layer kinds, tuned so that in-context copying is learnable in
-# minutes on a CPU (see the docstring).
+# glm53-tiny's widths and layer kinds, tuned so that in-context copying is learnable in minutes on a CPU
 PRESETS["glm53-demo"] = dict(
     PRESETS["glm53-tiny"],
     num_hidden_layers=3, layer_types=[_KDA, _DSA, _DSA],
