@@ -80,8 +80,8 @@ def measure(model, T: int, chunk: int, fake: bool) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from genome_lm.model import apply_long_context
+    from genome_lm.model.patch import use_fake_values
     from genome_lm.model.streaming import StreamingScorer
-    from genome_lm.model.values import use_fake_values
     from genome_lm.plan.memory import plan_score
     from genome_lm.plan.shapes import shape_of
 

@@ -93,7 +93,7 @@ def test_a_stale_fai_index_is_named(tmp_path):
 
 
 def test_a_config_json_that_is_not_json_is_named(tmp_path):
-    from genome_lm.model.tokens import token_map
+    from genome_lm.model.presets import token_map
 
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(GenomeLMError, match=r"config.json is not JSON"):

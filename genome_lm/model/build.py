@@ -14,7 +14,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.contract import check_model, check_symbols, check_torch, summary
 from genome_lm.model.presets import META_ONLY, is_preset, preset_config
-from genome_lm.model.upstream import Glm5NextTextConfig, route_cpu_to_torch
+from genome_lm.model.upstream import route_cpu_to_torch
 from genome_lm.model.weights.layout import cast_tensor
 from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_config
 
@@ -52,12 +52,14 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
                 raise GenomeLMError(f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
                                     "(counting, planning) or on a GPU device")
             meta = on_cpu if meta is None else meta
-        model = _construct(config, "meta" if meta else device)
+        with torch.device("meta" if meta else device or "cpu"):
+            model = Glm5NextCausalLM(config)
         if dtype is not None:
             _cast_(model, dtype)
     else:
         config = read_text_config(source_str, **config_overrides)
-        model = _construct(config, "meta")
+        with torch.device("meta"):
+            model = Glm5NextCausalLM(config)
         if not meta:
             report = load_weights_(model, source_str, device or "cpu", dtype=dtype, stored_dtypes=True)
         elif dtype is not None:
@@ -76,15 +78,7 @@ def check_upstream() -> str:
     return summary()
 
 
-def _construct(config: Glm5NextTextConfig, device: str | torch.device | None) -> Glm5NextCausalLM:
-    with torch.device(device or "cpu"):
-        return Glm5NextCausalLM(config)
-
-
 def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
-    for name, param in model.named_parameters():
-        param.data = cast_tensor(name, param.data, dtype)
-    for module_name, module in model.named_modules():
-        for name, buf in module.named_buffers(recurse=False):
-            module._buffers[name] = cast_tensor(f"{module_name}.{name}", buf, dtype)
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        tensor.data = cast_tensor(name, tensor.data, dtype)
 

@@ -76,14 +76,9 @@ class Glm5NextCausalLM(nn.Module):
         cache = cache if cache is not None else past_key_values
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        if cache is not None and self.cp is not None:
-            raise GenomeLMError("Glm5NextCausalLM: a cache runs in one process (this model is context-parallel)")
-        out = self._forward(input_ids, labels, return_per_token_nll, return_hidden, attention_mask, cache)
-        return out.to_tuple() if return_dict is False else out
-
-    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_per_token_nll: bool,
-                 return_hidden: bool, attention_mask: torch.Tensor | None, cache) -> CausalLMOutput:
         cp = self.cp
+        if cache is not None and cp is not None:
+            raise GenomeLMError("Glm5NextCausalLM: a cache runs in one process (this model is context-parallel)")
         B, T = input_ids.shape
         s, e = cp.split(T) if cp is not None else (0, T)
         if cp is not None and attention_mask is not None:
@@ -93,7 +88,7 @@ class Glm5NextCausalLM(nn.Module):
             labels = input_ids
         out = CausalLMOutput(hidden_states=hidden if return_hidden else None, cache=cache)
         if labels is None:
-            return out
+            return out.to_tuple() if return_dict is False else out
         targets = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), IGNORE_INDEX)], dim=1)  # shifted
         targets = targets[:, s:e].reshape(-1)  # [B*T_r]; position t predicts token t+1
         loss, nll = chunked_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight, targets,
@@ -117,7 +112,7 @@ class Glm5NextCausalLM(nn.Module):
             mask = labels != IGNORE_INDEX
             mask[:, 0] = False
             out.nll_mask = mask
-        return out
+        return out.to_tuple() if return_dict is False else out
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 1, cache=None) -> torch.Tensor:

@@ -191,16 +191,13 @@ def check_symbols() -> None:
 def attribute_problems(model: nn.Module) -> list[str]:
     """Every ATTRIBUTES entry missing on the first module of its class in `model`."""
     glm = importlib.import_module(MODULE)
-    seen: set[str] = set()
-    problems = []
+    first: dict[str, nn.Module] = {}
     for module in model.modules():
-        for cls_name, attrs in ATTRIBUTES.items():
-            cls = getattr(glm, cls_name)
-            if cls_name in seen or not isinstance(module, cls):
-                continue
-            seen.add(cls_name)
-            problems += [f"{cls_name} has no attribute {a!r}" for a in attrs if not hasattr(module, a)]
-    return problems
+        for cls_name in ATTRIBUTES:
+            if isinstance(module, getattr(glm, cls_name)):
+                first.setdefault(cls_name, module)
+    return [f"{cls_name} has no attribute {a!r}" for cls_name, module in first.items() for a in ATTRIBUTES[cls_name]
+            if not hasattr(module, a)]
 
 
 def check_model(model: nn.Module) -> None:

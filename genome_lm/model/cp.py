@@ -43,21 +43,16 @@ class GroupRank:
 
 @dataclass(repr=False)
 class CPContext(GroupRank):
-    """One CP group as a rank sees it; each forward of the causal LM sets `bounds`."""
+    """One CP group as a rank sees it; each forward of the causal LM sets `bounds` and the slab `start:end`."""
 
     bounds: list[int] = field(default_factory=list)
+    start: int = 0
+    end: int = 0
 
     def split(self, T: int) -> tuple[int, int]:
         self.bounds = slab_bounds(T, self.size)
+        self.start, self.end = self.bounds[self.rank], self.bounds[self.rank + 1]
         return self.start, self.end
-
-    @property
-    def start(self) -> int:
-        return self.bounds[self.rank]
-
-    @property
-    def end(self) -> int:
-        return self.bounds[self.rank + 1]
 
     @property
     def lengths(self) -> list[int]:

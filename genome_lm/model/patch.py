@@ -1,6 +1,8 @@
 """`apply_long_context`: install the long-context classes in place (parameter names kept), on the causal
 LM or a bare `Glm5NextTextModel`. Each op of `settings.ops` swaps its upstream modules for a subclass;
-`mlp` only dense layers' MLPs; `loss` sets `loss_chunk_tokens`. Applying again reconfigures them."""
+`mlp` only dense layers' MLPs; `loss` sets `loss_chunk_tokens`. Applying again reconfigures them.
+Fake tensors (the rehearsal's) have no values to read, so `use_fake_values` sets on those classes what is
+assumed instead: MoE / EP `routing`, DSA's `read_values` (its padding check), KDA's `fla` (`fake_fla.py`)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.dsa import LongDSA
 from genome_lm.model.ops.hc import RecomputedHyperConnection
 from genome_lm.model.ops.kda import LongKDA
+from genome_lm.model.ops.kda.conv import KDAShortConv
+from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.ops.mlp import LeanMLP
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.ops.moe.ep import AssumedRouting, ExpertParallelExperts
 from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import glm, route_cpu_to_torch
 from genome_lm.settings import ALL_OPS, DEFAULTS, LongContextSettings
@@ -57,3 +62,26 @@ def apply_long_context(model: nn.Module, settings: LongContextSettings | None = 
         setattr(model, "loss_chunk_tokens", int(settings.loss_chunk_tokens))  # the causal LM's, not a submodule
     log.info("long context: %s", settings)
     return model
+
+
+def use_fake_values(model: nn.Module, imbalance: float = 1.0) -> nn.Module:
+    """For fake tensors, set on `model`'s long-context modules (in place, also after FSDP2): `imbalance` x
+    the mean expert rows here, no data checks, fla's stand-ins."""
+    from genome_lm.model.ops.kda.fake_fla import FAKE_FLA
+
+    routing = AssumedRouting(float(imbalance))
+    for m in model.modules():
+        if isinstance(m, (BlockedGlm5NextTextMoE, ExpertParallelExperts)):
+            m.routing = routing
+        elif isinstance(m, LongDSA):
+            m.read_values = False
+        elif isinstance(m, (LongKDA, KDAShortConv, KDAOutputNorm)):
+            m.backend, m.fla = "fla", FAKE_FLA
+    return model
+
+
+def has_values(t) -> bool:
+    """False for a fake tensor (no data to read): the trainer reads losses, norms and counts where True."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.values import has_values
+from genome_lm.model.patch import has_values
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 torchtitan's memory estimator pattern (docs/plan.md, Rehearsal): the real model is built on the meta
 device, joins a fake process group of N ranks (`FakeStore`, one rank simulated), goes through the
 trainer's `parallelize`, becomes fake tensors and runs `steps` of the trainer's `train_step` under
-torch's `FSDPMemTracker`. What fake tensors cannot decide comes from `model/values.use_fake_values`
+torch's `FSDPMemTracker`. What fake tensors cannot decide comes from `model/patch.use_fake_values`
 (routing, skipped value checks, fla stand-ins); offloaded inputs are parked on the meta device and
 counted as host memory. With fewer `layers`, the omitted layers' shards, AdamW state and gradients
 are added: exact when they keep nothing on the device (per-layer recompute with offload).
@@ -137,8 +137,8 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     import torch.distributed as dist
 
     from genome_lm.model.contract import check_torch
+    from genome_lm.model.patch import use_fake_values
     from genome_lm.model.presets import preset_config
-    from genome_lm.model.values import use_fake_values
     from genome_lm.parallel.mesh import check_layout, init_parallel
     from genome_lm.progress import progress
     from genome_lm.train.parallelize import parallelize

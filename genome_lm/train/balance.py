@@ -13,7 +13,7 @@ from torch import nn
 
 from genome_lm.model.cp import all_reduce_sum
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
-from genome_lm.model.values import has_values
+from genome_lm.model.patch import has_values
 
 __all__ = ["ExpertBalancer"]
 

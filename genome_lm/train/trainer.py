@@ -22,7 +22,7 @@ from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.genome.shards import load_manifest
 from genome_lm.model.build import BuiltModel
 from genome_lm.model.ops.loss import IGNORE_INDEX
-from genome_lm.model.values import has_values
+from genome_lm.model.patch import has_values
 from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks
 from genome_lm.parallel.fsdp import clip_grad_norm_

@@ -1,5 +1,5 @@
 """Model code reads no module-level mutable state: what changes how the model runs comes in as a
-typed setting on a module (`model/values.py`, the `backend` / `fla` of KDA), never as a global that
+typed setting on a module (`model/patch.py`, the `backend` / `fla` of KDA), never as a global that
 some other code sets.
 
 The scan (AST, every module of `genome_lm/`): state is a module-level name rebound through `global`

@@ -87,8 +87,8 @@ def test_expert_parallel_moe_saves_what_the_planner_counts(tokens, block, recomp
 
     from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
     from genome_lm.model.ops.moe.ep import EPContext, ExpertParallelExperts
+    from genome_lm.model.patch import use_fake_values
     from genome_lm.model.upstream import Glm5NextTextMoE
-    from genome_lm.model.values import use_fake_values
     from genome_lm.plan.activations import mlp_ops
     from genome_lm.plan.command import PlanParams, build
     from genome_lm.plan.rehearse import _fake_pg

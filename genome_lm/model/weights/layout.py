@@ -29,21 +29,19 @@ _RENAMES = (  # (on-disk, upstream), applied as plain substring replacements
     + [(f"hc_{where}_{n}", f"{where}_hc.{n}") for where in ("attn", "ffn") for n in ("fn", "base", "scale")]
 )
 
+_EXPERT_PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}  # upstream -> per expert
+
 
 def to_disk_layout(name: str, tensor: torch.Tensor, start: int = 0,
                    rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
     """Rows `[start, start + len(tensor))` of upstream tensor `name` (`rows` in all; None: whole) ->
     `(on-disk name, first row there, view of tensor)` for each on-disk tensor behind them."""
-    if name.endswith(".mlp.experts.gate_up_proj"):
-        prefix = name.removesuffix(".gate_up_proj")
-        gate, up = tensor.chunk(2, dim=1)  # [E, I, D] each
+    prefix, _, last = name.rpartition(".")
+    if prefix.endswith(".mlp.experts") and last in _EXPERT_PARTS:
+        pieces = tensor.chunk(len(_EXPERT_PARTS[last]), dim=1)  # gate_up_proj: gate, up [E, I, D]
         for e in range(tensor.shape[0]):
-            yield f"{prefix}.{start + e}.gate_proj.weight", 0, gate[e]
-            yield f"{prefix}.{start + e}.up_proj.weight", 0, up[e]
-    elif name.endswith(".mlp.experts.down_proj"):
-        prefix = name.removesuffix(".down_proj")
-        for e in range(tensor.shape[0]):
-            yield f"{prefix}.{start + e}.down_proj.weight", 0, tensor[e]
+            for part, piece in zip(_EXPERT_PARTS[last], pieces):
+                yield f"{prefix}.{start + e}.{part}.weight", 0, piece[e]
     elif name.endswith(".self_attn.conv1d.weight"):  # [3Q, 1, K] from q, k, v [Q, 1, K]
         prefix, q, stop = name.removesuffix(".conv1d.weight"), (rows or len(tensor)) // 3, start + len(tensor)
         for i, qkv in enumerate("qkv"):

@@ -81,20 +81,16 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
 
 
 def safetensors_files(ckpt_dir: str | Path) -> list[Path]:
-    """The safetensors shards of a directory: its index's, else `model.safetensors`, else `*.safetensors`."""
+    """The `*.safetensors` of a directory (DCP reads them all), once every shard its index lists is there."""
     ckpt_dir = Path(ckpt_dir)
     index = ckpt_dir / "model.safetensors.index.json"
     if index.is_file():
         with _reading(index):
             weight_map = json.loads(index.read_text())["weight_map"]
-        files = [ckpt_dir / name for name in sorted(set(weight_map.values()))]
-        if missing := [f.name for f in files if not f.is_file()]:
+        if missing := [name for name in sorted(set(weight_map.values())) if not (ckpt_dir / name).is_file()]:
             raise GenomeLMError(
                 f"model: {index} lists shards missing from {ckpt_dir}: {missing[:5]}; finish the download"
             )
-        return files
-    if (ckpt_dir / "model.safetensors").is_file():
-        return [ckpt_dir / "model.safetensors"]
     if files := sorted(ckpt_dir.glob("*.safetensors")):
         return files
     pickles = [p.name for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl") for p in ckpt_dir.glob(pat)]
@@ -137,9 +133,10 @@ class CheckpointReader:
         with _reading(self.dir):
             self.metadata = self.storage.read_metadata()
         self.storage.set_up_storage_reader(self.metadata, True)
-        stored = self.metadata.state_dict_metadata
-        self.keys = {name: key for key in stored if (name := text_key(key, config.num_hidden_layers)) is not None}
-        if twice := [key for key in self.keys.values() if len(self._stored(key).chunks) > 1]:
+        self.keys = {name: (key, stored) for key, stored in self.metadata.state_dict_metadata.items()
+                     if isinstance(stored, TensorStorageMetadata)  # safetensors hold tensors only
+                     and (name := text_key(key, config.num_hidden_layers)) is not None}
+        if twice := [key for key, stored in self.keys.values() if len(stored.chunks) > 1]:
             raise GenomeLMError(f"model: {self.dir} holds {twice[0]} (and {len(twice) - 1} more) in more than one "
                                 "*.safetensors file; remove the stray copies (every *.safetensors file there is read)")
 
@@ -147,26 +144,22 @@ class CheckpointReader:
               rows: int | None = None) -> Iterator[tuple[str, int, torch.Tensor]]:
         return iter([(name, start, tensor)]) if name in self.keys else to_disk_layout(name, tensor, start, rows)
 
-    def _stored(self, key: str) -> TensorStorageMetadata:
-        stored = self.metadata.state_dict_metadata[key]
-        assert isinstance(stored, TensorStorageMetadata)  # safetensors hold tensors only
-        return stored
-
     def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.dtype], list[str]]:
         """`tensors` (name -> full shape) all stored with that shape, else GenomeLMError -> (stored dtype
         by name, unused checkpoint keys)."""
         needed, missing, dtypes = set(), [], {}
         for name, shape in tensors.items():
             for disk, _, part in self._disk(name, torch.empty(shape, device="meta")):
-                if (key := self.keys.get(disk)) is None:
+                if disk not in self.keys:
                     missing.append(disk)
                     continue
                 needed.add(disk)
-                if (size := tuple(self._stored(key).size)) != tuple(part.shape):
+                key, stored = self.keys[disk]
+                if (size := tuple(stored.size)) != tuple(part.shape):
                     path = next(info.relative_path for at, info in self.metadata.storage_data.items() if at.fqn == key)
                     raise GenomeLMError(f"model: {path}: {key} has shape {size}, the config expects "
                                         f"{tuple(part.shape)}; check config.json and the config overrides")
-                dtypes[name] = self._stored(key).properties.dtype
+                dtypes[name] = stored.properties.dtype
         if missing:
             raise GenomeLMError(f"model: {self.dir} lacks {len(missing)} weight(s) of the text model, e.g. "
                                 f"{missing[:5]}; is it a GLM-5.3-Flash checkpoint matching its config.json (and the "
@@ -178,7 +171,7 @@ class CheckpointReader:
         pieces: dict[tuple[str, int], tuple[torch.Tensor, torch.dtype | None]] = {}
         items = []
         for disk, row, view in self._disk(name, local, start, rows):
-            key, stored = self.keys[disk], self._stored(self.keys[disk])
+            key, stored = self.keys[disk]
             cast = cast_dtype(name, stored.properties.dtype, dtype)
             pieces[key, row] = (view, None if dtype is None or cast in (stored.properties.dtype, view.dtype) else cast)
             chunk = ChunkStorageMetadata(offsets=torch.Size((row, *[0] * (view.dim() - 1))), sizes=view.shape)
@@ -189,21 +182,13 @@ class CheckpointReader:
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(this rank's part of `tensor`, its first row). Dim-0 sharding only: FSDP2's `Shard(0)`, under EP
-    `Shard(0)` over "ep" then `_StridedShard(0)` over "edp" (torch.chunk sizes)."""
+    `Shard(0)` over "ep" and `_StridedShard(0)` over "edp"; DCP's chunk of the DTensor gives the row."""
     if not isinstance(tensor, DTensor):
         return tensor, 0
     placements = tensor.placements
     if not all(isinstance(p, Replicate) or (isinstance(p, (Shard, _StridedShard)) and p.dim == 0) for p in placements):
         raise ValueError(f"local_rows: only dim-0 sharding is supported, got {placements}")
-    coordinate = tensor.device_mesh.get_coordinate()
-    rows, offset = tensor.shape[0], 0
-    shards = [i for i, p in enumerate(placements) if isinstance(p, Shard)]
-    for i in shards + [i for i, p in enumerate(placements) if isinstance(p, _StridedShard)]:  # strided: applied last
-        assert coordinate is not None  # the tensor is sharded over a mesh that holds this rank
-        chunk = -(-rows // tensor.device_mesh.size(i))
-        offset += coordinate[i] * chunk
-        rows = max(0, min(chunk, rows - coordinate[i] * chunk))
-    return tensor.to_local(), offset
+    return tensor.to_local(), tensor.__create_chunk_list__()[0].offsets[0]
 
 
 @torch.no_grad()
@@ -216,17 +201,15 @@ def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, tor
     the dtype the model was built in, so float32 masters of a bf16 model hold bf16 values.
     stored_dtypes: with `device`, tensors take the checkpoint's dtypes cast to `dtype` (`build(dir)`).
     """
-    unused: list[str]
-    progress: str | bool  # the progress bar's description, or False: none
-    if isinstance(source, Mapping):
+    if not isinstance(source, Mapping):
+        reader = CheckpointReader(source, model.config)
+        dtypes, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
+        read_, progress = reader.read_, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
+    else:
         dtypes, unused, progress = {name: t.dtype for name, t in source.items()}, [], False
 
         def read_(name: str, local: torch.Tensor, start: int, rows: int, dtype: torch.dtype | None) -> None:
             local.copy_(cast_tensor(name, source[name][start:start + len(local)], dtype))
-    else:
-        reader = CheckpointReader(source, model.config)
-        dtypes, unused = reader.check({name: tuple(t.shape) for name, t in model_tensors(model).items()})
-        read_, progress = reader.read_, stored_dtypes and len(reader.files) > 1 and f"loading {Path(source).name}"
     if unused:
         log.warning("%s: %d weights not used by the model, e.g. %s", source, len(unused), unused[:5])
     if device is not None:

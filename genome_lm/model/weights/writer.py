@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -42,9 +42,9 @@ def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes
 
 
 class ShardWriter:
-    """Writes the on-disk tensors of `specs`, arriving in order, into files of at most `max_bytes` planned
-    on the meta device (`plan`: per file, names and sizes), each when its last tensor arrives
-    (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
+    """Writes the on-disk tensors of `specs`, arriving in order (`write_model_dir` checks each), into files
+    of at most `max_bytes` planned on the meta device (`plan`: per file, names and sizes), each when its
+    last tensor arrives (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
 
     def __init__(self, directory: Path, specs: Iterable[TensorSpec], max_bytes: int):
         parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
@@ -54,22 +54,18 @@ class ShardWriter:
         self.names = ([f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1
                       else ["model.safetensors"])
         self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
-        self.left = [len(entries) for entries in plan]
         self.buffer: dict[str, torch.Tensor] = {}
         self.buffered_bytes = self.peak_bytes = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        if name not in self.file_of or name in self.buffer:
-            raise RuntimeError(f"ShardWriter: {name} is not (or no longer) expected by the plan")
         part = tensor.detach().cpu()
-        if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:
-            part = part.contiguous() if not part.is_contiguous() else part.clone()
+        if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:  # a copy of its own
+            part = part.clone(memory_format=torch.contiguous_format)
         self.buffer[name] = part
         self.buffered_bytes += part.nbytes
         self.peak_bytes = max(self.peak_bytes, self.buffered_bytes)
         i = self.file_of[name]
-        self.left[i] -= 1
-        if self.left[i] == 0:
+        if name == self.plan[i][-1][0]:  # the file's last tensor
             self._flush(i)
 
     def _flush(self, i: int) -> None:
@@ -86,9 +82,6 @@ class ShardWriter:
         self.buffered_bytes -= sum(t.nbytes for t in shard.values())
 
     def finish(self) -> None:
-        if missing := [name for i, entries in enumerate(self.plan) if self.left[i] for name, _ in entries
-                       if name not in self.buffer]:
-            raise RuntimeError(f"ShardWriter: never received {missing[:5]}")
         if len(self.plan) > 1:
             weight_map = {name: self.names[i] for i, entries in enumerate(self.plan) for name, _ in entries}
             total = sum(nbytes for entries in self.plan for _, nbytes in entries)
@@ -97,8 +90,7 @@ class ShardWriter:
 
 
 def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: bool = False,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                    state_dict: Mapping[str, torch.Tensor] | None = None, write: bool = True,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, write: bool = True,
                     dtype: torch.dtype | None = None, tokenizer_from: str | Path | None = None) -> Path:
     """Write `model` to `out_dir` (atomic; existing: an error, or replaced with `overwrite`):
     `config.json`, safetensors sharded past `max_shard_bytes`, tokenizer files from `tokenizer_from`
@@ -108,10 +100,9 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
     """
     from torch.distributed.tensor import DTensor
 
-    tensors = model_tensors(model, state_dict)
-    for name, tensor in tensors.items():
-        if tensor.is_meta:
-            raise GenomeLMError(f"model: cannot save a model built on the meta device ({name} has no data)")
+    tensors = model_tensors(model)
+    if meta := [name for name, tensor in tensors.items() if tensor.is_meta]:
+        raise GenomeLMError(f"model: cannot save a model built on the meta device ({meta[0]} has no data)")
     specs = [(name, tuple(t.shape), cast_dtype(name, t.dtype, dtype)) for name, t in tensors.items()]
     gathered = ((name, cast_tensor(name, t.full_tensor() if isinstance(t, DTensor) else t, dtype))
                 for name, t in tensors.items())

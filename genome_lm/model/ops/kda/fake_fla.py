@@ -110,7 +110,7 @@ def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
     return {"cu_seqlens": cu_seqlens_cpu, "group": group}
 
 
-FAKE_FLA: FlaKernels = (  # the KDA modules' `fla` setting for fake tensors (`model/values.py`)
+FAKE_FLA: FlaKernels = (  # the KDA modules' `fla` setting for fake tensors (`model/patch.py`)
     ("fla.ops.kda.chunk_kda", chunk_kda),
     ("fla.modules.causal_conv1d.causal_conv1d", causal_conv1d),
     ("fla.modules.norm.fused_norm_gate.rms_norm_gated", rms_norm_gated),

@@ -62,7 +62,7 @@ class BlockedGlm5NextTextMoE(LongContextModule, Glm5NextTextMoE):
     recompute: bool = DEFAULTS.moe_recompute
     last_expert_counts: torch.Tensor | None = None
     ep: EPContext | None = None  # set by `parallel.apply_expert_parallel`
-    routing: AssumedRouting | None = None  # None: the router's choice (`model/values.py` sets an assumption)
+    routing: AssumedRouting | None = None  # None: the router's choice (`model/patch.py` sets an assumption)
 
     def configure(self, block_tokens: int = DEFAULTS.moe_block_tokens,
                   recompute: bool = DEFAULTS.moe_recompute) -> None:

@@ -63,7 +63,7 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
     forward gathers its shard of `gate_up_proj`/`down_proj`)."""
 
     ep: EPContext
-    routing: AssumedRouting | None = None  # None: split by the router's choice (`model/values.py` sets an assumption)
+    routing: AssumedRouting | None = None  # None: split by the router's choice (`model/patch.py` sets an assumption)
 
     def configure(self, ep: EPContext) -> None:
         self.ep = ep
