@@ -194,7 +194,7 @@ def _planned_peak(p: TrainParams, world: int | None) -> None:
 
 
 def _export(p: ExportParams) -> str:
-    from genome_lm.train.export import export_checkpoint
+    from genome_lm.train.checkpoint import export_checkpoint
 
     return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"
 
