@@ -13,7 +13,7 @@ processes competing for the cores; the targets use it, the table shows both).
     upstream   unpatched transformers glm5_next with its own torch fallbacks (dense [T, T] DSA
                masks, [.., C, C, K] KDA decay tensors, MoE over all tokens, full logits)
     patched    `apply_long_context(model)`: every op (KDA, DSA, MoE, HC, loss), default sizes
-    recompute  patched + per-layer recompute (`genome_lm.train.recompute.recompute` on
+    recompute  patched + per-layer recompute (`genome_lm.train.parallelize.recompute` on
                every decoder layer), what `genome-lm train` runs at long T
 
     python benchmarks/bench_model.py                     # upstream 1k-4k, patched 1k-128k
@@ -70,7 +70,7 @@ def build_model(impl: str, seed: int = 0):
     if impl in ("patched", "recompute"):
         apply_long_context(model)
     if impl == "recompute":
-        from genome_lm.train.recompute import recompute
+        from genome_lm.train.parallelize import recompute
 
         for layer in model.model.layers:
             recompute(layer)

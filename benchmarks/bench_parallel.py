@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, port: int, T: int, cp: int, steps: int, warmu
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     from genome_lm.config import MemoryConfig, ParallelConfig
     from genome_lm.model import build
-    from genome_lm.parallel.fsdp import clip_grad_norm_
+    from genome_lm.parallel import clip_grad_norm_
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.metrics import PeakMemory
     from genome_lm.train.parallelize import parallelize

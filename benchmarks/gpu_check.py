@@ -80,7 +80,7 @@ def _tiny_step(device: torch.device, memory: dict, sharded: bool, compute_dtype,
     """One forward+backward of glm53-tiny (seed 0) on [2, T] tokens through `parallelize`: (loss, grad norm)."""
     from genome_lm.config import MemoryConfig, ParallelConfig
     from genome_lm.model import build
-    from genome_lm.parallel.fsdp import clip_grad_norm_
+    from genome_lm.parallel import clip_grad_norm_
     from genome_lm.parallel.mesh import ParallelContext, init_parallel
     from genome_lm.train.parallelize import parallelize
 

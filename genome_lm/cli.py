@@ -238,7 +238,7 @@ COMMANDS = {
     "prepare": Command("genome.prepare:prepare_command", "FASTA -> windows of single-nucleotide tokens -> dataset "
                        "shards + manifest", (PREPARE, PrepareOutput), files=PREPARE),
     "train": Command(_train, "fine-tune a model from an experiment YAML", (TrainParams, Launch)),
-    "export": Command("train.export:export_command", "a training checkpoint's weights (train_state/) as a Hugging "
+    "export": Command("train.checkpoint:export_command", "a training checkpoint's weights (train_state/) as a Hugging "
                       "Face-style model directory, for checkpoints saved without model/", (ExportParams,)),
     "eval": Command(_eval, "score held-out windows: per-token NLL and loss by preceding context", (EVAL, Launch),
                     files=EVAL),

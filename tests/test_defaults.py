@@ -16,7 +16,7 @@ from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES
 from genome_lm.plan.command import PlanParams, build
 from genome_lm.plan.planner import make_plan
 from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
-from genome_lm.train.export import export_checkpoint
+from genome_lm.train.checkpoint import export_checkpoint
 
 EXP_1M = "experiments/glm53flash_1m_64xb200.yaml"
 

@@ -17,17 +17,15 @@ import torch.distributed as dist
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.outputs import holding
-from genome_lm.parallel.mesh import LayoutWords, resolve_layout
+from genome_lm.parallel.mesh import resolve_layout
 
 IDLE_TOKENS_PER_RANK = 8  # tokens per CP rank of an idle forward
 
-EVAL_WORDS = LayoutWords(
-    no_world="--nproc {world}: the number of processes must be >= 1",
+EVAL_WORDS = dict(  # dp is always processes / cp
     too_few="--cp {cp} splits each window (region) over {cp} processes, this launch has {world}; {nproc} {cp} "
             "(or a multiple of {cp}), or lower --cp",
     not_divisor="--cp {cp} does not divide the {world} processes of this launch (dp = processes / cp); use --nproc "
                 "{lower} or {upper}, or a --cp that divides {world}",
-    dp_mismatch="",  # dp is always processes / cp
 )
 
 

@@ -1,8 +1,8 @@
 """Launching a `Job` (`train`, `eval`) on several processes (docs/parallel.md, docs/long-runs.md):
-`run_local` (--nproc N: torch's elastic launcher) and `run_ray` (--ray [ADDRESS]: Ray Train).
-Restarts (`--max-restarts N`) start the whole group again, each worker counting its starts in the message
-folder; a GenomeLMError is not retried. Once no restart is left, one GenomeLMError names the rank, its node
-and its error. SIGTERM or SIGUSR1 to a launcher are passed on (under Ray as a stop file): `Preempted`."""
+`run_local` (--nproc N: torch's elastic launcher) and `run_ray` (--ray [ADDRESS]: Ray Train). Restarts
+(`--max-restarts N`) start the whole group again, each worker counting its starts in the message folder
+(`attempt_K/started_RANK`); a GenomeLMError is not retried. Once no restart is left, one GenomeLMError names the
+rank, its node and its error. SIGTERM or SIGUSR1 to a launcher are passed on (under Ray as a stop file): `Preempted`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted, first_line
+from genome_lm.parallel import callbacks
 
 log = logging.getLogger(__name__)
 FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT_HOLDER")
@@ -31,7 +34,6 @@ FORWARDED_ENV = ("WANDB_MODE", "WANDB_SILENT", "TQDM_DISABLE", "GENOME_LM_OUTPUT
 class WorkerContext:
     """What a worker knows of its launch (`worker=` of the job's function); the default: not launched."""
 
-    rank: int = 0
     attempt: int = 0  # 0, then k after k restarts
     max_restarts: int = 0
     message_file: Path | None = None
@@ -62,35 +64,22 @@ class Job:
     timeout_s: float = 1800  # the process group's timeout (parallel.timeout)
 
 
-def check_count(nproc: int, what: str = "processes") -> None:
-    if nproc < 1:
-        raise GenomeLMError(f"--nproc {nproc}: the number of {what} must be >= 1")
-
-
 def _run_worker(fn: Callable, args: tuple, error_dir: str, hooks: tuple = (), max_restarts: int = 0,
                 device=None):
     """Body of every worker: its logging, the launch's callbacks, its attempt, the job, a one-line error left behind."""
-    import torch
-
-    from genome_lm.parallel import callbacks
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
                         force=True)
     callbacks.clear()
     callbacks.install(*hooks)
-    worker = WorkerContext(rank, max_restarts=max_restarts)
+    worker = WorkerContext(max_restarts=max_restarts)
     try:
-        starts = Path(error_dir, "starts")  # this rank's starts: its attempt; its node
-        starts.mkdir(exist_ok=True)
-        counter = starts / f"rank_{rank:05d}"
-        attempt = len(counter.read_text().splitlines()) if counter.exists() else 0
-        with counter.open("a") as f:
-            f.write(f"{socket.gethostname()}\n")
+        attempt = len(list(Path(error_dir).glob(f"attempt_*/started_{rank:05d}")))  # this rank's earlier starts
         folder = Path(error_dir, f"attempt_{attempt}")
         folder.mkdir(exist_ok=True)
         (folder / f"started_{rank:05d}").write_text(json.dumps({"node": socket.gethostname(), "pid": os.getpid()}))
-        worker = WorkerContext(rank, attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
+        worker = WorkerContext(attempt, max_restarts, folder / f"rank_{rank:05d}", Path(error_dir, "stop"))
         for k in range(attempt):  # a restarted worker raises an earlier attempt's user error again
             for message in sorted(Path(error_dir, f"attempt_{k}").glob("rank_*")):
                 if (found := json.loads(message.read_text())).get("user"):
@@ -135,8 +124,7 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
         ranks = [r for r, e in sorted(found.items()) if e.get(kind)]
         if ranks:
             return kind, ranks[0], found[ranks[0]]["node"], found[ranks[0]]["message"]
-    silent = sorted(set(range(world)) - set(found))
-    if silent:
+    if silent := sorted(set(range(world)) - set(found)):
         rank = silent[0]
         return ("died", rank, started.get(rank, {}).get("node", "?"),
                 "died without an error message (crashed, killed or out of memory; see its log above)")
@@ -165,18 +153,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what a launcher passes on to its workers
-
-
 def run_local(job: Job, nproc: int, max_restarts: int = 0):
     """Run `job` on `nproc` local processes (torch's elastic launcher); rank 0's return value."""
-    import torch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from genome_lm.parallel import callbacks
-    check_count(nproc)
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise GenomeLMError(f"--nproc {nproc}: this node has {torch.cuda.device_count()} GPUs (one process per GPU); "
                             "use --ray for several nodes")
@@ -268,10 +250,6 @@ def _ray_init(address: str | None, nproc: int | None):
 
 def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_restarts: int = 0) -> None:
     """Run `job` under Ray Train's TorchTrainer; SIGTERM or SIGUSR1 create the stop file the workers read."""
-    from genome_lm.parallel import callbacks
-
-    if nproc is not None:
-        check_count(nproc, "workers")
     _ray_init(address, nproc)
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -302,7 +280,13 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_
     log.info("Ray Train: %d workers (%s), %s%s", workers, "GPU" if use_gpu else "CPU", job.describe,
              f", up to {max_restarts} restart(s)" if max_restarts else "")
     stop = Path(error_dir, "stop")
-    old = {sig: signal.signal(sig, lambda signum, frame: _ask_workers_to_stop(stop, signum)) for sig in PREEMPT_SIGNALS}
+
+    def ask_workers_to_stop(signum, _frame) -> None:
+        log.warning("%s received: every worker checkpoints at its next step boundary, then the launch stops",
+                    signal.Signals(signum).name)
+        stop.touch()
+
+    old = {sig: signal.signal(sig, ask_workers_to_stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         trainer.fit()
         if stop.exists() and (err := _launch_error(error_dir, workers, "--ray", job.keeps, None)) is not None:
@@ -318,8 +302,3 @@ def run_ray(job: Job, address: str | None = None, nproc: int | None = None, max_
             signal.signal(sig, handler)
         shutil.rmtree(error_dir, ignore_errors=True)
 
-
-def _ask_workers_to_stop(stop: Path, signum: int) -> None:
-    log.warning("%s received: every worker checkpoints at its next step boundary, then the launch stops",
-                signal.Signals(signum).name)
-    stop.touch()

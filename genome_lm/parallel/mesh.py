@@ -2,7 +2,7 @@
 CP group's ranks are consecutive), with EP the same ranks as ("edp", "ep"); FSDP shards over dp x cp. A
 single process gets a trivial context, or with `sharded=True` (bf16 training: float32 master weights) a
 1-rank process group on an in-memory store and a (1, 1) mesh, to run the same FSDP2 path. `resolve_layout`
-is the one dp x cp resolver of training, eval and the planner, each refusing in its own words (`LayoutWords`)."""
+is the one dp x cp resolver of training, eval and the planner, each refusing in its own words."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from typing import Any, Callable, Literal
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.rendezvous import rendezvous
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.patch import has_values
@@ -23,20 +25,10 @@ from genome_lm.model.patch import has_values
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LayoutWords:
-    """The refusals of `resolve_layout`, as `str.format` templates over cp, dp, world, need (dp x cp),
-    lower / upper (the multiples of cp on either side of world) and nproc ("add --nproc" for one
-    process, else "launch with --nproc")."""
-
-    no_world: str  # world < 1
-    too_few: str  # cp > world
-    not_divisor: str  # cp does not divide world
-    dp_mismatch: str  # dp x cp != world
-
-
-RUN_WORDS = LayoutWords(
-    no_world="the number of processes must be >= 1, got {world}",
+# The refusals of `resolve_layout`: too_few (cp > world), not_divisor (cp does not divide world), dp_mismatch
+# (dp x cp != world), as `str.format` templates over cp, dp, world, need (dp x cp), lower / upper (the
+# multiples of cp on either side of world) and nproc ("add --nproc" for one process, else "launch with --nproc").
+RUN_WORDS = dict(
     too_few="parallel.cp={cp} needs at least {cp} processes, this launch has {world}; launch with --nproc {cp} "
             "(or a multiple of it) or lower parallel.cp",
     not_divisor="parallel.cp={cp} does not divide the {world} processes of this launch; use a number of processes "
@@ -46,7 +38,7 @@ RUN_WORDS = LayoutWords(
 )
 
 
-def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: LayoutWords = RUN_WORDS) -> tuple[int, int]:
+def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: dict = RUN_WORDS) -> tuple[int, int]:
     """(dp, cp) of `world` processes given cp and dp (or "auto": world / cp); GenomeLMError in `words`."""
 
     def refuse(template: str) -> GenomeLMError:
@@ -55,14 +47,12 @@ def resolve_layout(cp: int, dp: int | Literal["auto"], world: int, words: Layout
         return GenomeLMError(template.format(cp=cp, dp=dp, world=world, need=need, lower=world - world % cp,
                                             upper=-(-world // cp) * cp, nproc=nproc))
 
-    if world < 1:
-        raise refuse(words.no_world)
     if dp != "auto" and int(dp) * cp != world:  # the one count that fits: dp x cp
-        raise refuse(words.dp_mismatch)
+        raise refuse(words["dp_mismatch"])
     if cp > world:
-        raise refuse(words.too_few)
+        raise refuse(words["too_few"])
     if world % cp:
-        raise refuse(words.not_divisor)
+        raise refuse(words["not_divisor"])
     return (world // cp if dp == "auto" else int(dp)), cp
 
 
@@ -106,7 +96,7 @@ class ParallelContext:
     device: torch.device = torch.device("cpu")
     mesh: Any = None  # DeviceMesh ("dp", "cp") when distributed
     ep: int = 1
-    reduce_dtype: str = "float32"  # FSDP2 settings from `parallel:` (`parallel.fsdp.apply_fsdp`)
+    reduce_dtype: str = "float32"  # FSDP2 settings from `parallel:` (`parallel.apply_fsdp`)
     backward_prefetch: int = 1
     owns_process_group: bool = False
 
@@ -131,10 +121,6 @@ class ParallelContext:
     def cp_rank(self) -> int:
         return self.rank % self.cp
 
-    @property
-    def cp_group(self):
-        return self.mesh.get_group("cp") if self.mesh is not None else None
-
     @functools.cached_property
     def fsdp_mesh(self):
         """The 1-D mesh FSDP shards over: all dp x cp ranks."""
@@ -147,8 +133,6 @@ class ParallelContext:
     @functools.cached_property
     def ep_mesh(self):
         """("edp", "ep"): EP groups of `ep` consecutive ranks, "edp" those with the same experts; None without EP."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         if self.mesh is None or self.ep == 1:
             return None
         return init_device_mesh(self.device.type, (self.world // self.ep, self.ep), mesh_dim_names=("edp", "ep"))
@@ -170,7 +154,6 @@ class ParallelContext:
         return self._reduce(list(values), dist.ReduceOp.SUM, self.mesh.get_group("dp")) if self.dp > 1 else list(values)
 
     def sum_all(self, *values: float) -> list[float]:
-        """Sum over every rank."""
         return self._reduce(list(values), dist.ReduceOp.SUM, None)
 
     def max_all(self, value: float) -> float:
@@ -208,16 +191,12 @@ class ParallelContext:
 
 def init_parallel(parallel_cfg, device: torch.device | None = None, sharded: bool = False) -> ParallelContext:
     """This process's layout: in the process group a launcher prepared (elastic's environment, Ray Train's group)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     device = device or default_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=parallel_cfg.timeout)
     owns = False
     if dist.is_available() and dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from torch.distributed.rendezvous import rendezvous
-
         if device.type == "cuda":
             torch.cuda.set_device(device)
         # the launcher's store, keys under a prefix of the attempt: the elastic launcher keeps one store

@@ -15,8 +15,7 @@ from genome_lm.config import ExperimentConfig
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval import sharded
 from genome_lm.eval.config import resolve_dtype
-from genome_lm.parallel import slab_bounds
-from genome_lm.parallel.fsdp import fp32_modules, sharded_numel
+from genome_lm.parallel import fp32_modules, sharded_numel, slab_bounds
 from genome_lm.parallel.mesh import check_layout, default_device, resolve_layout
 from genome_lm.train.trainer import build_model, check_data, compute_dtype, make_stream, model_token_map, resolve_init
 
@@ -87,7 +86,7 @@ def train_dry_run(cfg: ExperimentConfig, device: torch.device | None = None, wor
     token_map = {sym: int(lut[i]) for sym, i in manifest["vocab"].items()}
     assert c.layer_types is not None  # the config fills it
     layers = {t: c.layer_types.count(t) for t in sorted(set(c.layer_types))}
-    # what training computes in and what the optimizer updates (`genome_lm.parallel.fsdp`)
+    # what training computes in and what the optimizer updates (`genome_lm.parallel`)
     precision = "precision: float32 parameters, compute and AdamW states (TF32 matmuls on CUDA: train.tf32)"
     if compute_dtype(cfg) is not None:
         groups = sum(len(fp32_modules(layer)) for layer in model.model.layers)

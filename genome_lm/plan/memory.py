@@ -121,7 +121,7 @@ def _walk(ops: list[Op], backward: bool = False, comm: Callable[[Op], int] = lam
 
 def _layer_buffers(m: ModelShape, layout: Layout, F: int) -> tuple[list[int], list[int], list[int], list[int]]:
     """Per layer: its unsharded gradients, gathered routed experts (padded), gathered parameters, and the
-    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/fsdp.py). The gathered
+    parameters of its FSDP2 group (under ep the experts are a group apart, parallel/__init__.py). The gathered
     experts: dim 0 padded to whole experts on each of the F / ep ranks (`experts_per_rank`), in the
     all-gather's buffer and in the gathered parameters, which are views of padded outputs."""
     ep, fsdp_ep = layout.parallel.ep, layout.parallel.ep if F % layout.parallel.ep == 0 else 1
@@ -138,7 +138,7 @@ def _backward_buffers(ops: list[Op], layer: LayerShape, layout: Layout, sizes: t
     prefetched, unsharded gradients, gathered routed experts, the reduce-scatter input pending from the
     layer after, the LM head's gradient). The experts' gradients exist from the MoE's backward on (`ops`
     counts the first block's without gate_up's); under ep the experts are a group of their own
-    (parallel/fsdp.py), resharded and reduce-scattered before the layer's ops ahead of the MoE run their
+    (parallel/__init__.py), resharded and reduce-scattered before the layer's ops ahead of the MoE run their
     backward. FSDP2 keeps the last reduce-scatter's input until the next group reduce-scatters: the
     pending one lives through the MLP's backward, until the first float32 group (router,
     hyper-connection; `grouped`) reduce-scatters, or through the layer without them. Under ep an
@@ -179,7 +179,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, b
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1
     # training holds float32 master weights, float32 gradients and two AdamW moments per parameter,
-    # sharded (genome_lm.parallel.fsdp, train/optim.py); the gathered copies are in the model's dtype
+    # sharded (genome_lm.parallel, train/optim.py); the gathered copies are in the model's dtype
     shard_counts = [layer_shard_count(lay, m, layout, F) for lay in m.layers]
     root_count = -(-(m.param_count - sum(lay.param_count for lay in m.layers)) // F)
     held = sum(shard_counts) + root_count  # parameters per rank, FSDP2's padding included
@@ -232,7 +232,7 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, b
         pending = int(prefetched[i + 1] * red) if fsdp and i + 1 < m.n_layers else 0
         buffers_during = _backward_buffers(ops, lay, layout, (U_bwd, Gs[i], Xs[i], pending, head_grad), red,
                                            a < MASTER_BYTES) if fsdp else (lambda op: 0)
-        # the next backward's offloaded input is copied back during this one (train/recompute.py)
+        # the next backward's offloaded input is copied back during this one (train/parallelize.py)
         ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, buffers, op = _walk(ops, True, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,

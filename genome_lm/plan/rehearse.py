@@ -141,8 +141,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     from genome_lm.model.presets import preset_config
     from genome_lm.parallel.mesh import check_layout, init_parallel
     from genome_lm.progress import progress
-    from genome_lm.train.parallelize import parallelize
-    from genome_lm.train.recompute import park_host_copies_on
+    from genome_lm.train.parallelize import parallelize, park_host_copies_on
     from genome_lm.train.trainer import build_model, compute_dtype
 
     check_torch()
@@ -237,9 +236,8 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
     returns the tracker and the peak bytes parked on the host."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from genome_lm.train.balance import ExpertBalancer
     from genome_lm.train.optim import make_optimizer, make_scheduler
-    from genome_lm.train.trainer import StepParts, train_step
+    from genome_lm.train.trainer import ExpertBalancer, StepParts, train_step
 
     device = par.device
     with FakeTensorMode(allow_non_fake_inputs=True):

@@ -1,9 +1,12 @@
-"""The checkpoint manager of a run (docs/long-runs.md, docs/checkpoints.md): DCP `async_save` over a gloo
-group of its own (as torchtitan does) or `dcp.save`, the newest N kept, loading falls back past a damaged
-one; `resume_from` decides. `checkpoints/step_N/{model/, train_state/, genome_lm.json}`, symlink `last`."""
+"""The checkpoints of a run (docs/long-runs.md, docs/checkpoints.md): `CheckpointManager` (DCP `async_save` over a
+gloo group of its own, as torchtitan does, or `dcp.save`; the newest N kept; loading falls back past a damaged one)
+writes `checkpoints/step_N/{model/, train_state/, genome_lm.json}` and the symlink `last`. The run directory
+(docs/train.md): what rank 0 checks before a run starts (`check_run_dir`: the resume decision), records once it has
+started, and removes when a new run stops before its first checkpoint. `export_checkpoint`: `genome-lm export`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,23 +17,30 @@ import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.utils._pytree import tree_leaves
 
+from genome_lm.config import ExperimentConfig, dump_experiment, load_experiment
 from genome_lm.errors import GenomeLMError
-from genome_lm.model.weights.writer import save_pretrained
-from genome_lm.outputs import make_temp_dir
+from genome_lm.model import build
+from genome_lm.model.weights.layout import TensorSpec, model_tensors
+from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES, byte_batches, save_pretrained, write_model_dir
+from genome_lm.options import read_yaml
+from genome_lm.outputs import lock_output, make_temp_dir, read_marker, sha256_file, what_it_is, write_marker
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.metrics import logged_steps
 
@@ -53,15 +63,11 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()]
-    return sorted(found)
+    return sorted((int(m.group(1)), p) for p in ckpt_dir.glob("step_*") if (m := STEP_RE.match(p.name)) and p.is_dir())
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = list_checkpoints(ckpt_dir)
-    return found[-1][1] if found else None
+    return found[-1][1] if (found := list_checkpoints(ckpt_dir)) else None
 
 
 def _rng_state() -> dict:
@@ -157,37 +163,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, data) -> int:
     return int(state["step"])
 
 
-def resume_from(run_dir: Path, resume: bool) -> Path | None:
-    """Rank 0: the newest complete checkpoint to continue from, or None for a fresh run (half-written
-    ones removed). Refuses a run with checkpoints without --resume, and --resume of a run whose
-    metrics.jsonl records a checkpoint that is gone; --resume without any checkpoint starts afresh."""
-    ckpt_dir = run_dir / "checkpoints"
-    for partial in ckpt_dir.glob(".step_*.partial-*"):  # what a killed run left half-written
-        shutil.rmtree(partial, ignore_errors=True)
-    latest = latest_checkpoint(ckpt_dir)
-    if latest is not None and not resume:
-        raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
-                            "it, or --out a new run directory")
-    if not resume:
-        return None
-    if latest is None:
-        path = run_dir / "metrics.jsonl"
-        records = [json.loads(line) for _, line in logged_steps(path)[0]] if path.is_file() else []
-        if written := [int(r["checkpoint_written_step"]) for r in records if "checkpoint_written_step" in r]:
-            raise GenomeLMError(f"--resume: {run_dir} has no checkpoint, but its metrics.jsonl records step "
-                                f"{max(written)}, where the run saved one: its checkpoints were removed, and starting "
-                                "over would replace its history. Train into a new --out (or move metrics.jsonl away "
-                                "to start this run afresh)")
-        earlier = [f for f in ("metrics.jsonl", "config.yaml") if (run_dir / f).is_file()]
-        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0%s", ckpt_dir,
-                    f" ({' and '.join(earlier)} of the attempt without a checkpoint start over)" if earlier else "")
-    elif not (run_dir / "metrics.jsonl").is_file():
-        step = int(latest.name.removeprefix("step_"))
-        log.warning("--resume: %s is missing: the records of steps 1-%d are lost; the run continues from %s and "
-                    "metrics.jsonl starts again at step %d", run_dir / "metrics.jsonl", step, latest.name, step + 1)
-    return latest
-
-
 def free_bytes(path: Path) -> int:
     """Free bytes of the filesystem holding `path` (its nearest existing parent)."""
     while not path.exists():
@@ -230,8 +205,6 @@ class CheckpointManager:
         self.staging: Future | None = None  # CUDA: the staged copy's future
         self.pg, self.stager = None, None
         if self.async_:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
             if par.sharded and dist.is_initialized():  # collective: every rank creates it
                 self.pg = dist.new_group(backend="gloo")
             cuda = par.device.type == "cuda"
@@ -277,8 +250,6 @@ class CheckpointManager:
                 save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
                                 tokenizer_from=self.tokenizer_from)
             if self.async_:
-                from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-
                 with warnings.catch_warnings(action="ignore"):
                     response = dcp.async_save(state, checkpoint_id=str(tmp / "train_state"), process_group=self.pg,
                                               async_stager=self.stager, no_dist=not dist.is_initialized())
@@ -313,9 +284,7 @@ class CheckpointManager:
 
     def poll(self) -> dict:
         """Complete the save in flight if its files are all written; its timings, else {}."""
-        if self.pending is None or not self.pending.future.done():
-            return {}
-        return self.wait()
+        return self.wait() if self.pending is not None and self.pending.future.done() else {}
 
     def wait(self) -> dict:
         """Block until the save in flight is written, complete it on rank 0; its timings."""
@@ -376,3 +345,206 @@ class CheckpointManager:
         if self.stager is not None:
             self.stager.close()
             self.stager = None
+
+
+# Dotted keys, and whole sections, a resume may change: those that do not change what is computed; the batch
+# keys too while the sequences per step stay the same. Any other change is refused: the checkpoint's optimizer
+# state was made with the old values.
+TAKEN = (
+    "name", "train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.export_model",
+    "train.on_nonfinite", "train.checkpoint_mode", "train.on_disk_full", "train.preempt_signals",
+    "parallel.dp", "parallel.cp", "parallel.ep", "parallel.backward_prefetch", "parallel.timeout",
+    "parallel.watchdog_factor", "parallel.watchdog_min_s",
+)
+TAKEN_SECTIONS = ("log.", "memory.")
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and tuples stay values."""
+    if not isinstance(tree, dict):
+        return {prefix.removesuffix("."): tree}
+    return {k: v for key, value in tree.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+
+
+BATCH_KEYS = ("train.micro_batch", "train.grad_accum")
+
+
+def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_per_step: int | None) -> list:
+    """The changes [(key, old, new)] from `run_dir/config.yaml` to `cfg`; GenomeLMError on a refused one.
+    `per_step` / `stored_per_step`: sequences per step now and when the run started (None: unknown)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise GenomeLMError(f"--resume: {path} is missing; it records the settings {run_dir}'s checkpoints were "
+                            "trained with, which --resume compares with the new ones key by key: restore it, or "
+                            "train into a new --out")
+    try:
+        stored = read_yaml(path, "data, model, train, ...")
+    except GenomeLMError as e:
+        raise GenomeLMError(f"--resume: {e}; it records the settings the run's checkpoints were trained with: "
+                            "restore it, or train into a new --out") from None
+    with contextlib.suppress(ValueError):  # resolved, unless it no longer validates
+        stored = ExperimentConfig.model_validate(stored).model_dump(mode="json")
+    old, cur = flatten(stored), flatten(cfg.model_dump(mode="json"))
+    found = [(k, old.get(k), cur.get(k)) for k in {**cur, **old} if old.get(k) != cur.get(k)]  # new config's order
+    same_batch = stored_per_step is not None and stored_per_step == per_step
+    refused = [c for c in found if not (c[0] in TAKEN or c[0].startswith(TAKEN_SECTIONS)
+                                        or (c[0] in BATCH_KEYS and same_batch))]
+    if any(c[0] in BATCH_KEYS for c in refused) and stored_per_step is not None:
+        refused.append(("sequences per step", stored_per_step, per_step))
+    if refused:
+        listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in refused)
+        raise GenomeLMError(
+            f"--resume: {run_dir} was trained with other settings ({listed}); its checkpoints' optimizer state, "
+            f"schedule and data position belong to {path}: resume with that config (--set only steps, checkpoints, "
+            "logging, memory or layout keys), or train into a new --out"
+        )
+    return found
+
+
+@dataclass
+class RunDir:
+    """What `check_run_dir` found: the run directory to record (`write`) or clean up (`discard_unstarted`)."""
+
+    path: Path
+    latest: Path | None  # the checkpoint to resume from (None: a fresh run)
+    accepted: list  # the changes a resume takes
+    fresh: bool  # no marker yet: the folder is new (or empty), and is marked as a run when it starts
+    existed: bool  # the folder was there before this run (empty, when fresh)
+    sequences_per_step: int
+    manifest_sha256: str  # of the shards' manifest.json
+
+    def discard_unstarted(self) -> None:
+        """Remove what a new run that stopped before its first checkpoint wrote (the folder too, if it made it)."""
+        if not self.fresh or self.latest is not None or latest_checkpoint(self.path / "checkpoints") is not None:
+            return
+        if self.existed:
+            for child in self.path.iterdir():
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+        log.warning("%s: removed what the run wrote, as it stopped before its first checkpoint (nothing to resume)",
+                    self.path)
+
+    def write(self, cfg: ExperimentConfig) -> None:
+        """Rank 0, once model, data and any checkpoint have loaded: mark the folder as a run, write config.yaml."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.fresh:
+            write_marker(self.path, "run", [cfg.data.shards], sequences_per_step=self.sequences_per_step,
+                         shards_manifest_sha256=self.manifest_sha256)
+        path = self.path / "config.yaml"
+        if self.accepted:  # a resume that changed anything keeps the earlier config
+            n = 1 + sum(1 for _ in self.path.glob("config.resume-*.yaml"))
+            path.rename(self.path / f"config.resume-{n}.yaml")
+            log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
+                     ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in self.accepted), n)
+        path.write_text(dump_experiment(cfg))
+
+
+def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
+    """Rank 0: refuse a folder that is not a run directory, or with checkpoints but no --resume; take the resume
+    decision (the newest complete checkpoint, half-written ones removed; none: a fresh run, unless metrics.jsonl
+    records one); refuse a resume with changed settings. Writes nothing; holds the run's lock to the end."""
+    lock_output(run_dir, "train")
+    marker = read_marker(run_dir) if run_dir.is_dir() else None
+    earlier_run = (run_dir / "config.yaml").is_file() or (run_dir / "checkpoints").is_dir()
+    written = run_dir.is_dir() and any(c.name != "ray" and not c.name.startswith(".errors-")
+                                       for c in run_dir.iterdir())  # what a Ray launch makes first does not count
+    if run_dir.exists() and (not run_dir.is_dir() or written) and (
+            (marker is None and not earlier_run) or (marker is not None and marker["kind"] != "run")):
+        raise GenomeLMError(f"--out {run_dir} is {what_it_is(run_dir)}, not a run directory; train writes into a new "
+                            "folder or its own run directory: choose another --out")
+    ckpt_dir, metrics = run_dir / "checkpoints", run_dir / "metrics.jsonl"
+    for partial in ckpt_dir.glob(".step_*.partial-*"):  # what a killed run left half-written
+        shutil.rmtree(partial, ignore_errors=True)
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is not None and not resume:
+        raise GenomeLMError(f"{run_dir} already has checkpoints (newest {latest.name}); pass --resume to continue "
+                            "it, or --out a new run directory")
+    if resume and latest is None:
+        records = [json.loads(line) for _, line in logged_steps(metrics)[0]] if metrics.is_file() else []
+        if saved := [int(r["checkpoint_written_step"]) for r in records if "checkpoint_written_step" in r]:
+            raise GenomeLMError(f"--resume: {run_dir} has no checkpoint, but its metrics.jsonl records step "
+                                f"{max(saved)}, where the run saved one: its checkpoints were removed, and starting "
+                                "over would replace its history. Train into a new --out (or move metrics.jsonl away "
+                                "to start this run afresh)")
+        earlier = [f for f in ("metrics.jsonl", "config.yaml") if (run_dir / f).is_file()]
+        log.warning("--resume: no checkpoint in %s; starting a fresh run from step 0%s", ckpt_dir,
+                    f" ({' and '.join(earlier)} of the attempt without a checkpoint start over)" if earlier else "")
+    elif resume and latest is not None and not metrics.is_file():
+        step = int(latest.name.removeprefix("step_"))
+        log.warning("--resume: %s is missing: the records of steps 1-%d are lost; the run continues from %s and "
+                    "metrics.jsonl starts again at step %d", metrics, step, latest.name, step + 1)
+    per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
+    accepted = []
+    data = sha256_file(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
+    if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
+        accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
+        trained_on = None if marker is None else marker.get("shards_manifest_sha256")
+        if trained_on is not None and trained_on != data:
+            raise GenomeLMError(f"--resume: the shards {cfg.data.shards} are not those {run_dir} was trained on: "
+                                f"their manifest.json had sha256 {trained_on}, now {data}; resume on the shards it "
+                                "was trained on, or train into a new --out")
+    return RunDir(run_dir, latest, accepted, marker is None, run_dir.exists(), per_step, data)
+
+
+def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` in the order of `specs` from DCP keys `model.NAME`, `batch_bytes` at a time."""
+    for batch in byte_batches(specs, lambda spec: torch.Size(spec[1]).numel() * spec[2].itemsize, batch_bytes):
+        state = {"model": {name: torch.empty(shape, dtype=dtype) for name, shape, dtype in batch}}
+        with warnings.catch_warnings(action="ignore"):  # "no process group: loading in a single process"
+            dcp.load(state, checkpoint_id=str(state_dir))
+        loaded = state.pop("model")
+        for name, _, _ in batch:
+            yield name, loaded.pop(name)
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """`genome-lm export RUN/checkpoints/step_N --out DIR`: the model directory of training checkpoint `checkpoint`
+    (its `model/`, byte for byte) written to `out` atomically; returns `out`. One process, no GPU: the model built on
+    the meta device from `RUN/config.yaml`, tensors read from `train_state/` (DCP) in batches of at most
+    `max_shard_bytes` and streamed through `save_pretrained`'s writer (memory: about two output files)."""
+    ckpt = Path(checkpoint)
+    state_dir = ckpt / "train_state"
+    if not (state_dir / ".metadata").is_file():
+        raise GenomeLMError(f"{ckpt} is not a training checkpoint (no train_state/.metadata); point to "
+                            "RUN/checkpoints/step_N or RUN/checkpoints/last")
+    config_path = ckpt.resolve().parent.parent / "config.yaml"
+    if not config_path.is_file():
+        raise GenomeLMError(f"{config_path} not found: export reads the model from the run's config.yaml; keep the "
+                            "checkpoint inside its run directory (RUN/checkpoints/step_N)")
+    try:
+        stored = check_train_state(state_dir)
+    except DamagedCheckpoint as e:
+        raise GenomeLMError(f"{state_dir} is damaged ({e}); export an earlier checkpoint of the run "
+                            f"({ckpt.resolve().parent}/step_N)") from None
+    cfg = load_experiment(config_path)
+    built = build(cfg.model.name, dtype=cfg.model.dtype, meta=True, **cfg.model.overrides)
+    model = built.model
+    tensors = model_tensors(model)
+    for name, tensor in tensors.items():
+        meta = stored.get(f"model.{name}")
+        if meta is None or not hasattr(meta, "size"):
+            raise GenomeLMError(f"{state_dir} lacks the weight model.{name} of the model in {config_path}; is it a "
+                                "checkpoint of this run?")
+        if tuple(meta.size) != tuple(tensor.shape):
+            raise GenomeLMError(f"{state_dir}: model.{name} has shape {tuple(meta.size)}, the model in {config_path} "
+                                f"has {tuple(tensor.shape)}; is it a checkpoint of this run?")
+    # read as stored (a bf16 model's float32 master weights), written in the model's dtype
+    specs = [(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    read = [(name, shape, stored[f"model.{name}"].properties.dtype) for name, shape, _ in specs]
+    loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
+    try:
+        write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
+                        inputs=[ckpt], tokenizer_from=built.source)
+    except (RuntimeError, ValueError, CheckpointException) as e:  # a truncated or garbled train_state file
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        raise GenomeLMError(f"{state_dir} is damaged ({why}); export an earlier checkpoint of the run "
+                            f"({ckpt.resolve().parent}/step_N)") from None
+    log.info("exported %s (%d tensors) -> %s", ckpt, len(specs), out)
+    return Path(out)
+
+
+def export_command(p) -> str:
+    """`genome-lm export`: `p` its ExportParams."""
+    return f"export: {export_checkpoint(p.checkpoint, p.out, overwrite=p.overwrite, max_shard_bytes=p.max_shard_size)}"

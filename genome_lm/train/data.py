@@ -22,8 +22,6 @@ log = logging.getLogger(__name__)
 
 
 class SequenceStream:
-    """Deterministic, resumable stream of training batches from a shard directory."""
-
     def __init__(self, shards: str, split: str, seq_len: int, *, seed: int = 0, reverse_complement: bool = True,
                  min_piece: int = 64, ignore_n: bool = True, token_map: np.ndarray | None = None):
         self.ds = load_shards(shards, split)
@@ -51,7 +49,6 @@ class SequenceStream:
                 "lower data.min_piece or data.seq_len"
             )
         self.pieces = pieces
-        self.seq_len = seq_len
         self.seed = seed
         self.ignore_n = ignore_n
         self.token_map = token_map if token_map is not None else np.arange(256, dtype=np.int64)

@@ -13,8 +13,9 @@ import statistics
 import sys
 import threading
 import time
-from types import FrameType
-from typing import Any, Callable, Sequence
+from typing import Sequence
+
+import torch.distributed as dist
 
 from genome_lm.parallel.launch import WorkerContext
 
@@ -27,10 +28,10 @@ class Preemption:
     """A flag set on `signals` ("SIGTERM", ...); `agreed` turns all ranks' flags and the launcher's stop file
     into one decision. Handlers only in the main thread (Ray Train's workers read the stop file)."""
 
-    def __init__(self, signals: Sequence[str], worker: WorkerContext | None = None):
+    def __init__(self, signals: Sequence[str], worker: WorkerContext):
         self.received: str | None = None
-        self.worker = worker or WorkerContext()
-        self._old: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+        self.worker = worker
+        self._old: dict = {}  # signal -> the handler it had
         if threading.current_thread() is not threading.main_thread():
             return
         for name in signals:
@@ -43,10 +44,9 @@ class Preemption:
 
     def requested(self) -> str | None:
         """Why this rank wants to stop: a signal's name, "the launcher", or None."""
-        if self.received:
-            return self.received
         stop_file = self.worker.stop_file
-        return "a stop request of the launcher" if stop_file is not None and stop_file.exists() else None
+        launcher = stop_file is not None and stop_file.exists()
+        return self.received or ("a stop request of the launcher" if launcher else None)
 
     def agreed(self, par) -> bool:
         """Collective at a step boundary (one small all-reduce): True on every rank when any rank wants to stop."""
@@ -64,8 +64,6 @@ class Watchdog:
     it (from the process group's store). Armed after two steps; `paused()` while a checkpoint is written."""
 
     def __init__(self, par, factor: float, min_s: float, worker: WorkerContext):
-        import torch.distributed as dist
-
         self.par, self.factor, self.min_s, self.worker = par, factor, min_s, worker
         self.prefix = f"genome_lm/watchdog/{worker.attempt}"
         self.store = dist.distributed_c10d._get_default_store()  # a distributed run's (the only one watched)

@@ -40,12 +40,11 @@ def reset_rss_peak() -> bool:
 class PeakMemory:
     def __init__(self, device: torch.device):
         self.device = device
-        self.resettable = device.type != "cuda" and reset_rss_peak()
 
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        elif self.resettable:
+        else:  # where the kernel does not allow it, the peak since the process started
             reset_rss_peak()
 
     def peak(self) -> int:

@@ -24,15 +24,12 @@ class AdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, state_dtype: torch.dtype = torch.float32):
-        if state_dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"AdamW state_dtype must be float32 or bfloat16, got {state_dtype}")
         if state_dtype == torch.bfloat16 and max(betas) > BF16_MAX_BETA:
             raise GenomeLMError(
                 f"train.betas {tuple(betas)} with train.optimizer_state_dtype: bfloat16: a bf16 moment rounds a "
                 f"decay of 1 - beta < 2^-7 away; use betas <= {BF16_MAX_BETA:.4f} (e.g. [0.9, 0.95]) or "
                 "optimizer_state_dtype: float32")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.state_dtype = state_dtype
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -44,11 +41,7 @@ class AdamW(torch.optim.Optimizer):
                     state[key] = state[key].to(self.state_dtype)
 
     @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def step(self, closure=None):  # no closure: the trainer steps after its own backward
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -76,7 +69,6 @@ class AdamW(torch.optim.Optimizer):
                 if m is not m_store:
                     m_store.copy_(m)
                     v_store.copy_(v)
-        return loss
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:

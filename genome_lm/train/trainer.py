@@ -1,7 +1,5 @@
-"""`genome-lm train`: one process, or one rank of a distributed launch (docs/train.md, docs/parallel.md).
-
-    start_run -> run_step per step (train_step, the rehearsal's too) -> finish_run
-"""
+"""`genome-lm train`: one process, or one rank of a distributed launch (docs/train.md, docs/parallel.md):
+`train` runs `start_run`, then `run_step` per step (its `train_step` is the rehearsal's too)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,27 +18,25 @@ import torch
 from genome_lm.config import ExperimentConfig, parse_experiment
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
 from genome_lm.genome.shards import load_manifest
+from genome_lm.model import build, expert_load, token_lut
 from genome_lm.model.build import BuiltModel
+from genome_lm.model.cp import all_reduce_sum
 from genome_lm.model.ops.loss import IGNORE_INDEX
+from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.patch import has_values
+from genome_lm.model.presets import META_ONLY, is_preset
 from genome_lm.model.weights.reader import load_weights_
-from genome_lm.parallel import callbacks
-from genome_lm.parallel.fsdp import clip_grad_norm_
+from genome_lm.parallel import callbacks, clip_grad_norm_
 from genome_lm.parallel.launch import Job, WorkerContext
 from genome_lm.parallel.mesh import ParallelContext, init_parallel, resolve_layout
 from genome_lm.progress import Bar, progress
 from genome_lm.settings import set_tf32
-from genome_lm.train.checkpoint import CheckpointManager, latest_checkpoint, resolve_model_dir
+from genome_lm.train.checkpoint import CheckpointManager, RunDir, check_run_dir, latest_checkpoint, resolve_model_dir
 from genome_lm.train.data import SequenceStream
 from genome_lm.train.guard import Preemption, Watchdog
 from genome_lm.train.metrics import MetricsLog, PeakMemory
 from genome_lm.train.optim import make_optimizer, make_scheduler
-from genome_lm.train.parallelize import parallelize
-from genome_lm.train.recompute import host_bytes
-from genome_lm.train.run_dir import RunDir, check_run_dir, discard_unstarted, write_run_dir
-
-if TYPE_CHECKING:
-    from genome_lm.train.balance import ExpertBalancer
+from genome_lm.train.parallelize import host_bytes, parallelize
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +50,7 @@ def check_data(cfg: ExperimentConfig) -> dict:
     if cfg.data.split == "eval":
         log.warning("data.split=eval: training on the held-out chromosomes (%s); evals of this run on them measure "
                     "what it memorised, not what it generalises", ", ".join(manifest["splits"]["eval"]["chroms"]))
-    window = manifest.get("parameters", {}).get("seq_len")
-    if window and cfg.data.seq_len > window:
+    if (window := manifest.get("parameters", {}).get("seq_len")) and cfg.data.seq_len > window:
         raise GenomeLMError(f"data.seq_len={cfg.data.seq_len:,} is longer than the windows of {cfg.data.shards} "
                             f"({window:,} tokens), so no sequence could have that context; prepare shards with "
                             f"--seq-len {cfg.data.seq_len} or longer, or lower data.seq_len")
@@ -82,8 +77,6 @@ def resolve_init(cfg: ExperimentConfig, dry: bool = False) -> str | None:
 
 def build_model(cfg: ExperimentConfig, device: torch.device, init: str | None, meta: bool = False) -> BuiltModel:
     """The single-device model (seeded with train.seed), then the weights of `init`; structure only with `meta`."""
-    from genome_lm.model import build
-
     torch.manual_seed(cfg.train.seed)
     built = build(cfg.model.name, dtype=cfg.model.dtype, device=None if meta else device, meta=meta,
                   **cfg.model.overrides)
@@ -102,8 +95,6 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
     """The model built, then `parallelize`d. Distributed: on the meta device, then each rank fills only its
     shards, from the weights directory or the preset built in full on CPU with one process's seed (the same
     weights on every rank; not for glm53-flash)."""
-    from genome_lm.model.presets import META_ONLY, is_preset
-
     compute = compute_dtype(cfg)
     if not par.distributed:
         return parallelize(build_model(cfg, par.device, init).model, cfg.memory, par, compute)
@@ -121,8 +112,6 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
 
 
 def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init: str | None) -> np.ndarray:
-    from genome_lm.model import token_lut
-
     lut = token_lut(manifest["vocab"], resolve_model_dir(init) if init else cfg.model.name)
     if int(lut.max()) >= vocab_size:
         raise GenomeLMError(f"model: token id {int(lut.max())} does not fit the model vocabulary ({vocab_size})")
@@ -130,10 +119,62 @@ def model_token_map(cfg: ExperimentConfig, manifest: dict, vocab_size: int, init
 
 
 def make_stream(cfg: ExperimentConfig, lut: np.ndarray) -> SequenceStream:
-    """The training sequences of `data:`, in model token ids through `lut`."""
     d = cfg.data
     return SequenceStream(d.shards, d.split, d.seq_len, seed=d.seed, reverse_complement=d.reverse_complement,
                           min_piece=d.min_piece, ignore_n=d.ignore_n, token_map=lut)
+
+
+class ExpertBalancer:
+    """Auxiliary-loss-free expert balancing (DeepSeek-V3 §2.1.2; docs/train.md, "Expert balancing"): sums
+    `last_expert_counts` of patched MoE layers over a step, then moves each router's `e_score_correction_bias` by
+
+        bias_e += rate * sign(mean_load - load_e)
+
+    with `load_e` the tokens routed to expert e in the step over every micro-batch and rank (so the bias stays
+    identical on all ranks). With EP also `rank_imbalance` (the busiest expert rank's tokens over the mean, in the
+    worst layer). Rate 0, no EP: idle."""
+
+    def __init__(self, model: torch.nn.Module, rate: float, ep: int = 1):
+        if rate < 0:
+            raise ValueError(f"bias update rate must be >= 0, got {rate}")
+        self.rate, self.ep = float(rate), ep
+        self.rank_imbalance: float | None = None
+        self.layers = [m for m in model.modules() if isinstance(m, BlockedGlm5NextTextMoE)]
+        self._counts: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.active = (self.rate > 0 or ep > 1) and bool(self.layers)
+
+    def accumulate(self) -> None:
+        """Add each layer's counts from the forward just run (once per micro-batch)."""
+        if not self.active:
+            return
+        for i, m in enumerate(self.layers):
+            if m.last_expert_counts is not None:
+                c, before = m.last_expert_counts.detach(), self._counts[i]
+                self._counts[i] = c if before is None else before + c
+
+    @torch.no_grad()
+    def step(self, update: bool = True) -> float | None:
+        """Move every router's bias by the step's loads over all ranks (not for a skipped step), reset the
+        counts; the largest |bias| afterwards, or None when balancing is off."""
+        if not self.active:
+            return None
+        counts, self._counts = self._counts, [None] * len(self.layers)
+        present = [i for i, c in enumerate(counts) if c is not None]
+        counted = [c for c in counts if c is not None]  # the counts of `present`, in its order
+        loads = all_reduce_sum(torch.stack(counted).double()) if counted else None  # [L, E]
+        if self.ep > 1 and loads is not None:
+            per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
+            ratio = (per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max()
+            self.rank_imbalance = float(ratio) if has_values(ratio) else None  # none on fake tensors
+        if self.rate == 0:
+            return None
+        if update and loads is not None:
+            delta = self.rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
+            for row, i in enumerate(present):
+                bias = self.layers[i].gate.e_score_correction_bias
+                bias.add_(delta[row].to(bias.dtype))
+        largest = torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max()
+        return float(largest) if has_values(largest) else None
 
 
 @dataclass
@@ -169,8 +210,6 @@ class Run(StepParts):
 def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume: bool,
               show_progress: bool | None, worker: WorkerContext) -> Run:
     """Check the data and run directory, build model, data and optimizer, resume, record the run."""
-    from genome_lm.train.balance import ExpertBalancer
-
     if par.device.type == "cuda":
         set_tf32(cfg.train.tf32)
     manifest = check_data(cfg)
@@ -198,7 +237,7 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
             log.warning("--resume: %s is at step %d and train.steps is %d: nothing to train; raise train.steps "
                         "(e.g. --set train.steps=%d) to continue it", run_dir, start, cfg.train.steps,
                         start + cfg.train.steps)
-    par.on_main(lambda: write_run_dir(rd, cfg))
+    par.on_main(lambda: rd.write(cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else None
     return Run(par, model, optimizer, scheduler, ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
@@ -255,8 +294,6 @@ def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[
 
 def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
     """The metrics.jsonl record of a step: `train_step`'s numbers and its time (the slowest rank's)."""
-    from genome_lm.model import expert_load
-
     par = run.par
     record = {
         "step": step, "loss": done["loss"], "lr": done["lr"], "grad_norm": done["grad_norm"],
@@ -289,10 +326,7 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
     batches = (run.stream.next_batch(cfg.train.micro_batch, par.dp_rank, par.dp) for _ in range(cfg.train.grad_accum))
     done = train_step(run, [{k: v.to(par.device) for k, v in b.items()} for b in batches])  # all CP ranks: the same
     elapsed = par.max_all(time.perf_counter() - t0)
-    record = step_record(run, step, done, elapsed)
-    record.update(run.unlogged)
-    record.update(run.checkpoints.poll())
-    run.unlogged = {}
+    record = {**step_record(run, step, done, elapsed), **run.unlogged, **run.checkpoints.poll()}
     if not done["finite"]:  # not applied: stop (train.on_nonfinite) or warn
         loss, grad_norm = done["loss"], done["grad_norm"]
         record["skipped"] = True
@@ -317,11 +351,11 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
                     "ep": par.ep, "model_exported": export}
             record.update(run.checkpoints.save(step, run.model, run.optimizer, run.scheduler, run.stream, info, export,
                                                compute_dtype(cfg), wait=preempted or step == cfg.train.steps))
-    if step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted:
-        if run.metrics is not None:
-            run.metrics.write(record)
-    else:  # what the resume decision reads goes into the next logged record
-        run.unlogged = {k: record[k] for k in ("checkpoint_write_s", "checkpoint_written_step") if k in record}
+    logged = step % cfg.log.every == 0 or step == cfg.train.steps or not done["finite"] or preempted
+    if logged and run.metrics is not None:
+        run.metrics.write(record)
+    written = ("checkpoint_write_s", "checkpoint_written_step")  # what the resume decision reads: in a logged record
+    run.unlogged = {} if logged else {k: record[k] for k in written if k in record}
     run.bar.update(1)
     run.bar.set_postfix(loss=f"{done['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
     callbacks.after_step(step, par.rank, run.worker.attempt)
@@ -368,7 +402,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
             run.par.shutdown()
             restarted = outcome == "crashed" and run.worker.max_restarts > run.worker.attempt  # kept for a restart
             if outcome != "done" and run.par.is_main and not restarted:
-                discard_unstarted(run.rd)  # a new run that stopped before its first checkpoint leaves nothing
+                run.rd.discard_unstarted()  # a new run that stopped before its first checkpoint leaves nothing
     if record:
         log.info("finished %s: step %d, loss %.4f; checkpoints in %s", cfg.name, record["step"], record["loss"],
                  run.checkpoints.ckpt_dir)

@@ -326,7 +326,7 @@ def test_forget_gate_parameters_get_their_gradients_under_fsdp():
     from torch.distributed.fsdp import fully_shard
 
     from genome_lm.model import apply_long_context
-    from genome_lm.parallel.fsdp import _shard_fp32_modules
+    from genome_lm.parallel import _shard_fp32_modules
     from tests.helpers import tiny_model
 
     plain = apply_long_context(tiny_model())

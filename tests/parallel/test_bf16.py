@@ -1,6 +1,6 @@
 """bf16 GLM-5.3-Flash-style training under FSDP2 (glm53-tiny, `model.dtype: bfloat16`): float32
 master weights sharded by FSDP2, bf16 compute, upstream's float32 exceptions gathered and computed
-in float32 (`genome_lm.parallel.fsdp`). On 2 processes (dp 2, and cp 2) it runs, checkpoints and
+in float32 (`genome_lm.parallel`). On 2 processes (dp 2, and cp 2) it runs, checkpoints and
 resumes with identical losses, and its losses stay within bf16 tolerance of the float32 run.
 
 Global batch 2 sequences per step, as in test_train_parallel.py.
@@ -87,7 +87,7 @@ def test_fsdp_groups_float32_exceptions():
 
     from genome_lm.model import apply_long_context, build
     from genome_lm.model.weights.layout import keep_fp32
-    from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
+    from genome_lm.parallel import apply_fsdp, fp32_modules, to_master_dtype_
 
     plain = tiny_model(dtype="bfloat16")
     apply_long_context(plain)
@@ -135,7 +135,7 @@ def test_backward_prefetch_and_reduce_dtype_reach_fsdp2(prefetch):
     from torch.distributed.device_mesh import init_device_mesh
 
     from genome_lm.model import apply_long_context
-    from genome_lm.parallel.fsdp import apply_fsdp, fp32_modules, to_master_dtype_
+    from genome_lm.parallel import apply_fsdp, fp32_modules, to_master_dtype_
 
     model = apply_long_context(tiny_model(dtype="bfloat16"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

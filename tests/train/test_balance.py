@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from genome_lm.config import load_experiment
 from genome_lm.model import apply_long_context
 from genome_lm.train import train
-from genome_lm.train.balance import ExpertBalancer
+from genome_lm.train.trainer import ExpertBalancer
 from tests.helpers import tiny_model, write_experiment
 from tests.parallel.test_train_parallel import truncate_to
 

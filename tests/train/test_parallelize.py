@@ -7,8 +7,7 @@ import torch
 
 from genome_lm.config import MemoryConfig, ParallelConfig
 from genome_lm.model import apply_long_context
-from genome_lm.parallel import apply_context_parallel
-from genome_lm.parallel.fsdp import apply_fsdp
+from genome_lm.parallel import apply_context_parallel, apply_fsdp
 from genome_lm.parallel.mesh import init_parallel
 from genome_lm.train.parallelize import apply_recompute, parallelize
 from tests.helpers import tiny_model
@@ -66,7 +65,7 @@ def test_out_of_order_steps_raise():
 def test_offload_keep_last_leaves_the_last_layers_on_the_device(keep):
     """memory.offload_keep_last: the last N layers are plain checkpoints (input kept on the device),
     the others offloaded; loss and gradients equal recompute without offload."""
-    from genome_lm.train.recompute import _OffloadedRecompute
+    from genome_lm.train.parallelize import _OffloadedRecompute
 
     memory = MemoryConfig(recompute="per-layer", offload_layer_inputs=True, offload_keep_last=keep, **SIZES)
     model = parallelize(tiny_model(), memory)

@@ -6,7 +6,7 @@ import weakref
 import torch
 from torch import nn
 
-from genome_lm.train.recompute import recompute
+from genome_lm.train.parallelize import recompute
 
 
 class Block(nn.Module):
@@ -48,7 +48,7 @@ class Recorder(Block):
 
     def forward(self, x, scale=None):
         if torch.is_grad_enabled():  # the replay (the first forward runs under no_grad)
-            from genome_lm.train import recompute as memory
+            from genome_lm.train import parallelize as memory
 
             Recorder.seen.append([p[0].on_device is not None for p in (r() for r in memory._PARKED) if p])
         return super().forward(x, scale)
@@ -57,7 +57,7 @@ class Recorder(Block):
 def test_offload_prefetches_one_layer_ahead_and_counts_host_bytes():
     """Each offloaded layer's backward starts the copy back of the layer before it (in forward
     order), and only that one; host bytes rise by each parked input and fall back to zero."""
-    from genome_lm.train.recompute import host_bytes
+    from genome_lm.train.parallelize import host_bytes
 
     torch.manual_seed(0)
     blocks = [recompute(Recorder(), offload=True) for _ in range(3)]
