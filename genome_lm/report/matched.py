@@ -173,9 +173,8 @@ def format_context_gain(gain: ContextGain) -> str:
 
 
 def _step(d: dict | None) -> str:
-    if d is None:
-        return ""
-    return f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
+    return "" if d is None else \
+        f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
 
 
 def change_in_words(lo, hi) -> str:
