@@ -83,6 +83,28 @@ def load_dirs(dirs: Iterable[str | Path]) -> tuple[list[EvalResult], list[Compar
     return evals, compares
 
 
+def split_variants(dirs: list[Path]) -> tuple[list[EvalResult], list[Path]]:
+    """The variants outputs among `dirs` as (label, dir, summary), and the other dirs."""
+    found, rest = [], []
+    for d in dirs:
+        try:
+            summary = json.loads((d / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            summary = None
+        command = summary.get("command") if isinstance(summary, dict) else None
+        if command == "score":
+            raise GenomeLMError(f"{d} is a `genome-lm score` output (per-base log-probs); the report reads the "
+                                "--out of `genome-lm eval`, `compare` and `variants`")
+        if command != "variants":
+            rest.append(d)
+        elif missing := [k for k in ("contexts", "variants", "metrics") if k not in summary]:
+            raise GenomeLMError(f"{d / SUMMARY_FILE} is not a variants summary (it has no {', '.join(missing)}); "
+                                "rebuild it with `genome-lm variants` and --overwrite")
+        else:
+            found.append(EvalResult(d.name, d, summary))
+    return found, rest
+
+
 def implied_compares(evals: list[EvalResult]) -> list[CompareResult]:
     """Every later eval against the first (the baseline), where they scored the same windows."""
     import logging

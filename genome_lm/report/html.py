@@ -12,7 +12,7 @@ from pathlib import Path
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.outputs import KINDS, atomic_file, holding, read_marker
-from genome_lm.report import plots, questions, tables, variants
+from genome_lm.report import plots, questions, tables
 from genome_lm.report.data import (
     CompareResult,
     EvalResult,
@@ -20,6 +20,7 @@ from genome_lm.report.data import (
     load_dirs,
     load_eval,
     load_run,
+    split_variants,
     windows_text,
 )
 from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text, same_path
@@ -76,8 +77,7 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             picked.append(ev)
         base, short, long = picked
         return context_gain(base, short, long, compares=compares)
-    roles = find_roles(evals) if len(evals) >= 3 else None
-    if roles is None:
+    if (roles := find_roles(evals)) is None:
         return None
     try:
         return context_gain(*roles, compares=compares)
@@ -141,6 +141,24 @@ def _questions_sections(evals: list[EvalResult]) -> list[str]:
     return out
 
 
+def _variants_section(v: EvalResult) -> list[str]:
+    """The section "variant effect by context" of a `genome-lm variants` output (counts only without labels)."""
+    s, counts = v.summary, v.summary["variants"]
+    skipped = ", ".join(f"{n:,} {why.replace('_', ' ')}" for why, n in counts.get("skipped", {}).items() if n)
+    text = (f"{v.label}: {counts.get('scored', 0):,} of {counts.get('read', 0):,} variants scored"
+            f"{' (skipped: ' + skipped + ')' if skipped else ''} at contexts "
+            f"{', '.join(f'{c:,}' for c in s['contexts'])}, scored over the variant and {s.get('after', 0):,} bases "
+            f"after it; score = log P(alt) - log P(ref) given exactly L bases before it.")
+    out = ["<h2>Variant effect by context</h2>", f"<p>{html.escape(text)}</p>"]
+    if not s["metrics"]:
+        return out + ["<p>No labels were given (variants --labels / --labels-tsv): no AUROC.</p>"]
+    return out + [_figure(plots.plot_roc(v), "ROC by context",
+                          "ROC curve of -score per context L (label 1 = positive)."),
+                  _figure(plots.plot_score_shift(v), "score shift vs context",
+                          "Mean variant score by context length, for positive and benign variants and all."),
+                  tables.metrics_table(v)]
+
+
 def _shards_note(evals) -> str:
     """A warning (also logged) when the evals' shard manifests differ, else ''."""
     by_shards: dict[str, list[str]] = {}
@@ -157,7 +175,7 @@ def _shards_note(evals) -> str:
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string; `matched`: (base, short, long) eval directories."""
-    variant_runs, rest = variants.split_variants([Path(d) for d in dirs])
+    variant_runs, rest = split_variants([Path(d) for d in dirs])
     evals, compares = load_dirs(rest)
     run_metrics = [load_run(r) for r in runs]
     if not evals and not compares and not run_metrics and not variant_runs and matched is None:
@@ -198,7 +216,7 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                           "Loss by context on bases outside repeats (left) and on soft-masked repeat bases (right)."),
                   tables.repeat_table(evals)]
     for v in variant_runs:
-        parts += variants.variants_section(v, _figure)
+        parts += _variants_section(v)
     if run_metrics:
         parts += ["<h2>Training curves</h2>",
                   _figure(plots.plot_training_curves(run_metrics), "training curves", "From each run's metrics.jsonl."),

@@ -173,9 +173,8 @@ def format_context_gain(gain: ContextGain) -> str:
 
 
 def _step(d: dict | None) -> str:
-    if d is None:
-        return ""
-    return f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
+    return "" if d is None else \
+        f"{_bits(d['mean_delta'], '+.4f')} [{_bits(d['ci_low'], '+.4f')}, {_bits(d['ci_high'], '+.4f')}]"
 
 
 def change_in_words(lo, hi) -> str:
@@ -203,11 +202,9 @@ def format_ablation(gain: ContextGain) -> str | None:
              f"  {'L':>7}" + "".join(f" {ROLES[r]:>42}" for r in ROLES)]
     steps = {r: {d["to"]: d for d in a["paired_differences"]} for r, a in abl.items()}
     for j, e in enumerate(first["by_length"]):
-        cells = []
-        for r in ROLES:
-            row = abl[r]["by_length"][j]
-            cells.append(f" {_bits(row['mean_nll']):>8} {_step(steps[r].get(e['L'])):>33}")
-        lines.append((f"  {e['L']:>7,}" + "".join(cells)).rstrip())
+        cells = "".join(f" {_bits(abl[r]['by_length'][j]['mean_nll']):>8} {_step(steps[r].get(e['L'])):>33}"
+                        for r in ROLES)
+        lines.append((f"  {e['L']:>7,}{cells}").rstrip())
     spans = {r: span for r in ROLES if (span := abl[r].get("span"))}
     if len(spans) == len(ROLES):
         s = spans["base"]

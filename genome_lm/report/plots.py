@@ -12,6 +12,7 @@ from matplotlib.ticker import FuncFormatter
 from genome_lm.eval.stats import LN2
 from genome_lm.report.data import CompareResult, EvalResult, RunMetrics
 from genome_lm.report.matched import PAIRS, ContextGain
+from genome_lm.report.tables import _num
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 DPI = 110
@@ -50,41 +51,40 @@ def _nats_axis(ax) -> None:
     sec.set_ylabel("nats per token")
 
 
-def plot_loss_by_context(evals: list[EvalResult], title: str = "Held-out loss by preceding context") -> Figure:
-    """One line per eval: mean loss per context bucket with its 95% bootstrap CI as a band."""
+def _lines(lines: list, ylabel: str, legend: str, title: str, zero: bool = False):
+    """(fig, ax): one line per (color, (x, y, lo, hi), label) over preceding context, its CI as a band."""
     fig = Figure(figsize=(8.5, 5))
     ax = fig.add_subplot()
-    for i, ev in enumerate(evals):
-        color = COLORS[i % len(COLORS)]
-        x, y, lo, hi = _series(ev.summary["buckets"], "mean_nll", "ci_low", "ci_high", 1 / LN2)
-        overall = ev.summary["overall"]["bits_per_base"]
-        ax.plot(x, y, "-o", color=color, ms=4, lw=1.8, label=f"{ev.label} (all tokens: {overall:.3f} bits/base)")
+    if zero:
+        ax.axhline(0, color="0.3", lw=1)
+    for color, (x, y, lo, hi), label in lines:
+        ax.plot(x, y, "-o", color=color, ms=4, lw=1.8, label=label)
         ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
     _context_axis(ax)
-    ax.set_ylabel("loss (bits per base)")
-    _nats_axis(ax)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(loc="best", fontsize=9, title="eval (shaded: 95% CI, bootstrap over windows)", title_fontsize=8)
+    ax.legend(loc="best", fontsize=9, title=legend, title_fontsize=8)
+    return fig, ax
+
+
+def plot_loss_by_context(evals: list[EvalResult], title: str = "Held-out loss by preceding context") -> Figure:
+    """One line per eval: mean loss per context bucket with its 95% bootstrap CI as a band."""
+    lines = [(COLORS[i % len(COLORS)], _series(ev.summary["buckets"], "mean_nll", "ci_low", "ci_high", 1 / LN2),
+              f"{ev.label} (all tokens: {ev.summary['overall']['bits_per_base']:.3f} bits/base)")
+             for i, ev in enumerate(evals)]
+    fig, ax = _lines(lines, "loss (bits per base)", "eval (shaded: 95% CI, bootstrap over windows)", title)
+    _nats_axis(ax)
     return fig
 
 
 def plot_relative_change(compares: list[CompareResult],
                          title: str = "Relative change in loss by preceding context") -> Figure:
     """One line per comparison: 100 * (mean_B / mean_A - 1) per bucket with its paired 95% CI."""
-    fig = Figure(figsize=(8.5, 5))
-    ax = fig.add_subplot()
-    ax.axhline(0, color="0.3", lw=1)
-    for i, cmp in enumerate(compares):
-        color = COLORS[(i + 1) % len(COLORS)]
-        x, y, lo, hi = _series(cmp.result["buckets"], "rel_change_pct", "rel_ci_low", "rel_ci_high")
-        o = cmp.result["overall"]
-        ax.plot(x, y, "-o", color=color, ms=4, lw=1.8, label=f"{cmp.label} (all tokens: {o['rel_change_pct']:+.2f}%)")
-        ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
-    _context_axis(ax)
-    ax.set_ylabel("change in loss, B vs A (%)\nbelow 0: B has lower loss")
-    ax.set_title(title)
-    ax.legend(loc="best", fontsize=9, title="B vs A (shaded: paired 95% CI)", title_fontsize=8)
-    return fig
+    lines = [(COLORS[(i + 1) % len(COLORS)],
+              _series(c.result["buckets"], "rel_change_pct", "rel_ci_low", "rel_ci_high"),
+              f"{c.label} (all tokens: {c.result['overall']['rel_change_pct']:+.2f}%)") for i, c in enumerate(compares)]
+    return _lines(lines, "change in loss, B vs A (%)\nbelow 0: B has lower loss", "B vs A (shaded: paired 95% CI)",
+                  title, zero=True)[0]
 
 
 def plot_repeat_split(evals: list[EvalResult], title: str = "Repeat-masked vs unmasked bases") -> Figure:
@@ -171,4 +171,33 @@ def plot_context_gain(gain: ContextGain, title: str = "Is the gain from context,
     right.set_title("by preceding context (shaded: paired 95% CI)", fontsize=10)
     right.legend(loc="best", fontsize=8)
     fig.suptitle(title)
+    return fig
+
+
+def plot_roc(v: EvalResult) -> Figure:
+    fig = Figure(figsize=(5.2, 4.6))
+    ax = fig.add_subplot()
+    auroc = {r["context"]: r["auroc"] for r in v.summary["metrics"]["by_context"]}
+    for i, r in enumerate(v.summary["metrics"]["roc"]):
+        ax.plot(r["fpr"], r["tpr"], color=COLORS[i % len(COLORS)],
+                label=f"L = {r['context']:,} (AUROC {_num(auroc.get(r['context']), '{:.3f}')})")
+    ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls="--")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=v.label)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_score_shift(v: EvalResult) -> Figure:
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    rows = v.summary["metrics"]["score_shift"]
+    x = [r["context"] for r in rows]
+    for key, label, color in (("mean_score_pos", "positive (label 1)", COLORS[1]),
+                              ("mean_score_neg", "benign (label 0)", COLORS[0]), ("mean_score", "all", "0.33")):
+        ax.plot(x, [r[key] for r in rows], marker="o", color=color, label=label)
+    _context_axis(ax)
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax.set(xlabel="context before the variant (bases)", ylabel="mean score (nats; log P(alt) - log P(ref))",
+           title=v.label)
+    ax.legend(fontsize=8)
     return fig

@@ -58,14 +58,9 @@ def bucket_table(ev: EvalResult) -> str:
 
 def repeat_table(evals: list[EvalResult]) -> str:
     """Overall loss on unmasked vs repeat-masked bases, one row per eval."""
-    rows = []
-    for ev in evals:
-        r = ev.summary["repeat"]
-        cells = [html.escape(ev.label)]
-        for name in ("unmasked", "masked"):
-            o = r[name]["overall"]
-            cells += [f"{o['n_tokens']:,}", _num(o["bits_per_base"])]
-        rows.append(cells)
+    parts = [[ev.summary["repeat"][name]["overall"] for name in ("unmasked", "masked")] for ev in evals]
+    rows = [[html.escape(ev.label)] + [c for o in sides for c in (f"{o['n_tokens']:,}", _num(o["bits_per_base"]))]
+            for ev, sides in zip(evals, parts)]
     return _table(["eval", "unmasked tokens", "unmasked bits/base", "repeat-masked tokens", "repeat-masked bits/base"],
                   rows, "Repeat-masked (soft-masked) vs unmasked bases, all contexts")
 
@@ -157,3 +152,19 @@ def run_table(runs: list[RunMetrics]) -> str:
                      _num(peak and peak / 2**30, "{:.2f}")])
     return _table(["run", "steps", "tokens (steps x tokens/step)", "first loss", "last loss", "median tokens/s",
                    "peak memory (GiB)"], rows, "Training runs (metrics.jsonl)")
+
+
+def metrics_table(v: EvalResult) -> str:
+    m = v.summary["metrics"]
+    paired = {r["context"]: r for r in m["paired_vs_shortest"]}
+    ci = lambda pair: f"[{_num(pair[0], '{:+.3f}')}, {_num(pair[1], '{:+.3f}')}]" if pair else "\u2013"  # noqa: E731
+    rows = []
+    for r in m["by_context"]:
+        p = paired.get(r["context"], {})
+        rows.append([f"{r['context']:,}", f"{r['n_pos']:,}", f"{r['n_neg']:,}", _num(r["auroc"], "{:.3f}"),
+                     ci(r.get("auroc_ci")), _num(r["auprc"], "{:.3f}"), ci(r.get("auprc_ci")),
+                     _num(p.get("d_auroc"), "{:+.3f}"), ci(p.get("d_auroc_ci")), _num(p.get("d_auprc"), "{:+.3f}"),
+                     ci(p.get("d_auprc_ci"))])
+    return _table(["context", "positives", "negatives", "AUROC", "95% CI", "AUPRC", "95% CI", "AUROC - shortest",
+                   "95% CI", "AUPRC - shortest", "95% CI"], rows,
+                  f"{v.label}: variant effect by context (strand {m.get('strand', '?')})")

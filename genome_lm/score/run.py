@@ -1,9 +1,7 @@
 """`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length.
 
-1. check the inputs and that --out is free (`check_inputs`); 2. for each region not yet done, each strand:
-stream it through the model in chunks of --chunk tokens (`engine.stream`), writing rows and embeddings as
-they come (`write_region`); 3. move the work folder's files into OUT with regions.parquet and
-summary.json (`_finish`). `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`.
+Each region not yet done, each strand, streams through the model in chunks of --chunk tokens, its rows and
+embeddings written as they come. `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`.
 
 What it writes, incrementally, and how a killed score resumes (the files: docs/score.md): everything goes
 into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs) and is moved into a new
@@ -139,25 +137,23 @@ def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
     ref, regions = (checked["ref"], checked["regions"]) if par.is_main else load_regions(p)
     ckpt = checkpoint_record(p.checkpoint)
     model = sharded.build_model(p, ckpt["model_dir"], par).eval()
-    bad = [i for i in p.embeddings if not 0 <= i < model.config.num_hidden_layers]  # layers the model lacks
-    if bad:
+    if bad := [i for i in p.embeddings if not 0 <= i < model.config.num_hidden_layers]:  # layers the model lacks
         raise GenomeLMError(f"--embeddings {','.join(map(str, bad))}: the model has decoder layers 0 to "
                             f"{model.config.num_hidden_layers - 1}; name layers in that range")
     lut = torch.from_numpy(token_lut(VOCAB, ckpt["model_dir"]))
     strands = STRANDS[p.strands]
-    rows = rows_of(regions, p.stride())
+    rows, bases = rows_of(regions, p.stride()), int(rows_of(regions, 1)[-1])
     key = {"checkpoint": ckpt, "fasta": {"path": str(Path(p.fasta).resolve()), "sha256": ref.sha256},
            "regions": [asdict(r) for r in regions], "strands": strands, "embeddings": p.embeddings,
            "pool": p.pool, "chunk": p.chunk, "dtype": p.dtype}
     work, done = open_work(Path(p.out), key) if par.is_main else (None, set())
     todo = par.broadcast_object([i for i in range(len(regions)) if i not in done])
     log.info("score %s: %d regions (%s bases) x %d strand(s), %d already done; chunks of %d tokens, %s",
-             ckpt["model_dir"], len(regions), f"{int(rows_of(regions, 1)[-1]):,}", len(strands),
-             len(regions) - len(todo), p.chunk, p.dtype)
+             ckpt["model_dir"], len(regions), f"{bases:,}", len(strands), len(regions) - len(todo), p.chunk, p.dtype)
     _score_regions(p, par, model, ref, regions, todo, lut, rows, work, show_progress)
     trained = trained_context(p.checkpoint)
     summary = {"command": "score", "checkpoint": ckpt, "reference": key["fasta"], "regions": len(regions),
-               "bases": int(rows_of(regions, 1)[-1]), "strands": strands,
+               "bases": bases, "strands": strands,
                "embeddings": {"layers": p.embeddings, "pool": p.pool, "dtype": "float16"},
                "chunk_tokens": p.chunk, "dtype": p.dtype, "trained_context": trained,
                "longer_than_trained": [r.name for r in regions if trained and r.end - r.start > trained],

@@ -1,8 +1,6 @@
 """`genome-lm variants`: the effect of each variant on the model's log-likelihood, by preceding context, and
 how well it separates labels (the score, its outputs and exactness: docs/score.md).
 
-    summary = run_variants(VariantsParams(checkpoint=..., fasta=..., vcf=..., contexts=[1024, 8192], out=...))
-
 Metrics: the predictor is -score (a lower log-likelihood of the alt sequence predicts the positive class).
 AUROC and AUPRC come from weighted counts of positives and negatives per distinct predictor value, so one
 bootstrap replicate is a weight vector (how often each variant is drawn) and all replicates of all contexts

@@ -1,6 +1,6 @@
 """Variants to score: a VCF (plain or gzip) read into one `Variant` per ALT allele, labelled and checked
 against the reference (no pysam). Records of one contig must be contiguous and sorted by POS; ALT alleles
-that are not bases (`<DEL>`, `*`, `.`, breakends) are skipped. Labels (`LABEL_VALUES`): 1, 0 or None
+that are not bases (`<DEL>`, `*`, `.`, breakends) are skipped. Labels: 1 (`POSITIVE`), 0 (`NEGATIVE`) or None
 (unlabelled); a value of several terms ('Pathogenic/Likely_pathogenic') is labelled when all agree."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from genome_lm.genome.fasta import Reference, contig_key
 
 POSITIVE = {"pathogenic", "likely_pathogenic", "lof", "1", "true"}
 NEGATIVE = {"benign", "likely_benign", "func", "int", "0", "false"}
-LABEL_VALUES = "1: Pathogenic, Likely_pathogenic, LOF, 1, true; 0: Benign, Likely_benign, FUNC, INT, 0, false"
 _BASES = re.compile(r"^[ACGTN]+$")
 MOSTLY_MISMATCHED = 0.5  # more than this share of REF alleles differing from the FASTA: the wrong assembly
 
@@ -54,7 +53,7 @@ class Variant:
 
 
 def label_of(value: str | None) -> float | None:
-    """1.0, 0.0 or None (unlabelled) for a label value (`LABEL_VALUES`)."""
+    """1.0, 0.0 or None (unlabelled) for a label value."""
     terms = {t.strip().lower() for t in re.split(r"[/|,;]", value or "") if t.strip()}
     if terms and terms <= POSITIVE:
         return 1.0
@@ -79,12 +78,9 @@ def _lines(path: Path) -> Iterator[str]:
 
 def _info(field: str, key: str, allele: int, n_alleles: int) -> str | None:
     """INFO `key`'s value for ALT allele `allele` (a per-allele list is split), or None."""
-    for item in field.split(";"):
-        k, _, v = item.partition("=")
-        if k == key:
-            parts = v.split(",")
-            return parts[allele] if len(parts) == n_alleles > 1 else v
-    return None
+    v = next((v for k, _, v in (item.partition("=") for item in field.split(";")) if k == key), None)
+    parts = (v or "").split(",")
+    return parts[allele] if v is not None and len(parts) == n_alleles > 1 else v
 
 
 def read_vcf(path: str | Path, labels: str | None = None) -> tuple[list[Variant], int]:
