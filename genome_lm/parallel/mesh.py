@@ -121,6 +121,10 @@ class ParallelContext:
     def cp_rank(self) -> int:
         return self.rank % self.cp
 
+    @property
+    def cp_group(self):
+        return self.mesh.get_group("cp") if self.mesh is not None else None
+
     @functools.cached_property
     def fsdp_mesh(self):
         """The 1-D mesh FSDP shards over: all dp x cp ranks."""

@@ -249,7 +249,7 @@ def parallelize(model: Glm5NextCausalLM, memory: MemoryConfig, parallel: Paralle
                        loss_chunk_tokens=memory.loss_chunk_tokens, moe_recompute=memory.moe_recompute,
                        kda_head_block=memory.kda_head_block, kda_backend=memory.kda_backend)
     if parallel is not None and parallel.cp > 1:
-        apply_context_parallel(model, parallel.mesh.get_group("cp"))
+        apply_context_parallel(model, parallel.cp_group)
     ep_mesh = getattr(parallel, "ep_mesh", None)
     if ep_mesh is not None:
         apply_expert_parallel(model, ep_mesh)
