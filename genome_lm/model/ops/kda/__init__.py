@@ -31,6 +31,7 @@ Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv w
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch
@@ -130,9 +131,7 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         mixed = kda_projections(self, hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:])  # [B, <= W-1, C3]
         tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
         prefix = conv_tail(tails[:, : sum(lengths[: cp.rank])], None, W1 + 1)  # [B, C3, W-1]
-        core = lambda *a, **kw: cp_kda_core(cp, *a, **kw)  # noqa: E731
-        out, _ = kda_layer_step(self, hidden_states, (prefix, None), None, kda_core=core)
-        return out
+        return kda_layer_step(self, hidden_states, (prefix, None), None, kda_core=partial(cp_kda_core, cp))[0]
 
 
 class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):

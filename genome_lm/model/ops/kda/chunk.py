@@ -62,7 +62,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
               A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
               head_block: int = 0, backend: KDABackend = DEFAULTS.kda_backend,
-              fla: FlaKernels = FLA) -> tuple[torch.Tensor, torch.Tensor | None]:
+              fla: FlaKernels = FLA, segment_chunks: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA, arguments as `fla.ops.kda.chunk_kda`: q, k [B, T, H, K], v [B, T, HV, V] (GVA:
     value head h reads q/k head h // (HV / H)), g [B, T, HV, K] log decay (<= 0), beta [B, T, HV],
     initial_state [B, HV, K, V] -> (o [B, T, HV, V] in q's dtype, final state float32 or None).
@@ -70,7 +70,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     `use_gate_in_kernel`: g is the gate's raw input, applied as `gate.kda_gate(g, A_log [HV],
     dt_bias [HV·K], lower_bound)`. `head_block` (fla only): value heads per kernel call
     (`fla_by_heads`). `backend` (`_fla.use_fla`): fla's kernel (of `fla`) or the torch path (fp32,
-    differentiable w.r.t. every tensor argument, `initial_state` included).
+    differentiable w.r.t. every tensor argument, `initial_state` included), in checkpointed segments of
+    `segment_chunks * chunk_size` tokens (~20 floats per token, head and channel while one runs);
+    short T shrinks the chunk.
     """
     if use_fla(q.device.type, backend, fla):
         gate = dict(use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
@@ -79,10 +81,36 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         h0 = None if initial_state is None else initial_state.float()  # fla asserts fp32
         o, S = fla_by_heads(fla_chunk_kda(fla), head_block, q, k, v, g, beta, gate, initial_state=h0, **kw)
         return o.to(q.dtype), (S.float() if S is not None else None)
-    return chunk_kda_torch(
-        q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
+    segment = partial(_kda_segment, scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
+                      l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
+    gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
+    S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+    if T == 0:
+        return v.new_zeros(B, 0, HV, V, dtype=q.dtype), (S if output_final_state else None)
+
+    recompute = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state, *gate_params)
     )
+    step = segment_chunks * chunk_size
+    outs = []
+    # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
+    for q_i, k_i, v_i, g_i, beta_i in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
+        if recompute:
+            o, S = checkpoint(segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False)
+        else:
+            o, S = segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params)
+        outs.append(o)
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
+    return o, (S if output_final_state else None)
+
+
+chunk_kda_torch = partial(chunk_kda, backend="torch")  # the torch path on any device
 
 
 def fla_options(gate: dict, chunk_size: int, **kw) -> tuple[dict, dict]:
@@ -116,43 +144,6 @@ def fla_by_heads(fla_fn, head_block: int, q, k, v, g, beta, gate: dict, initial_
         outs.append(o)
         states.append(S)
     return torch.cat(outs, dim=2), (None if states[0] is None else torch.cat(states, dim=1))
-
-
-def chunk_kda_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                    scale: float | None = None, initial_state: torch.Tensor | None = None,
-                    output_final_state: bool = False, chunk_size: int = 64, use_qk_l2norm_in_kernel: bool = False,
-                    use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
-                    dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
-                    segment_chunks: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`chunk_kda` in torch, in checkpointed segments of `segment_chunks * chunk_size` tokens (~20
-    floats per token, head and channel while one runs); short T shrinks the chunk."""
-    if chunk_size < 1 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"value heads ({HV}) must be a multiple of query/key heads ({H})")
-    segment = partial(_kda_segment, scale=K**-0.5 if scale is None else scale, chunk_size=chunk_size,
-                      l2norm_qk=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound)
-    gate_params = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
-    S = q.new_zeros(B, HV, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
-    if T == 0:
-        return v.new_zeros(B, 0, HV, V, dtype=q.dtype), (S if output_final_state else None)
-
-    recompute = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state, *gate_params)
-    )
-    step = segment_chunks * chunk_size
-    outs = []
-    # split (not slicing): its backward concatenates the pieces' grads once, O(T) in total
-    for q_i, k_i, v_i, g_i, beta_i in zip(*(x.split(step, dim=1) for x in (q, k, v, g, beta))):
-        if recompute:
-            o, S = checkpoint(segment, q_i, k_i, v_i, g_i, beta_i, S, *gate_params, use_reentrant=False)
-        else:
-            o, S = segment(q_i, k_i, v_i, g_i, beta_i, S, *gate_params)
-        outs.append(o)
-    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [B, T, HV, V]
-    return o, (S if output_final_state else None)
 
 
 def _kda_segment(q, k, v, g, beta, S, A_log, dt_bias, scale: float, chunk_size: int, l2norm_qk: bool,

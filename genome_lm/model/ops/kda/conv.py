@@ -19,11 +19,9 @@ BLOCK_TOKENS = 2048
 ACTIVATIONS = ("silu", "swish")
 
 
-def _prev_rows(prev: torch.Tensor | None, x: torch.Tensor, W: int) -> torch.Tensor:
-    """The W-1 rows before x, [B, W-1, C] in x's dtype (zeros at the sequence start)."""
-    if prev is None:
-        return x.new_zeros(x.shape[0], W - 1, x.shape[2])
-    return prev.to(x.dtype).transpose(1, 2)
+def _prev(prev: torch.Tensor | None, x: torch.Tensor, W: int) -> torch.Tensor:
+    """The W-1 projections before x [B, T, C], [B, C, W-1] in x's dtype (zeros at the sequence start)."""
+    return x.new_zeros(x.shape[0], x.shape[2], W - 1) if prev is None else prev.to(x.dtype)
 
 
 def _window(x: torch.Tensor, prev_rows: torch.Tensor, a: int, b: int) -> torch.Tensor:
@@ -45,7 +43,7 @@ class ShortConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None, block_tokens: int):
-        rows = _prev_rows(prev, x, weight.shape[-1])
+        rows = _prev(prev, x, weight.shape[-1]).transpose(1, 2)  # [B, W-1, C]
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # [B, T, C]
         for a, b in row_blocks(x.shape[1], block_tokens):
             _, z = _conv(_window(x, rows, a, b), weight)
@@ -59,7 +57,7 @@ class ShortConvFunction(torch.autograd.Function):
         x, weight, prev = ctx.saved_tensors
         B, T, C = x.shape
         W1 = weight.shape[-1] - 1
-        rows = _prev_rows(prev, x, W1 + 1)
+        rows = _prev(prev, x, W1 + 1).transpose(1, 2)
         w = weight[:, 0].float()  # [C, W]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dprev = torch.zeros(B, W1, C, dtype=torch.float32, device=x.device)
@@ -107,11 +105,10 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None 
 
 def conv_tail(x: torch.Tensor, prev: torch.Tensor | None, width: int) -> torch.Tensor:
     """The last W-1 rows of [prev | x] as the next piece's `prev`, [B, C, W-1] in x's dtype."""
-    B, T, C = x.shape
+    T = x.shape[1]
     if T >= width - 1:
         return x[:, T - (width - 1):].transpose(1, 2)
-    prev = x.new_zeros(B, C, width - 1) if prev is None else prev.to(x.dtype)
-    return torch.cat([prev[..., T:], x.transpose(1, 2)], dim=-1)
+    return torch.cat([_prev(prev, x, width)[..., T:], x.transpose(1, 2)], dim=-1)
 
 
 class KDAShortConv(LongContextModule, nn.Conv1d):
@@ -138,9 +135,6 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 def naive_short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
     """silu(causal depthwise conv), the plain way: x `[B, T, C]`, weight `[C, 1, W]`, prev `[B, C, W-1]`
     (None: zeros) -> `[B, T, C]` in x's dtype, computed in the weight's dtype."""
-    B, T, C = x.shape
-    W = weight.shape[-1]
-    prev = x.new_zeros(B, C, W - 1) if prev is None else prev.to(x.dtype)
-    full = torch.cat([prev, x.transpose(1, 2)], dim=-1)  # [B, C, W-1+T]
-    out = F.silu(F.conv1d(full.to(weight.dtype), weight, groups=C))  # [B, C, T]
+    full = torch.cat([_prev(prev, x, weight.shape[-1]), x.transpose(1, 2)], dim=-1)  # [B, C, W-1+T]
+    out = F.silu(F.conv1d(full.to(weight.dtype), weight, groups=x.shape[-1]))  # [B, C, T]
     return out.to(x.dtype).transpose(1, 2)

@@ -33,10 +33,9 @@ class _FakeKernel(torch.autograd.Function):
         return None, None, *ctx.backward(grad, *ctx.saved_tensors)
 
 
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-              lower_bound=None, safe_gate=False, chunk_size=64, cp_context=None, **kwargs):
-    """`fla.ops.kda.chunk_kda`'s contract."""
+def chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=False, use_gate_in_kernel=False,
+              A_log=None, dt_bias=None, chunk_size=64, **kwargs):
+    """`fla.ops.kda.chunk_kda`'s contract (the arguments it does not check pass as `kwargs`)."""
     B, T, H, K = q.shape
     _check("chunk_kda", k.shape == q.shape and v.shape[:3] == (B, T, H) and g.shape == (B, T, H, K)
            and beta.shape == (B, T, H), f"shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
@@ -50,13 +49,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     qs, vs, gs, gdtype, bs, bdtype = q.shape, v.shape, g.shape, g.dtype, beta.shape, beta.dtype
 
     def forward(q, k, v, g, beta):
-        a = q.dtype
         intermediates = [q.new_empty(B, T, H, K) for _ in range(4)]  # w, u, qg, kg
         h = q.new_empty(B, NT, H, K, v.shape[-1])  # chunk states
         o = v.new_empty(v.shape)
         saved = [q.new_empty(B, T, H, K), k.new_empty(B, T, H, K), v.new_empty(v.shape),  # l2-normed q, k; v
                  q.new_empty(B, T, H, dtype=F32), q.new_empty(B, T, H, dtype=F32),  # q, k rstd
-                 q.new_empty(B, T, H, C, dtype=a), q.new_empty(B, T, H, C, dtype=a),  # Aqk, Akk
+                 q.new_empty(B, T, H, C), q.new_empty(B, T, H, C),  # Aqk, Akk
                  q.new_empty(B, T, H, dtype=F32)]
         del intermediates, h
         return o, saved
@@ -77,18 +75,15 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     return o, final
 
 
-def _conv_backward(dy, x, weight):
-    dw = dy.new_empty(weight.shape, dtype=F32)
-    return dy.new_empty(x.shape), dw.to(weight.dtype)
-
-
-def causal_conv1d(x, weight, bias=None, initial_state=None, activation=None, **kwargs):
+def causal_conv1d(x, weight, initial_state=None, **kwargs):
     """`fla.modules.causal_conv1d.causal_conv1d`'s contract."""
     _check("causal_conv1d", x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[-1],
            f"x {tuple(x.shape)} weight {tuple(weight.shape)}")
     _check("causal_conv1d", initial_state is None or initial_state.shape == (x.shape[0], x.shape[-1], weight.shape[1]),
            f"initial_state {None if initial_state is None else tuple(initial_state.shape)}")
-    return _FakeKernel.apply(lambda x, w: (x.new_empty(x.shape), [x, w]), _conv_backward, x, weight), None
+    return _FakeKernel.apply(lambda x, w: (x.new_empty(x.shape), [x, w]),
+                             lambda dy, x, w: (dy.new_empty(x.shape), dy.new_empty(w.shape, dtype=F32).to(w.dtype)),
+                             x, weight), None
 
 
 def _norm_gated_forward(x, g, weight):
@@ -96,13 +91,12 @@ def _norm_gated_forward(x, g, weight):
     return x.new_empty(x.shape), [x, g, weight, rstd]
 
 
-def rms_norm_gated(x, g, weight, bias=None, activation="swish", eps=1e-6, **kwargs):
+def rms_norm_gated(x, g, weight, **kwargs):
     """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract."""
     _check("rms_norm_gated", x.shape == g.shape and weight.shape == x.shape[-1:],
            f"x {tuple(x.shape)} g {tuple(g.shape)} weight {tuple(weight.shape)}")
-    backward = lambda dy, x, g, weight, _: (  # noqa: E731
-        dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(weight.shape, dtype=weight.dtype))
-    return _FakeKernel.apply(_norm_gated_forward, backward, x, g, weight)
+    return _FakeKernel.apply(_norm_gated_forward, lambda dy, x, g, w, _: (
+        dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(w.shape, dtype=w.dtype)), x, g, weight)
 
 
 def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
