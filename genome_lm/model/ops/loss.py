@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from genome_lm.genome.tokenizer import IGNORE_INDEX
+from genome_lm.model.ops.norm import row_blocks
 
 DEFAULT_CHUNK_TOKENS = 2048
 
@@ -31,8 +32,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         n = hidden.shape[0]
         nll = torch.zeros(n, dtype=torch.float32, device=hidden.device)
         lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-        for start in range(0, n, chunk_tokens):
-            end = min(start + chunk_tokens, n)
+        for start, end in row_blocks(n, chunk_tokens):
             logits = _chunk_logits(hidden[start:end], weight)  # [C, V]
             tgt = targets[start:end]
             valid = tgt != ignore_index
@@ -54,8 +54,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         n = hidden.shape[0]
-        for start in range(0, n, ctx.chunk_tokens):
-            end = min(start + ctx.chunk_tokens, n)
+        for start, end in row_blocks(n, ctx.chunk_tokens):
             h = hidden[start:end]
             tgt = targets[start:end]
             valid = tgt != ctx.ignore_index

@@ -19,8 +19,6 @@ from genome_lm.model.upstream import glm
 
 ROW_BLOCK = 8192  # rows per block of the [rows, I] temporaries
 
-upstream_mlp = glm.Glm5NextTextMLP.forward
-
 
 def _hidden(gate: torch.Tensor, up: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Upstream's activation on one block: (h, silu(clamped gate), clamped up), all [R, I]."""
@@ -30,7 +28,7 @@ def _hidden(gate: torch.Tensor, up: torch.Tensor, limit: float) -> tuple[torch.T
 
 
 class SwiGLUFunction(torch.autograd.Function):
-    """`upstream_mlp` as one function: x [..., D], w_gate / w_up [I, D], w_down [D, I] -> [..., D];
+    """`Glm5NextTextMLP.forward` as one function: x [..., D], w_gate / w_up [I, D], w_down [D, I] -> [..., D];
     saves x, gate, up and the weights, backward recomputes the rest."""
 
     @staticmethod

@@ -2,7 +2,7 @@
 (`Glm5NextTextLinearAttention`) on `chunk_kda`, activations O(T·H·K): `LongKDA`, through `kda_layer_step`
 (one layer as a function of the state before a piece), and its context-parallel core.
 
-Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width):
+Upstream, per layer (B batch, T tokens, D model dim, H heads, K = V head dim, W conv width, C3 = 3·H·K):
     qkv  = silu(causal depthwise conv_W([q_proj | k_proj | v_proj](x)))  # [B, T, 3·H·K]
     g    = forget_gate(x)        # log decay in [lower_bound, 0), [B, T, H, K], fp32
     beta = sigmoid(b_proj(x))    # [B, T, H]
@@ -26,8 +26,7 @@ o^M · S_in to its outputs: no rank waits for a chain; about two KDA passes per 
 The short conv's W-1 pre-conv projections before the slab are recomputed by each rank for its
 last W-1 tokens and all-gathered (`LongKDA._cp_forward`; the sequence start is zero-padded).
 On fla with equal slabs the core is fla's own context parallelism (the same maps exchanged inside
-the kernels, no second pass); the two-pass method runs elsewhere and is its reference.
-Shapes: B batch, T slab tokens, H heads, K = V head dims, C3 = 3·H·K, W conv width."""
+the kernels, no second pass); the two-pass method runs elsewhere and is its reference."""
 
 from __future__ import annotations
 
@@ -138,7 +137,6 @@ class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
     """`Glm5NextTextForgetGate` whose forward(x [B, T, D]) returns the gate's inputs (raw [B, T, H·K],
     A_log [H], dt_bias [H·K]); the gate is `kda_gate(raw.view(B, T, H, K), A_log, dt_bias, lower_bound)`."""
 
-    # upstream's gate returns one tensor; this one returns its parts, which LongKDA (its only caller) combines
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         raw = self.f_b_proj(self.f_a_proj(hidden_states))  # [B, T, H·K]
         # copies made last: their backward runs first, before FSDP2's post-backward of this module

@@ -25,16 +25,12 @@ Stability: exp() is only taken of non-positive numbers (g <= 0), so nothing over
 decay strength (for A: the binary split of `_lower_scores`). Underflow only hits products whose
 true value is below fp32's range too.
 
-The forget gate: upstream's `Glm5NextTextForgetGate.forward(x)` (the reference), raw = f_b_proj(f_a_proj(x))
-[B, T, H·K], computes in float32 [B, T, H, K]:
+The forget gate, upstream's `Glm5NextTextForgetGate` (the reference) on raw = f_b_proj(f_a_proj(x)) [B, T, H·K],
+float32 [B, T, H, K], keeping three float32 tensors; here the KDA op applies it (`kda_gate`, token blocks, as
+fla's `use_gate_in_kernel`), so only raw stays for backward:
 
     g = lower_bound · sigmoid(exp(A_log) · (raw + dt_bias))      (GLM-5.3-Flash: lower_bound -5)
     g = -exp(A_log) · softplus(raw + dt_bias)                   (lower_bound None)
-
-keeping three float32 tensors. Here it is split as fla's `use_gate_in_kernel` splits it:
-`KDAForgetGate` returns (raw, A_log, dt_bias) and the KDA op applies `kda_gate` (token blocks), so
-only raw stays for backward. A_log and dt_bias leave as copies: their backward runs after FSDP2 has
-freed the module's gathered parameters.
 """
 
 from functools import partial

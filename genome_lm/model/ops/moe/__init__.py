@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops import LongContextModule
-from genome_lm.model.ops.moe.ep import AssumedRouting, EPContext
+from genome_lm.model.ops.moe.ep import AssumedRouting, EPContext, _even
 from genome_lm.model.upstream import Glm5NextTextExperts, Glm5NextTextMoE
 from genome_lm.settings import DEFAULTS
 
@@ -51,7 +51,7 @@ def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, 
 def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None = None) -> torch.Tensor:
     """[E] int64 tokens per expert of expert ids idx [..., k]: counted, or spread evenly by `assumed`."""
     if assumed is not None:
-        return assumed.counts(idx.numel(), num_experts, idx.device)
+        return torch.tensor(_even(idx.numel(), num_experts), dtype=torch.long, device=idx.device)
     return torch.bincount(idx.reshape(-1).long(), minlength=num_experts)
 
 
@@ -113,7 +113,6 @@ def expert_load(model: nn.Module) -> dict[str, dict[str, float]]:
         if not isinstance(counts, torch.Tensor):
             continue
         counts = counts.detach().float()
-        mean = counts.mean().item()
-        top = counts.max().item()
+        mean, top = counts.mean().item(), counts.max().item()
         stats[name] = {"max": top, "mean": mean, "imbalance": top / mean if mean > 0 else 0.0}
     return stats

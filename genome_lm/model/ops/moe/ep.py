@@ -38,10 +38,6 @@ class AssumedRouting:
             torch.tensor(per_expert, device=device), output_size=received)
         return _even(pairs, size), _even(received, size), per_expert, expert_of_row
 
-    def counts(self, pairs: int, num_experts: int, device: torch.device) -> torch.Tensor:
-        """[E] int64 tokens per expert over the block: the pairs spread evenly."""
-        return torch.tensor(_even(pairs, num_experts), dtype=torch.long, device=device)
-
 
 def _even(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
