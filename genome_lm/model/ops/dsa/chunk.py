@@ -56,11 +56,8 @@ class _Block:
         tok_rows = kv[self.pools[0], self.tok]  # [B, n, WT, R]
         return _acc(torch.cat([pool_rows, tok_rows], dim=2))
 
-    def new_grad(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(self.B, self.L_pad, self.R, dtype=_acc(like[:0]).dtype, device=like.device)
-
     def add_grad(self, dkv: torch.Tensor, drows: torch.Tensor) -> None:
-        """dkv [B, L_pad, R] (from `new_grad`) += drows [B, n, W, R] scattered back to the keys."""
+        """dkv [B, L_pad, R] += drows [B, n, W, R] scattered back to the keys."""
         P, kp, R = self.n_pool_tok, self.kp, self.R
         dkv.view(-1, kp * R).index_add_(0, self.pool_flat, drows[:, :, :P].reshape(-1, kp * R))
         if drows.shape[2] > P:
@@ -112,7 +109,8 @@ class _SparseLatentAttention(torch.autograd.Function):
             if dq is not None:
                 dq[:, t0:t1] = torch.matmul(ds, rows).to(q.dtype)
             if ctx.needs_input_grad[1]:
-                dkv = blk.new_grad(kv) if dkv is None else dkv
+                if dkv is None:  # [B, L_pad, R], the key axis padded to whole pools
+                    dkv = torch.zeros(B, blk.L_pad, R, dtype=_acc(kv[:0]).dtype, device=kv.device)
                 # keys and values are the same latent rows: both contributions land on them
                 drows = torch.matmul(ds.transpose(-1, -2), qb) + torch.matmul(p.transpose(-1, -2), dob)  # [B, n, W, R]
                 blk.add_grad(dkv, drows)
