@@ -51,12 +51,11 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
     bases, and each ambiguity code's count."""
     edges = [np.zeros(0, dtype=np.int64)]  # where N runs start and end, alternating
     prev = False
-    n_bases = softmasked = 0
+    softmasked = 0
     iupac = np.zeros(16, dtype=np.int64)
     for b0 in range(0, len(codes), RUN_BLOCK):
         block = codes[b0 : b0 + RUN_BLOCK]
         isn = (block & TOKEN_MASK) == N_ID
-        n_bases += int(np.count_nonzero(isn))
         softmasked += int(np.count_nonzero(block & SOFTMASK_BIT))
         iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
         edges.append(np.flatnonzero(np.diff(isn, prepend=prev)).astype(np.int64) + b0)
@@ -67,8 +66,8 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
     gaps = runs[(runs[:, 1] - runs[:, 0]) >= min_gap]
     bounds = np.concatenate([[0], gaps.ravel(), [len(codes)]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
     counts = {code: int(iupac[i]) for i, code in enumerate(IUPAC_CODES, start=1) if iupac[i]}
-    return ([(s, e) for s, e in bounds if e > s], int((gaps[:, 1] - gaps[:, 0]).sum()), n_bases, softmasked,
-            counts)
+    return ([(s, e) for s, e in bounds if e > s], int((gaps[:, 1] - gaps[:, 0]).sum()),
+            int((runs[:, 1] - runs[:, 0]).sum()), softmasked, counts)
 
 
 def contig_windows(start: int, end: int, p: PrepareParams) -> tuple[list[tuple[int, int]], int]:
