@@ -98,7 +98,7 @@ def check_writable(directory: Path, option: str = "--out") -> None:
 
 class FastaReader:
     """One FASTA file: `records(wanted)` yields a `Record` per wanted name, in file order, and fills `info`
-    (sha256, all record names) once the whole file has been read."""
+    (sha256; all record names, unless an index gave them) once the whole file has been read."""
 
     def __init__(self, path: str | os.PathLike, show_progress: bool | None = None):
         self.path = p = Path(path)
@@ -124,13 +124,10 @@ class FastaReader:
             import pyfaidx
 
             self._index = pyfaidx.Faidx(str(p), build_index=False, rebuild=False, as_raw=True)
+            self.info.records = list(self._index.index)
             log.debug("using index %s", fai)
         except Exception as e:  # a stale or foreign index: fall back to streaming
             log.warning("ignoring index %s (%s); reading %s sequentially", fai, e, p)
-
-    def names(self) -> list[str] | None:
-        """Record names known before reading (from a .fai index), else None."""
-        return list(self._index.index) if self._index is not None else None
 
     def records(self, wanted: Callable[[str], bool]) -> Iterator[Record]:
         disable = None if self.show_progress is None else not self.show_progress  # None: only on a TTY
@@ -138,7 +135,6 @@ class FastaReader:
         with bar, open(self.path, "rb") as raw, contextlib.closing(_HashingReader(raw, bar.update)) as reader:
             if self._index is not None:
                 yield from self._indexed_records(wanted)
-                self.info.records = list(self._index.index)
             else:
                 yield from self._stream_records(reader, wanted)
             self.info.sha256 = reader.hexdigest()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.genome.params import DEFAULT_BASE_URL, FetchParams
@@ -44,8 +45,6 @@ def _network_error(url: str, err: BaseException) -> GenomeLMError:
 
 def _open(url: str, offset: int = 0):
     """urlopen from byte `offset`; None when the server says it is at or past the end (HTTP 416)."""
-    from genome_lm import __version__
-
     headers = {"User-Agent": f"genome-lm/{__version__}", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"

@@ -74,8 +74,8 @@ class KmerIndex:
         self.sources: list[str] = []
         self.finalized = False
 
-    def add(self, codes: np.ndarray, name: str = "") -> int:
-        """Add the valid canonical k-mers of one chromosome (uint8 [T]); returns how many."""
+    def add(self, codes: np.ndarray, name: str = "") -> None:
+        """Add the valid canonical k-mers of one chromosome (uint8 [T])."""
         if self.finalized:
             raise RuntimeError("KmerIndex.add after finalize")
         t0, n = time.perf_counter(), max(0, len(codes) - self.k + 1)
@@ -92,7 +92,6 @@ class KmerIndex:
         self.sources.append(name)
         log.info("leakage index: %s: %s valid %d-mers of %s bases (%.1fs; index %.2f GB)", name or "sequence",
                  f"{added:,}", self.k, f"{len(codes):,}", time.perf_counter() - t0, self.codes.nbytes / 1e9)
-        return added
 
     def finalize(self) -> "KmerIndex":
         """Sort in place and drop repeated k-mers (in place, chunk by chunk)."""

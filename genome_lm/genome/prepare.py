@@ -51,12 +51,11 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
     bases, and each ambiguity code's count."""
     edges = [np.zeros(0, dtype=np.int64)]  # where N runs start and end, alternating
     prev = False
-    n_bases = softmasked = 0
+    softmasked = 0
     iupac = np.zeros(16, dtype=np.int64)
     for b0 in range(0, len(codes), RUN_BLOCK):
         block = codes[b0 : b0 + RUN_BLOCK]
         isn = (block & TOKEN_MASK) == N_ID
-        n_bases += int(np.count_nonzero(isn))
         softmasked += int(np.count_nonzero(block & SOFTMASK_BIT))
         iupac += np.bincount(block[block >= (1 << IUPAC_SHIFT)] >> IUPAC_SHIFT, minlength=16)
         edges.append(np.flatnonzero(np.diff(isn, prepend=prev)).astype(np.int64) + b0)
@@ -67,8 +66,8 @@ def scan(codes: np.ndarray, min_gap: int = 1) -> tuple[list[tuple[int, int]], in
     gaps = runs[(runs[:, 1] - runs[:, 0]) >= min_gap]
     bounds = np.concatenate([[0], gaps.ravel(), [len(codes)]]).reshape(-1, 2).tolist()  # (end of a gap, next start)
     counts = {code: int(iupac[i]) for i, code in enumerate(IUPAC_CODES, start=1) if iupac[i]}
-    return ([(s, e) for s, e in bounds if e > s], int((gaps[:, 1] - gaps[:, 0]).sum()), n_bases, softmasked,
-            counts)
+    return ([(s, e) for s, e in bounds if e > s], int((gaps[:, 1] - gaps[:, 0]).sum()),
+            int((runs[:, 1] - runs[:, 0]).sum()), softmasked, counts)
 
 
 def contig_windows(start: int, end: int, p: PrepareParams) -> tuple[list[tuple[int, int]], int]:
@@ -104,11 +103,9 @@ class ChromStats:
 
 def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: list[FastaReader]) -> dict | None:
     """The existing manifest if `out` already holds this exact result (a no-op rerun)."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
+    if out.exists() and not out.is_dir():
         raise GenomeLMError(f"--out {out} is a file; choose a directory path")
-    if overwrite or not any(out.iterdir()):
+    if not out.exists() or overwrite or not any(out.iterdir()):
         return None
     if not (out / "manifest.json").exists():
         raise GenomeLMError(f"--out {out} is not empty and holds no genome_lm shards (--overwrite replaces only "
@@ -137,46 +134,40 @@ def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[s
 
 
 def _process_record(rec: Record, split: str, params: PrepareParams, writer: SplitWriter,
-                    leak: np.ndarray | None = None) -> ChromStats:
-    """Cut `rec` into windows and write them, reverse-complement copies last; `leak`: bool [T] leakage mask."""
+                    index: KmerIndex | None) -> ChromStats:
+    """Cut `rec` into windows and write them, reverse-complement copies last; an eval record's rows get the
+    leakage mask of the (finalized) `index`, and no reverse-complement copies."""
+    leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
     t0 = time.perf_counter()
     codes = rec.codes
     spans, gap_bases, n_bases, softmasked, iupac = scan(codes, params.min_gap)
     stats = ChromStats(split=split, source=rec.source, length=len(codes), n_bases=n_bases, softmasked_bases=softmasked,
                        iupac=iupac, contigs=len(spans), longest_contig=max((e - s for s, e in spans), default=0))
     stats.dropped_bases["gap"] = gap_bases
-    if leak is not None:
-        stats.leakage_masked_tokens = 0
-    writer.open_shard()
-
-    def emit(s: int, e: int, strand: str, tokens, mask, n_frac: float) -> None:
-        leak_packed = None
-        if leak is not None:
-            window = leak[s:e] if strand == "+" else leak[s:e][::-1]
-            assert stats.leakage_masked_tokens is not None, "set to 0 above whenever `leak` is given"
-            stats.leakage_masked_tokens += int(np.count_nonzero(window))
-            leak_packed = np.packbits(window)
-        writer.add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac, leak_packed)
-        stats.tokens += len(tokens)
-
-    rc_rows = []
+    kept = []  # (start, end, N fraction) of the windows written
     for c0, c1 in spans:
         windows, dropped_tail = contig_windows(c0, c1, params)
         stats.dropped_bases["tail"] += dropped_tail
         for s, e in windows:
-            tokens = codes[s:e] & TOKEN_MASK
-            n_frac = np.count_nonzero(tokens == N_ID) / len(tokens)
+            n_frac = np.count_nonzero((codes[s:e] & TOKEN_MASK) == N_ID) / (e - s)
             if n_frac > params.max_n_frac:
                 stats.dropped_windows_n_frac += 1
                 stats.dropped_bases["n_frac"] += e - s
-                continue
-            emit(s, e, "+", tokens, codes[s:e] & SOFTMASK_BIT, n_frac)
-            stats.windows += 1
-            if params.reverse_complement and split == "train":
-                rc_rows.append((s, e, n_frac))
-    for s, e, n_frac in rc_rows:
-        emit(s, e, "-", reverse_complement(codes[s:e] & TOKEN_MASK), (codes[s:e] & SOFTMASK_BIT)[::-1], n_frac)
-        stats.rc_windows += 1
+            else:
+                kept.append((s, e, n_frac))
+    strands = "+-" if params.reverse_complement and split == "train" else "+"
+    writer.open_shard()
+    for strand in strands:
+        for s, e, n_frac in kept:
+            tokens, mask = codes[s:e] & TOKEN_MASK, codes[s:e] & SOFTMASK_BIT
+            if strand == "-":
+                tokens, mask = reverse_complement(tokens), mask[::-1]
+            writer.add(rec.name, s, e, strand, tokens, np.packbits(mask), n_frac,
+                       None if leak is None else np.packbits(leak[s:e]))
+    stats.windows, stats.rc_windows = len(kept), len(kept) * (len(strands) - 1)
+    stats.tokens = len(strands) * sum(e - s for s, e, _ in kept)
+    if leak is not None:
+        stats.leakage_masked_tokens = sum(int(np.count_nonzero(leak[s:e])) for s, e, _ in kept)
     log.info(
         "%s (%s): %s bp, %d contigs -> %d windows%s, %d dropped for N (%.1fs)",
         rec.name, split, f"{stats.length:,}", stats.contigs, stats.windows,
@@ -198,13 +189,12 @@ def _why_no_windows(st: ChromStats, params: PrepareParams) -> str:
             + (" (or its tail was dropped: --tail drop)" if params.tail == "drop" else ""))
 
 
-def _leakage_manifest(index: KmerIndex, eval_split: dict, stats: dict[str, ChromStats]) -> dict:
+def _leakage_manifest(index: KmerIndex, eval_split: dict) -> dict:
     """The manifest's `leakage_mask` section: what the column means and how much of eval it marks."""
-    def counts(tokens: int, masked: int | None) -> dict:
-        assert masked is not None, "every eval record is written with a leakage mask while the index is on"
+    def counts(tokens: int, masked: int) -> dict:
         return {"tokens": tokens, "masked_tokens": masked, "fraction": masked / tokens if tokens else 0.0}
 
-    per_chrom = {name: counts(stats[name].tokens, stats[name].leakage_masked_tokens) for name in eval_split["chroms"]}
+    per_chrom = {name: counts(c["tokens"], c["leakage_masked_tokens"]) for name, c in eval_split["per_chrom"].items()}
     total = counts(sum(c["tokens"] for c in per_chrom.values()), sum(c["masked_tokens"] for c in per_chrom.values()))
     return {
         "k": index.k, "split": "eval", "column": "leakage_mask", "encoding": "numpy.packbits", "bitorder": "big",
@@ -226,13 +216,12 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             log.info("%s is already complete for these inputs and parameters; nothing to do (--overwrite to rebuild)",
                      out)
             return existing
-        if all(r.names() is not None for r in readers):  # every file indexed: check before reading
-            _check_chroms_present(params, {str(r.path): r.names() or [] for r in readers})
+        if all(r.info.records for r in readers):  # every file indexed: check before reading
+            _check_chroms_present(params, {r.info.path: r.info.records for r in readers})
         splits = [s for s, chroms in (("train", params.train_chroms), ("eval", params.eval_chroms)) if chroms]
-        for split in ("train", "eval"):
-            if split not in splits:
-                log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
-                            split, split, split)
+        for split in {"train", "eval"} - set(splits):  # one at most
+            log.warning("--%s-chroms is empty: the shards will hold no %s split, so genome-lm %s cannot read them",
+                        split, split, split)
         index = KmerIndex(params.leakage_k, show_progress) if params.leakage_k else None
         t0 = time.perf_counter()
         with atomic_directory(out, "shards", params.fasta, overwrite=overwrite) as tmp:
@@ -257,7 +246,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
                 "splits": manifest_splits,
             }
             if index is not None:
-                manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"], stats)
+                manifest["leakage_mask"] = _leakage_manifest(index, manifest_splits["eval"])
             if params.format == "megatron":
                 manifest["megatron"] = {s: f"megatron/{s}" for s in splits}
             manifest["checksum"] = manifest_checksum(manifest)
@@ -274,14 +263,8 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, index: Kme
     """Write every selected record in input order (with a leakage index an eval record waits until every
     training chromosome is indexed); returns each chromosome's `ChromStats`."""
     stats: dict[str, ChromStats] = {}
-    train_left = {chrom_match_key(c) for c in params.train_chroms}
     held: list[Record] = []  # eval records read before the index was complete
-
-    def process(rec: Record, split: str) -> None:
-        leak = index.mask(rec.codes, rec.name) if index is not None and split == "eval" else None
-        stats[rec.name] = _process_record(rec, split, params, writers[split], leak)
-
-    claimed: dict[str, str] = {}
+    claimed: dict[str, str] = {}  # match key -> the file holding the record
     for reader in readers:
         for rec in reader.records(lambda name: params.split_of(name) is not None):
             key = chrom_match_key(rec.name)
@@ -292,19 +275,20 @@ def _write_records(readers: list[FastaReader], params: PrepareParams, index: Kme
             claimed[key] = rec.source
             split = params.split_of(rec.name)
             assert split is not None, "records() yields only the records split_of places"
+            train_left = [c for c in params.train_chroms if chrom_match_key(c) not in claimed]
             if split == "eval" and index is not None and not index.finalized:
                 log.info("%s (eval): held in memory until the training chromosomes are indexed (%s to come)",
-                         rec.name, ", ".join(c for c in params.train_chroms if chrom_match_key(c) in train_left))
+                         rec.name, ", ".join(train_left))
                 held.append(rec)
                 continue
-            process(rec, split)
+            stats[rec.name] = _process_record(rec, split, params, writers[split], index)
             if split == "train" and index is not None:
                 index.add(rec.codes, rec.name)
-                train_left.discard(key)
                 if not train_left:
                     index.finalize()
                     while held:
-                        process(held.pop(0), "eval")
+                        rec = held.pop(0)
+                        stats[rec.name] = _process_record(rec, "eval", params, writers["eval"], index)
             del rec
     return stats
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -34,20 +35,6 @@ def features(leakage: bool = False) -> dict:
     return {"chrom": value("string"), "start": value("int64"), "end": value("int64"), "strand": value("string"),
             "tokens": uint8s, "repeat_mask": uint8s, **({LEAKAGE_COLUMN: uint8s} if leakage else {}),
             "n_frac": value("float32")}
-
-
-FEATURES = features()
-
-
-def arrow_schema(leakage: bool = False) -> pa.Schema:
-    """Arrow schema of a split (the types of `features`), with the `huggingface` metadata `datasets` reads back."""
-    feats = features(leakage)
-
-    def arrow(f: dict) -> pa.DataType:
-        return pa.list_(arrow(f["feature"])) if f["_type"] == "List" else pa.type_for_alias(f["dtype"])
-
-    schema = pa.schema([(name, arrow(f)) for name, f in feats.items()])
-    return schema.with_metadata({"huggingface": json.dumps({"info": {"features": feats}})})
 
 
 # Arrow arrays straight from numpy buffers: zero-copy, and `pa.array` would import pandas.
@@ -81,9 +68,11 @@ class SplitWriter:
     def __init__(self, directory: Path, leakage: bool = False, megatron: bool = False):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.leakage = leakage
         self.megatron = megatron_builder(directory.parent / "megatron" / directory.name) if megatron else None
-        self.schema = arrow_schema(leakage)
+        self.features = feats = features(leakage)  # as Arrow types, with the metadata `datasets` reads back
+        self.schema = pa.schema([(name, pa.list_(pa.type_for_alias(f["feature"]["dtype"])) if f["_type"] == "List"
+                                  else pa.type_for_alias(f["dtype"])) for name, f in feats.items()],
+                                metadata={"huggingface": json.dumps({"info": {"features": feats}})})
         self.shards: list[Path] = []
         self._sink: Any = None  # pyarrow's file and stream writer (pyarrow ships no types)
         self._writer: Any = None
@@ -103,10 +92,8 @@ class SplitWriter:
 
     def add(self, chrom: str, start: int, end: int, strand: str, tokens: np.ndarray, mask_packed: np.ndarray,
             n_frac: float, leak_packed: np.ndarray | None = None) -> None:
-        if (leak_packed is not None) != self.leakage:
-            raise ValueError(f"{self.dir.name}: a leakage mask is {'required' if self.leakage else 'not expected'}")
-        self._batch.append((chrom, start, end, strand, tokens, mask_packed, *([leak_packed] if self.leakage else []),
-                            n_frac))  # in schema order
+        self._batch.append((chrom, start, end, strand, tokens, mask_packed,
+                            *([] if leak_packed is None else [leak_packed]), n_frac))  # in schema order
         self._batch_tokens += len(tokens)
         if self.megatron is not None:
             self.megatron.add_document(tokens, [len(tokens)])
@@ -154,7 +141,7 @@ class SplitWriter:
             "_split": split,
         }
         info = {"citation": "", "description": "genome_lm shards: one row per genome window",
-                "features": features(self.leakage)}
+                "features": self.features}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
         (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2))
         if self.megatron is not None:
@@ -171,8 +158,6 @@ def megatron_builder(prefix: Path):
         raise GenomeLMError(
             "--format megatron needs megatron-core; install it with `pip install 'genome_lm[megatron]'`"
         ) from None
-    import warnings
-
     prefix.parent.mkdir(exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

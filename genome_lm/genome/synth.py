@@ -117,12 +117,6 @@ class Occupancy:
         self.length = length
         self.starts, self.ends = map(list, zip(*runs))
 
-    def free(self, a: int, b: int) -> bool:
-        if a < 0 or b > self.length:
-            return False
-        i = bisect.bisect_left(self.starts, b + SPACER) - 1
-        return i < 0 or self.ends[i] + SPACER <= a
-
     def room(self, a: int) -> int:
         """The largest b such that [a, b) is free (a itself when a is not free)."""
         i = bisect.bisect_right(self.starts, a) - 1
@@ -148,7 +142,7 @@ def plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[RepeatC
         fam = names[rng.integers(len(names))]
         oriented = substitute(rng, families[fam], p.founder_divergence)
         start = first(50, lambda: int(rng.integers(0, len(seq) - len(oriented))),
-                       lambda a: occ.free(a, a + len(oriented)))
+                       lambda a: occ.room(a) >= a + len(oriented))
         if start is None:
             failures += 1
             continue
@@ -164,7 +158,7 @@ def plant_repeats(rng, name, seq, occ, families, p: SynthParams) -> list[RepeatC
             child = indels(rng, substitute(rng, oriented, p.substitution_rate), p.indel_rate)
             lo = np.log(max(p.min_distance, end - start + SPACER))
             nxt = first(8, lambda: start + int(np.exp(rng.uniform(lo, log_max))),
-                         lambda a: occ.free(a, a + len(child)))
+                         lambda a: occ.room(a) >= a + len(child))
             if nxt is None or covered >= target:
                 break
             source_start, start, oriented = start, nxt, child
@@ -229,10 +223,8 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
             continue
         s = first(100, lambda: int(rng.integers(0, len(src) - length)),  # a source stretch of A/C/G/T only
                   lambda s: ((CODE_LUT[src[s : s + length]] & TOKEN_MASK) < 4).all())
-        if s is None:
-            continue
-        a = first(100, lambda: int(rng.integers(lo, hi - length)), lambda a: occ.free(a, a + length))
-        if a is None:
+        if s is None or (a := first(100, lambda: int(rng.integers(lo, hi - length)),
+                                    lambda a: occ.room(a) >= a + length)) is None:
             continue
         codes = CODE_LUT[src[s : s + length]] & TOKEN_MASK
         strand = "-" if i % 2 else "+"
@@ -380,7 +372,6 @@ def synthesize(scale: float = 1.0, seed: int = 0, **params) -> dict[str, bytes]:
     return synthesize_genome(scale, seed, make_params(**params)).sequences
 
 
-LINE_WIDTH = 60
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, no extra field, mtime 0: as synth writes
 
 
@@ -407,9 +398,9 @@ def written_by_synth(fasta: Path) -> bool:
         return False
 
 
-def fasta_lines(name: str, seq: bytes, width: int = LINE_WIDTH) -> bytes:
-    """'>name\\n' then the sequence in lines of `width` characters, each ending in '\\n'."""
-    return b">" + name.encode() + b"\n" + b"".join(seq[i : i + width] + b"\n" for i in range(0, len(seq), width))
+def fasta_lines(name: str, seq: bytes) -> bytes:
+    """'>name\\n' then the sequence in lines of 60 characters, each ending in '\\n'."""
+    return b">" + name.encode() + b"\n" + b"".join(seq[i : i + 60] + b"\n" for i in range(0, len(seq), 60))
 
 
 def _sidecar(fasta: str | os.PathLike, suffix: str) -> Path:
@@ -430,7 +421,6 @@ class WrittenGenome:
     fasta: Path
     repeats: Path
     lengths: dict[str, int]
-    repeat_fraction: float
     segdups: Path | None = None  #: the segdups sidecar, when the genome has any
 
 
@@ -473,7 +463,6 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
             sd_tsv.unlink(missing_ok=True)
             raise
         lengths = {k: len(v) for k, v in genome.sequences.items()}
-        frac = genome.repeat_fraction()
         n_tandem = sum(c.family == "tandem" for c in genome.copies)
         tandem = f" and {n_tandem} tandem units" if n_tandem else ""
         sd_bases = sum(d.end - d.start for d in genome.segdups)
@@ -483,10 +472,10 @@ def write_synthetic_fasta(out, scale: float = 1.0, seed: int = 0, overwrite: boo
             "wrote synthetic genome %s (%s; %.2f Mbp, %.1f%% of non-N bases in %d repeat copies of %d families%s%s) "
             "and %s in %.1f s",
             out, ", ".join(f"{k} {v:,} bp" for k, v in lengths.items()), sum(lengths.values()) / 1e6,
-            100 * frac, len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
+            100 * genome.repeat_fraction(), len(genome.copies) - n_tandem, len(genome.families), tandem, segdups, tsv,
             time.perf_counter() - t0,
         )
-        return WrittenGenome(out, tsv, lengths, frac, sd_tsv if genome.segdups else None)
+        return WrittenGenome(out, tsv, lengths, sd_tsv if genome.segdups else None)
 
 
 def synth_command(out, params: SynthParams) -> None:

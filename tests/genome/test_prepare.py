@@ -155,7 +155,7 @@ def test_indexed_and_streamed_reads_give_identical_shards(tmp_path, genome):
     pyfaidx.Faidx(str(bgz)).close()  # writes .fai and .gzi
     from genome_lm.genome.fasta import FastaReader
 
-    assert FastaReader(plain).names() == FastaReader(bgz).names() == ["chr1", "chr2", "chr22"]  # index in use
+    assert FastaReader(plain).info.records == FastaReader(bgz).info.records == ["chr1", "chr2", "chr22"]  # index in use
     run_prepare([plain], tmp_path / "indexed")
     run_prepare([bgz], tmp_path / "bgzip")
     for other in ("indexed", "bgzip"):
@@ -259,14 +259,14 @@ def test_load_shards_numpy_format(tmp_path, genome):
 def test_hf_features_match_datasets_serialisation():
     import datasets
 
-    from genome_lm.genome.shards import FEATURES
+    from genome_lm.genome.shards import features
 
     feats = datasets.Features({
         "chrom": datasets.Value("string"), "start": datasets.Value("int64"), "end": datasets.Value("int64"),
         "strand": datasets.Value("string"), "tokens": datasets.List(datasets.Value("uint8")),
         "repeat_mask": datasets.List(datasets.Value("uint8")), "n_frac": datasets.Value("float32"),
     })
-    assert feats.to_dict() == FEATURES
+    assert feats.to_dict() == features()
 
 
 def test_megatron_format(tmp_path, genome):
