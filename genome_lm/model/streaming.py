@@ -105,7 +105,6 @@ def score_streaming(model: Glm5NextCausalLM, input_ids: torch.Tensor,
     input_ids = input_ids.to(model.lm_head.weight.device)
     scorer = StreamingScorer(model, total_len=T)
     out = torch.empty(T, dtype=torch.float32, device=input_ids.device)
-    for t0 in range(0, T, chunk_tokens):
-        t1 = min(t0 + chunk_tokens, T)
-        out[t0:t1] = scorer.step(input_ids[:, t0:t1])[0]
+    for t0 in range(0, T, chunk_tokens):  # the last chunk may be shorter
+        out[t0:t0 + chunk_tokens] = scorer.step(input_ids[:, t0:t0 + chunk_tokens])[0]
     return out

@@ -135,8 +135,7 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
                 writer.add(disk_name, part)
             del tensor, part  # free it before the next tensor is gathered
         writer.finish()
-        if tokenizer_from and Path(tokenizer_from).is_dir():
-            for name in TOKENIZER_FILES:
-                if (Path(tokenizer_from) / name).is_file():
-                    shutil.copy2(Path(tokenizer_from) / name, tmp / name)
+        for name in TOKENIZER_FILES:
+            if tokenizer_from and (Path(tokenizer_from) / name).is_file():
+                shutil.copy2(Path(tokenizer_from) / name, tmp / name)
     return out_dir
