@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
@@ -44,26 +43,23 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
         dtype = value
     source_str = str(source)
     on_cpu = device is None or torch.device(device).type == "cpu"
-    report = None
-    if is_preset(source_str):
+    preset = is_preset(source_str)
+    if preset:
         config = preset_config(source_str, **config_overrides)
         if source_str in META_ONLY:
             if meta is False and on_cpu:
                 raise GenomeLMError(f"model: {source_str} is too large to materialise on CPU; build it with meta=True "
                                     "(counting, planning) or on a GPU device")
             meta = on_cpu if meta is None else meta
-        with torch.device("meta" if meta else device or "cpu"):
-            model = Glm5NextCausalLM(config)
-        if dtype is not None:
-            _cast_(model, dtype)
     else:
         config = read_text_config(source_str, **config_overrides)
-        with torch.device("meta"):
-            model = Glm5NextCausalLM(config)
-        if not meta:
-            report = load_weights_(model, source_str, device or "cpu", dtype=dtype, stored_dtypes=True)
-        elif dtype is not None:
-            _cast_(model, dtype)
+    with torch.device("meta" if meta or not preset else device or "cpu"):  # a checkpoint's is filled below
+        model = Glm5NextCausalLM(config)
+    report = None if preset or meta else load_weights_(model, source_str, device or "cpu", dtype=dtype,
+                                                       stored_dtypes=True)
+    if dtype is not None and report is None:  # else the weights were read in it
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            tensor.data = cast_tensor(name, tensor.data, dtype)
     check_model(model)  # upstream's attributes that genome_lm reads (the symbols: on importing upstream)
     if dtype is None and isinstance(config.dtype, torch.dtype):  # a checkpoint's, from its config.json
         dtype = config.dtype
@@ -76,9 +72,4 @@ def check_upstream() -> str:
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()
     return summary()
-
-
-def _cast_(model: nn.Module, dtype: torch.dtype) -> None:
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        tensor.data = cast_tensor(name, tensor.data, dtype)
 

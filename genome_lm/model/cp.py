@@ -87,16 +87,12 @@ class _GatherSeq(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         lengths, group, rank = ctx.lengths, ctx.group, ctx.rank
-        start = sum(lengths[:rank])
         if dist.get_backend(group) == dist.Backend.GLOO:
             total = grad.contiguous().clone()
             dist.all_reduce(total, group=group)
-            return total[:, start : start + lengths[rank]], None, None
+            return total.split(lengths, dim=1)[rank], None, None
         longest = max(lengths)
-        parts, offset = [], 0
-        for n in lengths:  # [world * B, longest, ...] in rank-major order for reduce-scatter
-            parts.append(_pad_to(grad[:, offset : offset + n], longest))
-            offset += n
+        parts = [_pad_to(part, longest) for part in grad.split(lengths, dim=1)]  # rank-major for reduce-scatter
         out = grad.new_empty(grad.shape[0], longest, *grad.shape[2:])
         dist.reduce_scatter_tensor(out, torch.cat(parts, dim=0), group=group)
         return out[:, : lengths[rank]], None, None

@@ -24,9 +24,7 @@ from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.ops.moe.ep import AssumedRouting, ExpertParallelExperts
 from genome_lm.model.ops.norm import LeanRMSNorm
 from genome_lm.model.upstream import glm, route_cpu_to_torch
-from genome_lm.settings import ALL_OPS, DEFAULTS, LongContextSettings
-
-__all__ = ["ALL_OPS", "DEFAULTS", "LongContextSettings", "apply_long_context"]
+from genome_lm.settings import DEFAULTS, LongContextSettings
 
 log = logging.getLogger(__name__)
 

@@ -90,8 +90,7 @@ def preset_config(name: str, **overrides: Any) -> Glm5NextTextConfig:
     fields = dict(PRESETS[name])
     if "num_hidden_layers" in overrides:
         for key in ("layer_types", "indexer_types", "mlp_layer_types"):
-            if key not in overrides:
-                fields.pop(key, None)
+            fields.pop(key, None)  # those given in overrides come back below
     fields.update(overrides)
     pad = fields.get("pad_token_id", Glm5NextTextConfig.pad_token_id)
     vocab = fields.get("vocab_size", Glm5NextTextConfig.vocab_size)

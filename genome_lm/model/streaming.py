@@ -42,7 +42,6 @@ class StreamingScorer:
 
             apply_long_context(model, ops=("kda", "dsa"))
         self.model = model
-        self.total_len = total_len
         self.loss_chunk_tokens: int = getattr(model, "loss_chunk_tokens", 2048)
         self.cache = StreamingCache(model.config, total_len)
         self.length = 0
@@ -64,8 +63,8 @@ class StreamingScorer:
         n = input_ids.shape[1]
         if n == 0:
             raise ValueError("StreamingScorer: empty chunk")
-        if self.total_len is not None and self.length + n > self.total_len:
-            raise ValueError(f"StreamingScorer: {self.length + n} tokens exceed total_len={self.total_len}")
+        if (total := self.cache.total_len) is not None and self.length + n > total:
+            raise ValueError(f"StreamingScorer: {self.length + n} tokens exceed total_len={total}")
         hidden = self.model.model(input_ids=input_ids, cache=self.cache, use_cache=True).last_hidden_state
         self.length += n
         return hidden
@@ -74,19 +73,16 @@ class StreamingScorer:
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """NLL float32 [B, n] of the next n tokens: -log p(x_t | x_<t); the sequence's first token 0."""
         B, n = input_ids.shape
-        first = self.length == 0
         hidden = self.hidden_step(input_ids)  # [B, n, D]
-        if first:  # nothing precedes token 0; hidden[:, t] scores token t + 1
+        if self.last_hidden is None:  # the first chunk: nothing precedes token 0; hidden[:, t] scores token t + 1
             scoring, targets = hidden[:, :-1], input_ids[:, 1:]
         else:
-            assert self.last_hidden is not None  # set by the previous step
             scoring, targets = torch.cat([self.last_hidden, hidden[:, :-1]], dim=1), input_ids
         self.last_hidden = hidden[:, -1:].clone()
         nll = torch.zeros(B, n, dtype=torch.float32, device=hidden.device)
         if targets.shape[1]:
-            D = hidden.shape[-1]
             _, scored = chunked_cross_entropy(
-                scoring.reshape(-1, D), self.model.lm_head.weight, targets.reshape(-1),
+                scoring.flatten(0, 1), self.model.lm_head.weight, targets.reshape(-1),
                 chunk_tokens=self.loss_chunk_tokens, return_per_token=True,
             )
             nll[:, n - targets.shape[1]:] = scored.view(B, -1)
@@ -105,7 +101,6 @@ def score_streaming(model: Glm5NextCausalLM, input_ids: torch.Tensor,
     input_ids = input_ids.to(model.lm_head.weight.device)
     scorer = StreamingScorer(model, total_len=T)
     out = torch.empty(T, dtype=torch.float32, device=input_ids.device)
-    for t0 in range(0, T, chunk_tokens):
-        t1 = min(t0 + chunk_tokens, T)
-        out[t0:t1] = scorer.step(input_ids[:, t0:t1])[0]
+    for t0 in range(0, T, chunk_tokens):  # the last chunk may be shorter
+        out[t0:t0 + chunk_tokens] = scorer.step(input_ids[:, t0:t0 + chunk_tokens])[0]
     return out

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from typing import Callable, Iterator
+from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -56,14 +57,6 @@ def route_cpu_to_torch() -> None:
             setattr(glm, name, _cpu_to_torch(fn))
 
 
-@contextlib.contextmanager
-def use_torch_fallbacks() -> Iterator[None]:
-    """Run upstream glm5_next with its own torch implementations on every device."""
-    saved = {name: getattr(glm, name) for name in KERNEL_FALLBACK_FUNCTIONS}
-    try:
-        for name, fn in saved.items():
-            setattr(glm, name, inspect.unwrap(fn))
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(glm, name, fn)
+def use_torch_fallbacks() -> contextlib.AbstractContextManager:
+    """A context manager: upstream glm5_next runs its own torch implementations on every device."""
+    return mock.patch.multiple(glm, **{name: inspect.unwrap(getattr(glm, name)) for name in KERNEL_FALLBACK_FUNCTIONS})

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from genome_lm.model import apply_long_context, build, preset_config
-from genome_lm.model.patch import ALL_OPS
 from genome_lm.plan import activations
 from genome_lm.plan.layout import Layout
 from genome_lm.plan.shapes import shape_of
+from genome_lm.settings import ALL_OPS
 
 T = 1024
 

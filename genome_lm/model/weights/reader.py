@@ -73,9 +73,8 @@ def read_text_config(ckpt_dir: str | Path, **overrides) -> Glm5NextTextConfig:
         else:
             raise GenomeLMError(f"model: {path} has model_type {model_type!r}; expected a GLM-5.3-Flash checkpoint "
                                 "(model_type glm5_next or glm5_next_text)")
-        text = {k: v for k, v in text.items() if k not in ("model_type", "transformers_version", "architectures")}
-        text.update(overrides)
-        return Glm5NextTextConfig(**text)
+        drop = ("model_type", "transformers_version", "architectures")
+        return Glm5NextTextConfig(**{k: v for k, v in text.items() if k not in drop} | overrides)
     except (TypeError, ValueError, StrictDataclassError) as e:
         raise GenomeLMError(f"model: invalid text config in {path}: {e}") from None
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.weights.layout import TensorSpec, cast_dtype, cast_tensor, model_tensors, to_disk_layout
@@ -98,8 +99,6 @@ def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: 
     tensor beyond the model; a sharded (FSDP2) model is gathered one tensor at a time: every rank
     calls it, only the one with `write=True` writes.
     """
-    from torch.distributed.tensor import DTensor
-
     tensors = model_tensors(model)
     if meta := [name for name, tensor in tensors.items() if tensor.is_meta]:
         raise GenomeLMError(f"model: cannot save a model built on the meta device ({meta[0]} has no data)")
@@ -129,17 +128,14 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
     with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         writer = ShardWriter(tmp, specs, max_shard_bytes)
-        tensor: torch.Tensor | None
-        part: torch.Tensor | None
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
             if got != name or tuple(tensor.shape) != shape:
                 raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")
             for disk_name, _, part in to_disk_layout(name, tensor.detach()):
                 writer.add(disk_name, part)
-            tensor = part = None  # free it before the next tensor is gathered
+            del tensor, part  # free it before the next tensor is gathered
         writer.finish()
-        if tokenizer_from and Path(tokenizer_from).is_dir():
-            for name in TOKENIZER_FILES:
-                if (Path(tokenizer_from) / name).is_file():
-                    shutil.copy2(Path(tokenizer_from) / name, tmp / name)
+        for name in TOKENIZER_FILES:
+            if tokenizer_from and (Path(tokenizer_from) / name).is_file():
+                shutil.copy2(Path(tokenizer_from) / name, tmp / name)
     return out_dir
