@@ -58,7 +58,7 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _sizes_and_model(self) -> "Recipe":
         """What later steps would refuse, refused before any work."""
-        from genome_lm.model.presets import is_preset
+        from genome_lm.model.presets import PRESETS
 
         window = parse_size(self.window, "window")
         for length in [x for x in self.context.split(",") if x.strip()]:
@@ -66,7 +66,7 @@ class Recipe(BaseModel):
                 raise ValueError(f"context {length.strip()} is too long for window {self.window}: the ablation's "
                                  f"targets are the last 1/8 of a window, so a length is at most "
                                  f"{window - window // 8:,} tokens")
-        if not is_preset(self.model) and not (Path(self.model) / "config.json").is_file():
+        if self.model not in PRESETS and not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model {self.model!r} is neither a preset (glm53-demo, glm53-tiny, ...) nor a model "
                              "directory")
         return self

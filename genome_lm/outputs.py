@@ -249,9 +249,9 @@ def umask() -> int:
     return mask
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 @contextlib.contextmanager

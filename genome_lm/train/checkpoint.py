@@ -40,7 +40,7 @@ from genome_lm.model import build
 from genome_lm.model.weights.layout import TensorSpec, model_tensors
 from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES, byte_batches, save_pretrained, write_model_dir
 from genome_lm.options import read_yaml
-from genome_lm.outputs import lock_output, make_temp_dir, read_marker, sha256_file, what_it_is, write_marker
+from genome_lm.outputs import file_digest, lock_output, make_temp_dir, read_marker, what_it_is, write_marker
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.metrics import logged_steps
 
@@ -476,7 +476,7 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
                     "metrics.jsonl starts again at step %d", metrics, step, latest.name, step + 1)
     per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
     accepted = []
-    data = sha256_file(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
+    data = file_digest(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
         accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
         trained_on = None if marker is None else marker.get("shards_manifest_sha256")
