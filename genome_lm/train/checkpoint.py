@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.utils._pytree import tree_leaves
 
-from genome_lm.config import ExperimentConfig, dump_experiment, load_experiment
+from genome_lm.config import ExperimentConfig, load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build
 from genome_lm.model.weights.layout import TensorSpec, model_tensors
@@ -437,7 +438,7 @@ class RunDir:
             path.rename(self.path / f"config.resume-{n}.yaml")
             log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
                      ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in self.accepted), n)
-        path.write_text(dump_experiment(cfg))
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
