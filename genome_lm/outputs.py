@@ -271,10 +271,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iter
         raise
 
 
-def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
-    """Write JSON to `path` atomically."""
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
     with atomic_file(path) as f:
-        json.dump(obj, f, indent=indent, sort_keys=False)
+        json.dump(obj, f, indent=2)
         f.write("\n")
 
 
