@@ -194,9 +194,8 @@ KEPT = {"score": ("score.run:work_dir_for", "done/*", "region(s)", ""),
         "eval": ("eval.outputs:cache_dir_for", "w*.npz", "window(s)", " (delete it to start over)")}
 
 
-def _kept(args) -> str:
-    """What a fetch, an eval or a score that stopped early keeps for a rerun."""
-    out = getattr(args, "out", None)
+def _kept(args, out: str | None) -> str:
+    """What a fetch, an eval or a score that stopped early (output `out`) keeps for a rerun."""
     if not out or args.command not in ("fetch", *KEPT):
         return ""
     if args.command == "fetch":
@@ -320,13 +319,13 @@ def _main(argv: list[str]) -> int:
     except (GenomeLMError, OSError) as e:
         if isinstance(e, OSError) and e.errno not in STORAGE_ERRORS:
             raise
-        why = f"{storage_message(e, out)}{_kept(args)}" if isinstance(e, OSError) else e
+        why = f"{storage_message(e, out)}{_kept(args, out)}" if isinstance(e, OSError) else e
         print(f"genome-lm {args.command}: error: {why}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as e:
         how = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else \
             ("interrupted", EXIT_INTERRUPTED)
-        print(f"genome-lm {args.command}: {how[0]}{_kept(args)}", file=sys.stderr)
+        print(f"genome-lm {args.command}: {how[0]}{_kept(args, out)}", file=sys.stderr)
         return how[1]
     except Preempted as e:
         resume = shlex.join(["genome-lm", *[a for a in argv if a != "--resume"], "--resume"])
