@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from genome_lm.model import apply_long_context, build
-from genome_lm.model.presets import is_preset
+from genome_lm.model.presets import PRESETS
 from genome_lm.train.checkpoint import resolve_model_dir
 
 BATCH, SEQ, SKIP = 32, 128, 16  # random sequences, their length, and the first positions left out
@@ -71,7 +71,7 @@ def probe_accuracy(features: torch.Tensor, x: torch.Tensor, offset: int) -> floa
 
 
 def probe(checkpoint: str, offsets: int) -> dict[str, list[float]]:
-    source = checkpoint if is_preset(checkpoint) else str(resolve_model_dir(checkpoint))
+    source = checkpoint if checkpoint in PRESETS else str(resolve_model_dir(checkpoint))
     torch.manual_seed(0)
     model = apply_long_context(build(source, dtype="float32").model).eval()
     x = torch.randint(0, 4, (BATCH, SEQ))

@@ -138,10 +138,20 @@ def _train(p: TrainParams, run: Launch) -> None:
     from genome_lm.train import train
 
     cfg = load_experiment(p.experiment, p.overrides)
-    if run.dry_run:
+    if run.dry_run:  # the run's checks, then the planner's verdict for the layout they checked
+        from genome_lm.plan.command import PlanParams, build
         from genome_lm.plan.dry_run import train_dry_run
+        from genome_lm.plan.planner import make_plan
 
-        _planned_peak(p, train_dry_run(cfg, world=run.nproc))
+        world = train_dry_run(cfg, world=run.nproc)
+        plan = make_plan(*build(PlanParams(experiment=p.experiment, overrides=p.overrides, gpus=world))[:4])
+        assert plan.cluster is not None, "build() always makes a cluster"
+        gib = 2**30
+        print(f"planner ({plan.cluster.gpus} x {plan.device}): peak {plan.peak_gpu_bytes / gib:,.1f} GiB per GPU at "
+              f"{plan.memory.peak_where} (needs {plan.needed_gpu_bytes / gib:,.1f} GiB with the allocator and runtime "
+              f"margins), host {plan.host_bytes_per_gpu / 1e9:,.1f} GB per GPU; "
+              f"{'fits' if plan.fits else 'DOES NOT FIT: ' + '; '.join(plan.problems)} "
+              f"(genome-lm plan {p.experiment} for the breakdown)")
     elif run.ray is not None or (run.nproc or 1) > 1 or run.max_restarts:
         from genome_lm.parallel.launch import run_local, run_ray
         from genome_lm.train.trainer import train_job
@@ -154,21 +164,6 @@ def _train(p: TrainParams, run: Launch) -> None:
                 run_ray(job, run.ray or None, run.nproc, run.max_restarts)
     else:
         train(cfg, out=p.out, resume=p.resume)
-
-
-def _planned_peak(p: TrainParams, world: int | None) -> None:
-    """The planner's verdict for the dry run's layout."""
-    from genome_lm.plan.command import PlanParams, build
-    from genome_lm.plan.planner import make_plan
-
-    plan = make_plan(*build(PlanParams(experiment=p.experiment, overrides=p.overrides, gpus=world))[:4])
-    assert plan.cluster is not None, "build() always makes a cluster"
-    gib = 2**30
-    print(f"planner ({plan.cluster.gpus} x {plan.device}): peak {plan.peak_gpu_bytes / gib:,.1f} GiB per GPU at "
-          f"{plan.memory.peak_where} (needs {plan.needed_gpu_bytes / gib:,.1f} GiB with the allocator and runtime "
-          f"margins), host {plan.host_bytes_per_gpu / 1e9:,.1f} GB per GPU; "
-          f"{'fits' if plan.fits else 'DOES NOT FIT: ' + '; '.join(plan.problems)} "
-          f"(genome-lm plan {p.experiment} for the breakdown)")
 
 
 def _eval(cfg, run: Launch) -> str | None:
@@ -199,9 +194,8 @@ KEPT = {"score": ("score.run:work_dir_for", "done/*", "region(s)", ""),
         "eval": ("eval.outputs:cache_dir_for", "w*.npz", "window(s)", " (delete it to start over)")}
 
 
-def _kept(args) -> str:
-    """What a fetch, an eval or a score that stopped early keeps for a rerun."""
-    out = getattr(args, "out", None)
+def _kept(args, out: str | None) -> str:
+    """What a fetch, an eval or a score that stopped early (output `out`) keeps for a rerun."""
     if not out or args.command not in ("fetch", *KEPT):
         return ""
     if args.command == "fetch":
@@ -325,13 +319,13 @@ def _main(argv: list[str]) -> int:
     except (GenomeLMError, OSError) as e:
         if isinstance(e, OSError) and e.errno not in STORAGE_ERRORS:
             raise
-        why = f"{storage_message(e, out)}{_kept(args)}" if isinstance(e, OSError) else e
+        why = f"{storage_message(e, out)}{_kept(args, out)}" if isinstance(e, OSError) else e
         print(f"genome-lm {args.command}: error: {why}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as e:
         how = ("terminated (SIGTERM)", 128 + signal.SIGTERM) if isinstance(e, Terminated) else \
             ("interrupted", EXIT_INTERRUPTED)
-        print(f"genome-lm {args.command}: {how[0]}{_kept(args)}", file=sys.stderr)
+        print(f"genome-lm {args.command}: {how[0]}{_kept(args, out)}", file=sys.stderr)
         return how[1]
     except Preempted as e:
         resume = shlex.join(["genome-lm", *[a for a in argv if a != "--resume"], "--resume"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from genome_lm.options import read_yaml, validate
@@ -151,8 +150,3 @@ def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = (
     if cfg.name is None:
         cfg.name = path.stem
     return cfg
-
-
-def dump_experiment(cfg: ExperimentConfig) -> str:
-    """The resolved config as YAML (saved in every run directory)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

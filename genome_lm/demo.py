@@ -58,7 +58,7 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _sizes_and_model(self) -> "Recipe":
         """What later steps would refuse, refused before any work."""
-        from genome_lm.model.presets import is_preset
+        from genome_lm.model.presets import PRESETS
 
         window = parse_size(self.window, "window")
         for length in [x for x in self.context.split(",") if x.strip()]:
@@ -66,7 +66,7 @@ class Recipe(BaseModel):
                 raise ValueError(f"context {length.strip()} is too long for window {self.window}: the ablation's "
                                  f"targets are the last 1/8 of a window, so a length is at most "
                                  f"{window - window // 8:,} tokens")
-        if not is_preset(self.model) and not (Path(self.model) / "config.json").is_file():
+        if self.model not in PRESETS and not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model {self.model!r} is neither a preset (glm53-demo, glm53-tiny, ...) nor a model "
                              "directory")
         return self
@@ -201,22 +201,6 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
     return replicate
 
 
-def _seeds_lines(results: dict, seeds: str) -> list[str]:
-    """The three paired differences of `report.matched.PAIRS` pooled over the fine-tune seeds."""
-    from genome_lm.report.matched import PAIRS as ROLE_PAIRS
-
-    lines = [f"  Over fine-tune seeds 1,{seeds} (extra_seeds): each paired difference per seed, and pooled with a "
-             "95% CI over seeds, then windows",
-             f"  {'paired difference, B - A':<33} {'rel % per seed':>24} {'pooled rel %':>13} {'95% CI (%)':>16}"]
-    for b, a, what in ROLE_PAIRS:
-        rep = results[(NAMES[a], NAMES[b])]["replicates"]
-        per = ", ".join("-" if p["rel_change_pct"] is None else f"{p['rel_change_pct']:+.2f}" for p in rep["pairs"])
-        o = rep["overall"]
-        ci = "-" if o["rel_ci_low"] is None else f"[{o['rel_ci_low']:+.2f}, {o['rel_ci_high']:+.2f}]"
-        lines.append(f"  {f'{b} - {a} ({what})':<33} {per:>24} {o['rel_change_pct']:>+13.2f} {ci:>16}")
-    return lines
-
-
 PAIRS = (("base", "shortctx"), ("base", "longctx"), ("shortctx", "longctx"))  # the compares, (A, B): B - A
 NAMES = {"base": "base", "short": "shortctx", "long": "longctx"}  # report.matched's roles -> this module's names
 
@@ -305,6 +289,7 @@ def _print_results(r, quick: bool, timeline: Timeline, manifest: dict, gain, sum
     from genome_lm.eval import format_table
     from genome_lm.eval.text import replicate_lines
     from genome_lm.report import format_ablation, format_context_gain
+    from genome_lm.report.matched import PAIRS as ROLE_PAIRS
 
     print(f"\ngenome_lm demo ({'quick' if quick else 'full'}) finished in "
           f"{(timeline.clock() - timeline.t0) / 60:.1f} min")
@@ -328,8 +313,16 @@ def _print_results(r, quick: bool, timeline: Timeline, manifest: dict, gain, sum
           f"them, {bits['masked']} on them")
     print("  long- vs short-context fine-tune on held-out chr22, by preceding context:")
     print(format_table(results[("shortctx", "longctx")]))
-    if seeds:
-        print("\n".join(_seeds_lines(seeds, r.extra_seeds)))
+    if seeds:  # the three paired differences of `report.matched.PAIRS`, pooled over the fine-tune seeds
+        print(f"  Over fine-tune seeds 1,{r.extra_seeds} (extra_seeds): each paired difference per seed, and pooled "
+              "with a 95% CI over seeds, then windows")
+        print(f"  {'paired difference, B - A':<33} {'rel % per seed':>24} {'pooled rel %':>13} {'95% CI (%)':>16}")
+        for b, a, what in ROLE_PAIRS:
+            rep = seeds[(NAMES[a], NAMES[b])]["replicates"]
+            per = ", ".join("-" if x["rel_change_pct"] is None else f"{x['rel_change_pct']:+.2f}" for x in rep["pairs"])
+            o = rep["overall"]
+            ci = "-" if o["rel_ci_low"] is None else f"[{o['rel_ci_low']:+.2f}, {o['rel_ci_high']:+.2f}]"
+            print(f"  {f'{b} - {a} ({what})':<33} {per:>24} {o['rel_change_pct']:>+13.2f} {ci:>16}")
         print(f"  long- vs short-context fine-tunes of seeds 1,{r.extra_seeds}, pooled:")
         print("\n".join(replicate_lines(seeds[("shortctx", "longctx")]["replicates"], pooled_above=False)))
     if timeline.reused:

@@ -1,6 +1,10 @@
-"""The one error type for problems a user can cause: the CLI prints it on one line and exits non-zero."""
+"""The one error type for problems a user can cause: the CLI prints it on one line and exits non-zero.
+Also `lazy_names`, the packages' names imported on first use (errors is below every layer)."""
 
 import errno
+from collections.abc import Callable
+from importlib import import_module
+from typing import Any
 
 
 class GenomeLMError(Exception):
@@ -23,3 +27,15 @@ def first_line(e: BaseException) -> str:
 STORAGE_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                   errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
                   errno.EPERM: "operation not permitted"}
+
+
+def lazy_names(package: str, homes: dict[str, str]) -> tuple[list[str], Callable[[str], Any]]:
+    """`__all__` and `__getattr__` of `package`, whose names (module -> "name name ...") are imported on first use."""
+    home = {name: module for module, names in homes.items() for name in names.split()}
+
+    def __getattr__(name: str) -> Any:
+        if name not in home:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(import_module(f"{package}.{home[name]}"), name)
+
+    return sorted(home), __getattr__

@@ -249,9 +249,9 @@ def umask() -> int:
     return mask
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 @contextlib.contextmanager
@@ -271,10 +271,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iter
         raise
 
 
-def write_json_atomic(path: str | os.PathLike, obj, indent: int = 2) -> None:
-    """Write JSON to `path` atomically."""
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
     with atomic_file(path) as f:
-        json.dump(obj, f, indent=indent, sort_keys=False)
+        json.dump(obj, f, indent=2)
         f.write("\n")
 
 

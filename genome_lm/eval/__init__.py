@@ -7,16 +7,8 @@ Output files: docs/architecture.md, On-disk formats. The names below are importe
 reading results (compare, report) imports no torch and `config.EvalConfig` (read by `--help`) no pyarrow.
 """
 
-from importlib import import_module
-from typing import Any
+from genome_lm.errors import lazy_names
 
-_HOME = {"compare_evals": "compare", "format_table": "text", "load_compare": "compare", "write_compare": "compare",
-         "EvalConfig": "config", "evaluate": "run", "format_summary": "text", "iter_windows": "outputs",
-         "load_summary": "outputs"}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)
+__all__, __getattr__ = lazy_names(__name__, {
+    "compare": "compare_evals load_compare write_compare", "config": "EvalConfig", "run": "evaluate",
+    "text": "format_table format_summary", "outputs": "iter_windows load_summary"})

@@ -23,7 +23,7 @@ from genome_lm.eval.scoring import ENGINES, ParityTable, score_window
 from genome_lm.eval.stats import StrataAccumulator, bucket_edges, contexts_of, summarize
 from genome_lm.genome.prepare import chrom_match_key
 from genome_lm.genome.tokenizer import reverse_complement, unpack_mask
-from genome_lm.outputs import atomic_directory, claim_output, sha256_file, write_json_atomic
+from genome_lm.outputs import atomic_directory, claim_output, file_digest, write_json_atomic
 from genome_lm.parallel.launch import WorkerContext
 from genome_lm.progress import progress
 from genome_lm.settings import set_tf32
@@ -41,9 +41,9 @@ def checkpoint_record(checkpoint: str) -> dict:
     on_disk: list[dict[str, Any]] = [{"file": p.name, "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                                      for p in weights]
     record = {"path": str(checkpoint), "model_dir": str(model_dir),
-              "config_sha256": sha256_file(model_dir / "config.json"), "weights": on_disk}
+              "config_sha256": file_digest(model_dir / "config.json"), "weights": on_disk}
     if sum(s["size"] for s in on_disk) <= HASH_WEIGHTS_UP_TO:  # sha256 of the files' hex digests, in name order
-        record["weights_sha256"] = hashlib.sha256("".join(sha256_file(p) for p in weights).encode()).hexdigest()
+        record["weights_sha256"] = hashlib.sha256("".join(file_digest(p) for p in weights).encode()).hexdigest()
     return record
 
 
@@ -212,7 +212,7 @@ def _cache_key(cfg: EvalConfig, ckpt: dict, par, seq_len: int, engines: list[str
     """What a cached window's scores depend on (`outputs.WindowCache`)."""
     assert cfg.shards is not None, "check_inputs refuses an eval without --shards"
     key = {"checkpoint": ckpt["model_dir"], "weights": ckpt["weights"], "shards": str(Path(cfg.shards).resolve()),
-           "manifest_sha256": sha256_file(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
+           "manifest_sha256": file_digest(Path(cfg.shards) / "manifest.json"), "split": cfg.split,
            "seq_len": seq_len, "engines": engines, "chunk_tokens": cfg.chunk_tokens, "dtype": cfg.dtype,
            "tf32": par.device.type == "cuda" and cfg.tf32}
     if cfg.context:

@@ -3,7 +3,6 @@ md5sum.txt (docs/prepare.md). Standard library only (urllib); progress through t
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
 import os
@@ -18,7 +17,7 @@ from genome_lm import __version__
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.genome.params import DEFAULT_BASE_URL, FetchParams
-from genome_lm.outputs import holding
+from genome_lm.outputs import file_digest, holding
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +72,6 @@ def read_md5sums(base_url: str) -> dict[str, str]:
     return sums
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "md5").hexdigest()
-
-
 def _download_once(url: str, part: Path) -> bool:
     """Append the rest of `url` to `part` (resuming when it is not empty). True if the server
     sent everything it announced; False if the body was cut short (the bytes received are kept)."""
@@ -127,7 +121,7 @@ def _download(url: str, part: Path) -> str:
     """Download `url` into `part`, resuming it across up to ATTEMPTS responses cut short; returns its md5."""
     for attempt in range(1, ATTEMPTS + 1):
         if _download_once(url, part):
-            return md5_file(part)
+            return file_digest(part, "md5")
         if attempt < ATTEMPTS:
             log.info("resuming %s (attempt %d of %d)", url, attempt + 1, ATTEMPTS)
     raise GenomeLMError(f"download of {url} was cut short {ATTEMPTS} times; "
@@ -183,7 +177,7 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
             for final in paths:
                 md5 = sums[final.name]
                 if final.exists():
-                    if md5_file(final) == md5:
+                    if file_digest(final, "md5") == md5:
                         log.info("%s already present, md5 %s matches; skipped", final, md5)
                         continue
                     log.warning("%s exists but its md5 does not match %s; downloading it again (the file there is "

@@ -36,7 +36,7 @@ from genome_lm.genome.tokenizer import (
     VOCAB,
     reverse_complement,
 )
-from genome_lm.outputs import atomic_directory, holding, sha256_file, write_json_atomic
+from genome_lm.outputs import atomic_directory, file_digest, holding, write_json_atomic
 from genome_lm.sizes import format_size
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
     existing = load_manifest(out)
     inputs = [(i["size"], i["sha256"]) for i in existing.get("inputs", [])]
     if existing.get("parameters") == params.recorded() and \
-            inputs == [(r.info.size, sha256_file(r.path)) for r in readers]:
+            inputs == [(r.info.size, file_digest(r.path)) for r in readers]:
         check_shards(out, existing)  # complete only if every split's files are there, whole
         return existing
     raise GenomeLMError(

@@ -12,7 +12,7 @@ import torch
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
 from genome_lm.model.contract import check_model, check_symbols, check_torch, summary
-from genome_lm.model.presets import META_ONLY, is_preset, preset_config
+from genome_lm.model.presets import META_ONLY, PRESETS, preset_config
 from genome_lm.model.upstream import route_cpu_to_torch
 from genome_lm.model.weights.layout import cast_tensor
 from genome_lm.model.weights.reader import LoadReport, load_weights_, read_text_config
@@ -43,7 +43,7 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
         dtype = value
     source_str = str(source)
     on_cpu = device is None or torch.device(device).type == "cpu"
-    preset = is_preset(source_str)
+    preset = source_str in PRESETS
     if preset:
         config = preset_config(source_str, **config_overrides)
         if source_str in META_ONLY:

@@ -65,10 +65,6 @@ PRESETS["glm53-demo"] = dict(
 META_ONLY = {"glm53-flash"}
 
 
-def is_preset(name: str) -> bool:
-    return str(name) in PRESETS
-
-
 def check_overrides(overrides: dict[str, Any]) -> None:
     """One `GenomeLMError` line for a `model.overrides` key that is no `Glm5NextTextConfig` field."""
     fields = {f.name for f in dataclasses.fields(Glm5NextTextConfig)}
@@ -111,7 +107,7 @@ def token_map(shard_vocab: dict[str, int], model_source: str | Path, vocab_size:
     symbols = sorted(shard_vocab, key=shard_vocab.__getitem__)
     source = Path(str(model_source))
     mapping = list(range(len(symbols)))  # the identity: a model trained on shard ids
-    if is_preset(str(model_source)):
+    if str(model_source) in PRESETS:
         vocab_size = vocab_size or preset_config(str(model_source)).vocab_size
     elif (source / "tokenizer.json").is_file():
         from tokenizers import Tokenizer  # ships with transformers

@@ -132,15 +132,15 @@ def _state_bytes(cfg: ExperimentConfig, itemsize: int) -> int:
 
 def _init_line(cfg: ExperimentConfig, world: int, params: tuple[int, int, int]) -> str:
     """How the weights get onto the ranks, and the host memory that takes (`params` as `layout_lines`)."""
-    from genome_lm.model.presets import is_preset
+    from genome_lm.model.presets import PRESETS
 
     total, per_rank, itemsize = params
     whole, share = total * itemsize, per_rank * itemsize
     source = f"model.init {cfg.model.init}" if cfg.model.init else (
-        "preset initialisation" if is_preset(cfg.model.name) else f"weights of {cfg.model.name}")
+        "preset initialisation" if cfg.model.name in PRESETS else f"weights of {cfg.model.name}")
     if world == 1:
         return f"init: {source}; one process holds the whole model ({_gib(whole)})"
-    if cfg.model.init or not is_preset(cfg.model.name):
+    if cfg.model.init or cfg.model.name not in PRESETS:
         return (f"init: {source}; built on the meta device, sharded, then each of the {world} ranks reads only its "
                 f"rows of each tensor from the safetensors files ({_gib(share)} of weights per rank)")
     return (f"init: {source}; each of the {world} ranks first builds the whole model on CPU ({_gib(whole)}), then "
@@ -187,7 +187,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     `plan_forward`'s parts for one slab of the longest piece (or of one --seq-len window without
     --shards), on GPUs unless `--device cpu`."""
     from genome_lm.config import BlockSizes, MemoryConfig
-    from genome_lm.model.presets import is_preset
+    from genome_lm.model.presets import PRESETS
     from genome_lm.plan.hardware import GPUS, Assumptions
     from genome_lm.plan.layout import Layout
     from genome_lm.plan.memory import plan_forward
@@ -202,7 +202,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     gpu = device.type == "cuda"
     dtype = resolve_dtype(cfg.dtype, device)
     source = cfg.checkpoint  # a preset name as is, a checkpoint as its model directory
-    if not is_preset(source):
+    if source not in PRESETS:
         if not Path(source).exists():
             raise GenomeLMError(f"--checkpoint {source} does not exist; point it to a run's checkpoints/last, a model "
                                 "directory, or (for --dry-run) a preset such as glm53-flash")

@@ -1,21 +1,13 @@
 """Plots, tables and the HTML report built from eval, compare and training-run outputs (docs/report.md).
 The names below are imported on first use."""
 
-from importlib import import_module
-from typing import Any
+from genome_lm.errors import lazy_names
 
-_HOME = {name: module for module, names in {
+__all__, __getattr__ = lazy_names(__name__, {
     "data": "CompareResult EvalResult RunMetrics implied_compares load_compare_dir load_dirs load_eval load_run",
     "html": "build_report write_report",
     "matched": "ContextGain context_gain find_roles format_ablation format_context_gain reading",
     "plots": "figure_png plot_context_gain plot_loss_by_context plot_relative_change plot_repeat_split "
              "plot_training_curves",
     "tables": "bucket_table compare_table context_gain_table parity_table repeat_table replicates_table run_table",
-}.items() for name in names.split()}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)
+})

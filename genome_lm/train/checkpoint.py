@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -34,13 +35,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.utils._pytree import tree_leaves
 
-from genome_lm.config import ExperimentConfig, dump_experiment, load_experiment
+from genome_lm.config import ExperimentConfig, load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.model import build
 from genome_lm.model.weights.layout import TensorSpec, model_tensors
 from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES, byte_batches, save_pretrained, write_model_dir
 from genome_lm.options import read_yaml
-from genome_lm.outputs import lock_output, make_temp_dir, read_marker, sha256_file, what_it_is, write_marker
+from genome_lm.outputs import file_digest, lock_output, make_temp_dir, read_marker, what_it_is, write_marker
 from genome_lm.parallel.mesh import ParallelContext
 from genome_lm.train.metrics import logged_steps
 
@@ -437,7 +438,7 @@ class RunDir:
             path.rename(self.path / f"config.resume-{n}.yaml")
             log.info("--resume takes %s (the earlier config is config.resume-%d.yaml)",
                      ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in self.accepted), n)
-        path.write_text(dump_experiment(cfg))
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
 
 def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -> RunDir:
@@ -476,7 +477,7 @@ def check_run_dir(run_dir: Path, resume: bool, cfg: ExperimentConfig, dp: int) -
                     "metrics.jsonl starts again at step %d", metrics, step, latest.name, step + 1)
     per_step = cfg.train.micro_batch * cfg.train.grad_accum * dp  # sequences per optimizer step
     accepted = []
-    data = sha256_file(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
+    data = file_digest(Path(cfg.data.shards) / "manifest.json")  # how a run knows its data set
     if resume and latest is not None:  # refuses a changed data/model/optimizer key before anything is written
         accepted = accept_resume(run_dir, cfg, per_step, None if marker is None else marker.get("sequences_per_step"))
         trained_on = None if marker is None else marker.get("shards_manifest_sha256")

@@ -24,7 +24,7 @@ from genome_lm.model.cp import all_reduce_sum
 from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
 from genome_lm.model.patch import has_values
-from genome_lm.model.presets import META_ONLY, is_preset
+from genome_lm.model.presets import META_ONLY, PRESETS
 from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks, clip_grad_norm_
 from genome_lm.parallel.launch import Job, WorkerContext
@@ -101,7 +101,7 @@ def build_parallel_model(cfg: ExperimentConfig, par: ParallelContext, init: str 
     built = build_model(cfg, par.device, None, meta=True)
     model = built.model
     parallelize(model, cfg.memory, par, compute)
-    weights = resolve_model_dir(init or cfg.model.name) if init or not is_preset(cfg.model.name) else None
+    weights = resolve_model_dir(init or cfg.model.name) if init or cfg.model.name not in PRESETS else None
     if weights is None and cfg.model.name in META_ONLY:
         raise GenomeLMError(f"model.init: training {cfg.model.name} from scratch would build the whole model on "
                             "every rank's CPU first; set model.init to its checkpoint directory")

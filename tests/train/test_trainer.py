@@ -198,17 +198,17 @@ def test_resume_refuses_changed_math_and_leaves_the_run_as_it_was(tmp_path, tiny
 def test_resume_refuses_shards_rebuilt_from_another_fasta(tmp_path, capsys):
     """The run records the sha256 of its shards' manifest.json; --resume on shards rebuilt at the same
     path from another genome is one line naming both checksums, and leaves the run as it was."""
-    from genome_lm.outputs import sha256_file
+    from genome_lm.outputs import file_digest
     from tests.helpers import make_shards
 
     shards = make_shards(tmp_path / "a", seed=3)
     exp = write_experiment(tmp_path / "e.yaml", shards, train={"steps": 2})
     run = tmp_path / "run"
     assert main(["train", exp, "--out", str(run)]) == 0
-    old = sha256_file(shards / "manifest.json")
+    old = file_digest(shards / "manifest.json")
     shutil.rmtree(shards)
     shutil.move(make_shards(tmp_path / "b", seed=4), shards)
-    new = sha256_file(shards / "manifest.json")
+    new = file_digest(shards / "manifest.json")
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     capsys.readouterr()
     assert main(["train", exp, "--out", str(run), "--resume", "--set", "train.steps=4"]) == 2
