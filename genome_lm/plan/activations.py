@@ -288,6 +288,5 @@ def loss_transients(m: ModelShape, layout: Layout) -> tuple[int, int]:
     """(forward, backward) extra bytes of the chunked LM head + cross-entropy."""
     n, a, V, D = layout.tokens, m.act_bytes, m.V, m.D
     C = min(layout.memory.loss_chunk_tokens, n)
-    fwd = max((a + F32) * C * V, 2 * F32 * C * V) if a != F32 else 2 * F32 * C * V
-    bwd = (F32 + (a if a != F32 else 0)) * C * V + F32 * V * D + n * a * D
-    return fwd, bwd
+    # forward: the larger of (a + F32) and 2 x F32 bytes per logit of the chunk, 2 x F32 as a <= F32
+    return 2 * F32 * C * V, (F32 + (a if a != F32 else 0)) * C * V + F32 * V * D + n * a * D

@@ -176,6 +176,7 @@ def _nograd_forward(ops: list[Op], m: ModelShape, n: int) -> tuple[int, int, str
 
 def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, backend: str) -> MemoryPlan:
     n, a = layout.tokens, m.act_bytes
+    streams = act.layer_input(m, n)  # a layer's input (and output), [n, S, D]
     F = shard_degree(layout, assume) if gpu else 1
     fsdp = gpu and layout.gpus > 1
     # training holds float32 master weights, float32 gradients and two AdamW moments per parameter,
@@ -233,20 +234,18 @@ def plan_memory(m: ModelShape, layout: Layout, assume: Assumptions, gpu: bool, b
         buffers_during = _backward_buffers(ops, lay, layout, (U_bwd, Gs[i], Xs[i], pending, head_grad), red,
                                            a < MASTER_BYTES) if fsdp else (lambda op: 0)
         # the next backward's offloaded input is copied back during this one (train/parallelize.py)
-        ahead = act.layer_input(m, n) if gpu and i > 0 and keeps[i - 1][1] else 0
+        ahead = streams if gpu and i > 0 and keeps[i - 1][1] else 0
         saved, transient, buffers, op = _walk(ops, True, buffers_during)
         phase(f"backward of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead, current_layer=saved,
-              op_transient=transient, grad_streams=2 * act.layer_input(m, n), fsdp_buffers=buffers, gradients=grads,
-              inputs=ids)
+              op_transient=transient, grad_streams=2 * streams, fsdp_buffers=buffers, gradients=grads, inputs=ids)
         grads += layer_grads[i]
         if fsdp:
             phase(f"reduce-scatter of layer {i} ({lay.kind})", kept_activations=kept_before + ahead,
-                  grad_streams=act.layer_input(m, n), fsdp_buffers=own_rs + head_grad, gradients=grads,
-                  inputs=ids)
+                  grad_streams=streams, fsdp_buffers=own_rs + head_grad, gradients=grads, inputs=ids)
         if layout.wraps("layer") or any(layout.wraps(o.part) for o in ops if o.part):
             saved, transient, _, op = _walk(ops)
             phase(f"recompute of layer {i} ({lay.kind}): {op}", kept_activations=kept_before + ahead,
-                  current_layer=saved, op_transient=transient, grad_streams=act.layer_input(m, n),
+                  current_layer=saved, op_transient=transient, grad_streams=streams,
                   fsdp_buffers=U_bwd + pending + head_grad if fsdp else 0, gradients=grads - layer_grads[i], inputs=ids)
     persistent.pop("fsdp_root_unsharded", None)  # FSDP2 reshards the root at the end of the backward
     phase("optimizer step (AdamW)", gradients=grads, optimizer_temp=optimizer_temp(m, layout, F, params, assume))

@@ -128,9 +128,8 @@ def make_plan(model: ModelShape, layout: Layout, cluster: Cluster | None, assume
 
 
 STRATEGIES = (("none", ()), ("selective", ("moe",)), ("selective", ("dsa", "moe")), ("per-layer", ()))
-BLOCKS = {"dsa_block_queries": (4096, 128), "moe_block_tokens": (65536, 1024),  # field: (largest, smallest)
-          "loss_chunk_tokens": (16384, 1024)}
-PEAK_OP_BLOCK = (("dsa", "dsa_block_queries"), ("moe", "moe_block_tokens"), ("loss", "loss_chunk_tokens"))
+BLOCKS = {"dsa_block_queries": ("dsa", 4096, 128), "moe_block_tokens": ("moe", 65536, 1024),
+          "loss_chunk_tokens": ("loss", 16384, 1024)}  # field: (the op at the peak it sizes, largest, smallest)
 
 
 @dataclass
@@ -181,7 +180,7 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
     memory, then to the lower peak."""
     given_plan = make_plan(model, given, cluster, assume)
     plans: list[Plan] = []
-    largest = {k: v[0] for k, v in BLOCKS.items()}
+    largest = {k: v[1] for k, v in BLOCKS.items()}
     cps = [cp for cp in (2**i for i in range(cluster.gpus.bit_length()))
            if cluster.gpus % cp == 0 and given.seq_len % cp == 0]
     grid = product(cps, eps or ep_choices(model, cluster), STRATEGIES, (False, True), (False, True))
@@ -192,8 +191,8 @@ def fit(model: ModelShape, given: Layout, cluster: Cluster, assume: Assumptions,
                                offload_layer_inputs=offload, moe_recompute=moe_recompute, **largest)
         plan = make_plan(model, layout, cluster, assume)
         while not plan.fits:  # halve the block of the op at the peak until the plan fits or no block can shrink
-            key = next((k for op, k in PEAK_OP_BLOCK if op in plan.memory.peak_where.split(":")[-1]), None)
-            if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][1]:
+            key = next((k for k, (op, *_) in BLOCKS.items() if op in plan.memory.peak_where.split(":")[-1]), None)
+            if key is None or getattr(layout.memory, key) // 2 < BLOCKS[key][2]:
                 break
             layout = layout.replace(**{key: getattr(layout.memory, key) // 2})
             plan = make_plan(model, layout, cluster, assume)
