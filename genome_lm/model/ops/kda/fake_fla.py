@@ -33,9 +33,9 @@ class _FakeKernel(torch.autograd.Function):
         return None, None, *ctx.backward(grad, *ctx.saved_tensors)
 
 
-def chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=False, use_gate_in_kernel=False,
+def chunk_kda(q, k, v, g, beta, *, initial_state=None, output_final_state=False, use_gate_in_kernel=False,
               A_log=None, dt_bias=None, chunk_size=64, **kwargs):
-    """`fla.ops.kda.chunk_kda`'s contract (the arguments it does not check pass as `kwargs`)."""
+    """`fla.ops.kda.chunk_kda`'s contract, by keyword (the arguments it does not check pass as `kwargs`)."""
     B, T, H, K = q.shape
     _check("chunk_kda", k.shape == q.shape and v.shape[:3] == (B, T, H) and g.shape == (B, T, H, K)
            and beta.shape == (B, T, H), f"shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
@@ -75,7 +75,7 @@ def chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=False, us
     return o, final
 
 
-def causal_conv1d(x, weight, initial_state=None, **kwargs):
+def causal_conv1d(x, weight, *, initial_state=None, **kwargs):
     """`fla.modules.causal_conv1d.causal_conv1d`'s contract."""
     _check("causal_conv1d", x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[-1],
            f"x {tuple(x.shape)} weight {tuple(weight.shape)}")
