@@ -1,15 +1,10 @@
 """Scale-out (docs/parallel.md): context and expert parallelism and FSDP2 (here), the process layout (`mesh`)
-and launching (`launch`); applied from `genome_lm.train.parallelize`.
-
-Context parallelism: each sequence split into contiguous slabs over a CP group; every CP rank passes the
-same full [B, T] batch, and the causal LM and long-context layers take the CP path once they hold the
-group's `CPContext`. Expert parallelism: each stacked expert weight ([E, ...]) becomes a DTensor sharded on
-dim 0 over "ep" (the global shape, so weights, DCP and `model/` see [E, ...] and a run resumes on another
-ep), tokens dispatched by all-to-all (`model/ops/moe/ep.py`). FSDP2 (docs/precision.md) shards over the
-dp x cp mesh; gradients are reduced with a plain SUM of a loss the trainer normalises by the global number of
-scored tokens: the gradient of the global mean whatever the split. FSDP2 needs one original dtype per
-parameter group, so each module owning one of upstream's float32 exceptions becomes its own float32 group, and
-its other children one compute-dtype group (only with a `compute_dtype`, or a model of mixed dtypes)."""
+and launching (`launch`); applied from `genome_lm.train.parallelize`. CP: contiguous slabs of each sequence
+over a CP group, every CP rank passing the same full [B, T] batch. EP: each stacked expert weight [E, ...]
+a DTensor sharded on dim 0 over "ep" with the global shape (so DCP and `model/` see [E, ...] and a run
+resumes on another ep). FSDP2 (docs/precision.md) reduces gradients by a plain SUM of a loss normalised by
+the global count of scored tokens, and needs one original dtype per parameter group: each module owning one
+of upstream's float32 exceptions is a float32 group of its own."""
 
 from __future__ import annotations
 
@@ -82,11 +77,8 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
 
 def fp32_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, module) of each module under `root` that directly owns a parameter upstream keeps in float32."""
-    found = []
-    for name, module in root.named_modules():
-        if any(keep_fp32(f"{name}.{p}") for p, _ in module.named_parameters(recurse=False)):
-            found.append((name, module))
-    return found
+    return [(name, module) for name, module in root.named_modules()
+            if any(keep_fp32(f"{name}.{p}") for p, _ in module.named_parameters(recurse=False))]
 
 
 def to_master_dtype_(model: nn.Module) -> nn.Module:
@@ -169,7 +161,4 @@ def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float) -> torch.Te
 
 def sharded_numel(shape: torch.Size | tuple[int, ...], world: int) -> int:
     """Elements one rank holds of a parameter FSDP2 shards on dim 0 over `world` ranks (padded)."""
-    if not shape:
-        return 1
-    rows = -(-shape[0] // world)
-    return rows * math.prod(shape[1:])
+    return -(-shape[0] // world) * math.prod(shape[1:]) if shape else 1

@@ -121,8 +121,7 @@ def attempt_failure(folder: Path, world: int) -> tuple[str, int, str, str] | Non
     if not found and not started:
         return None
     for kind in ("user", "preempted"):
-        ranks = [r for r, e in sorted(found.items()) if e.get(kind)]
-        if ranks:
+        if ranks := [r for r, e in sorted(found.items()) if e.get(kind)]:
             return kind, ranks[0], found[ranks[0]]["node"], found[ranks[0]]["message"]
     if silent := sorted(set(range(world)) - set(found)):
         rank = silent[0]
@@ -201,12 +200,9 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    for key in FORWARDED_ENV:  # the driver's view, also where it unset a variable
-        value = config["env"].get(key)
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.update({k: v for k, v in config["env"].items() if v is not None})  # the driver's view,
+    for key in [k for k, v in config["env"].items() if v is None]:  # also where it unset a variable
+        os.environ.pop(key, None)
     os.environ.setdefault("RANK", str(ray.train.get_context().get_world_rank()))
     os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
     try:

@@ -100,26 +100,15 @@ class ParallelContext:
     backward_prefetch: int = 1
     owns_process_group: bool = False
 
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
+    def __post_init__(self):
+        self.distributed = self.world > 1
+        self.is_main = self.rank == 0
+        self.dp_rank, self.cp_rank = divmod(self.rank, self.cp)  # cp is the inner dimension
 
     @property
     def sharded(self) -> bool:
         """FSDP2 applies: several ranks, or one process given a 1-rank mesh."""
         return self.mesh is not None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.cp
-
-    @property
-    def cp_rank(self) -> int:
-        return self.rank % self.cp
 
     @property
     def cp_group(self):
@@ -197,7 +186,7 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, sharded: boo
     """This process's layout: in the process group a launcher prepared (elastic's environment, Ray Train's group)."""
     device = device or default_device(int(os.environ.get("LOCAL_RANK", "0")))
     backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=parallel_cfg.timeout)
-    owns = False
+    world, rank, owns = 1, 0, False  # one process, unless a launcher prepared a group
     if dist.is_available() and dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -209,8 +198,6 @@ def init_parallel(parallel_cfg, device: torch.device | None = None, sharded: boo
         store = dist.PrefixStore(f"genome_lm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         owns = True
-    else:
-        world, rank = 1, 0
     dp, cp = check_layout(parallel_cfg, world)
     if world == 1 and not sharded:
         return ParallelContext(device=device)

@@ -177,12 +177,6 @@ def state_bytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
-def export_bytes(model, dtype: torch.dtype | None) -> int:
-    """Bytes of `model/`: every parameter and buffer at its global shape, in `dtype` (None: as held)."""
-    return sum(t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() else t.element_size())
-               for t in [*model.parameters(), *model.buffers()])
-
-
 @dataclass
 class _Pending:  # a save whose files a background thread is writing
     tmp: Path
@@ -215,8 +209,7 @@ class CheckpointManager:
     def load_newest(self, model, optimizer, scheduler, data) -> tuple[int, Path]:
         """(step, path) of the newest checkpoint that loads, warning past those that fail (a truncated or
         missing file); a `GenomeLMError` (it does not fit this config) is raised as it is."""
-        ckpt_dir = self.ckpt_dir
-        found = [path for _, path in reversed(list_checkpoints(ckpt_dir))]
+        found = [path for _, path in reversed(list_checkpoints(self.ckpt_dir))]
         for i, path in enumerate(found):
             try:
                 return load_checkpoint(path, model, optimizer, scheduler, data), path
@@ -225,11 +218,11 @@ class CheckpointManager:
             except (Exception, CheckpointException) as e:  # DCP's (a BaseException), a zip or pickle error
                 why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
                 if i + 1 == len(found):
-                    raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir} loads; the newest, {found[0].name}, "
-                                        f"fails with: {why}; start a new --out") from None
+                    raise GenomeLMError(f"--resume: no checkpoint in {self.ckpt_dir} loads; the newest, "
+                                        f"{found[0].name}, fails with: {why}; start a new --out") from None
                 log.warning("--resume: %s does not load (%s); resuming from the previous checkpoint, %s",
                             path, why, found[i + 1].name)
-        raise GenomeLMError(f"--resume: no checkpoint in {ckpt_dir}")
+        raise GenomeLMError(f"--resume: no checkpoint in {self.ckpt_dir}")
 
     def save(self, step: int, model, optimizer, scheduler, data, info: dict, export_model: bool,
              export_dtype: torch.dtype | None, wait: bool = False) -> dict:
@@ -240,12 +233,8 @@ class CheckpointManager:
         if not self._room(step, state, model, export_model, export_dtype):
             return {**timings, "checkpoint_skipped": True}
         final = self.ckpt_dir / f"step_{step:08d}"
-
-        def make_tmp() -> str:  # rank 0 makes the temporary folder (collective)
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            return str(make_temp_dir(self.ckpt_dir, f".{final.name}.partial-"))
-
-        tmp = Path(self.par.on_main(make_tmp))
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(self.par.on_main(lambda: str(make_temp_dir(self.ckpt_dir, f".{final.name}.partial-"))))
         try:
             if export_model:  # model/, streamed one tensor gathered at a time (collective when sharded)
                 save_pretrained(model, tmp / "model", write=self.par.is_main, dtype=export_dtype,
@@ -307,8 +296,9 @@ class CheckpointManager:
     def _room(self, step: int, state: dict, model, export_model: bool, export_dtype) -> bool:
         """True when checkpoint `step` fits the free space; else one line, then False or GenomeLMError."""
         need = int(self.par.sum_all(state_bytes(state))[0])
-        if export_model:
-            need += export_bytes(model, export_dtype)
+        if export_model:  # model/: every parameter and buffer at its global shape, in `export_dtype` (None: as held)
+            need += sum(t.numel() * (export_dtype.itemsize if export_dtype is not None and t.is_floating_point()
+                                     else t.element_size()) for t in [*model.parameters(), *model.buffers()])
 
         def check() -> str | None:
             free = free_bytes(self.ckpt_dir)
@@ -521,8 +511,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                             f"({ckpt.resolve().parent}/step_N)") from None
     cfg = load_experiment(config_path)
     built = build(cfg.model.name, dtype=cfg.model.dtype, meta=True, **cfg.model.overrides)
-    model = built.model
-    tensors = model_tensors(model)
+    tensors = model_tensors(built.model)
     for name, tensor in tensors.items():
         meta = stored.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):
@@ -536,7 +525,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     read = [(name, shape, stored[f"model.{name}"].properties.dtype) for name, shape, _ in specs]
     loaded = ((name, t.to(tensors[name].dtype)) for name, t in _dcp_tensors(state_dir, read, max_shard_bytes))
     try:
-        write_model_dir(model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
+        write_model_dir(built.model, out, specs, loaded, overwrite=overwrite, max_shard_bytes=max_shard_bytes,
                         inputs=[ckpt], tokenizer_from=built.source)
     except (RuntimeError, ValueError, CheckpointException) as e:  # a truncated or garbled train_state file
         why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]

@@ -25,18 +25,15 @@ EXIT_HUNG = 76  # the watchdog aborted a step that did not finish in time
 
 
 class Preemption:
-    """A flag set on `signals` ("SIGTERM", ...); `agreed` turns all ranks' flags and the launcher's stop file
-    into one decision. Handlers only in the main thread (Ray Train's workers read the stop file)."""
+    """A flag set on `signals` ("SIGTERM", ...), or the launcher's stop file: `requested`. Handlers only in the
+    main thread (Ray Train's workers read the stop file)."""
 
     def __init__(self, signals: Sequence[str], worker: WorkerContext):
         self.received: str | None = None
         self.worker = worker
         self._old: dict = {}  # signal -> the handler it had
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for name in signals:
-            sig = getattr(signal, name)
-            self._old[sig] = signal.signal(sig, self._on_signal)
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._on_signal) for sig in (getattr(signal, n) for n in signals)}
 
     def _on_signal(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
@@ -47,10 +44,6 @@ class Preemption:
         stop_file = self.worker.stop_file
         launcher = stop_file is not None and stop_file.exists()
         return self.received or ("a stop request of the launcher" if launcher else None)
-
-    def agreed(self, par) -> bool:
-        """Collective at a step boundary (one small all-reduce): True on every rank when any rank wants to stop."""
-        return par.max_all(1.0 if self.requested() else 0.0) > 0
 
     def restore(self) -> None:
         for sig, old in self._old.items():

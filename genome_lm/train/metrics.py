@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,13 +18,10 @@ log = logging.getLogger(__name__)
 
 def proc_status_kb(field: str) -> int | None:
     """A field of /proc/self/status in kB (e.g. "VmRSS", "VmHWM"); None where unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     return None
 
 

@@ -51,9 +51,8 @@ class AdamW(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
-                                                           memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype)
                 state["step"] += 1
                 step = state["step"].item()
                 param, grad = _local(p), _local(p.grad)

@@ -1,11 +1,8 @@
-"""One place that turns a single-device model into the one that trains, in a fixed order (as torchtitan's
-`parallelize`): 1. the long-context classes; 2. context parallelism (cp > 1) and 3. expert parallelism
-(ep > 1); 4. recompute, with layer-input offload; 5. FSDP2 (with a mesh; a bf16 model over float32 master
-weights gathered in bf16). Out of order, 1 after 4 (with offload) or after 5, 3 or 4 after 5 raise an error
-naming the order; 2 or 3 before 1 too. Recompute is per-layer or selective (docs/train.md); an offloaded
-module parks its inputs in (pinned) host memory, and in backward takes them back, starts the copy back of the
-next module's inputs on a side stream (overlapping its own backward; the host never waits), and replays its
-forward with the same RNG state. On CPU the copy goes to a separate host buffer: the path runs everywhere."""
+"""One place that turns a single-device model into the one that trains, in the fixed order of
+docs/architecture.md ("`parallelize`: order and precision"), as torchtitan's `parallelize`; out of order raises
+an error naming it. An offloaded module parks its inputs in (pinned) host memory, and in backward takes them
+back, starts the copy back of the next module's inputs on a side stream (overlapping its own backward; the host
+never waits), and replays its forward with the same RNG state. On CPU the copy goes to a separate host buffer."""
 
 from __future__ import annotations
 

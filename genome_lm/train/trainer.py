@@ -304,15 +304,12 @@ def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
         record["offload_host_peak_bytes"] = int(par.max_all(host_bytes(reset_peak=True)[1]))
     if par.distributed:
         record["world_size"] = par.world
-    load = expert_load(run.model)
-    if load:
+    if load := expert_load(run.model):
         imb = [v["imbalance"] for v in load.values()]
         record["moe_imbalance_max"] = max(imb)
         record["moe_imbalance_mean"] = sum(imb) / len(imb)
-    if done["bias_max"] is not None:
-        record["moe_bias_max_abs"] = done["bias_max"]
-    if run.balancer.rank_imbalance is not None:
-        record["ep_rank_imbalance"] = run.balancer.rank_imbalance  # busiest expert rank / mean
+    optional = {"moe_bias_max_abs": done["bias_max"], "ep_rank_imbalance": run.balancer.rank_imbalance}
+    record.update({k: v for k, v in optional.items() if v is not None})
     return record
 
 
@@ -343,7 +340,7 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
         log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
     if dog is not None:
         dog.end(step, elapsed)
-    preempted = stop.agreed(par)
+    preempted = par.max_all(1.0 if stop.requested() else 0.0) > 0  # collective: any rank that wants to stop
     if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or preempted:
         with dog.paused() if dog is not None else contextlib.nullcontext():
             export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
