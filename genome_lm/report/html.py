@@ -75,8 +75,7 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             if (ev := next((e for e in evals if same_path(e.dir, d)), None)) is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
-        base, short, long = picked
-        return context_gain(base, short, long, compares=compares)
+        return context_gain(*picked, compares=compares)
     if (roles := find_roles(evals)) is None:
         return None
     try:
