@@ -75,7 +75,8 @@ def _context_gain(evals: list[EvalResult], compares: list[CompareResult],
             if (ev := next((e for e in evals if same_path(e.dir, d)), None)) is None:
                 evals.append(ev := load_eval(d))
             picked.append(ev)
-        return context_gain(*picked, compares=compares)
+        base, short, long = picked
+        return context_gain(base, short, long, compares=compares)
     if (roles := find_roles(evals)) is None:
         return None
     try:
