@@ -13,7 +13,7 @@ from genome_lm.errors import GenomeLMError
 from genome_lm.eval.compare import COMPARE_FILE, compare_evals, load_compare
 from genome_lm.eval.outputs import SUMMARY_FILE, load_summary
 
-METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "peak_mem_bytes")
+METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "peak_mem_bytes", "seq_tokens")
 
 
 @dataclass

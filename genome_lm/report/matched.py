@@ -5,7 +5,6 @@ or a compare directory of the same two evals given to the report."""
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
 from collections.abc import Sequence
@@ -14,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from genome_lm.errors import GenomeLMError
 from genome_lm.eval.compare import compare_evals
 from genome_lm.eval.stats import LN2
-from genome_lm.report.data import CompareResult, EvalResult, load_eval, windows_text
+from genome_lm.report.data import CompareResult, EvalResult, load_eval, load_run, windows_text
 
 ROLES = {"base": "base", "short": "short-context fine-tune", "long": "long-context fine-tune"}
 PAIRS = (("short", "base", "more training"), ("long", "base", "training + context"), ("long", "short", "context"))
@@ -48,23 +48,22 @@ class ContextGain:
 
 def training_of(ev: EvalResult) -> Training | None:
     """The run whose checkpoint `ev` scored (RUN/checkpoints/X -> RUN), if its files are there."""
-    ckpt = Path(ev.summary.get("checkpoint", {}).get("path") or "")
-    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
-    if run is None or not (run / "metrics.jsonl").is_file() or not (run / "config.yaml").is_file():
-        return None
     import yaml
 
+    ckpt = Path(ev.summary.get("checkpoint", {}).get("path") or "")
+    run = ckpt.parent.parent
+    if ckpt.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
+        return None
     try:
         cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, ValueError, yaml.YAMLError):
+        c = load_run(run).columns
+    except (OSError, ValueError, GenomeLMError, yaml.YAMLError):
         return None
-    per_step = [r["tokens"] for r in rows if r.get("tokens")]
-    if not rows or not per_step:
+    per_step, trained = c["tokens"][c["tokens"] > 0], c["seq_tokens"][c["seq_tokens"] > 0]
+    if not per_step.size:
         return None
-    trained = [r["seq_tokens"] for r in rows if r.get("seq_tokens")]
-    seq_len = max(trained) if trained else int(cfg.get("data", {}).get("seq_len", 0))
-    return Training(run=run, steps=int(rows[-1]["step"]), tokens_per_step=int(np.median(per_step)),
+    seq_len = trained.max() if trained.size else cfg.get("data", {}).get("seq_len", 0)
+    return Training(run=run, steps=int(c["step"][-1]), tokens_per_step=int(np.median(per_step)),
                     seq_len=int(seq_len), init=cfg.get("model", {}).get("init"))
 
 

@@ -1,7 +1,7 @@
 """`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length.
 
 Each region not yet done, each strand, streams through the model in chunks of --chunk tokens, its rows and
-embeddings written as they come. `--nproc N | --ray`: `launch` runs `score` in every process of a `Job`.
+embeddings written as they come. `--nproc N | --ray`: `sharded.launch` runs `score` in every process of a `Job`.
 
 What it writes, incrementally, and how a killed score resumes (the files: docs/score.md): everything goes
 into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs) and is moved into a new
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from genome_lm.errors import GenomeLMError
-from genome_lm.outputs import atomic_directory, atomic_file, claim_output, write_json_atomic
+from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
 from genome_lm.score.params import STRANDS, ScoreParams
 
 log = logging.getLogger(__name__)
@@ -223,8 +223,7 @@ def open_work(out: Path, key: dict) -> tuple[Path, set[int]]:
     else:
         shutil.rmtree(work, ignore_errors=True)
         (work / "done").mkdir(parents=True)
-        with atomic_file(work / "key.json", "w") as f:
-            f.write(json.dumps(key, indent=1))
+        write_json_atomic(work / "key.json", key, indent=1)
     (work / "logp").mkdir(exist_ok=True)
     (work / "embeddings").mkdir(exist_ok=True)
     return work, {int(p.name) for p in (work / "done").iterdir()}
@@ -290,18 +289,16 @@ def worker(params: dict, device=None, worker=None) -> dict:
     return score(ScoreParams(**params), device=device)
 
 
-def launch(p: ScoreParams, nproc: int | None, ray: str | None | bool = None) -> dict:
-    """`score(p)` on every process of a `sharded.launch`; returns the summary rank 0 wrote."""
+def score_command(p: ScoreParams, run) -> str:
+    """`genome-lm score`: one process, or `score(p)` on every process of a `sharded.launch` (--nproc, --ray)."""
     from genome_lm.eval import sharded
 
-    sharded.launch(p, "score", worker, check_inputs, lambda out: f"Regions scored so far are kept in "
-                   f"{work_dir_for(out)}; rerun the same command to continue", nproc, ray)
-    return json.loads((Path(p.out) / "summary.json").read_text())
-
-
-def score_command(p: ScoreParams, run) -> str:
-    """`genome-lm score`: `run` its Workers (--nproc, --ray)."""
-    s = launch(p, run.nproc, ray=run.ray) if run.ray is not None or (run.nproc or 1) > 1 else score(p)
+    if run.ray is None and (run.nproc or 1) <= 1:
+        s = score(p)
+    else:
+        sharded.launch(p, "score", worker, check_inputs, lambda out: f"Regions scored so far are kept in "
+                       f"{work_dir_for(out)}; rerun the same command to continue", run.nproc, run.ray)
+        s = json.loads((Path(p.out) / "summary.json").read_text())
     return (f"score: {s['regions']} region(s), {s['bases']:,} bases x {len(s['strands'])} strand(s) -> {p.out}"
             + (f"; longer than the trained context ({s['trained_context']:,}): {', '.join(s['longer_than_trained'])}"
                if s["longer_than_trained"] else ""))

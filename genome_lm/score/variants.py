@@ -114,17 +114,6 @@ def _table(rows: list[dict], both: bool):
     return pa.Table.from_pylist(rows, schema=schema)  # per-base log-probs: float32 [n] arrays from the engine
 
 
-def _metrics(table, contexts: list[int], p: VariantsParams) -> dict | None:
-    """summary.json's "metrics" from the labelled rows (strand 'both' when scored, else '+'), or None."""
-    strand = "both" if p.strands == "both" else "+"
-    df = table.select(["context", "strand", "score", "label"]).to_pandas()
-    df = df[(df.strand == strand) & df.label.notna()]
-    if df.empty:
-        return None
-    scores = {c: df[df.context == c].score.to_numpy() for c in contexts}
-    return metrics(scores, df[df.context == contexts[0]].label.to_numpy(), strand, p.resamples, p.seed)
-
-
 def run_variants(p: VariantsParams, show_progress: bool | None = None) -> dict:
     """Score every variant of `p.vcf` at each of `p.contexts`; write OUT/variants.parquet and OUT/summary.json;
     return the summary."""
@@ -134,20 +123,19 @@ def run_variants(p: VariantsParams, show_progress: bool | None = None) -> dict:
     from genome_lm.eval.config import resolve_dtype
     from genome_lm.eval.run import checkpoint_record
     from genome_lm.model import build, token_lut
-    from genome_lm.train.checkpoint import resolve_model_dir
 
     t0 = time.perf_counter()
     p = p.model_copy(update={"contexts": sorted(set(p.contexts))})
     inputs = [p.checkpoint, p.fasta, p.vcf, *([p.labels_tsv] if p.labels_tsv else [])]
     claim_output(p.out, "variants", inputs, p.overwrite)
     variants, counts, ref = _inputs(p)
-    model_dir = resolve_model_dir(p.checkpoint)
+    ckpt = checkpoint_record(p.checkpoint)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(model_dir, dtype=resolve_dtype(p.dtype, device), device=device).model.eval()
-    lut = token_lut(VOCAB, model_dir)
+    model = build(ckpt["model_dir"], dtype=resolve_dtype(p.dtype, device), device=device).model.eval()
+    lut = token_lut(VOCAB, ckpt["model_dir"])
     strands = STRANDS[p.strands]
     log.info("variants: %d variants x %d contexts x %d strands, %s", len(variants), len(p.contexts), len(strands),
-             model_dir)
+             ckpt["model_dir"])
     rows: list[dict] = []
     t_score = time.perf_counter()
     with progress(len(variants) * len(p.contexts) * len(strands), desc=f"variants {Path(p.out).name}",
@@ -157,10 +145,15 @@ def run_variants(p: VariantsParams, show_progress: bool | None = None) -> dict:
                 rows += _score(model, lut, ref, variants, L, strand, p, bar)
     scored = len(rows) / max(time.perf_counter() - t_score, 1e-9)  # variant x context x strand per second
     table = _table(rows, p.strands == "both")
-    summary = {"command": "variants", "checkpoint": checkpoint_record(p.checkpoint),
+    strand = "both" if p.strands == "both" else "+"  # the labelled rows of this strand give the metrics
+    df = table.select(["context", "strand", "score", "label"]).to_pandas()
+    df = df[(df.strand == strand) & df.label.notna()]
+    found = None if df.empty else metrics({c: df[df.context == c].score.to_numpy() for c in p.contexts},
+                                          df[df.context == p.contexts[0]].label.to_numpy(), strand, p.resamples, p.seed)
+    summary = {"command": "variants", "checkpoint": ckpt,
                "reference": {"path": ref.path, "sha256": ref.sha256}, "contexts": p.contexts, "after": p.after,
                "strands": strands + (["both"] if p.strands == "both" else []), "variants": counts,
-               "metrics": _metrics(table, p.contexts, p), "resamples": p.resamples, "seed": p.seed,
+               "metrics": found, "resamples": p.resamples, "seed": p.seed,
                "seconds": round(time.perf_counter() - t0, 2), "variants_per_second": round(scored, 3)}
     with atomic_directory(p.out, "variants", inputs, p.overwrite) as tmp:
         pq.write_table(table, tmp / "variants.parquet")
