@@ -200,9 +200,11 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    os.environ.update({k: v for k, v in config["env"].items() if v is not None})  # the driver's view,
-    for key in [k for k, v in config["env"].items() if v is None]:  # also where it unset a variable
-        os.environ.pop(key, None)
+    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     os.environ.setdefault("RANK", str(ray.train.get_context().get_world_rank()))
     os.environ.setdefault("WORLD_SIZE", str(ray.train.get_context().get_world_size()))
     try:
