@@ -137,12 +137,11 @@ def summary_section(parts: list[tuple[np.ndarray, np.ndarray, int]], lengths: li
                     targets: int | None, n_windows: int, engine: str, resamples: int, seed: int) -> dict:
     """summary.json's `context_ablation` from the ablated windows' `window_parts`."""
     sums, counts = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])  # [W, 1 + 2 S, n_L], [W, 1 + 2 S]
-    each = [p[2] for p in parts]
 
     def part(i: int) -> dict:
         return table(sums[:, i], counts[:, i], lengths, resamples, seed)
 
-    out = {"targets_per_window": each[0] if len(set(each)) == 1 else None,
+    out = {"targets_per_window": parts[0][2] if len({p[2] for p in parts}) == 1 else None,
            "targets": f"the last {targets} tokens of each window" if targets else
            f"the last length // {TARGET_FRACTION} tokens of each window",
            "lengths": list(lengths), "n_windows": len(parts), "windows_left_out": n_windows - len(parts),
@@ -175,8 +174,7 @@ def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
         if found is None:
             raise GenomeLMError(f"{a}: window {ra['window']} of {ABLATION_FILE} is not in tokens.parquet; "
                                 "evaluate again into an empty --out")
-        wa, wb = found
-        rec = merged_strata(wa, wb)
+        rec = merged_strata(*found)
         strata = strata_of(rec) if strata is None else strata
         xa, xb = ra["nll"][ja], rb["nll"][jb]  # [n_C, n]
         t0, lost = ra["target_start"], np.isnan(xa).any(axis=0) | np.isnan(xb).any(axis=0)

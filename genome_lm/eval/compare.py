@@ -43,9 +43,9 @@ COMPARE_FILE = "compare.json"
 MIN_SHARE_FOR_HEADLINE = 0.01  # a bucket needs >= 1% of the tokens to be named as where the gain is
 
 
-def _same_windows(a: Path, b: Path, orientation: str = "forward") -> dict:
-    """`read_meta(a, orientation)`, after checking that `b` scored the same windows."""
-    ma, mb = read_meta(a, orientation), read_meta(b, orientation)
+def _same_windows(a: Path, b: Path) -> dict:
+    """`read_meta(a)`, after checking that `b` scored the same windows."""
+    ma, mb = read_meta(a), read_meta(b)
     keys, n = ("chrom", "start", "end", "strand"), min(len(ma["window"]), len(mb["window"]))
     i = next((i for i in range(n) if any(ma[k][i] != mb[k][i] for k in keys)), n)  # the first that differs
     if i < max(len(ma["window"]), len(mb["window"])):
@@ -142,13 +142,11 @@ def _concentration(table: dict) -> dict:
             "largest_share_of_gain": {k: top[k] for k in keep} if top else None}
 
 
-def _compare_strands(pairs, summaries, fwd, fwd_tables, seq_len, edges, resamples, seed) -> dict:
+def _compare_strands(pairs, summaries, fwd, fwd_tables, W, seq_len, edges, resamples, seed) -> dict:
     """compare.json's `strands`; `{"absent": why}` unless every eval of `pairs` has both strands."""
     lacking = [d for pair, sums in zip(pairs, summaries) for d, s in zip(pair, sums) if "strands" not in s]
     if lacking:
         return {"absent": f"{lacking[0]} scored one strand only (eval --strands both)"}
-    a0, b0 = pairs[0]
-    W = len(_same_windows(a0, b0, "reverse")["window"])
     rev = _pooled([paired_stats(a, b, W, seq_len, edges, "reverse") for a, b in pairs])
     avg = (fwd[0], fwd[1] + rev[1], fwd[2] + rev[2])
     out = {"forward": fwd_tables, "reverse": paired_tables(*rev, edges, resamples, seed),
@@ -239,7 +237,7 @@ def compare_evals(a: str | Path | list, b: str | Path | list, resamples: int = D
         "bootstrap": {"unit": "window", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95},
     }
     if any("strands" in s for pair in summaries for s in pair):
-        result["strands"] = _compare_strands(pairs, summaries, fwd, tables, seq_len, edges, resamples, seed)
+        result["strands"] = _compare_strands(pairs, summaries, fwd, tables, W, seq_len, edges, resamples, seed)
     ablation = None
     if any(s.get("context_ablation") for pair in summaries for s in pair):
         per_abl = [ablation_sums(x, y, (sx.get("context_ablation") or {}).get("lengths", []),
@@ -267,8 +265,7 @@ def _pooled_ablation(per_pair: list):
                 or not np.array_equal(xn, n):
             raise GenomeLMError("the replicates' context ablations differ (lengths, targets or strata); evaluate "
                                 "every replicate with the same --context, --ablation-targets, windows and --annotate")
-    mean = lambda j: np.mean([p[j] for p in per_pair], axis=0)  # noqa: E731
-    return common, strata, mean(2), mean(3), n
+    return common, strata, *(np.mean([p[j] for p in per_pair], axis=0) for j in (2, 3)), n
 
 
 def check_sides(A: list[Path], B: list[Path]) -> None:

@@ -40,10 +40,10 @@ class RowWriter(pq.ParquetWriter):
 
 
 class TokensWriter(RowWriter):
-    """Writes `tokens.parquet` one window (row group) at a time."""
+    """Writes `tokens.parquet` one window (row group) at a time: SCHEMA plus the optional columns; the
+    annotation NAMEs go in the schema metadata."""
 
     def __init__(self, path: Path, leakage: bool = False, annotations: Sequence[str] = (), strands: bool = False):
-        """SCHEMA plus the optional columns; the annotation NAMEs go in the schema metadata."""
         optional = [("leakage_mask", leakage, pa.list_(pa.uint8())),
                     ("annotation_masks", annotations, pa.list_(pa.list_(pa.uint8()))),
                     ("reverse_complement", strands, pa.bool_())]
@@ -85,20 +85,15 @@ def readable(path: Path, command: str) -> Iterator[None]:
                             "--overwrite") from None
 
 
-def read_meta(eval_dir: str | Path, orientation: str | None = None) -> dict[str, np.ndarray]:
-    """The window columns (window, chrom, start, end, strand) as numpy arrays [W], plus `length` and
-    `rc` (bool: the row scored a reverse complement); `orientation` as in `iter_windows`."""
+def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
+    """The window columns (window, chrom, start, end, strand) of the forward rows (not the reverse
+    complements of --strands both) as numpy arrays [W], plus `length`."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
-        has_rc = "reverse_complement" in pq.read_schema(path).names
-        table = pq.read_table(path, columns=META_COLUMNS + (["reverse_complement"] if has_rc else []),
+        rc = "reverse_complement" in pq.read_schema(path).names
+        table = pq.read_table(path, columns=META_COLUMNS, filters=[("reverse_complement", "=", False)] if rc else None,
                               page_checksum_verification=True)
     meta = {c: table.column(c).to_numpy(zero_copy_only=False) for c in META_COLUMNS}
-    meta["rc"] = (table.column("reverse_complement").to_numpy(zero_copy_only=False).astype(bool) if has_rc
-                  else np.zeros(table.num_rows, dtype=bool))
-    if orientation is not None:
-        keep = meta["rc"] == (orientation == "reverse")
-        meta = {k: v[keep] for k, v in meta.items()}
     meta["length"] = meta["end"] - meta["start"]
     return meta
 

@@ -66,8 +66,7 @@ def check_inputs(cfg: EvalConfig) -> list:
     if not Path(cfg.checkpoint).exists():
         raise GenomeLMError(f"--checkpoint {cfg.checkpoint} does not exist; point it to a run's checkpoints/last "
                             "or a model directory")
-    manifest, ds = _inputs(cfg)
-    lengths = window_lengths(ds, cfg.max_windows, cfg.window_pick)
+    manifest, _, _, lengths = scored_windows(cfg)
     if cfg.seq_len and cfg.seq_len > lengths.max():
         whole = lengths.max() < int(manifest["parameters"].get("seq_len", 0))  # windows cut short by their contigs
         log.warning("--seq-len %d is longer than every window scored (at most %d tokens): each is scored whole, so no "
@@ -103,16 +102,19 @@ def eval_inputs(cfg: EvalConfig) -> list[Path]:
     return [Path(cfg.checkpoint), *([Path(cfg.shards)] if cfg.shards else []), *beds]
 
 
-def _inputs(cfg: EvalConfig) -> tuple[dict, Any]:
-    """The shard directory's manifest and the split to score (a `datasets.Dataset`)."""
+def scored_windows(cfg: EvalConfig) -> tuple[dict, Any, np.ndarray, np.ndarray]:
+    """The shard directory's manifest, the split to score (a `datasets.Dataset`), and the rows [W] of it that
+    the eval scores (`window_indices`) with their tokens [W]."""
     from genome_lm.genome.shards import load_manifest, load_shards
 
     assert cfg.shards is not None, "every caller refuses an eval without --shards first"
     manifest = load_manifest(cfg.shards)
-    ds = load_shards(cfg.shards, cfg.split)
-    if len(ds) == 0:
+    split = load_shards(cfg.shards, cfg.split)
+    if len(split) == 0:
         raise GenomeLMError(f"{cfg.shards}/{cfg.split} has no windows to score")
-    return manifest, ds
+    rows = window_indices(len(split), cfg.max_windows, cfg.window_pick)
+    ends = split.select_columns(["start", "end"]).select(rows)
+    return manifest, split, rows, (np.asarray(ends["end"]) - np.asarray(ends["start"])).astype(np.int64)
 
 
 def window_indices(n_split: int, max_windows: int | None, pick: Literal["first", "spread"] = "first") -> np.ndarray:
@@ -123,12 +125,6 @@ def window_indices(n_split: int, max_windows: int | None, pick: Literal["first",
     if pick == "spread" and n < n_split:
         return ((np.arange(n) + 0.5) * n_split / n).astype(np.int64)  # stretches of >= 1 row: strictly increasing
     return np.arange(n, dtype=np.int64)
-
-
-def window_lengths(ds, max_windows: int | None, pick: Literal["first", "spread"] = "first") -> np.ndarray:
-    """Tokens [W] of the windows an eval scores (`window_indices`)."""
-    rows = ds.select_columns(["start", "end"]).select(window_indices(len(ds), max_windows, pick))
-    return (np.asarray(rows["end"]) - np.asarray(rows["start"])).astype(np.int64)
 
 
 def evaluate(cfg: EvalConfig, show_progress: bool | None = None, device: torch.device | str | None = None,
@@ -162,11 +158,9 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
     par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
     assert cfg.out is not None, "check_inputs refuses an eval without --out, on every rank (on_main)"
     out = Path(cfg.out)
-    manifest, split = _inputs(cfg)
+    manifest, split, rows, lengths = scored_windows(cfg)  # rows [W]: the split's rows scored
     ckpt = par.on_main(lambda: checkpoint_record(cfg.checkpoint))
-    rows = window_indices(len(split), cfg.max_windows, cfg.window_pick)  # [W] the split's rows scored
     ds, n = split.select(rows), len(rows)  # window i of this eval = row rows[i] of the split
-    lengths = (np.asarray(ds["end"]) - np.asarray(ds["start"])).astype(np.int64)
     seq_len = int(cfg.seq_len or lengths.max())
     edges = bucket_edges(cfg.buckets, max_context=int(min(seq_len, lengths.max())) - 1)
     engines = [cfg.engine] + [e for e in ENGINES if cfg.parity and e != cfg.engine]  # --parity: both

@@ -342,8 +342,6 @@ class Agreement:
 
 def strand_tables(fwd: StrataAccumulator, rev: StrataAccumulator, agreement: Agreement,
                   resamples: int, seed: int) -> dict:
-    def tables(acc):
-        return summarize(acc.sums, acc.counts, acc.ctx, acc.edges, resamples, seed, strata=acc.strata)
-
-    return {"forward": tables(fwd), "reverse": tables(rev), "average": tables(fwd + rev),
+    return {**{k: summarize(a.sums, a.counts, a.ctx, a.edges, resamples, seed, strata=a.strata)
+               for k, a in (("forward", fwd), ("reverse", rev), ("average", fwd + rev))},
             "agreement": agreement.result(resamples, seed)}

@@ -24,8 +24,7 @@ def absent_lines(result: dict) -> list[str]:
 def format_summary(summary: dict, out: str | None = None) -> str:
     """An eval's summary as text."""
     o = summary["overall"]
-    head = f"{out}: " if out else ""
-    lines = [f"{head}{o['n_tokens']:,} tokens, mean NLL {_num(o['mean_nll'], '.4f')} nats/token = "
+    lines = [f"{f'{out}: ' if out else ''}{o['n_tokens']:,} tokens, mean NLL {_num(o['mean_nll'], '.4f')} nats/token = "
              f"{_num(o['bits_per_base'], '.4f')} bits/base ("
              + ("no 95% CI: it needs at least 2 windows" if o["ci_low"] is None or o["ci_high"] is None
                 else f"95% CI {o['ci_low']:.4f}-{o['ci_high']:.4f} nats") + ")"]

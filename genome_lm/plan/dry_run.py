@@ -174,12 +174,12 @@ def _windows(cfg, source: str) -> tuple[np.ndarray, str]:
             raise GenomeLMError("--dry-run without --shards plans one window of --seq-len tokens; give it, "
                                 "e.g. --seq-len 1M")
         return np.array([cfg.seq_len], dtype=np.int64), "--seq-len, no --shards"
-    from genome_lm.eval.run import _inputs, window_lengths
+    from genome_lm.eval.run import scored_windows
     from genome_lm.model import token_map
 
-    manifest, ds = _inputs(cfg)
+    manifest, _, _, lengths = scored_windows(cfg)
     token_map(manifest["vocab"], source)
-    return window_lengths(ds, cfg.max_windows, cfg.window_pick), f"{cfg.shards}/{cfg.split}"
+    return lengths, f"{cfg.shards}/{cfg.split}"
 
 
 def eval_dry_run(cfg, world: int | None = None) -> None:
