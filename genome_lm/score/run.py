@@ -223,7 +223,7 @@ def open_work(out: Path, key: dict) -> tuple[Path, set[int]]:
     else:
         shutil.rmtree(work, ignore_errors=True)
         (work / "done").mkdir(parents=True)
-        write_json_atomic(work / "key.json", key, indent=1)
+        write_json_atomic(work / "key.json", key)
     (work / "logp").mkdir(exist_ok=True)
     (work / "embeddings").mkdir(exist_ok=True)
     return work, {int(p.name) for p in (work / "done").iterdir()}
