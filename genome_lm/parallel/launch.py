@@ -200,7 +200,8 @@ def _ray_worker(config: dict) -> None:
     import ray.train.torch
 
     os.chdir(config["cwd"])
-    for key, value in config["env"].items():  # the driver's view, also where it unset a variable
+    for key in FORWARDED_ENV:  # the driver's view, also where it unset a variable
+        value = config["env"].get(key)
         if value is None:
             os.environ.pop(key, None)
         else:

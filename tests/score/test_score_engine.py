@@ -90,7 +90,7 @@ def test_not_carrying_the_dsa_cache_breaks_it(monkeypatch):
 
     def forgetful(self, input_ids):
         hidden = step(self, input_ids)
-        fresh = StreamingCache(self.model.config, self.total_len)
+        fresh = StreamingCache(self.model.config, self.cache.total_len)
         for i, kind in enumerate(self.model.config.layer_types):
             if kind != "linear_attention":
                 self.cache.layers[i] = fresh.layers[i]
