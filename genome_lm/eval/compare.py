@@ -265,7 +265,8 @@ def _pooled_ablation(per_pair: list):
                 or not np.array_equal(xn, n):
             raise GenomeLMError("the replicates' context ablations differ (lengths, targets or strata); evaluate "
                                 "every replicate with the same --context, --ablation-targets, windows and --annotate")
-    return common, strata, *(np.mean([p[j] for p in per_pair], axis=0) for j in (2, 3)), n
+    means = [np.mean([p[j] for p in per_pair], axis=0) for j in (2, 3)]  # over the replicate pairs
+    return common, strata, *means, n
 
 
 def check_sides(A: list[Path], B: list[Path]) -> None:

@@ -39,7 +39,11 @@ def _context_axis(ax) -> None:
 
 
 def _tokens(v: float) -> str:
-    return next((f"{v / m:g}{unit}" for unit, m in (("M", 2**20), ("k", 2**10)) if v >= m), f"{v:g}")
+    if v >= 2**20:
+        return f"{v / 2**20:g}M"
+    if v >= 2**10:
+        return f"{v / 2**10:g}k"
+    return f"{v:g}"
 
 
 def _nats_axis(ax) -> None:
