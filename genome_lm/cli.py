@@ -25,7 +25,7 @@ from pydantic.config import JsonDict
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
 from genome_lm.outputs import check_out_path, holding, release_all
-from genome_lm.sizes import Size
+from genome_lm.sizes import DEFAULT_MAX_SHARD_BYTES, Size
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -90,19 +90,12 @@ class SynthOutput(Params):
     overwrite: bool = False
 
 
-def _writer_shard_bytes() -> int:
-    """The model writer's largest file (read when an export runs: the writer imports torch)."""
-    from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES
-
-    return DEFAULT_MAX_SHARD_BYTES
-
-
 class ExportParams(Params):
     checkpoint: str = Field(json_schema_extra=POSITIONAL, description="RUN/checkpoints/step_N or RUN/checkpoints/last")
     out: str = Field(description="model directory to write")
     overwrite: bool = Field(default=False, description="replace --out if it exists")
-    max_shard_size: Size = Field(default_factory=_writer_shard_bytes, description="largest safetensors file, e.g. 5G, "
-                                 "512M (default: the size of the model/ that checkpoints hold)")
+    max_shard_size: Size = Field(default=DEFAULT_MAX_SHARD_BYTES, description="largest safetensors file, e.g. 512M; "
+                                 "checkpoints' model/ directories use the default")
 
 
 class CompareParams(Params):

@@ -10,6 +10,7 @@ from pydantic import BeforeValidator, Field
 
 from genome_lm.errors import GenomeLMError
 
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30  # the largest safetensors file of a model directory genome_lm writes
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 

@@ -12,10 +12,10 @@ from genome_lm.eval import ablation, scoring, stats
 from genome_lm.eval.compare import compare_evals
 from genome_lm.eval.config import EvalConfig
 from genome_lm.model.streaming import score_streaming
-from genome_lm.model.weights.writer import DEFAULT_MAX_SHARD_BYTES
 from genome_lm.plan.command import PlanParams, build
 from genome_lm.plan.planner import make_plan
 from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
+from genome_lm.sizes import DEFAULT_MAX_SHARD_BYTES
 from genome_lm.train.checkpoint import export_checkpoint
 
 EXP_1M = "experiments/glm53flash_1m_64xb200.yaml"

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.weights.layout import TensorSpec, cast_dtype, cast_tensor, model_tensors, to_disk_layout
 from genome_lm.outputs import atomic_directory, umask
+from genome_lm.sizes import DEFAULT_MAX_SHARD_BYTES
 
 if TYPE_CHECKING:
     from genome_lm.model.causal_lm import Glm5NextCausalLM
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 Item = TypeVar("Item")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
 def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes: int) -> Iterator[list[Item]]:
