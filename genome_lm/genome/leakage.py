@@ -76,8 +76,7 @@ class KmerIndex:
 
     def add(self, codes: np.ndarray, name: str = "") -> None:
         """Add the valid canonical k-mers of one chromosome (uint8 [T])."""
-        if self.finalized:
-            raise RuntimeError("KmerIndex.add after finalize")
+        assert not self.finalized, "KmerIndex.add after finalize"
         t0, n = time.perf_counter(), max(0, len(codes) - self.k + 1)
         w = len(self.codes)
         self.codes.resize(w + n, refcheck=False)  # realloc: grows in place (mremap), no second copy
@@ -106,8 +105,7 @@ class KmerIndex:
 
     def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
         """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
-        if not self.finalized:
-            raise RuntimeError("KmerIndex: call finalize() after the last add()")
+        assert self.finalized, "KmerIndex: call finalize() after the last add()"
         t0 = time.perf_counter()
         hits = np.zeros(max(0, len(codes) - self.k + 1), dtype=bool)  # [i]: the k-mer at i is valid and indexed
         for i0, i1 in _chunks(len(hits), f"leakage mask {name}", self.show_progress):

@@ -1,7 +1,5 @@
-"""The parameters of the genome commands, light to import (pydantic only: `genome-lm CMD --help` builds its
-flags from this module): `PrepareParams` and `chrom_match_key`, how chromosome names match; `SynthParams`,
-what shapes the synthetic genome (`synth.py`), its records (`ChromSpec`) and `make_params`, the checked way
-to override its fields (lengths are bases at scale 1.0); `FetchParams`."""
+"""The parameters of `genome-lm prepare`, `synth` and `fetch`, light to import (pydantic only: `genome-lm CMD
+--help` builds its flags from this module). `SynthParams` lengths are bases at scale 1.0."""
 
 from __future__ import annotations
 

@@ -48,7 +48,6 @@ class RepeatCopy:
 def random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
     """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
     r = rng.random(n)
-    gc = np.broadcast_to(np.asarray(gc, dtype=np.float64), (n,))
     at_cut = gc + (1.0 - gc) / 2
     idx = (r >= gc / 2).astype(np.uint8) + (r >= gc) + (r >= at_cut)  # 0 C, 1 G, 2 A, 3 T
     return np.array([1, 2, 0, 3], dtype=np.uint8)[idx]
