@@ -274,11 +274,9 @@ def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: i
         cum = np.cumsum(rows(rng), axis=1)
         cum[:, 3] = 1.0  # no draw falls past the last base through rounding
         table = cum.tolist()
-        u = rng.random(m).tolist()
         seg = [0] * m
-        for i in range(m):
-            b = bisect.bisect_right(table[state], u[i])
-            seg[i] = b
+        for i, u in enumerate(rng.random(m).tolist()):
+            seg[i] = b = bisect.bisect_right(table[state], u)
             state = ((state << 2) | b) & mask
         out[pos : pos + m] = seg
         pos += m
