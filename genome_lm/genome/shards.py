@@ -78,10 +78,9 @@ class SplitWriter:
         self._writer: Any = None
         self._batch: list[tuple] = []
         self._batch_tokens = 0
-        # Arrow writes release the GIL: one batch is written on a helper thread while the
-        # next window is being cut. At most one batch is in flight.
+        # Arrow writes release the GIL: a batch is written on a helper thread while the next window is cut
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-writer")
-        self._pending = self._pool.submit(lambda: None)  # the batch being written
+        self._pending = self._pool.submit(lambda: None)  # the batch being written (at most one)
 
     def open_shard(self) -> None:
         self.close_shard()
