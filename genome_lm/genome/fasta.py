@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
@@ -61,12 +61,11 @@ class _HashingReader:
         self._sha = hashlib.sha256()
         self._progress = progress
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-        self._pending: Future | None = None
+        self._pending = self._pool.submit(lambda: None)  # the block being hashed
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
-        if self._pending is not None:
-            self._pending.result()  # at most one block in flight
+        self._pending.result()  # at most one block in flight
         self._pending = self._pool.submit(self._sha.update, data)
         self._progress(len(data))
         return data
@@ -74,7 +73,6 @@ class _HashingReader:
     def hexdigest(self) -> str:
         while self.read(BLOCK_BYTES):
             pass
-        assert self._pending is not None  # every read hands its data to the hashing thread
         self._pending.result()
         return self._sha.hexdigest()
 
@@ -180,10 +178,9 @@ class FastaReader:
                 else:  # sequence up to the next '>' (a '>' inside a line: an invalid character)
                     idx = block.find(b">", pos + 1)  # headers are rare: one memchr per block
                     end = n if idx < 0 else idx
-                    seg = block if (pos == 0 and end == n) else block[pos:end]
-                    if buf is not None:
-                        buf += _codes(self.path, name, seg, len(buf))
-                    elif not names and seg.strip():
+                    if buf is not None:  # (a slice of the whole block is the block itself: no copy)
+                        buf += _codes(self.path, name, block[pos:end], len(buf))
+                    elif not names and block[pos:end].strip():
                         raise GenomeLMError(f"{self.path} is not a FASTA file: sequence data before the first '>' "
                                             "header")
                     at_line_start, pos = block[end - 1] == 0x0A, end

@@ -53,8 +53,7 @@ def canonical_kmers(codes: np.ndarray, k: int, start: int, stop: int) -> tuple[n
     return np.minimum(fwd, rev), valid
 
 
-def _chunks(n: int, desc: str, show_progress: bool | None):
-    disable = None if show_progress is None else not show_progress  # None: only on a TTY
+def _chunks(n: int, desc: str, disable: bool | None):
     with tqdm(total=n, unit="bp", unit_scale=True, desc=desc, disable=disable, leave=False) as bar:
         for i0 in range(0, n, CHUNK):
             i1 = min(n, i0 + CHUNK)
@@ -68,7 +67,7 @@ class KmerIndex:
 
     def __init__(self, k: int, show_progress: bool | None = None):
         self.k = k  # 1..params.MAX_K (`PrepareParams` checks --leakage-k)
-        self.show_progress = show_progress
+        self.disable = None if show_progress is None else not show_progress  # the bars'; None: only on a TTY
         self.codes = np.empty(0, dtype=np.uint64)
         self.added = 0  # valid k-mers added (with repeats)
         self.sources: list[str] = []
@@ -76,12 +75,11 @@ class KmerIndex:
 
     def add(self, codes: np.ndarray, name: str = "") -> None:
         """Add the valid canonical k-mers of one chromosome (uint8 [T])."""
-        if self.finalized:
-            raise RuntimeError("KmerIndex.add after finalize")
+        assert not self.finalized, "KmerIndex.add after finalize"
         t0, n = time.perf_counter(), max(0, len(codes) - self.k + 1)
         w = len(self.codes)
         self.codes.resize(w + n, refcheck=False)  # realloc: grows in place (mremap), no second copy
-        for i0, i1 in _chunks(n, f"leakage index {name}", self.show_progress):
+        for i0, i1 in _chunks(n, f"leakage index {name}", self.disable):
             canon, valid = canonical_kmers(codes, self.k, i0, i1)
             kept = canon[valid]
             self.codes[w : w + len(kept)] = kept
@@ -106,11 +104,10 @@ class KmerIndex:
 
     def mask(self, codes: np.ndarray, name: str = "") -> np.ndarray:
         """bool [T]: position p is covered by a k-mer [i, i + k) in the index (i <= p < i + k)."""
-        if not self.finalized:
-            raise RuntimeError("KmerIndex: call finalize() after the last add()")
+        assert self.finalized, "KmerIndex: call finalize() after the last add()"
         t0 = time.perf_counter()
         hits = np.zeros(max(0, len(codes) - self.k + 1), dtype=bool)  # [i]: the k-mer at i is valid and indexed
-        for i0, i1 in _chunks(len(hits), f"leakage mask {name}", self.show_progress):
+        for i0, i1 in _chunks(len(hits), f"leakage mask {name}", self.disable):
             canon, valid = canonical_kmers(codes, self.k, i0, i1)
             if len(self.codes):
                 pos = np.flatnonzero(valid)

@@ -1,7 +1,5 @@
-"""The parameters of the genome commands, light to import (pydantic only: `genome-lm CMD --help` builds its
-flags from this module): `PrepareParams` and `chrom_match_key`, how chromosome names match; `SynthParams`,
-what shapes the synthetic genome (`synth.py`), its records (`ChromSpec`) and `make_params`, the checked way
-to override its fields (lengths are bases at scale 1.0); `FetchParams`."""
+"""The parameters of `genome-lm prepare`, `synth` and `fetch`, light to import (pydantic only: `genome-lm CMD
+--help` builds its flags from this module). `SynthParams` lengths are bases at scale 1.0."""
 
 from __future__ import annotations
 
@@ -46,13 +44,12 @@ class PrepareParams(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.leakage_k:
-            if not 1 <= self.leakage_k <= MAX_K:
-                raise ValueError(f"--leakage-k must lie in 1..{MAX_K} (K-mers are packed 2 bits per base into 64 "
-                                 f"bits; 32 is the usual choice), or 0 for off (got {self.leakage_k})")
-            if not self.train_chroms or not self.eval_chroms:
-                raise ValueError("--leakage-k marks eval tokens found in the training chromosomes: it needs both "
-                                 "--train-chroms and --eval-chroms")
+        if self.leakage_k and not 1 <= self.leakage_k <= MAX_K:
+            raise ValueError(f"--leakage-k must lie in 1..{MAX_K} (K-mers are packed 2 bits per base into 64 "
+                             f"bits; 32 is the usual choice), or 0 for off (got {self.leakage_k})")
+        if self.leakage_k and (not self.train_chroms or not self.eval_chroms):
+            raise ValueError("--leakage-k marks eval tokens found in the training chromosomes: it needs both "
+                             "--train-chroms and --eval-chroms")
         self.stride = self.seq_len if self.stride is None else self.stride
         self.min_len = max(1, self.seq_len // 8) if self.min_len is None else self.min_len
         if not self.min_len <= self.seq_len:

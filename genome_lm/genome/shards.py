@@ -11,7 +11,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +78,9 @@ class SplitWriter:
         self._writer: Any = None
         self._batch: list[tuple] = []
         self._batch_tokens = 0
-        # Arrow writes release the GIL: one batch is written on a helper thread while the
-        # next window is being cut. At most one batch is in flight.
+        # Arrow writes release the GIL: a batch is written on a helper thread while the next window is cut
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-writer")
-        self._pending: Future | None = None
+        self._pending = self._pool.submit(lambda: None)  # the batch being written (at most one)
 
     def open_shard(self) -> None:
         self.close_shard()
@@ -107,19 +106,14 @@ class SplitWriter:
                    else _primitive(np.array(values, dtype=f.type.to_pandas_dtype()), f.type)
                    for values, f in zip(zip(*self._batch), self.schema)]
         batch = pa.record_batch(columns, schema=self.schema)
-        self._wait()
+        self._pending.result()
         self._pending = self._pool.submit(self._writer.write_batch, batch)
         self._batch, self._batch_tokens = [], 0
-
-    def _wait(self) -> None:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
 
     def close_shard(self) -> None:
         if self._writer is not None:
             self._flush()
-            self._wait()
+            self._pending.result()
             self._writer.close()
             self._sink.close()
             self._writer = self._sink = None

@@ -48,7 +48,6 @@ class RepeatCopy:
 def random_bases(rng: np.random.Generator, gc: np.ndarray | float, n: int) -> np.ndarray:
     """n independent bases, position i with GC fraction gc[i] (C and G equally likely)."""
     r = rng.random(n)
-    gc = np.broadcast_to(np.asarray(gc, dtype=np.float64), (n,))
     at_cut = gc + (1.0 - gc) / 2
     idx = (r >= gc / 2).astype(np.uint8) + (r >= gc) + (r >= at_cut)  # 0 C, 1 G, 2 A, 3 T
     return np.array([1, 2, 0, 3], dtype=np.uint8)[idx]
@@ -275,11 +274,9 @@ def markov_bases(rng: np.random.Generator, seg_len: np.ndarray, order: int, n: i
         cum = np.cumsum(rows(rng), axis=1)
         cum[:, 3] = 1.0  # no draw falls past the last base through rounding
         table = cum.tolist()
-        u = rng.random(m).tolist()
         seg = [0] * m
-        for i in range(m):
-            b = bisect.bisect_right(table[state], u[i])
-            seg[i] = b
+        for i, u in enumerate(rng.random(m).tolist()):
+            seg[i] = b = bisect.bisect_right(table[state], u)
             state = ((state << 2) | b) & mask
         out[pos : pos + m] = seg
         pos += m

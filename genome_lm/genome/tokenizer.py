@@ -32,10 +32,8 @@ COMPLEMENT = np.array([3, 2, 1, 0, 4], dtype=np.uint8)  # on token ids: A<->T, C
 def encode(seq: str) -> np.ndarray:
     """DNA string -> token ids [T] uint8. Case-insensitive; IUPAC codes become N; other characters: ValueError."""
     codes = CODE_LUT[np.frombuffer(seq.encode("ascii", errors="replace"), dtype=np.uint8)]
-    bad = np.flatnonzero(codes == INVALID)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"invalid base {seq[i]!r} at offset {i}")
+    if (bad := np.flatnonzero(codes == INVALID)).size:
+        raise ValueError(f"invalid base {seq[bad[0]]!r} at offset {bad[0]}")
     return codes & TOKEN_MASK
 
 
