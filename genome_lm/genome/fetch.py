@@ -101,7 +101,7 @@ def _download_once(url: str, part: Path) -> bool:
                 try:
                     chunk = resp.read(CHUNK)
                 except (OSError, http.client.HTTPException) as e:
-                    cut = e or type(e).__name__
+                    cut = str(e) or type(e).__name__
                     break
                 if not chunk:
                     break
