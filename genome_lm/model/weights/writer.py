@@ -1,5 +1,6 @@
 """`save_pretrained` / `write_model_dir`: a Hugging Face-style text-only directory in real checkpoints'
-key layout (`layout.py`), streamed one tensor at a time into files planned up front."""
+key layout (`layout.py`), streamed one tensor at a time into files planned up front, each written when its
+last tensor arrives."""
 
 from __future__ import annotations
 
@@ -81,8 +82,7 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, inputs: Iterable[str | Path] = (),
                     tokenizer_from: str | Path | None = None) -> Path:
     """`save_pretrained`'s directory from full tensors in the order of `specs`; `model` (meta is fine)
-    gives the config; `inputs` (what the weights came from) may not lie inside `out_dir`. Files are planned
-    on the meta device, each written when its last tensor arrives."""
+    gives the config; `inputs` (what the weights came from) may not lie inside `out_dir`."""
     out_dir = Path(out_dir)
     config = model.config.to_dict()
     config["architectures"] = ["Glm5NextTextModel"]
