@@ -11,7 +11,7 @@ import torch
 
 from genome_lm.errors import GenomeLMError
 from genome_lm.model.causal_lm import Glm5NextCausalLM
-from genome_lm.model.contract import check_model, check_symbols, check_torch, summary
+from genome_lm.model.contract import check_model, check_torch, summary
 from genome_lm.model.presets import META_ONLY, PRESETS, preset_config
 from genome_lm.model.upstream import route_cpu_to_torch
 from genome_lm.model.weights.layout import cast_tensor
@@ -67,8 +67,7 @@ def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device:
 
 
 def check_upstream() -> str:
-    """Check all of `contract.py` (a tiny meta model for the attributes) -> its one-line summary."""
-    check_symbols()
+    """Check all of `contract.py` (symbols: on import; attributes: a tiny meta model) -> its one-line summary."""
     build("glm53-tiny", meta=True)  # runs check_model
     check_torch()
     return summary()

@@ -1,5 +1,6 @@
 """`save_pretrained` / `write_model_dir`: a Hugging Face-style text-only directory in real checkpoints'
-key layout (`layout.py`), streamed one tensor at a time into files planned up front."""
+key layout (`layout.py`), streamed one tensor at a time into files planned up front, each written when its
+last tensor arrives."""
 
 from __future__ import annotations
 
@@ -42,52 +43,15 @@ def byte_batches(items: Iterable[Item], nbytes: Callable[[Item], int], max_bytes
         yield batch
 
 
-class ShardWriter:
-    """Writes the on-disk tensors of `specs`, arriving in order (`write_model_dir` checks each), into files
-    of at most `max_bytes` planned on the meta device (`plan`: per file, names and sizes), each when its
-    last tensor arrives (`peak_bytes`: the most held). Views are copied, so their base can be freed."""
-
-    def __init__(self, directory: Path, specs: Iterable[TensorSpec], max_bytes: int):
-        parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
-                 for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
-        self.plan = plan = list(byte_batches(parts, lambda p: p[1], max_bytes)) or [[]]
-        self.directory, n = Path(directory), len(plan)
-        self.names = ([f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1
-                      else ["model.safetensors"])
-        self.file_of = {name: i for i, entries in enumerate(plan) for name, _ in entries}
-        self.buffer: dict[str, torch.Tensor] = {}
-        self.buffered_bytes = self.peak_bytes = 0
-
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        part = tensor.detach().cpu()
-        if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:  # a copy of its own
-            part = part.clone(memory_format=torch.contiguous_format)
-        self.buffer[name] = part
-        self.buffered_bytes += part.nbytes
-        self.peak_bytes = max(self.peak_bytes, self.buffered_bytes)
-        i = self.file_of[name]
-        if name == self.plan[i][-1][0]:  # the file's last tensor
-            self._flush(i)
-
-    def _flush(self, i: int) -> None:
-        shard = {name: self.buffer.pop(name) for name, _ in self.plan[i]}
-        path = self.directory / self.names[i]
-        try:
-            save_file(shard, str(path), metadata={"format": "pt"})
-        except SafetensorError as e:  # an I/O failure comes back as "... (os error N)": raise it as the OSError
-            code = re.search(r"\(os error (\d+)\)", str(e))
-            if code is None:
-                raise
-            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
-        os.chmod(path, 0o666 & ~umask())  # safetensors writes 0600; a shared group reads what the umask allows
-        self.buffered_bytes -= sum(t.nbytes for t in shard.values())
-
-    def finish(self) -> None:
-        if len(self.plan) > 1:
-            weight_map = {name: self.names[i] for i, entries in enumerate(self.plan) for name, _ in entries}
-            total = sum(nbytes for entries in self.plan for _, nbytes in entries)
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (self.directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+def _save_shard(shard: dict[str, torch.Tensor], path: Path) -> None:
+    try:
+        save_file(shard, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:  # an I/O failure comes back as "... (os error N)": raise it as the OSError
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+    os.chmod(path, 0o666 & ~umask())  # safetensors writes 0600; a shared group reads what the umask allows
 
 
 def save_pretrained(model: Glm5NextCausalLM, out_dir: str | Path, *, overwrite: bool = False,
@@ -125,16 +89,31 @@ def write_model_dir(model: Glm5NextCausalLM, out_dir: str | os.PathLike, specs: 
     dtypes = {name: dtype for name, _, dtype in specs}
     head = dtypes.get("lm_head.weight", dtypes.get("model.embed_tokens.weight", model.lm_head.weight.dtype))
     config["dtype"] = str(head).removeprefix("torch.")
+    parts = [(disk_name, part.numel() * part.element_size()) for name, shape, dtype in specs
+             for disk_name, _, part in to_disk_layout(name, torch.empty(shape, dtype=dtype, device="meta"))]
+    plan = list(byte_batches(parts, lambda p: p[1], max_shard_bytes)) or [[]]  # per file: names and sizes
+    n = len(plan)
+    files = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] if n > 1 else ["model.safetensors"]
+    file_after = {entries[-1][0]: file for file, entries in zip(files, plan) if entries}  # each file's last tensor
     with atomic_directory(out_dir, "model", inputs, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        writer = ShardWriter(tmp, specs, max_shard_bytes)
+        shard: dict[str, torch.Tensor] = {}
         for (name, shape, _), (got, tensor) in zip(specs, tensors, strict=True):
             if got != name or tuple(tensor.shape) != shape:
                 raise RuntimeError(f"write_model_dir: expected {name} {shape}, got {got} {tuple(tensor.shape)}")
             for disk_name, _, part in to_disk_layout(name, tensor.detach()):
-                writer.add(disk_name, part)
+                part = part.cpu()
+                if not part.is_contiguous() or part.untyped_storage().nbytes() > part.nbytes:  # copied: frees its base
+                    part = part.clone(memory_format=torch.contiguous_format)
+                shard[disk_name] = part
+                if disk_name in file_after:
+                    _save_shard(shard, tmp / file_after[disk_name])
+                    shard = {}
             del tensor, part  # free it before the next tensor is gathered
-        writer.finish()
+        if n > 1:
+            weight_map = {name: file for file, entries in zip(files, plan) for name, _ in entries}
+            index = {"metadata": {"total_size": sum(nbytes for _, nbytes in parts)}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         for name in TOKENIZER_FILES:
             if tokenizer_from and (Path(tokenizer_from) / name).is_file():
                 shutil.copy2(Path(tokenizer_from) / name, tmp / name)
