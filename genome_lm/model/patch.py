@@ -76,3 +76,10 @@ def use_fake_values(model: nn.Module, imbalance: float = 1.0) -> nn.Module:
         elif isinstance(m, (LongKDA, KDAShortConv, KDAOutputNorm)):
             m.backend, m.fla = "fla", FAKE_FLA
     return model
+
+
+def has_values(t) -> bool:
+    """False for a fake tensor (no data to read): the trainer reads losses, norms and counts where True."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(t)

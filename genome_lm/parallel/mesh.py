@@ -16,11 +16,11 @@ from typing import Any, Callable, Literal
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.rendezvous import rendezvous
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.model.patch import has_values
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class ParallelContext:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=op, group=group)
-        return values if is_fake(t) else t.tolist()  # fake tensors (the rehearsal) hold no values
+        return t.tolist() if has_values(t) else values  # fake tensors (the rehearsal) hold no values
 
     def sum_dp(self, *values: float) -> list[float]:
         """Sum over the data-parallel replicas (CP ranks of one replica hold the same values)."""

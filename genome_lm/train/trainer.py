@@ -14,7 +14,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from genome_lm.config import ExperimentConfig, parse_experiment
 from genome_lm.errors import EXIT_PREEMPTED, GenomeLMError, Preempted
@@ -24,6 +23,7 @@ from genome_lm.model.build import BuiltModel
 from genome_lm.model.cp import all_reduce_sum
 from genome_lm.model.ops.loss import IGNORE_INDEX
 from genome_lm.model.ops.moe import BlockedGlm5NextTextMoE
+from genome_lm.model.patch import has_values
 from genome_lm.model.presets import META_ONLY, PRESETS
 from genome_lm.model.weights.reader import load_weights_
 from genome_lm.parallel import callbacks, clip_grad_norm_
@@ -165,7 +165,7 @@ class ExpertBalancer:
         if self.ep > 1 and loads is not None:
             per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
             ratio = (per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max()
-            self.rank_imbalance = None if is_fake(ratio) else float(ratio)  # none on fake tensors
+            self.rank_imbalance = float(ratio) if has_values(ratio) else None  # none on fake tensors
         if self.rate == 0:
             return None
         if update and loads is not None:
@@ -174,7 +174,7 @@ class ExpertBalancer:
                 bias = self.layers[i].gate.e_score_correction_bias
                 bias.add_(delta[row].to(bias.dtype))
         largest = torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max()
-        return None if is_fake(largest) else float(largest)
+        return float(largest) if has_values(largest) else None
 
 
 @dataclass
@@ -250,7 +250,7 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
 
 def _value(t: torch.Tensor, fake: float) -> float:
     """The value of the 0-dim `t`; `fake` for a fake tensor (the rehearsal's), which holds none."""
-    return fake if is_fake(t) else float(t)
+    return float(t) if has_values(t) else fake
 
 
 def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] | None = None) -> dict:
