@@ -45,6 +45,10 @@ class Glm5NextCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """Final hidden states [B, T, D]; with a transformers `cache`, continuing (and updating) it."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
