@@ -66,11 +66,24 @@ def _side(side: dict) -> str:
     return Path(dirs[0]).name + (f" (+{len(dirs) - 1} replicates)" if len(dirs) > 1 else "")
 
 
-def load_dirs(dirs: Iterable[str | Path]) -> tuple[list[EvalResult], list[CompareResult]]:
-    """Sort report inputs into evals (summary.json) and comparisons (compare.json)."""
-    evals, compares = [], []
+def load_dirs(dirs: Iterable[str | Path]) -> tuple[list[EvalResult], list[CompareResult], list[EvalResult]]:
+    """Sort report inputs into evals (summary.json), comparisons (compare.json) and variants outputs."""
+    evals, compares, variants = [], [], []
     for d in map(Path, dirs):
-        if (d / SUMMARY_FILE).is_file():
+        try:
+            summary = json.loads((d / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            summary = None
+        command = summary.get("command") if isinstance(summary, dict) else None
+        if command == "score":
+            raise GenomeLMError(f"{d} is a `genome-lm score` output (per-base log-probs); the report reads the "
+                                "--out of `genome-lm eval`, `compare` and `variants`")
+        if command == "variants":
+            if missing := [k for k in ("contexts", "variants", "metrics") if k not in summary]:
+                raise GenomeLMError(f"{d / SUMMARY_FILE} is not a variants summary (it has no {', '.join(missing)}); "
+                                    "rebuild it with `genome-lm variants` and --overwrite")
+            variants.append(EvalResult(d.name, d, summary))
+        elif (d / SUMMARY_FILE).is_file():
             evals.append(load_eval(d))
         elif (d / COMPARE_FILE).is_file():
             compares.append(load_compare_dir(d))
@@ -80,29 +93,7 @@ def load_dirs(dirs: Iterable[str | Path]) -> tuple[list[EvalResult], list[Compar
             run = " (a training run's metrics go in with --run)" if (d / "metrics.jsonl").is_file() else ""
             raise GenomeLMError(f"{d} holds neither {SUMMARY_FILE} nor {COMPARE_FILE}; give the --out of "
                                 f"`genome-lm eval` or `genome-lm compare`{run}")
-    return evals, compares
-
-
-def split_variants(dirs: list[Path]) -> tuple[list[EvalResult], list[Path]]:
-    """The variants outputs among `dirs` as (label, dir, summary), and the other dirs."""
-    found, rest = [], []
-    for d in dirs:
-        try:
-            summary = json.loads((d / SUMMARY_FILE).read_text())
-        except (OSError, ValueError):
-            summary = None
-        command = summary.get("command") if isinstance(summary, dict) else None
-        if command == "score":
-            raise GenomeLMError(f"{d} is a `genome-lm score` output (per-base log-probs); the report reads the "
-                                "--out of `genome-lm eval`, `compare` and `variants`")
-        if command != "variants":
-            rest.append(d)
-        elif missing := [k for k in ("contexts", "variants", "metrics") if k not in summary]:
-            raise GenomeLMError(f"{d / SUMMARY_FILE} is not a variants summary (it has no {', '.join(missing)}); "
-                                "rebuild it with `genome-lm variants` and --overwrite")
-        else:
-            found.append(EvalResult(d.name, d, summary))
-    return found, rest
+    return evals, compares, variants
 
 
 def implied_compares(evals: list[EvalResult]) -> list[CompareResult]:

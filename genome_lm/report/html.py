@@ -20,7 +20,6 @@ from genome_lm.report.data import (
     load_dirs,
     load_eval,
     load_run,
-    split_variants,
     windows_text,
 )
 from genome_lm.report.matched import ContextGain, context_gain, find_roles, reading, rel_ci_text, same_path
@@ -175,8 +174,7 @@ def _shards_note(evals) -> str:
 def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
                  title: str = "genome_lm: loss by preceding context", matched: tuple | None = None) -> str:
     """The report page as an HTML string; `matched`: (base, short, long) eval directories."""
-    variant_runs, rest = split_variants([Path(d) for d in dirs])
-    evals, compares = load_dirs(rest)
+    evals, compares, variant_runs = load_dirs(dirs)
     run_metrics = [load_run(r) for r in runs]
     if not evals and not compares and not run_metrics and not variant_runs and matched is None:
         raise GenomeLMError("nothing to report: give eval or compare directories (and/or --run RUN_DIR)")

@@ -25,15 +25,10 @@ PAIRS = (("short", "base", "more training"), ("long", "base", "training + contex
 @dataclass
 class Training:
     """What a run trained; `seq_len`: the longest sequence (metrics.jsonl's `seq_tokens`, else data.seq_len)."""
-    run: Path
     steps: int
-    tokens_per_step: int
+    tokens: int  # steps x the median tokens per step
     seq_len: int
     init: str | None  # model.init of the run (None: from scratch)
-
-    @property
-    def tokens(self) -> int:
-        return self.steps * self.tokens_per_step
 
 
 @dataclass
@@ -63,8 +58,9 @@ def training_of(ev: EvalResult) -> Training | None:
     if not per_step.size:
         return None
     seq_len = trained.max() if trained.size else cfg.get("data", {}).get("seq_len", 0)
-    return Training(run=run, steps=int(c["step"][-1]), tokens_per_step=int(np.median(per_step)),
-                    seq_len=int(seq_len), init=cfg.get("model", {}).get("init"))
+    steps = int(c["step"][-1])
+    return Training(steps=steps, tokens=steps * int(np.median(per_step)), seq_len=int(seq_len),
+                    init=cfg.get("model", {}).get("init"))
 
 
 def same_path(a: str | Path, b: str | Path) -> bool:

@@ -1,13 +1,10 @@
 """`genome-lm score`: per-base log-probs (and embeddings) of the regions of a FASTA, any length.
 
 Each region not yet done, each strand, streams through the model in chunks of --chunk tokens, its rows and
-embeddings written as they come. `--nproc N | --ray`: `sharded.launch` runs `score` in every process of a `Job`.
-
-What it writes, incrementally, and how a killed score resumes (the files: docs/score.md): everything goes
-into the work folder `PARENT/.NAME.score-work/` (its `key.json` records the inputs) and is moved into a new
-OUT (`outputs.atomic_directory`) when the last region is done. A region is complete when its Parquet file
-is renamed into place and `done/NNNNNN` exists, after its embedding rows are flushed; a rerun with the same
-inputs scores only the others; other inputs are refused while the work folder exists."""
+embeddings written as they come into the work folder `PARENT/.NAME.score-work/` (`open_work`, `write_region`),
+which is moved into a new OUT (`outputs.atomic_directory`) when the last region is done; a killed score rerun
+with the same inputs scores only the regions not done (the files: docs/score.md). `--nproc N | --ray`:
+`sharded.launch` runs `score` in every process of a `Job`."""
 
 from __future__ import annotations
 
