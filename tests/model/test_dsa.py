@@ -14,15 +14,10 @@ import torch
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
 from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextAttention, Glm5NextTextModel
 
-from genome_lm.model.ops.dsa import (
-    DSASelection,
-    LongDSA,
-    absorbed_mla_attention,
-    naive_dsa_forward,
-    sparse_latent_attention,
-)
-from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention
+from genome_lm.model.ops.dsa import DSASelection, LongDSA, absorbed_mla_attention
+from genome_lm.model.ops.dsa.chunk import _SparseLatentAttention, sparse_latent_attention
 from genome_lm.model.ops.dsa.indexer import index_inputs
+from genome_lm.model.ops.dsa.naive import naive_dsa_forward
 from tests.helpers import assert_close, largest_tensor
 
 TOL = {"out": 1e-5, "grad": 2e-5}  # observed: out <= 2e-7, grads <= 2e-6

@@ -36,9 +36,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             logits = _chunk_logits(hidden[start:end], weight)  # [C, V]
             tgt = targets[start:end]
             valid = tgt != ignore_index
-            safe = torch.where(valid, tgt, 0)
             lse_c = torch.logsumexp(logits, dim=-1)  # [C]
-            target_logit = logits.gather(1, safe[:, None]).squeeze(1)  # [C]
+            target_logit = logits.gather(1, torch.where(valid, tgt, 0)[:, None]).squeeze(1)  # [C]
             nll[start:end] = torch.where(valid, lse_c - target_logit, 0.0)
             lse[start:end] = lse_c
             del logits
@@ -50,11 +49,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_nll):
         hidden, weight, targets, lse = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        n = hidden.shape[0]
-        for start, end in row_blocks(n, ctx.chunk_tokens):
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for start, end in row_blocks(hidden.shape[0], ctx.chunk_tokens):
             h = hidden[start:end]
             tgt = targets[start:end]
             valid = tgt != ctx.ignore_index
@@ -68,9 +65,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(dlogits.t(), h.float())
             del logits, dlogits
-        if grad_w is not None:
-            grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None
+        return grad_h, (None if grad_w is None else grad_w.to(weight.dtype)), None, None, None
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

@@ -11,11 +11,8 @@ from genome_lm.model.ops import LongContextModule
 from genome_lm.model.upstream import Glm5NextTextAttention
 from genome_lm.settings import DEFAULTS
 
-from .chunk import absorbed_mla_attention, sparse_latent_attention
+from .chunk import absorbed_mla_attention
 from .indexer import DSASelection, chunk_kpool_indexer, index_inputs, kpool_keys
-from .naive import naive_dsa_forward
-
-__all__ = ["DSASelection", "LongDSA", "absorbed_mla_attention", "naive_dsa_forward", "sparse_latent_attention"]
 
 
 class LongDSA(LongContextModule, Glm5NextTextAttention):

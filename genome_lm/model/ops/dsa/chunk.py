@@ -60,8 +60,7 @@ class _Block:
         """dkv [B, L_pad, R] += drows [B, n, W, R] scattered back to the keys."""
         P, kp, R = self.n_pool_tok, self.kp, self.R
         dkv.view(-1, kp * R).index_add_(0, self.pool_flat, drows[:, :, :P].reshape(-1, kp * R))
-        if drows.shape[2] > P:
-            dkv.view(-1, R).index_add_(0, self.tok_flat, drows[:, :, P:].reshape(-1, R))
+        dkv.view(-1, R).index_add_(0, self.tok_flat, drows[:, :, P:].reshape(-1, R))
 
 
 def _scores(q: torch.Tensor, rows: torch.Tensor, invalid: torch.Tensor, scale: float) -> torch.Tensor:

@@ -88,8 +88,6 @@ def chunk_kpool_indexer(q: torch.Tensor, weights: torch.Tensor, pool_keys: torch
     B, T, HI, DI = q.shape
     P = pool_keys.shape[1]
     row = P if row_pools is None else row_pools
-    if row < P:
-        raise ValueError(f"row_pools ({row}) must be >= the number of complete pools ({P})")
     select_k = min(topk // kpool, row)
     neg = torch.finfo(torch.float32).min
     pool_end = torch.arange(row, device=q.device) * kpool + kpool - 1  # last token of each pool

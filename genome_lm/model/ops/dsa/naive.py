@@ -30,11 +30,10 @@ from .indexer import DSASelection, index_inputs, kpool_keys
 
 
 def naive_kpool_indexer(q: torch.Tensor, k: torch.Tensor, gate: torch.Tensor, ape: torch.Tensor, weights: torch.Tensor,
-                        topk: int, kpool: int, select_tail: bool, scale: float | None = None) -> torch.Tensor:
+                        topk: int, kpool: int, select_tail: bool, scale: float) -> torch.Tensor:
     """Upstream k-pool indexer selection (steps 1-4 above), inputs as `indexer.index_inputs` returns
     them -> int64 token indices [B, T, topk (+ kpool - 1 with the tail)], -1 = empty slot."""
     B, T, HI, DI = q.shape
-    scale = DI**-0.5 if scale is None else scale
     P = T // kpool
     pos = torch.arange(T, device=q.device)
     pool_keys = kpool_keys(k, gate, ape, kpool)  # [B, P, DI]
@@ -69,9 +68,6 @@ def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weig
 def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
     """Reference forward of an upstream `Glm5NextTextAttention` (its parameters, not its forward; no
     cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
-    cfg = attn.config
-    if cfg.qk_rope_head_dim:
-        raise NotImplementedError("naive DSA reference covers NoPE DSA only (qk_rope_head_dim == 0)")
     B, T, _ = hidden_states.shape
     q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))  # [B, T, q_lora]
     q = attn.q_b_proj(q_resid).view(B, T, attn.num_heads, attn.qk_head_dim)  # [B, T, H, DN]

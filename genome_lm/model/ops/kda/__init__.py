@@ -44,8 +44,6 @@ from genome_lm.model.ops.kda.norm import KDAOutputNorm
 from genome_lm.model.upstream import Glm5NextTextLinearAttention, glm
 from genome_lm.settings import DEFAULTS, KDABackend
 
-__all__ = ["chunk_kda", "LongKDA"]
-
 
 class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     """`Glm5NextTextLinearAttention` on `chunk_kda`. Settings: `chunk_size`, `head_block`, `backend`, `fla`
@@ -58,10 +56,6 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
     backend: KDABackend = DEFAULTS.kda_backend
     fla: FlaKernels = FLA
     cp: CPContext | None = None
-    # the parts `configure` installs
-    conv1d: KDAShortConv
-    forget_gate: KDAForgetGate
-    o_norm: KDAOutputNorm
 
     def configure(self, chunk_size: int = DEFAULTS.kda_chunk_size, head_block: int = DEFAULTS.kda_head_block,
                   backend: KDABackend = DEFAULTS.kda_backend, fla: FlaKernels = FLA) -> None:
@@ -97,12 +91,10 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         them, and keeps them for a `crop`); the states it keeps for its last N tokens run one at a time."""
         idx = self.layer_idx
         hidden_states = mask_padding(hidden_states, attention_mask)
-        B, T, _ = hidden_states.shape
+        T = hidden_states.shape[1]
         recurrent = cache.get_recurrent_state(idx)  # read first: updating the conv state marks the layer started
         mixed = kda_projections(self, hidden_states)  # [B, T, 3·H·K]
         full = cache.update_conv_state(mixed.transpose(1, 2).detach(), idx, conv_kernel_size=self.conv_kernel_size)
-        if recurrent is None:
-            recurrent = mixed.new_zeros(B, self.num_heads, self.head_dim, self.head_dim, dtype=torch.float32)
         # the W-1 raw projections before the last T columns of `full` [B, C, L] (zeros before the start)
         state = conv_tail(full[..., : full.shape[-1] - T].transpose(1, 2), None, self.conv_kernel_size), recurrent
 
@@ -157,8 +149,6 @@ def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState
     Kept for backward, in the compute dtype: the input, `[q | k | v]` before and after the conv,
     the gate's raw input, beta, the low-rank gate activations, the core's output and the output gate.
     """
-    if not isinstance(module.conv1d, KDAShortConv):
-        raise TypeError(f"kda_layer_step runs a LongKDA, got {type(module).__name__}: LongKDA.install(module) first")
     hidden_states = mask_padding(hidden_states, attention_mask)
     B, T, _ = hidden_states.shape
     head_shape = (B, T, -1, module.head_dim)

@@ -9,6 +9,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import runpy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,9 +93,4 @@ def load_fla_reference(relpath: str, name: str) -> Callable | None:
     path = Path(next(iter(spec.submodule_search_locations))) / relpath
     if not path.is_file():
         return None
-    mod_name = "_genome_lm_fla_ref_" + relpath.replace("/", "_").removesuffix(".py")
-    mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert mod_spec is not None and mod_spec.loader is not None  # a .py file that exists
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return getattr(module, name, None)
+    return runpy.run_path(str(path)).get(name)

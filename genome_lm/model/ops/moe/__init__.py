@@ -43,9 +43,7 @@ def _experts(experts: Glm5NextTextExperts, x: torch.Tensor, topk_indices: torch.
 def _moe_block(module: Glm5NextTextMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Upstream MoE on one block: x [M, D] -> (out [M, D], topk_indices [M, k])."""
     _, topk_weights, topk_indices = module.gate(x)
-    out = _experts(module.experts, x, topk_indices, topk_weights)
-    out = out + module.shared_experts(x)
-    return out, topk_indices
+    return _experts(module.experts, x, topk_indices, topk_weights) + module.shared_experts(x), topk_indices
 
 
 def _counts(idx: torch.Tensor, num_experts: int, assumed: AssumedRouting | None = None) -> torch.Tensor:

@@ -30,14 +30,6 @@ from genome_lm.model.upstream import Glm5NextTextExperts
 class AssumedRouting:
     imbalance: float  # rows this rank receives / the mean over the EP group (>= 1, `Assumptions` checks it)
 
-    def splits(self, pairs: int, size: int, n_local: int, device: torch.device):
-        """`_splits` for `pairs` = M·k (token, expert) pairs of this rank, spread evenly."""
-        received = math.ceil(pairs * self.imbalance)
-        per_expert = _even(received, n_local)
-        expert_of_row = torch.arange(n_local, device=device).repeat_interleave(
-            torch.tensor(per_expert, device=device), output_size=received)
-        return _even(pairs, size), _even(received, size), per_expert, expert_of_row
-
 
 def _even(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
@@ -74,12 +66,11 @@ class ExpertParallelExperts(LongContextModule, Glm5NextTextExperts):
         x, idx, w, ep = hidden_states, top_k_index, top_k_weights, self.ep
         gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)  # [El, 2I, D], [El, D, I]
         n_local = gate_up.shape[0]
-        num_experts = n_local * ep.size
         k = idx.shape[-1]
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)  # [M*k] pairs in expert order
         token = order // k
-        send, recv, per_expert, expert_of_row = _splits(flat, num_experts, n_local, ep, self.routing)
+        send, recv, per_expert, expert_of_row = _splits(flat, n_local, ep, self.routing)
         rows = _all_to_all(x[token], recv, send, ep.group)  # [R, D] by source rank, then local expert
         by_expert = torch.argsort(expert_of_row, stable=True)  # [R]: received row of each expert row
         received = torch.empty_like(by_expert).index_copy_(0, by_expert, torch.arange(len(by_expert), device=x.device))
@@ -158,13 +149,17 @@ class _AddRows(torch.autograd.Function):
 add_rows = _AddRows.apply
 
 
-def _splits(flat: torch.Tensor, num_experts: int, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
+def _splits(flat: torch.Tensor, n_local: int, ep: EPContext, assumed: AssumedRouting | None):
     """(rows sent to each rank [P], received from each rank [P], per local expert [El], local expert
     of each received row [R]) for this rank's expert ids `flat` [M*k]: exchanged, or `assumed`."""
-    if assumed is not None:
-        return assumed.splits(flat.numel(), ep.size, n_local, flat.device)
+    if assumed is not None:  # this rank's M·k pairs spread evenly
+        received = math.ceil(flat.numel() * assumed.imbalance)
+        per_expert = _even(received, n_local)
+        expert_of_row = torch.arange(n_local, device=flat.device).repeat_interleave(
+            torch.tensor(per_expert, device=flat.device), output_size=received)
+        return _even(flat.numel(), ep.size), _even(received, ep.size), per_expert, expert_of_row
     with torch.no_grad():
-        counts = torch.bincount(flat, minlength=num_experts)  # [E]: rows this rank sends per expert
+        counts = torch.bincount(flat, minlength=n_local * ep.size)  # [E]: rows this rank sends per expert
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts, group=ep.group)  # [P * El]: per source, per local expert
     send = counts.view(ep.size, n_local).sum(1).tolist()
