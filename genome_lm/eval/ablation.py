@@ -156,7 +156,6 @@ def summary_section(parts: list[tuple[np.ndarray, np.ndarray, int]], lengths: li
 def ablation_sums(a: Path, b: Path, lengths_a: list[int], lengths_b: list[int]):
     """(common lengths, strata, sa, sb [W, 1 + 2 S, n_C], counts [W, 1 + 2 S]) over the targets both scored
     at every common L (all, then each stratum's classes), or why the evals cannot be paired."""
-    a, b = Path(a), Path(b)
     if not (a / ABLATION_FILE).is_file() or not (b / ABLATION_FILE).is_file():
         return "both evals need --context (context_ablation.parquet)"
     common = sorted(set(lengths_a) & set(lengths_b))

@@ -325,10 +325,13 @@ def _span_entry(s: np.ndarray, n: np.ndarray, resamples: int, seed: int) -> dict
             "ci_high": jfloat(high[0])}
 
 
-def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, seed: int) -> dict:
+def _ablation_section(ablation: list, pairs: list[dict], resamples: int, seed: int) -> dict:
     common = ablation[0][0]
     sa, sb = (np.stack([p[j][:, 0] for p in ablation]) for j in (2, 3))  # [R, W, n_L]: all targets
     n = np.stack([p[4][:, 0] for p in ablation]).astype(np.float64)  # [R, W]
+    for i, entry in enumerate(pairs):  # each pair's own span, CIs over its windows
+        entry["ablation_span"] = {"a": _span_entry(sa[i:i + 1], n[i:i + 1], resamples, seed),
+                                  "b": _span_entry(sb[i:i + 1], n[i:i + 1], resamples, seed)}
     low, high = two_level_ci(lambda a, b, n: ratio((b[:, -1:] - b[:, :1]) - (a[:, -1:] - a[:, :1]), n),
                              {"a": sa, "b": sb, "n": n[..., None]}, resamples, seed)  # the spans' difference
     g = float(((sb[..., -1] - sb[..., 0]).sum() - (sa[..., -1] - sa[..., 0]).sum()) / n.sum())
@@ -336,8 +339,8 @@ def _ablation_section(ablation: list, span_pairs: list[dict], resamples: int, se
             "a": _span_entry(sa, n, resamples, seed), "b": _span_entry(sb, n, resamples, seed),
             "gain_difference": {"diff": jfloat(g), "diff_bits": jfloat(g / LN2), "ci_low": jfloat(low[0]),
                                 "ci_high": jfloat(high[0])},
-            "spread": {"a": _spread([p["a"]["mean_delta"] for p in span_pairs]),
-                       "b": _spread([p["b"]["mean_delta"] for p in span_pairs])}}
+            "spread": {"a": _spread([p["ablation_span"]["a"]["mean_delta"] for p in pairs]),
+                       "b": _spread([p["ablation_span"]["b"]["mean_delta"] for p in pairs])}}
 
 
 def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[tuple[str, str]], resamples: int,
@@ -354,11 +357,7 @@ def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[
                       "rel_change_pct": _spread([p["rel_change_pct"] for p in pairs])},
            "overall": _diff_entry(sa, sb, n, resamples, seed)}
     if ablation:
-        spans = [{k: _span_entry(x[None, :, 0], xn[None, :, 0].astype(np.float64), resamples, seed)
-                  for k, x in (("a", xa), ("b", xb))} for _, _, xa, xb, xn in ablation]
-        for entry, span in zip(pairs, spans):
-            entry["ablation_span"] = span
-        out["context_ablation"] = _ablation_section(ablation, spans, resamples, seed)
+        out["context_ablation"] = _ablation_section(ablation, pairs, resamples, seed)
     out["definition"] = ("replicate i of A paired with replicate i of B; pairs: each pair's own compare (CIs over "
                          "windows); spread: over the pairs (sd with ddof 1); overall and context_ablation: the "
                          "pooled estimate with CIs of a bootstrap over pairs, then windows; ablation spans: mean NLL "

@@ -170,10 +170,9 @@ class WindowCache:
 
     def __init__(self, out: Path, key: dict):
         self.dir, self.key = cache_dir_for(Path(out)), key
-        key_file = self.dir / "key.json"
         if self.dir.exists():
             try:
-                old = json.loads(key_file.read_text())
+                old = json.loads((self.dir / "key.json").read_text())
             except (OSError, json.JSONDecodeError):
                 old = None
             if old != key:

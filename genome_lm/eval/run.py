@@ -301,10 +301,10 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, rows: np.ndarray, seq_len: in
                     par.add(nll, arrays["nll_alt"], contexts)
                 writer.add(row_id, where, rec, False)
                 if acc_rc is not None and agree is not None:  # --strands both
-                    rc = stats.reverse_record(dict(rec, strand=where[3]), arrays["nll_rc"])
+                    rc = stats.reverse_record(rec, arrays["nll_rc"])
                     acc_rc.add(i, rc, contexts)
                     agree.add(i, nll, rc["nll"], contexts)
-                    writer.add(row_id, (*where[:3], rc["strand"]), rc, True)
+                    writer.add(row_id, (*where[:3], stats.FLIP.get(where[3], where[3])), rc, True)
                 if targets[i]:
                     assert abl_writer is not None, "targets are nonzero only with --context"
                     t0 = len(nll) - int(targets[i])

@@ -32,10 +32,9 @@ def piece_inputs(piece: np.ndarray, lut: np.ndarray, n_known: int) -> tuple[torc
 def score_piece(model, input_ids: torch.Tensor, labels: torch.Tensor, engine: str = "parallel",
                 chunk_tokens: int = STREAMING_CHUNK_TOKENS) -> np.ndarray:
     """NLL float32 [T] of one piece (input_ids, labels [1, T]); NaN where not scored."""
-    device = model.device
-    input_ids = input_ids.to(device)
+    input_ids = input_ids.to(model.device)
     if engine == "parallel":
-        out = model(input_ids, labels=labels.to(device), return_per_token_nll=True)
+        out = model(input_ids, labels=labels.to(model.device), return_per_token_nll=True)
         nll = out.per_token_nll[0].float().cpu().numpy()
         mask = out.nll_mask[0].cpu().numpy()
     else:  # "streaming" (EvalConfig.engine allows no other)

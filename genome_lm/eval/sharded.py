@@ -100,10 +100,9 @@ def build_model(cfg, model_dir: str, par):
     if not par.distributed:
         return parallelize(build(model_dir, dtype=cfg.dtype, device=par.device).model, memory, par)
     built = build(model_dir, dtype=cfg.dtype, meta=True)
-    model = built.model
-    parallelize(model, memory, par)  # in place
-    load_weights_(model, model_dir, par.device, dtype=built.dtype)
-    return model
+    parallelize(built.model, memory, par)  # in place
+    load_weights_(built.model, model_dir, par.device, dtype=built.dtype)
+    return built.model
 
 
 def on_ranks(cfg, command: str, device, run: Callable[[Any, Any], dict]) -> dict:

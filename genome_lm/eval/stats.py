@@ -65,11 +65,8 @@ def strata_of(rec: dict) -> list[Stratum]:
 
 def merged_strata(wa: dict, wb: dict) -> dict:
     """Window record `wa` with the strata that `wb` (the same window, another eval) has and `wa` lacks."""
-    rec = dict(wa)
-    if rec.get("leakage") is None:
-        rec["leakage"] = wb.get("leakage")
-    rec["annotations"] = {**(wb.get("annotations") or {}), **(wa.get("annotations") or {})}
-    return rec
+    leakage = wb["leakage"] if wa["leakage"] is None else wa["leakage"]
+    return dict(wa, leakage=leakage, annotations={**wb["annotations"], **wa["annotations"]})
 
 
 def masks(rec: dict, strata: list[Stratum]) -> list[np.ndarray]:
@@ -242,8 +239,7 @@ def jfloat(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def bucket_table(s: np.ndarray, n: np.ndarray, c: np.ndarray, edges: np.ndarray,
-                 resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
+def bucket_table(s: np.ndarray, n: np.ndarray, c: np.ndarray, edges: np.ndarray, resamples: int, seed: int) -> dict:
     """{"overall", "buckets"} from per-window NLL sums `s` and counts `n` [W, K+1] and summed contexts `c` [K+1]."""
     total_s, total_n = s.sum(axis=0), n.sum(axis=0)
     mean = ratio(total_s, total_n)
@@ -283,13 +279,10 @@ def strata_tables(strata: list[Stratum], table: Callable[..., dict], ctx: np.nda
 
 
 def reverse_record(rec: dict, nll_rc: np.ndarray) -> dict:
-    """The reverse-complement row of a forward window record, `nll_rc` [L] in its own token order."""
-    out = dict(rec, nll=nll_rc, strand=FLIP.get(rec.get("strand"), rec.get("strand")), rc=True)
-    for key in ("repeat", "leakage"):
-        if rec.get(key) is not None:
-            out[key] = rec[key][::-1]
-    out["annotations"] = {n: m[::-1] for n, m in (rec.get("annotations") or {}).items()}
-    return out
+    """The reverse-complement record of a forward window record: masks reversed, `nll_rc` [L] in its order."""
+    leakage = None if rec["leakage"] is None else rec["leakage"][::-1]
+    return {"nll": nll_rc, "repeat": rec["repeat"][::-1], "leakage": leakage,
+            "annotations": {n: m[::-1] for n, m in rec["annotations"].items()}}
 
 
 class Agreement:

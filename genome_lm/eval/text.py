@@ -114,9 +114,7 @@ def format_table(result: dict) -> str:
     """The comparison as a fixed-width text table (printed by the CLI)."""
     lines = [f"A = {result['a']['dir']}", f"B = {result['b']['dir']}",
              f"{'context':>17} {COMPARE_HEAD} {'share':>6}"]
-    for bk in result["buckets"]:
-        if bk["n_tokens"]:
-            lines.append(_compare_row(f"[{bk['lo']:,}, {bk['hi']:,})", bk))
+    lines += [_compare_row(f"[{bk['lo']:,}, {bk['hi']:,})", bk) for bk in result["buckets"] if bk["n_tokens"]]
     lines.append(_compare_row("all", result["overall"]))
     lines += [_compare_row(label, t["overall"]) for label, t in strata_rows(result)]
     st = result.get("strands")
