@@ -111,7 +111,6 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
     degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
-    from genome_lm.parallel.mesh import resolve_layout
     from genome_lm.plan.hardware import Assumptions, make_cluster
     from genome_lm.plan.layout import Layout
     from genome_lm.plan.shapes import model_shape
@@ -126,16 +125,13 @@ def build(args):
                                 else f"plan --model {args.model}: give --gpus N (with --model, the layout is data "
                                 "parallel over N GPUs)")
         gpus = cfg.parallel.cp * cfg.parallel.dp
-    if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
-        cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     if gpus % cfg.parallel.cp:
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
     if isinstance(args.ep, int) and (args.ep < 1 or gpus % args.ep):
         raise GenomeLMError(f"--ep {args.ep} must be a positive divisor of --gpus {gpus}")
-    dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, gpus)  # dp auto becomes gpus / cp
-    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"cp": cp, "dp": dp}), cfg.train)
-    layout.check()
+    dp = gpus // cfg.parallel.cp  # --gpus wins over the experiment's dp
+    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"dp": dp}), cfg.train)
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
     layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it
@@ -146,11 +142,10 @@ def build(args):
 
 
 def fit_layout(args):
-    """(given layout, FitResult) of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
+    """The FitResult of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
     from genome_lm.plan.planner import fit
 
-    shape, layout, cluster, assume, eps = build(args)
-    return layout, fit(shape, layout, cluster, assume, eps)
+    return fit(*build(args))
 
 
 def run_score(args: PlanParams, tokens: int) -> None:
@@ -199,11 +194,11 @@ def run(args: PlanParams) -> None:
         plan = make_plan(*build(args)[:4])
         print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))
         return
-    layout, result = fit_layout(args)
+    result = fit_layout(args)
     chosen = result.best or result.closest
     fit = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
            "chosen": chosen.layout.describe(),
-           "given": {"layout": layout.describe(), "fits": result.given.fits,
+           "given": {"layout": result.given.layout.describe(), "fits": result.given.fits,
                      "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
     print(json.dumps(plan_json(chosen) | {"fit": fit}, indent=2) if args.json_
           else "\n".join(result.explain() + ["", format_plan(chosen)]))
@@ -216,12 +211,9 @@ def run_rehearse(args: RehearseParams) -> None:
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.rehearse import format_rehearsal, rehearse
 
-    assume = list(args.assume)
-    if args.routing == "uniform":
-        assume.append("expert_imbalance=1")
-    plan_args = PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus, gpu=args.gpu,
-                           assume=assume)
-    shape, layout, cluster, assumptions, _ = build(plan_args)
+    assume = [*args.assume, "expert_imbalance=1"] if args.routing == "uniform" else args.assume
+    shape, layout, cluster, assumptions, _ = build(PlanParams(experiment=args.experiment, overrides=args.overrides,
+                                                              gpus=args.gpus, gpu=args.gpu, assume=assume))
     # the experiment as the rehearsal runs it: `--set` applied, dp resolved for --gpus (as `plan` does)
     cfg = load_experiment(args.experiment, list(args.overrides))  # `build` has checked that cp divides --gpus
     cfg.parallel.dp = "auto"

@@ -187,6 +187,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     `plan_forward`'s parts for one slab of the longest piece (or of one --seq-len window without
     --shards), on GPUs unless `--device cpu`."""
     from genome_lm.config import BlockSizes, MemoryConfig
+    from genome_lm.eval.ablation import plan as ablation_targets
     from genome_lm.model.presets import PRESETS
     from genome_lm.plan.hardware import GPUS, Assumptions
     from genome_lm.plan.layout import Layout
@@ -229,14 +230,12 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
           f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     # tokens run forward: the windows, their reverse complements (--strands both) and the context ablation's
-    # sum over L of (L + n) per window taking part (eval/ablation.py's rule: n = --ablation-targets or
-    # length // 8, windows with length - n >= max L)
+    # sum over L of (L + n) per window taking part (n: its targets as the eval plans them, 0 if it takes none)
     windows = int(lengths.sum())
     reverse, ablation = windows if cfg.strands == "both" else 0, 0
     if cfg.context:
-        n = np.full_like(lengths, cfg.ablation_targets) if cfg.ablation_targets else lengths // 8
-        part = (lengths - n) >= max(cfg.context)
-        ablation = int(len(cfg.context) * n[part].sum() + sum(cfg.context) * part.sum())
+        n = ablation_targets(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cp)
+        ablation = int(len(cfg.context) * n.sum() + sum(cfg.context) * (n > 0).sum())
     if reverse + ablation:
         total = windows + reverse + ablation
         print(f"forward passes: {total:,} tokens in all, {total / windows:.2f}x the windows' (windows {windows:,}, "
