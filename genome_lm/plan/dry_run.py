@@ -218,15 +218,13 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     assume = Assumptions()
     fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
     plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
-    slabs = slab_bounds(piece, cp)
-    counts = Counter(b - a for a, b in zip(slabs, slabs[1:]))
+    counts = Counter(np.diff(slab_bounds(piece, cp)).tolist())
     pieces = sum(sharded.n_pieces(n, seq_len) for n in lengths)
     rounds = -(-len(lengths) // dp)
-    kind = "GPUs" if gpu else "CPU processes"
     print(f"eval dry run: {source} ({dtype}), {shape.counts['total']:,} parameters = {_size(shape.param_bytes)}")
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
           f"{_n(pieces, 'piece')} of up to {piece:,} tokens")
-    print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
+    print(f"layout: {world} {'GPUs' if gpu else 'CPU processes'} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
           f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     # tokens run forward: the windows, their reverse complements (--strands both) and the context ablation's
@@ -249,14 +247,10 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")
     if gpu:
         need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
-        fits = [g for g in GPUS.values() if need <= g.memory_bytes]
-        small = [g for g in GPUS.values() if need > g.memory_bytes]
-
-        def gpus(specs) -> str:
-            return ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in specs)
-
-        verdict = (f"fits {gpus(fits)}" + (f"; too large for {gpus(small)}" if small else "") if fits else
-                   f"too large for every GPU listed ({gpus(small)}): use more processes (--nproc) or a larger --cp")
+        fits = ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in GPUS.values() if need <= g.memory_bytes)
+        small = ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in GPUS.values() if need > g.memory_bytes)
+        verdict = (f"fits {fits}" + (f"; too large for {small}" if small else "") if fits else
+                   f"too large for every GPU listed ({small}): use more processes (--nproc) or a larger --cp")
         print(f"  with {assume.fragmentation:.0%} allocator overhead + {assume.runtime_reserved_gib:g} GiB runtime: "
               f"{_size(need)}; {verdict}")
     print("dry run OK: nothing was scored")

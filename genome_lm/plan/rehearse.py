@@ -118,13 +118,12 @@ class _WhereTracker(FSDPMemTracker):
             self.where_peaks[key] = deepcopy(snap)
 
 
-def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers: int | None = None,
-             steps: int = 2, experiment: str = "", show_progress: bool | None = None,
-             plan: Plan | None = None) -> Rehearsal:
+def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None, steps: int = 2,
+             experiment: str = "", show_progress: bool | None = None, plan: Plan | None = None) -> Rehearsal:
     """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
     receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run (None:
     the fewest holding every kind of layer when the memory strategy allows it, else all). `plan`: the
-    planner's Plan, for the GPU `gpu` (the rehearsal itself runs on the CPU)."""
+    planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
@@ -143,7 +142,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     mem = cfg.memory
     layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
-    check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
+    check_layout(cfg.parallel, gpus, config.n_routed_experts)
     if dist.is_initialized():
         raise RuntimeError("rehearse: a process group is already initialised in this process")
     # the last CP rank of replica 0 (its DSA queries see the whole sequence) on a fake process group
@@ -162,8 +161,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         run_cfg = cfg
         if layers < total_layers:  # the first `layers` decoder layers, per-layer lists cut
             run_cfg = cfg.model_copy(deep=True)
-            cut = {k: v[:layers] for k in ("layer_types", "indexer_types", "mlp_layer_types")
-                   if isinstance(v := getattr(config, k, None), list)}
+            cut = {k: getattr(config, k)[:layers] for k in ("layer_types", "indexer_types", "mlp_layer_types")}
             run_cfg.model.overrides = {**cfg.model.overrides, "num_hidden_layers": layers, **cut}
         model = build_model(run_cfg, par.device, None, meta=True).model
         parallelize(model, mem, par, compute)
@@ -206,9 +204,7 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
     if layers is None and reducible:  # the fewest first layers holding every kind of layer (attention x MLP x
         # indexer), and one more (the last layer keeps its input on the device with memory.offload_keep_last)
-        none = [None] * len(config.layer_types)
-        kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or none,
-                         getattr(config, "indexer_types", None) or none))
+        kinds = list(zip(config.layer_types, config.mlp_layer_types, config.indexer_types))
         layers = min(len(kinds), max(kinds.index(kind) + 1 for kind in kinds) + 1)
     elif layers is None:
         layers = total_layers
