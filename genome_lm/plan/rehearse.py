@@ -120,10 +120,9 @@ class _WhereTracker(FSDPMemTracker):
 
 def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None, steps: int = 2,
              experiment: str = "", show_progress: bool | None = None, plan: Plan | None = None) -> Rehearsal:
-    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
-    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run (None:
-    the fewest holding every kind of layer when the memory strategy allows it, else all). `plan`: the
-    planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
+    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring); `routing` as `rehearse --routing`.
+    `layers`: decoder layers to run (None: the fewest holding every kind of layer when the memory strategy
+    allows it, else all). `plan`: the planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
