@@ -118,13 +118,21 @@ class _WhereTracker(FSDPMemTracker):
             self.where_peaks[key] = deepcopy(snap)
 
 
+def _fake_pg(gpus: int, rank: int):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
+
+    if dist.is_initialized():
+        raise RuntimeError("rehearse: a process group is already initialised in this process")
+    dist.init_process_group("fake", rank=rank, world_size=gpus, store=FakeStore())
+
+
 def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None, steps: int = 2,
              experiment: str = "", show_progress: bool | None = None, plan: Plan | None = None) -> Rehearsal:
     """Rehearse `cfg` on `gpus` fake ranks (see the module docstring); `routing` as `rehearse --routing`.
     `layers`: decoder layers to run (None: the fewest holding every kind of layer when the memory strategy
     allows it, else all). `plan`: the planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
 
     from genome_lm.model.contract import check_torch
     from genome_lm.model.patch import use_fake_values
@@ -142,10 +150,7 @@ def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None
     layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
     check_layout(cfg.parallel, gpus, config.n_routed_experts)
-    if dist.is_initialized():
-        raise RuntimeError("rehearse: a process group is already initialised in this process")
-    # the last CP rank of replica 0 (its DSA queries see the whole sequence) on a fake process group
-    dist.init_process_group("fake", rank=cfg.parallel.cp - 1, world_size=gpus, store=FakeStore())
+    _fake_pg(gpus, cfg.parallel.cp - 1)  # the last CP rank of replica 0: its DSA queries see the whole sequence
     try:
         par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
         par.fsdp_mesh, par.ep_mesh  # meshes are built before fake mode (they compute with real tensors)
