@@ -28,7 +28,7 @@ def row(gpu: str, gpus: int, seq: str, ep: int | None) -> dict:
     from genome_lm.plan.command import PlanParams, fit_layout, gib
 
     t0 = time.perf_counter()
-    _, result = fit_layout(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True))
+    result = fit_layout(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True))
     p = result.best or result.closest
     assert p is not None and p.checkpoint is not None
     return {"gpu": gpu, "gpus": gpus, "seq": seq, "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),

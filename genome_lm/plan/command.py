@@ -111,7 +111,6 @@ def _experiment(args):
 def build(args):
     """(model shape, given layout, cluster, assumptions, ep degrees for --fit) from the arguments; the ep
     degrees are None (the search's default: every one worth trying) unless --ep N fixes one."""
-    from genome_lm.parallel.mesh import resolve_layout
     from genome_lm.plan.hardware import Assumptions, make_cluster
     from genome_lm.plan.layout import Layout
     from genome_lm.plan.shapes import model_shape
@@ -126,16 +125,13 @@ def build(args):
                                 else f"plan --model {args.model}: give --gpus N (with --model, the layout is data "
                                 "parallel over N GPUs)")
         gpus = cfg.parallel.cp * cfg.parallel.dp
-    if cfg.parallel.dp != "auto" and args.gpus is not None and cfg.parallel.cp * cfg.parallel.dp != gpus:
-        cfg.parallel.dp = "auto"  # --gpus wins over the experiment's dp
     cluster = make_cluster(args.gpu, gpus, args.gpus_per_node, args.gpu_mem, args.host_mem)
     if gpus % cfg.parallel.cp:
         raise GenomeLMError(f"--cp {cfg.parallel.cp} does not divide --gpus {gpus}")
     if isinstance(args.ep, int) and (args.ep < 1 or gpus % args.ep):
         raise GenomeLMError(f"--ep {args.ep} must be a positive divisor of --gpus {gpus}")
-    dp, cp = resolve_layout(cfg.parallel.cp, cfg.parallel.dp, gpus)  # dp auto becomes gpus / cp
-    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"cp": cp, "dp": dp}), cfg.train)
-    layout.check()
+    dp = gpus // cfg.parallel.cp  # --gpus wins over the experiment's dp
+    layout = Layout(cfg.data.seq_len, cfg.memory, cfg.parallel.model_copy(update={"dp": dp}), cfg.train)
     flags = {"recompute": args.recompute, "recompute_layers": [] if args.recompute else None,
              "offload_layer_inputs": args.offload, "ep": 1 if args.ep == "auto" else args.ep}
     layout = layout.replace(**{k: v for k, v in flags.items() if v is not None})  # make_plan checks it
@@ -146,11 +142,10 @@ def build(args):
 
 
 def fit_layout(args):
-    """(given layout, FitResult) of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
+    """The FitResult of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
     from genome_lm.plan.planner import fit
 
-    shape, layout, cluster, assume, eps = build(args)
-    return layout, fit(shape, layout, cluster, assume, eps)
+    return fit(*build(args))
 
 
 def run_score(args: PlanParams, tokens: int) -> None:
@@ -199,11 +194,11 @@ def run(args: PlanParams) -> None:
         plan = make_plan(*build(args)[:4])
         print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))
         return
-    layout, result = fit_layout(args)
+    result = fit_layout(args)
     chosen = result.best or result.closest
     fit = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
            "chosen": chosen.layout.describe(),
-           "given": {"layout": layout.describe(), "fits": result.given.fits,
+           "given": {"layout": result.given.layout.describe(), "fits": result.given.fits,
                      "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
     print(json.dumps(plan_json(chosen) | {"fit": fit}, indent=2) if args.json_
           else "\n".join(result.explain() + ["", format_plan(chosen)]))
@@ -216,23 +211,19 @@ def run_rehearse(args: RehearseParams) -> None:
     from genome_lm.plan.planner import make_plan
     from genome_lm.plan.rehearse import format_rehearsal, rehearse
 
-    assume = list(args.assume)
-    if args.routing == "uniform":
-        assume.append("expert_imbalance=1")
-    plan_args = PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus, gpu=args.gpu,
-                           assume=assume)
-    shape, layout, cluster, assumptions, _ = build(plan_args)
+    assume = [*args.assume, "expert_imbalance=1"] if args.routing == "uniform" else args.assume
+    plan = make_plan(*build(PlanParams(experiment=args.experiment, overrides=args.overrides, gpus=args.gpus,
+                                       gpu=args.gpu, assume=assume))[:4])
     # the experiment as the rehearsal runs it: `--set` applied, dp resolved for --gpus (as `plan` does)
     cfg = load_experiment(args.experiment, list(args.overrides))  # `build` has checked that cp divides --gpus
     cfg.parallel.dp = "auto"
-    if cfg.model.dtype == "float32" and cfg.parallel.ep == 1 and any(lay.mlp == "moe" for lay in shape.layers):
+    if cfg.model.dtype == "float32" and cfg.parallel.ep == 1 and any(lay.mlp == "moe" for lay in plan.model.layers):
         raise GenomeLMError(f"rehearse {args.experiment}: model.dtype is float32, and without expert parallelism the "
                             "routed experts run torch's grouped matmul (aten._grouped_mm), which takes bfloat16 "
                             "inputs only on fake tensors; rehearse it with --set model.dtype=bfloat16 (or "
                             "parallel.ep > 1)")
-    plan = make_plan(shape, layout, cluster, assumptions)
-    layers = shape.n_layers if args.layers == "all" else args.layers
-    result = rehearse(cfg, args.gpus, args.gpu, args.routing, layers, args.steps, args.experiment, plan=plan)
+    layers = plan.model.n_layers if args.layers == "all" else args.layers
+    result = rehearse(cfg, args.gpus, args.routing, layers, args.steps, args.experiment, plan=plan)
     print(format_rehearsal(result))
 
 
@@ -262,8 +253,8 @@ def _count(n: int) -> str:
 
 
 def plan_json(plan) -> dict:
-    lay, mem = plan.layout, plan.memory
-    out = {
+    lay, mem, c, t = plan.layout, plan.memory, plan.cluster, plan.time
+    return {
         "model": {"name": plan.model.name, "dtype": plan.model.dtype, "parameters": plan.model.counts,
                   "layers": dict(sorted(Counter(x.kind for x in plan.model.layers).items()))},
         "device": plan.device,
@@ -274,69 +265,55 @@ def plan_json(plan) -> dict:
         "peak_gpu_bytes": plan.peak_gpu_bytes,
         "peak_gpu_gib": gib(plan.peak_gpu_bytes),
         "peak_where": mem.peak_where,
-        "needed_gpu_gib": gib(plan.needed_gpu_bytes) if plan.cluster else None,
-        "breakdown": dict(mem.breakdown) | ({"process_baseline": plan.process_baseline_bytes}
-                                            if plan.process_baseline_bytes else {}),
+        "needed_gpu_gib": gib(plan.needed_gpu_bytes),
+        "breakdown": mem.breakdown,
         "host_bytes_per_gpu": plan.host_bytes_per_gpu,
-        "host_bytes_per_node": plan.host_bytes_per_gpu * (plan.cluster.gpus_per_node if plan.cluster else 1),
+        "host_bytes_per_node": plan.host_bytes_per_gpu * c.gpus_per_node,
         "activations_per_layer_bytes": mem.activations_by_layer_type,
         "kept_per_layer_bytes": mem.kept_by_layer_type,
         "largest_phases": [{"where": w, "bytes": b} for w, b in mem.phases[:5]],
         "step_time_s": plan.step_time_s,
         "tokens_per_s": plan.tokens_per_s,
         "assumptions": plan.assume.model_dump(),
+        "cluster": {"gpu": c.gpu.name, "gpus": c.gpus, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes,
+                    "gpu_memory_bytes": c.gpu.memory_bytes, "host_memory_per_node_bytes": c.host_memory_per_node},
+        "time_breakdown_s": t.parts_s,
+        "flops_per_gpu_per_step": t.flops_per_step,
+        "model_flops_per_token": t.model_flops_per_token,
+        "checkpoint": asdict(plan.checkpoint),
     }
-    if plan.cluster is not None:
-        c = plan.cluster
-        out["cluster"] = {"gpu": c.gpu.name, "gpus": c.gpus, "gpus_per_node": c.gpus_per_node, "nodes": c.nodes,
-                          "gpu_memory_bytes": c.gpu.memory_bytes, "host_memory_per_node_bytes": c.host_memory_per_node}
-        out["time_breakdown_s"] = plan.time.parts_s
-        out["flops_per_gpu_per_step"] = plan.time.flops_per_step
-        out["model_flops_per_token"] = plan.time.model_flops_per_token
-        out["checkpoint"] = asdict(plan.checkpoint)
-    return out
 
 
 def format_plan(plan) -> str:
-    """A readable report: verdict, memory breakdown at the peak, host memory, time, assumptions."""
-    lay, mem, m = plan.layout, plan.memory, plan.model
-    where = f"{plan.cluster.gpus} x {plan.cluster.gpu.name}" if plan.cluster else "CPU"
+    """A readable report of a plan on a cluster (`build` always gives one): verdict, memory breakdown at the
+    peak, host memory, checkpoints, time, assumptions."""
+    lay, mem, m, c, ck, t = plan.layout, plan.memory, plan.model, plan.cluster, plan.checkpoint, plan.time
     lines = [f"plan: {m.name} ({m.dtype}, {_count(m.counts.get('total', 0))} parameters, "
-             f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {where}",
+             f"{_count(m.counts.get('active', 0))} active) at {lay.seq_len:,} tokens on {c.gpus} x {c.gpu.name}",
              f"layout: {lay.describe()}  ({lay.tokens:,} tokens per GPU)",
              "verdict: " + ("FITS" if plan.fits else "DOES NOT FIT: " + "; ".join(plan.problems)), "",
              f"peak per GPU: {gib(plan.peak_gpu_bytes):,.1f} GiB at {mem.peak_where}"]
     lines += [f"  {LABELS.get(key, key):<46} {gib(value):>9,.2f} GiB"
               for key, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1])]
-    if plan.process_baseline_bytes:
-        lines.append(f"  {'process baseline (measured)':<46} {gib(plan.process_baseline_bytes):>9,.2f} GiB")
-    if plan.cluster is not None:
-        lines.append(f"  with {plan.assume.fragmentation:.0%} allocator overhead and "
-                     f"{plan.assume.runtime_reserved_gib:g} GiB runtime: needs {gib(plan.needed_gpu_bytes):,.1f} "
-                     f"of {gib(plan.cluster.gpu.memory_bytes):,.1f} GiB per GPU")
+    lines.append(f"  with {plan.assume.fragmentation:.0%} allocator overhead and {plan.assume.runtime_reserved_gib:g} "
+                 f"GiB runtime: needs {gib(plan.needed_gpu_bytes):,.1f} of {gib(c.gpu.memory_bytes):,.1f} GiB per GPU")
     lines.append("activations of one layer without recompute / kept between forward and backward:")
     lines += [f"  {kind:<12} {gib(full):>9,.2f} GiB / {gib(mem.kept_by_layer_type[kind]):>8,.2f} GiB"
               for kind, full in mem.activations_by_layer_type.items()]
-    host = plan.host_bytes_per_gpu
-    lines.append(f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU"
-                 + (f", {gib(host * plan.cluster.gpus_per_node):,.0f} GiB per node "
-                    f"(of {gib(plan.cluster.host_memory_per_node):,.0f})" if plan.cluster else ""))
-    if plan.checkpoint is not None:
-        ck, per_node = plan.checkpoint, plan.cluster.gpus_per_node
-        staging = ck.staging_host_bytes_per_gpu
-        lines += [f"host memory (pinned, async checkpoint staging): {gib(staging):,.1f} GiB per GPU; with offload's "
-                  f"{gib((host + staging) * per_node):,.0f} GiB per node "
-                  f"(usable {gib(plan.cluster.host_memory_per_node * plan.assume.host_usable_fraction):,.0f})",
-                  f"checkpoint ({'async (staged in pinned host memory)' if ck.asynchronous else 'sync'}): train_state "
-                  f"{ck.train_state_bytes / 1e12:,.2f} TB ({ck.state_bytes_per_gpu / GB:,.1f} GB per GPU), model/ "
-                  f"{ck.export_bytes / 1e12:,.2f} TB when exported; training stalls {ck.stall_s:,.1f} s per "
-                  f"checkpoint, the write takes {ck.write_s:,.0f} s at {plan.assume.checkpoint_write_gbps:g} GB/s "
-                  "(--assume checkpoint_write_gbps)"]
-    if plan.time is not None:
-        t = plan.time
-        lines += ["", f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster"]
-        lines += [f"  {key:<20} {value:>8.2f} s" for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1])
-                  if value > 0]
+    host, staging = plan.host_bytes_per_gpu, ck.staging_host_bytes_per_gpu
+    lines += [f"host memory (pinned, offloaded layer inputs): {gib(host):,.1f} GiB ({host / 1e9:,.1f} GB) per GPU, "
+              f"{gib(host * c.gpus_per_node):,.0f} GiB per node (of {gib(c.host_memory_per_node):,.0f})",
+              f"host memory (pinned, async checkpoint staging): {gib(staging):,.1f} GiB per GPU; with offload's "
+              f"{gib((host + staging) * c.gpus_per_node):,.0f} GiB per node "
+              f"(usable {gib(c.host_memory_per_node * plan.assume.host_usable_fraction):,.0f})",
+              f"checkpoint ({'async (staged in pinned host memory)' if ck.asynchronous else 'sync'}): train_state "
+              f"{ck.train_state_bytes / 1e12:,.2f} TB ({ck.state_bytes_per_gpu / GB:,.1f} GB per GPU), model/ "
+              f"{ck.export_bytes / 1e12:,.2f} TB when exported; training stalls {ck.stall_s:,.1f} s per "
+              f"checkpoint, the write takes {ck.write_s:,.0f} s at {plan.assume.checkpoint_write_gbps:g} GB/s "
+              "(--assume checkpoint_write_gbps)",
+              "", f"step time: {t.step_time_s:,.2f} s  ->  {t.tokens_per_s:,.0f} tokens/s for the cluster"]
+    lines += [f"  {key:<20} {value:>8.2f} s" for key, value in sorted(t.parts_s.items(), key=lambda kv: -kv[1])
+              if value > 0]
     lines += [f"note: {note}" for note in plan.notes] + ["", "assumptions (override with --assume KEY=VALUE):"]
     lines += [f"  {key} = {value}" for key, value in plan.assume.model_dump().items()]
     return "\n".join(lines)

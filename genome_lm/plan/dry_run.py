@@ -187,6 +187,7 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     `plan_forward`'s parts for one slab of the longest piece (or of one --seq-len window without
     --shards), on GPUs unless `--device cpu`."""
     from genome_lm.config import BlockSizes, MemoryConfig
+    from genome_lm.eval.ablation import plan as ablation_targets
     from genome_lm.model.presets import PRESETS
     from genome_lm.plan.hardware import GPUS, Assumptions
     from genome_lm.plan.layout import Layout
@@ -217,26 +218,22 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     assume = Assumptions()
     fla = cfg.kda_backend == "fla" or (cfg.kda_backend == "auto" and gpu)
     plan = plan_forward(shape, layout, assume, backend="fla" if fla else "torch")
-    slabs = slab_bounds(piece, cp)
-    counts = Counter(b - a for a, b in zip(slabs, slabs[1:]))
+    counts = Counter(np.diff(slab_bounds(piece, cp)).tolist())
     pieces = sum(sharded.n_pieces(n, seq_len) for n in lengths)
     rounds = -(-len(lengths) // dp)
-    kind = "GPUs" if gpu else "CPU processes"
     print(f"eval dry run: {source} ({dtype}), {shape.counts['total']:,} parameters = {_size(shape.param_bytes)}")
     print(f"windows ({where}): {_n(len(lengths), 'window')}, {int(lengths.sum()):,} tokens, scored in "
           f"{_n(pieces, 'piece')} of up to {piece:,} tokens")
-    print(f"layout: {world} {kind} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
+    print(f"layout: {world} {'GPUs' if gpu else 'CPU processes'} = dp {dp} x cp {cp}: {_n(dp, 'window')} at a time "
           f"({_n(rounds, 'round')}); "
           "each piece in CP slabs of " + ", ".join(f"{n:,} tokens x {k}" for n, k in counts.items()))
     # tokens run forward: the windows, their reverse complements (--strands both) and the context ablation's
-    # sum over L of (L + n) per window taking part (eval/ablation.py's rule: n = --ablation-targets or
-    # length // 8, windows with length - n >= max L)
+    # sum over L of (L + n) per window taking part (n: its targets as the eval plans them, 0 if it takes none)
     windows = int(lengths.sum())
     reverse, ablation = windows if cfg.strands == "both" else 0, 0
     if cfg.context:
-        n = np.full_like(lengths, cfg.ablation_targets) if cfg.ablation_targets else lengths // 8
-        part = (lengths - n) >= max(cfg.context)
-        ablation = int(len(cfg.context) * n[part].sum() + sum(cfg.context) * part.sum())
+        n = ablation_targets(lengths, cfg.context, cfg.ablation_targets, cfg.seq_len, cp)
+        ablation = int(len(cfg.context) * n.sum() + sum(cfg.context) * (n > 0).sum())
     if reverse + ablation:
         total = windows + reverse + ablation
         print(f"forward passes: {total:,} tokens in all, {total / windows:.2f}x the windows' (windows {windows:,}, "
@@ -250,14 +247,10 @@ def eval_dry_run(cfg, world: int | None = None) -> None:
     print(f"  {'peak':<50} {_size(plan.peak_bytes):>12}   at {plan.peak_where}")
     if gpu:
         need = plan.peak_bytes * (1 + assume.fragmentation) + assume.runtime_reserved_gib * 2**30
-        fits = [g for g in GPUS.values() if need <= g.memory_bytes]
-        small = [g for g in GPUS.values() if need > g.memory_bytes]
-
-        def gpus(specs) -> str:
-            return ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in specs)
-
-        verdict = (f"fits {gpus(fits)}" + (f"; too large for {gpus(small)}" if small else "") if fits else
-                   f"too large for every GPU listed ({gpus(small)}): use more processes (--nproc) or a larger --cp")
+        fits = ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in GPUS.values() if need <= g.memory_bytes)
+        small = ", ".join(f"{g.name} ({_size(g.memory_bytes)})" for g in GPUS.values() if need > g.memory_bytes)
+        verdict = (f"fits {fits}" + (f"; too large for {small}" if small else "") if fits else
+                   f"too large for every GPU listed ({small}): use more processes (--nproc) or a larger --cp")
         print(f"  with {assume.fragmentation:.0%} allocator overhead + {assume.runtime_reserved_gib:g} GiB runtime: "
               f"{_size(need)}; {verdict}")
     print("dry run OK: nothing was scored")

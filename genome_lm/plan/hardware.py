@@ -1,8 +1,7 @@
-"""The hardware a plan is for and what it assumes of it. GPU and node specifications: vendor peak figures per
-GPU (bandwidths per direction; the table and its sources: docs/plan.md, Hardware). `Assumptions`: every
-assumption the planner makes that is not a count of bytes or FLOPs (the achieved fractions of those peaks
-among them), each with its reason and overridable with `--assume KEY=VALUE`; docs/plan.md says how each
-default was chosen.
+"""The hardware a plan is for: GPU and node specifications, vendor peak figures per GPU (bandwidths per
+direction; sources: docs/plan.md, Hardware), and `Assumptions`: every assumption the planner makes that is not
+a count of bytes or FLOPs (the achieved fractions of those peaks among them), each with its reason and
+overridable with `--assume KEY=VALUE` (docs/plan.md says how each default was chosen).
 """
 
 from __future__ import annotations

@@ -127,13 +127,11 @@ def _fake_pg(gpus: int, rank: int):
     dist.init_process_group("fake", rank=rank, world_size=gpus, store=FakeStore())
 
 
-def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers: int | None = None,
-             steps: int = 2, experiment: str = "", show_progress: bool | None = None,
-             plan: Plan | None = None) -> Rehearsal:
-    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring). `routing`: "busiest" (this rank
-    receives `expert_imbalance` x the mean expert rows) or "uniform". `layers`: decoder layers to run (None:
-    the fewest holding every kind of layer when the memory strategy allows it, else all). `plan`: the
-    planner's Plan, for the GPU `gpu` (the rehearsal itself runs on the CPU)."""
+def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None, steps: int = 2,
+             experiment: str = "", show_progress: bool | None = None, plan: Plan | None = None) -> Rehearsal:
+    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring); `routing` as `rehearse --routing`.
+    `layers`: decoder layers to run (None: the fewest holding every kind of layer when the memory strategy
+    allows it, else all). `plan`: the planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
 
     from genome_lm.model.contract import check_torch
@@ -151,7 +149,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
     mem = cfg.memory
     layers = _layers_to_run(cfg, config, layers)
     imbalance = plan.assume.expert_imbalance if plan is not None and routing == "busiest" else 1.0
-    check_layout(cfg.parallel, gpus, getattr(config, "n_routed_experts", None))
+    check_layout(cfg.parallel, gpus, config.n_routed_experts)
     _fake_pg(gpus, cfg.parallel.cp - 1)  # the last CP rank of replica 0: its DSA queries see the whole sequence
     try:
         par = init_parallel(cfg.parallel, torch.device("cpu"), sharded=True)
@@ -167,8 +165,7 @@ def rehearse(cfg, gpus: int, gpu: str = "b200", routing: str = "busiest", layers
         run_cfg = cfg
         if layers < total_layers:  # the first `layers` decoder layers, per-layer lists cut
             run_cfg = cfg.model_copy(deep=True)
-            cut = {k: v[:layers] for k in ("layer_types", "indexer_types", "mlp_layer_types")
-                   if isinstance(v := getattr(config, k, None), list)}
+            cut = {k: getattr(config, k)[:layers] for k in ("layer_types", "indexer_types", "mlp_layer_types")}
             run_cfg.model.overrides = {**cfg.model.overrides, "num_hidden_layers": layers, **cut}
         model = build_model(run_cfg, par.device, None, meta=True).model
         parallelize(model, mem, par, compute)
@@ -211,9 +208,7 @@ def _layers_to_run(cfg, config, layers: int | None) -> int:
     reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
     if layers is None and reducible:  # the fewest first layers holding every kind of layer (attention x MLP x
         # indexer), and one more (the last layer keeps its input on the device with memory.offload_keep_last)
-        none = [None] * len(config.layer_types)
-        kinds = list(zip(config.layer_types, getattr(config, "mlp_layer_types", None) or none,
-                         getattr(config, "indexer_types", None) or none))
+        kinds = list(zip(config.layer_types, config.mlp_layer_types, config.indexer_types))
         layers = min(len(kinds), max(kinds.index(kind) + 1 for kind in kinds) + 1)
     elif layers is None:
         layers = total_layers

@@ -43,7 +43,7 @@ def ratio(gpus: int, gpu: str, sets: list[str]) -> float:
     shape, layout, cluster, assume, _ = build(PlanParams(experiment=EXPERIMENT, overrides=sets, gpus=gpus, gpu=gpu))
     plan = make_plan(shape, layout, cluster, assume)
     cfg = load_experiment(EXPERIMENT, sets)
-    r = rehearse(cfg, gpus, gpu, plan=plan, show_progress=False)
+    r = rehearse(cfg, gpus, plan=plan, show_progress=False)
     return plan.peak_gpu_bytes / r.peak.total
 
 

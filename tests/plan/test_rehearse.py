@@ -34,7 +34,7 @@ def test_full_width_rehearsal_on_64_ranks_agrees_with_the_planner(seq_len, sets)
     the one before. At 256k in 1k-token MoE blocks the peak is in the DSA attention's backward, as
     at 1M."""
     plan, cfg = _plan_and_config(seq_len, *sets)
-    r = rehearse(cfg, 64, "b200", plan=plan, show_progress=False)
+    r = rehearse(cfg, 64, plan=plan, show_progress=False)
     assert r.layers < r.total_layers == 45
     assert abs(r.difference) <= 0.05, (r.peak, plan.memory.peak_where, plan.memory.breakdown)
     # the first DSA+MoE layer's backward, as planned
