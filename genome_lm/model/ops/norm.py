@@ -21,7 +21,7 @@ upstream_rms_norm = glm.Glm5NextTextRMSNorm.forward
 upstream_gated_rms_norm = glm.Glm5NextTextRMSNormGated.forward
 
 
-def row_blocks(n: int, block: int = ROW_BLOCK):  # (start, stop) of blocks covering n rows
+def row_blocks(n: int, block: int):  # (start, stop) of blocks covering n rows
     return ((a, min(a + block, n)) for a in range(0, n, block))
 
 
@@ -42,7 +42,7 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # [R, D]
         out = torch.empty(x2.shape, dtype=torch.result_type(weight, x), device=x.device)
-        for a, b in row_blocks(x2.shape[0]):
+        for a, b in row_blocks(x2.shape[0], ROW_BLOCK):
             xf = x2[a:b].float()
             out[a:b] = weight * (xf * rstd_of(xf, eps)).to(x.dtype)
         ctx.save_for_backward(x, weight)
@@ -55,7 +55,7 @@ class RMSNormFunction(torch.autograd.Function):
         x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
         dx = torch.empty_like(x2) if ctx.needs_input_grad[0] else None
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if ctx.needs_input_grad[1] else None
-        for a, b in row_blocks(x2.shape[0]):
+        for a, b in row_blocks(x2.shape[0], ROW_BLOCK):
             xf = x2[a:b].float()
             rstd = rstd_of(xf, ctx.eps)
             xhat = xf * rstd
@@ -76,7 +76,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
         x2, g2 = x.reshape(-1, x.shape[-1]), gate.reshape(-1, gate.shape[-1])  # [R, V]
         out = torch.empty_like(x2)
         w = weight.float()
-        for a, b in row_blocks(x2.shape[0]):
+        for a, b in row_blocks(x2.shape[0], ROW_BLOCK):
             xf = x2[a:b].float()
             out[a:b] = (w * (xf * rstd_of(xf, eps)) * torch.sigmoid(g2[a:b].float())).to(x.dtype)
         ctx.save_for_backward(x, gate, weight)
@@ -90,7 +90,7 @@ class GatedRMSNormFunction(torch.autograd.Function):
         dx, dg = torch.empty_like(x2), torch.empty_like(g2)
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
         w = weight.float()
-        for a, b in row_blocks(x2.shape[0]):
+        for a, b in row_blocks(x2.shape[0], ROW_BLOCK):
             xf, dyf = x2[a:b].float(), dy2[a:b].float()
             rstd = rstd_of(xf, ctx.eps)
             xhat = xf * rstd
