@@ -127,13 +127,9 @@ def complete_checkpoint(ckpt_dir: Path, tmp: Path, final: Path, step: int, info:
     log.info("checkpoint step %d -> %s", step, final)
 
 
-class DamagedCheckpoint(Exception):
-    """A `train_state/` whose files are shorter than its metadata says (a write cut short)."""
-
-
 def check_train_state(state_dir: Path) -> dict:
-    """The DCP metadata of `state_dir` (key -> what is stored); `DamagedCheckpoint` when a file of it is
-    missing or short: DCP would read it without complaint."""
+    """The DCP metadata of `state_dir` (key -> what is stored); ValueError when a file of it is missing or short
+    (a write cut short): DCP would read it without complaint."""
     metadata = dcp.FileSystemReader(str(state_dir)).read_metadata()
     need: dict[str, int] = {}
     for info in metadata.storage_data.values():
@@ -142,8 +138,8 @@ def check_train_state(state_dir: Path) -> dict:
         path = state_dir / name
         have = path.stat().st_size if path.is_file() else None
         if have is None or have < size:
-            raise DamagedCheckpoint(f"{name} {'is missing' if have is None else f'has {have:,} bytes'}, its metadata "
-                                    f"needs {size:,} (a write cut short)")
+            raise ValueError(f"{name} {'is missing' if have is None else f'has {have:,} bytes'}, its metadata "
+                             f"needs {size:,} (a write cut short)")
     return metadata.state_dict_metadata
 
 
@@ -377,9 +373,8 @@ def accept_resume(run_dir: Path, cfg: ExperimentConfig, per_step: int, stored_pe
         stored = ExperimentConfig.model_validate(stored).model_dump(mode="json")
     old, cur = flatten(stored), flatten(cfg.model_dump(mode="json"))
     found = [(k, old.get(k), cur.get(k)) for k in {**cur, **old} if old.get(k) != cur.get(k)]  # new config's order
-    same_batch = stored_per_step is not None and stored_per_step == per_step
     refused = [c for c in found if not (c[0] in TAKEN or c[0].startswith(TAKEN_SECTIONS)
-                                        or (c[0] in BATCH_KEYS and same_batch))]
+                                        or (c[0] in BATCH_KEYS and stored_per_step == per_step))]
     if any(c[0] in BATCH_KEYS for c in refused) and stored_per_step is not None:
         refused.append(("sequences per step", stored_per_step, per_step))
     if refused:
@@ -506,7 +501,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
                             "checkpoint inside its run directory (RUN/checkpoints/step_N)")
     try:
         stored = check_train_state(state_dir)
-    except DamagedCheckpoint as e:
+    except ValueError as e:
         raise GenomeLMError(f"{state_dir} is damaged ({e}); export an earlier checkpoint of the run "
                             f"({ckpt.resolve().parent}/step_N)") from None
     cfg = load_experiment(config_path)

@@ -1,11 +1,8 @@
-"""Training sequences from prepared shards: deterministic order, resumable position.
-
-Every window is cut into consecutive pieces of at most `seq_len` tokens (the tail piece shorter,
-dropped if under `min_piece`). Each epoch visits all pieces in an order drawn from (seed, epoch);
-the position (epoch, index) is the whole state. Batches hold `input_ids` [B, T] (model vocabulary,
-via the token map) and `labels` [B, T] (the same ids, shifted in the model; -100 where there is no
-target: N bases when `ignore_n`, and padding).
-"""
+"""Training sequences from prepared shards: deterministic order, resumable position. Every window is cut into
+consecutive pieces of at most `seq_len` tokens (the tail piece shorter, dropped if under `min_piece`). Each epoch
+visits all pieces in an order drawn from (seed, epoch); the position (epoch, index) is the whole state. Batches hold
+`input_ids` [B, T] (model vocabulary, via the token map) and `labels` [B, T] (the same ids, shifted in the model;
+-100 where there is no target: N bases when `ignore_n`, and padding)."""
 
 from __future__ import annotations
 
@@ -103,5 +100,4 @@ class SequenceStream:
             ids[b, : len(p)] = p
             mapped = self.token_map[p]
             labels[b, : len(p)] = np.where(p == N_ID, IGNORE_INDEX, mapped) if self.ignore_n else mapped
-        input_ids = self.token_map[ids]
-        return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels)}
+        return {"input_ids": torch.from_numpy(self.token_map[ids]), "labels": torch.from_numpy(labels)}

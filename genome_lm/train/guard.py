@@ -1,6 +1,5 @@
-"""What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal (exit
-EXIT_PREEMPTED, 75), and a watchdog that aborts a step that hangs (exit EXIT_HUNG, 76) so that the
-launcher's restarts take over."""
+"""What keeps a long run going (docs/long-runs.md): a checkpoint on a preemption signal (exit EXIT_PREEMPTED, 75),
+and a watchdog that aborts a step that hangs (exit EXIT_HUNG, 76) so that the launcher's restarts take over."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class Preemption:
 
     def requested(self) -> str | None:
         """Why this rank wants to stop: a signal's name, "the launcher", or None."""
-        stop_file = self.worker.stop_file
-        launcher = stop_file is not None and stop_file.exists()
+        launcher = self.worker.stop_file is not None and self.worker.stop_file.exists()
         return self.received or ("a stop request of the launcher" if launcher else None)
 
     def restore(self) -> None:
@@ -59,16 +57,19 @@ class Watchdog:
     def __init__(self, par, factor: float, min_s: float, worker: WorkerContext):
         self.par, self.factor, self.min_s, self.worker = par, factor, min_s, worker
         self.prefix = f"genome_lm/watchdog/{worker.attempt}"
-        self.store = dist.distributed_c10d._get_default_store()  # a distributed run's (the only one watched)
         self.times: list[float] = []
         self.step, self.last_end, self.pause_depth = 0, time.monotonic(), 0
         self._stop = threading.Event()
-        for what, value in (("host", socket.gethostname()), ("begun", "0"), ("done", "0")):
-            self._set(what, value)
-        threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True).start()
+        self.watching = par.distributed and factor > 0  # idle: one process, or parallel.watchdog_factor 0
+        if self.watching:
+            self.store = dist.distributed_c10d._get_default_store()
+            for what, value in (("host", socket.gethostname()), ("begun", "0"), ("done", "0")):
+                self._set(what, value)
+            threading.Thread(target=self._run, name="genome_lm-watchdog", daemon=True).start()
 
     def _set(self, what: str, value: str) -> None:
-        self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
+        if self.watching:
+            self.store.set(f"{self.prefix}/{what}/{self.par.rank}", value)
 
     def _get(self, what: str, rank: int) -> str | None:
         key = f"{self.prefix}/{what}/{rank}"

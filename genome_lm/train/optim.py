@@ -57,8 +57,7 @@ class AdamW(torch.optim.Optimizer):
                 step = state["step"].item()
                 param, grad = _local(p), _local(p.grad)
                 m_store, v_store = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-                m = m_store if m_store.dtype == param.dtype else m_store.to(param.dtype)
-                v = v_store if v_store.dtype == param.dtype else v_store.to(param.dtype)
+                m, v = m_store.to(param.dtype), v_store.to(param.dtype)  # the stored tensors, when of that dtype
                 param.mul_(1 - lr * wd)
                 m.lerp_(grad, 1 - beta1)
                 v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

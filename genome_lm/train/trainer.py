@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -159,9 +158,8 @@ class ExpertBalancer:
         if not self.active:
             return None
         counts, self._counts = self._counts, [None] * len(self.layers)
-        present = [i for i, c in enumerate(counts) if c is not None]
-        counted = [c for c in counts if c is not None]  # the counts of `present`, in its order
-        loads = all_reduce_sum(torch.stack(counted).double()) if counted else None  # [L, E]
+        present = [(i, c) for i, c in enumerate(counts) if c is not None]  # (layer, counts) of the layers that ran
+        loads = all_reduce_sum(torch.stack([c for _, c in present]).double()) if present else None  # [L, E]
         if self.ep > 1 and loads is not None:
             per_rank = loads.view(len(present), self.ep, -1).sum(-1)  # [L, ep]: tokens each expert rank computed
             ratio = (per_rank.max(1).values / per_rank.mean(1).clamp_min(1e-9)).max()
@@ -170,7 +168,7 @@ class ExpertBalancer:
             return None
         if update and loads is not None:
             delta = self.rate * torch.sign(loads.mean(dim=1, keepdim=True) - loads)
-            for row, i in enumerate(present):
+            for row, (i, _) in enumerate(present):
                 bias = self.layers[i].gate.e_score_correction_bias
                 bias.add_(delta[row].to(bias.dtype))
         largest = torch.stack([m.gate.e_score_correction_bias.abs().max() for m in self.layers]).max()
@@ -253,7 +251,7 @@ def _value(t: torch.Tensor, fake: float) -> float:
     return float(t) if has_values(t) else fake
 
 
-def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] | None = None) -> dict:
+def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[[bool], None] = lambda _: None) -> dict:
     """The training step (the trainer's and the rehearsal's): forward and backward of each micro-batch (its
     loss weighted by its share of the global batch's targets), clipping, the optimizer and scheduler step
     when loss and norm are finite, zero_grad, the expert balancer. Fake tensors: targets count as the labels'
@@ -272,8 +270,7 @@ def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[
     seq_tokens = int(par.max_all(max(int(b["input_ids"].shape[1]) for b in batches)))  # longest sequence
     loss_sum, tokens = par.sum_dp(loss_sum, local_tokens)
     loss = loss_sum / total_targets
-    if optimizer_phase is not None:
-        optimizer_phase(True)
+    optimizer_phase(True)
     grad_norm = _value(clip_grad_norm_(parts.params, parts.clip), 0.0)
     lr = parts.scheduler.get_last_lr()[0]
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
@@ -283,8 +280,7 @@ def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[
         parts.optimizer.step()
         parts.scheduler.step()
     parts.optimizer.zero_grad(set_to_none=True)
-    if optimizer_phase is not None:
-        optimizer_phase(False)
+    optimizer_phase(False)
     bias_max = parts.balancer.step(update=finite)
     if par.device.type == "cuda":
         torch.cuda.synchronize(par.device)
@@ -313,11 +309,10 @@ def step_record(run: Run, step: int, done: dict, elapsed: float) -> dict:
     return record
 
 
-def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dict:
+def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog) -> dict:
     """Train, record, agree on a preemption, checkpoint, log, step callbacks; `Preempted` after its checkpoint."""
     cfg, par = run.cfg, run.par
-    if dog is not None:
-        dog.begin(step)
+    dog.begin(step)
     run.memory.reset()
     t0 = time.perf_counter()
     batches = (run.stream.next_batch(cfg.train.micro_batch, par.dp_rank, par.dp) for _ in range(cfg.train.grad_accum))
@@ -338,11 +333,10 @@ def run_step(run: Run, step: int, stop: Preemption, dog: Watchdog | None) -> dic
                 "data, or set train.on_nonfinite: skip"
             )
         log.warning("step %d: non-finite loss/gradient (loss %s, grad norm %s); step skipped", step, loss, grad_norm)
-    if dog is not None:
-        dog.end(step, elapsed)
+    dog.end(step, elapsed)
     preempted = par.max_all(1.0 if stop.requested() else 0.0) > 0  # collective: any rank that wants to stop
     if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or preempted:
-        with dog.paused() if dog is not None else contextlib.nullcontext():
+        with dog.paused():
             export = cfg.train.export_model is True or (cfg.train.export_model == "last" and step == cfg.train.steps)
             info = {"loss": done["loss"], "experiment": cfg.name, "world_size": par.world, "dp": par.dp, "cp": par.cp,
                     "ep": par.ep, "model_exported": export}
@@ -376,8 +370,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
     except BaseException:
         stop.restore()
         raise
-    dog = Watchdog(par, cfg.parallel.watchdog_factor, cfg.parallel.watchdog_min_s, worker) \
-        if par.distributed and cfg.parallel.watchdog_factor > 0 else None
+    dog = Watchdog(par, cfg.parallel.watchdog_factor, cfg.parallel.watchdog_min_s, worker)
     record, outcome = {}, "crashed"
     try:
         for step in range(run.start + 1, cfg.train.steps + 1):
@@ -387,8 +380,7 @@ def train(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = F
         outcome = "stopped"
         raise
     finally:  # the save in flight completes unless the run crashed
-        if dog is not None:
-            dog.close()
+        dog.close()
         stop.restore()
         try:
             run.checkpoints.close(finish=outcome != "crashed")
