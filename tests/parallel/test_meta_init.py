@@ -30,8 +30,8 @@ def _run(rank: int, world: int, sources: dict[str, str], out: str) -> None:
     """Every rank: meta build -> parallelize -> load_weights_ from each source; gather the weights;
     export streamed with small and default shard sizes, recording what the writer held."""
     from genome_lm.config import MemoryConfig, ParallelConfig
-    from genome_lm.model.weights.reader import _RowsPlanner, load_weights_
     from genome_lm.model.weights import writer
+    from genome_lm.model.weights.reader import _RowsPlanner, load_weights_
     from genome_lm.parallel.mesh import init_parallel
     from genome_lm.train.parallelize import parallelize
 
