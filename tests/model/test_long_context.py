@@ -114,8 +114,7 @@ def test_patched_forward_backward_at_64k_fits():
         loss = model(x, labels=x).loss
         loss.backward()
         grads_ok = all(torch.isfinite(p.grad).all().item() for p in model.parameters() if p.grad is not None)
-        print(json.dumps({"peak": peak.peak(), "base": base, "resettable": peak.resettable,
-                          "loss": loss.item(), "grads_ok": grads_ok}))
+        print(json.dumps({"peak": peak.peak(), "base": base, "loss": loss.item(), "grads_ok": grads_ok}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
     r = json.loads(done.stdout.strip().splitlines()[-1])
