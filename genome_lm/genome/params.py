@@ -57,13 +57,10 @@ class PrepareParams(BaseModel):
         if not self.train_chroms and not self.eval_chroms:
             raise ValueError("no chromosomes requested: set --train-chroms and/or --eval-chroms")
         for flag, chroms in (("--train-chroms", self.train_chroms), ("--eval-chroms", self.eval_chroms)):
-            norms = [chrom_match_key(c) for c in chroms]
-            if len(set(norms)) != len(norms):
+            if len({chrom_match_key(c) for c in chroms}) != len(chroms):
                 raise ValueError(f"{flag} names a chromosome twice: {','.join(chroms)}")
-        both = {chrom_match_key(c) for c in self.train_chroms} & {chrom_match_key(c) for c in self.eval_chroms}
-        if both:
-            names = ", ".join(c for c in self.train_chroms if chrom_match_key(c) in both)
-            raise ValueError(f"chromosome {names} is in both --train-chroms and --eval-chroms; "
+        if both := [c for c in self.train_chroms if chrom_match_key(c) in map(chrom_match_key, self.eval_chroms)]:
+            raise ValueError(f"chromosome {', '.join(both)} is in both --train-chroms and --eval-chroms; "
                              "held-out data must not be trained on")
         return self
 
