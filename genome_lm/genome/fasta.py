@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 BLOCK_BYTES = 8 << 20
 _CODE_TABLE = CODE_LUT.tobytes()
 _STRIP = b"\r\n\t "  # line ends (and stray blanks) are not bases
-_INVALID_BYTE = bytes([INVALID])
-_ALIASES = {"m": "mt"}  # chrM (UCSC) is MT (Ensembl, NCBI)
 
 
 @dataclass
@@ -234,7 +232,7 @@ class FastaReader:
 def _codes(path: Path, name: str, seg: bytes, offset: int) -> bytes:
     """The codes of `seg`, line ends dropped; `offset`: the record's bases before `seg`."""
     codes = seg.translate(_CODE_TABLE, _STRIP)
-    if (bad := codes.find(_INVALID_BYTE)) >= 0:
+    if (bad := codes.find(INVALID)) >= 0:
         ch = seg.translate(None, _STRIP)[bad : bad + 1].decode("ascii", errors="replace")
         raise GenomeLMError(
             f"{path}: record {name}: invalid character {ch!r} at base offset {offset + bad} "
@@ -246,7 +244,7 @@ def _codes(path: Path, name: str, seg: bytes, offset: int) -> bytes:
 def contig_key(name: str) -> str:
     """The key a contig name matches by: 'chr1', 'Chr1', '1' -> '1'; 'chrM', 'MT' -> 'mt'."""
     key = chrom_match_key(name)
-    return _ALIASES.get(key, key)
+    return "mt" if key == "m" else key  # chrM (UCSC) is MT (Ensembl, NCBI)
 
 
 @dataclass
