@@ -31,7 +31,6 @@ from genome_lm.genome.tokenizer import (
     IUPAC_SHIFT,
     N_ID,
     SOFTMASK_BIT,
-    TOKEN_DTYPE,
     TOKEN_MASK,
     VOCAB,
     reverse_complement,
@@ -41,7 +40,6 @@ from genome_lm.sizes import format_size
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "genome_lm.shards/1"
 RUN_BLOCK = 1 << 24  # bases per step of `scan`
 
 
@@ -122,9 +120,8 @@ def _check_output(out: Path, overwrite: bool, params: PrepareParams, readers: li
 
 
 def _check_chroms_present(params: PrepareParams, names_by_file: dict[str, list[str]]) -> None:
-    present = {chrom_match_key(n): n for names in names_by_file.values() for n in names}
-    missing = [c for c in params.train_chroms + params.eval_chroms if chrom_match_key(c) not in present]
-    if missing:
+    present = {chrom_match_key(n) for names in names_by_file.values() for n in names}
+    if missing := [c for c in params.train_chroms + params.eval_chroms if chrom_match_key(c) not in present]:
         listing = "; ".join(f"{Path(f).name}: {', '.join(n[:40])}{' …' if len(n) > 40 else ''}"
                             for f, n in names_by_file.items())
         raise GenomeLMError(
@@ -232,13 +229,13 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
             inputs = [{k: v for k, v in asdict(r.info).items() if k != "records"} for r in readers]
             manifest_splits = {split: _finish_split(split, stats, params, inputs, writers[split]) for split in splits}
             manifest = {
-                "format": MANIFEST_FORMAT,
+                "format": "genome_lm.shards/1",
                 "genome_lm_version": __version__,
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "inputs": inputs,
                 "parameters": params.recorded(),
                 "vocab": dict(VOCAB),
-                "token_dtype": np.dtype(TOKEN_DTYPE).name,
+                "token_dtype": "uint8",
                 "repeat_mask": {"encoding": "numpy.packbits", "bitorder": "big",
                                 "meaning": "1 = soft-masked (lowercase) base in the source FASTA, in token order"},
                 "coordinates": "0-based, half-open, forward strand; "
@@ -260,8 +257,7 @@ def prepare(params: PrepareParams, out: str | Path, overwrite: bool = False, sho
 
 def _write_records(readers: list[FastaReader], params: PrepareParams, index: KmerIndex | None,
                    writers: dict[str, SplitWriter]) -> dict[str, ChromStats]:
-    """Write every selected record in input order (with a leakage index an eval record waits until every
-    training chromosome is indexed); returns each chromosome's `ChromStats`."""
+    """Write every selected record in input order (eval ones wait for the leakage index); returns their `ChromStats`."""
     stats: dict[str, ChromStats] = {}
     held: list[Record] = []  # eval records read before the index was complete
     claimed: dict[str, str] = {}  # match key -> the file holding the record

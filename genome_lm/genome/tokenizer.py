@@ -12,7 +12,6 @@ VOCAB: dict[str, int] = {"A": 0, "C": 1, "G": 2, "T": 3, "N": 4}
 ID_TO_BASE = np.frombuffer(b"ACGTN", dtype=np.uint8)
 N_ID = VOCAB["N"]
 IGNORE_INDEX = -100  # label of a target that is not scored (F.cross_entropy's default; Hugging Face causal LMs)
-TOKEN_DTYPE = np.uint8
 
 IUPAC_CODES = "RYSWKMBDHV"  # ambiguity codes other than N
 TOKEN_MASK = 0b0000_0111
