@@ -21,13 +21,12 @@ import numpy as np
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.genome.params import SPACER, ChromSpec, SynthParams, make_params
-from genome_lm.genome.tokenizer import CODE_LUT, TOKEN_MASK
+from genome_lm.genome.tokenizer import CODE_LUT, ID_TO_BASE, TOKEN_MASK
 from genome_lm.outputs import atomic_file, holding
 
 log = logging.getLogger(__name__)
 
-UPPER = np.frombuffer(b"ACGT", dtype=np.uint8)  # code 0..3 -> ASCII; complement is 3 - code
-LOWER = np.frombuffer(b"acgt", dtype=np.uint8)
+LOWER = np.frombuffer(b"acgt", dtype=np.uint8)  # code 0..3 -> ASCII (ID_TO_BASE: uppercase); complement is 3 - code
 N = ord("N")
 IUPAC = np.frombuffer(b"RYKMSWBDHV", dtype=np.uint8)
 
@@ -94,10 +93,9 @@ def n_runs(rng: np.random.Generator, spec: ChromSpec, length: int, scale: float,
             p: SynthParams) -> list[tuple[int, int]]:
     """Sorted, disjoint N runs [start, end): telomeres, short arm, centromere, inner gaps."""
     tel = max(50, min(round(p.telomere * scale), length // 20))
-    runs = [(0, max(tel, round(spec.short_arm * length))), (length - tel, length)]
     half_cen = max(25, round(p.centromere_frac * length / 2))
     mid = round(spec.centromere * length)
-    runs.append((mid - half_cen, mid + half_cen))
+    runs = [(0, max(tel, round(spec.short_arm * length))), (length - tel, length), (mid - half_cen, mid + half_cen)]
     def draw():
         gap = int(rng.integers(p.inner_gap_min, p.inner_gap_max + 1))
         a = int(rng.integers(0, length - gap))
@@ -229,7 +227,7 @@ def plant_segdups(rng: np.random.Generator, name: str, seq: np.ndarray, occ: Occ
         strand = "-" if i % 2 else "+"
         oriented = (3 - codes)[::-1] if strand == "-" else codes
         copy = substitute(rng, oriented, p.segdup_substitution_rate)  # a substitution always changes the base
-        seq[a : a + length] = UPPER[copy]
+        seq[a : a + length] = ID_TO_BASE[copy]
         occ.add(a, a + length)
         out.append(SegDup(name, a, a + length, strand, src_name, s, s + length, int((copy != oriented).sum())))
     return sorted(out, key=lambda d: d.start)
@@ -318,7 +316,7 @@ def _chromosome(seed: int, index: int, spec: ChromSpec, scale: float, p: SynthPa
     to_tg = rng.random(len(cg)) < 0.5
     codes[cg[to_tg]] = 3  # C -> T
     codes[cg[~to_tg] + 1] = 0  # G -> A
-    seq = UPPER[codes]
+    seq = ID_TO_BASE[codes]
     for a, b in runs:
         seq[a:b] = N
 
@@ -355,7 +353,7 @@ def synthesize_genome(scale: float = 1.0, seed: int = 0, params: SynthParams | N
     if not total or min(round(c.length * scale) for c in params.chroms) < 5_000:
         raise GenomeLMError(f"--scale {scale} is too small (every record needs >= 5 kbp); use a scale of at least 0.01")
     families = make_families(np.random.default_rng([seed, 0]), params)
-    genome = SynthGenome({}, {k: UPPER[v].tobytes() for k, v in families.items()}, [], [])
+    genome = SynthGenome({}, {k: ID_TO_BASE[v].tobytes() for k, v in families.items()}, [], [])
     for i, spec in enumerate(params.chroms):
         seq, copies, segdups = _chromosome(seed, i, spec, scale, params, families, dict(genome.sequences))
         genome.sequences[spec.name] = seq.tobytes()
@@ -383,14 +381,11 @@ def _read_tsv(cls: type, path: str | os.PathLike) -> list:
     return [cls(*(int(v) if f.type == "int" else v for f, v in zip(fields(cls), row))) for row in rows]
 
 
-TSV_HEADER = _tsv(RepeatCopy, [])
-
-
 def written_by_synth(fasta: Path) -> bool:
     """Whether `fasta` is a synth output: its gzip header is synth's and its repeats sidecar is beside it."""
     try:
         with open(fasta, "rb") as f, open(repeats_path(fasta)) as tsv:
-            return f.read(len(GZIP_HEADER)) == GZIP_HEADER and tsv.readline() == TSV_HEADER
+            return f.read(len(GZIP_HEADER)) == GZIP_HEADER and tsv.readline() == _tsv(RepeatCopy, [])
     except (OSError, UnicodeDecodeError):
         return False
 
