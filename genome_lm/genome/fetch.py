@@ -28,8 +28,7 @@ _MD5_LINE = re.compile(r"^([0-9a-fA-F]{32})\s+\*?(\S+)\s*$")
 
 
 def add_chr_prefix(name: str) -> str:
-    """The UCSC file name of a chromosome: 'chr' added where missing, case kept ('22' -> 'chr22',
-    'chrX' -> 'chrX', 'x' -> 'chrx'; UCSC names are case-sensitive)."""
+    """The UCSC file name of a chromosome: 'chr' added where missing, case kept (UCSC's are case-sensitive)."""
     name = name.strip()
     if not name:
         raise GenomeLMError("empty chromosome name; pass e.g. --chroms chr1,chr2,chr22")
@@ -76,8 +75,7 @@ def _download_once(url: str, part: Path) -> bool:
     """Append the rest of `url` to `part` (resuming when it is not empty). True if the server
     sent everything it announced; False if the body was cut short (the bytes received are kept)."""
     offset = part.stat().st_size if part.exists() else 0
-    resp = _open(url, offset)
-    if resp is None:  # .part already holds the whole file (or more): the md5 decides
+    if (resp := _open(url, offset)) is None:  # .part already holds the whole file (or more): the md5 decides
         return True
     with resp:
         if resp.status == 206:
@@ -161,8 +159,7 @@ def fetch_chromosomes(chroms: list[str], out_dir: str | os.PathLike, base_url: s
     if not names:
         raise GenomeLMError("no chromosomes given; pass e.g. --chroms chr1,chr2,chr22")
     sums = read_md5sums(base_url)
-    missing = [n for n in names if f"{n}.fa.gz" not in sums]
-    if missing:
+    if missing := [n for n in names if f"{n}.fa.gz" not in sums]:
         present = sorted(f.removesuffix(".fa.gz") for f in sums if f.endswith(".fa.gz"))
         shown = ", ".join(present[:30]) + (", ..." if len(present) > 30 else "")
         raise GenomeLMError(

@@ -28,13 +28,11 @@ LEAKAGE_COLUMN = "leakage_mask"
 def features(leakage: bool = False) -> dict:
     """The `datasets.Features` of a split as `Features.to_dict()` gives them (written by hand so `prepare` does
     not import `datasets`); with `leakage`, the leakage_mask column after repeat_mask."""
-    def value(dtype: str) -> dict:
-        return {"dtype": dtype, "_type": "Value"}
-
-    uint8s = {"feature": value("uint8"), "_type": "List"}
-    return {"chrom": value("string"), "start": value("int64"), "end": value("int64"), "strand": value("string"),
+    value = {dtype: {"dtype": dtype, "_type": "Value"} for dtype in ("string", "int64", "uint8", "float32")}
+    uint8s = {"feature": value["uint8"], "_type": "List"}
+    return {"chrom": value["string"], "start": value["int64"], "end": value["int64"], "strand": value["string"],
             "tokens": uint8s, "repeat_mask": uint8s, **({LEAKAGE_COLUMN: uint8s} if leakage else {}),
-            "n_frac": value("float32")}
+            "n_frac": value["float32"]}
 
 
 # Arrow arrays straight from numpy buffers: zero-copy, and `pa.array` would import pandas.
@@ -207,8 +205,7 @@ def check_shards(directory: str | os.PathLike, manifest: dict, splits: Iterable[
 
 
 def load_shards(directory: str | os.PathLike, split: str = "train"):
-    """The `split` of a prepared shard directory as a memory-mapped `datasets.Dataset` in numpy
-    format: `ds[i]["tokens"]` is a uint8 array of token ids (see the manifest's `vocab`)."""
+    """The `split` of a prepared shard directory: a memory-mapped `datasets.Dataset`, numpy format (uint8 tokens)."""
     import datasets
 
     if split not in SPLITS:
