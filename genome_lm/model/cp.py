@@ -43,23 +43,22 @@ class GroupRank:
 
 @dataclass(repr=False)
 class CPContext(GroupRank):
-    """One CP group as a rank sees it; each forward of the causal LM sets `bounds` and the slab `start:end`."""
+    """One CP group as a rank sees it; each forward of the causal LM sets `bounds` and this rank's slab `start`."""
 
     bounds: list[int] = field(default_factory=list)
     start: int = 0
-    end: int = 0
 
     def split(self, T: int) -> tuple[int, int]:
         self.bounds = slab_bounds(T, self.size)
-        self.start, self.end = self.bounds[self.rank], self.bounds[self.rank + 1]
-        return self.start, self.end
+        self.start = self.bounds[self.rank]
+        return self.start, self.bounds[self.rank + 1]
 
     @property
     def lengths(self) -> list[int]:
         return [b1 - b0 for b0, b1 in zip(self.bounds, self.bounds[1:])]
 
     def check_local(self, n: int) -> None:
-        if not self.bounds or n != self.end - self.start:
+        if not self.bounds or n != self.lengths[self.rank]:
             raise RuntimeError(f"context parallel: a layer got {n} tokens, the slab of rank {self.rank} is "
                                f"{self.bounds[self.rank:self.rank + 2] if self.bounds else 'not set'}; "
                                "call the causal LM (which splits the sequence), not its layers")
