@@ -122,8 +122,7 @@ class Glm5NextCausalLM(nn.Module):
         cache = DynamicCache(config=self.config) if cache is None else cache
         ids, step = input_ids, input_ids
         for _ in range(max_new_tokens):
-            hidden = self.model(input_ids=step, cache=cache, use_cache=True).last_hidden_state[:, -1]  # [B, D]
-            step = self.lm_head(hidden).float().argmax(-1, keepdim=True)  # [B, 1]
+            step = self.lm_head(self.hidden(step, cache=cache)[:, -1]).float().argmax(-1, keepdim=True)  # [B, 1]
             ids = torch.cat([ids, step], dim=1)
         return ids
 

@@ -100,7 +100,4 @@ def score_streaming(model: Glm5NextCausalLM, input_ids: torch.Tensor,
     T = input_ids.shape[1]
     input_ids = input_ids.to(model.lm_head.weight.device)
     scorer = StreamingScorer(model, total_len=T)
-    out = torch.empty(T, dtype=torch.float32, device=input_ids.device)
-    for t0 in range(0, T, chunk_tokens):  # the last chunk may be shorter
-        out[t0:t0 + chunk_tokens] = scorer.step(input_ids[:, t0:t0 + chunk_tokens])[0]
-    return out
+    return torch.cat([scorer.step(input_ids[:, t0:t0 + chunk_tokens])[0] for t0 in range(0, T, chunk_tokens)])

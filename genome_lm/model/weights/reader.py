@@ -230,8 +230,6 @@ def load_weights_(model: Glm5NextCausalLM, source: str | Path | Mapping[str, tor
     tensors = model_tensors(model, model.state_dict(keep_vars=True)).items()
     for name, tensor in tqdm(tensors, desc=progress or None, unit="tensor", disable=not progress):
         local, start = local_rows(tensor)
-        if local.dim() == 0:
-            raise ValueError(f"load_weights_: {name} is a scalar; the model has none")
         if local.shape[0]:  # else this rank holds no rows of a tensor shorter than the world
             read_(name, local, start, tensor.shape[0], dtype)
     return LoadReport(tuple(unused))
