@@ -31,10 +31,8 @@ class BuiltModel:
 
 def build(source: str | Path, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
           meta: bool | None = None, **config_overrides) -> BuiltModel:
-    """The text-only causal LM from a preset name or checkpoint directory. `dtype` (or its name):
-    upstream's float32 exceptions stay float32; None: float32 for presets, as stored for checkpoints.
-    `meta`: nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields (`num_hidden_layers=2`).
-    """
+    """`dtype` (or its name): upstream's float32 exceptions stay float32; None: float32 for presets, as stored
+    for checkpoints. `meta`: nothing allocated. `config_overrides`: `Glm5NextTextConfig` fields."""
     route_cpu_to_torch()
     if isinstance(dtype, str):
         value = getattr(torch, dtype.removeprefix("torch."), None)

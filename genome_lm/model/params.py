@@ -1,5 +1,4 @@
-"""Parameter counts by group (`_RULES`; `kda` / `mla` are the other self_attn.* of KDA / DSA layers),
-for the planner (meta-device models too), plus `total` and `active` (routed experts at k / E)."""
+"""Parameter counts by group (`_RULES`; `kda` / `mla`: the other self_attn.* of KDA / DSA layers), meta models too."""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ def parameter_group(name: str, layer_types: list[str]) -> str:
 
 
 def count_parameters(model: Glm5NextCausalLM | Glm5NextTextModel) -> dict[str, int]:
-    """Parameter counts by group plus `total` and `active` (tied tensors once) of a causal or text model."""
+    """Counts by group, `total` and `active` (routed experts at k / E; tied tensors once) of a causal or text model."""
     config = model.config
     assert config.layer_types is not None  # the config fills it
     counts = dict.fromkeys(GROUPS, 0)

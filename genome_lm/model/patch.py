@@ -30,8 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def apply_long_context(model: nn.Module, settings: LongContextSettings | None = None, **overrides) -> nn.Module:
-    """Install the long-context classes in `model` (in place) and return it; keywords override fields
-    of `settings`, e.g. `apply_long_context(model, moe_block_tokens=8192)`."""
+    """Install the long-context classes in `model` (in place), return it; keywords override `settings` fields."""
     settings = dataclasses.replace(settings or DEFAULTS, **overrides)
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise TypeError("apply_long_context: install the long-context classes before recompute and FSDP2 "

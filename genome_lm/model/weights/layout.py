@@ -82,8 +82,7 @@ def keep_fp32(name: str) -> bool:
 
 
 def cast_dtype(name: str, stored: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
-    """`dtype` for tensor `name`, but float32 for upstream's exceptions under bf16/fp16 (None, or not
-    floating point: `stored`)."""
+    """`dtype` for tensor `name`, float32 for upstream's exceptions under bf16/fp16 (None or not float: `stored`)."""
     if dtype is None or not stored.is_floating_point:
         return stored
     if keep_fp32(name) and dtype in (torch.float16, torch.bfloat16):

@@ -144,8 +144,7 @@ class CheckpointReader:
         return iter([(name, start, tensor)]) if name in self.keys else to_disk_layout(name, tensor, start, rows)
 
     def check(self, tensors: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.dtype], list[str]]:
-        """`tensors` (name -> full shape) all stored with that shape, else GenomeLMError -> (stored dtype
-        by name, unused checkpoint keys)."""
+        """`tensors` (name -> full shape) all stored so, else GenomeLMError -> (stored dtype by name, unused keys)."""
         needed, missing, dtypes = set(), [], {}
         for name, shape in tensors.items():
             for disk, _, part in self._disk(name, torch.empty(shape, device="meta")):
