@@ -120,8 +120,7 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 
     def configure(self, activation: str = "silu", backend: KDABackend = DEFAULTS.kda_backend,
                   fla: FlaKernels = FLA) -> None:
-        self.activation = activation
-        self.backend, self.fla = backend, fla
+        self.activation, self.backend, self.fla = activation, backend, fla
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation}, backend={self.backend}"
