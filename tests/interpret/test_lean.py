@@ -19,7 +19,6 @@ from genome_lm.model.ops.kda.chunk import chunk_kda, chunk_kda_torch
 from genome_lm.model.ops.kda.conv import short_conv
 from genome_lm.model.ops.kda.conv import naive_short_conv
 from genome_lm.model.ops.kda.norm import KDAOutputNorm
-from genome_lm.model.ops.norm import upstream_gated_rms_norm
 from genome_lm.model.upstream import glm
 from tests.helpers import assert_close
 from tests.model.test_kda import make_inputs
@@ -55,7 +54,7 @@ def test_fla_gated_output_norm_matches_upstream(fla_lean_calls):
 
     out, grads = run(norm)
     assert fla_lean_calls == ["norm"]
-    out_ref, grads_ref = run(lambda x, g: upstream_gated_rms_norm(norm, x, g))
+    out_ref, grads_ref = run(lambda x, g: glm.Glm5NextTextRMSNormGated.forward(norm, x, g))
     assert_close("out", out, out_ref, TOL)
     for name, g, g_ref in zip(["dx", "dgate", "dweight"], grads, grads_ref):
         assert_close(name, g, g_ref, TOL)

@@ -18,12 +18,12 @@ import torch
 
 from genome_lm.model.ops import hc as hc_layer
 from genome_lm.model.ops import norm as rms_mod
-from genome_lm.model.ops.hc import RecomputedHyperConnection, lean_hc_forward, sinkhorn, upstream_hc_forward
+from genome_lm.model.ops.hc import RecomputedHyperConnection, lean_hc_forward, sinkhorn
 from genome_lm.model.ops.kda import KDAForgetGate, LongKDA
 from genome_lm.model.ops.kda import chunk as gate_mod
-from genome_lm.model.ops.kda.chunk import kda_gate, upstream_forget_gate
+from genome_lm.model.ops.kda.chunk import kda_gate
 from genome_lm.model.ops.kda.conv import ShortConvFunction, conv_tail, naive_short_conv, short_conv
-from genome_lm.model.ops.norm import gated_rms_norm, rms_norm, upstream_gated_rms_norm, upstream_rms_norm
+from genome_lm.model.ops.norm import gated_rms_norm, rms_norm
 from genome_lm.model.upstream import glm
 from tests.helpers import assert_close
 
@@ -143,7 +143,7 @@ def test_kda_gate_matches_upstream(small_blocks, lower_bound):
     raw = gate.f_b_proj(gate.f_a_proj(x)).detach()  # [B, T, H·K]
 
     def ref(raw, A_log, dt_bias):
-        return upstream_forget_gate(_Params(gate, A_log, dt_bias, raw), x)
+        return glm.Glm5NextTextForgetGate.forward(_Params(gate, A_log, dt_bias, raw), x)
 
     assert_same(lambda r, a, d: kda_gate(r.view(2, 19, 3, 8), a, d, lower_bound), ref,
                 [raw, gate.A_log, gate.dt_bias], ["draw", "dA_log", "ddt_bias"])
@@ -189,7 +189,7 @@ def test_rms_norm_matches_upstream(small_blocks, dtype, tol):
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, 13, 32, generator=gen).to(dtype)
     weight = (1 + 0.3 * torch.randn(32, generator=gen)).to(dtype)
-    assert_same(lambda x, w: rms_norm(x, w, 1e-5), lambda x, w: upstream_rms_norm(_Norm(w, 1e-5), x),
+    assert_same(lambda x, w: rms_norm(x, w, 1e-5), lambda x, w: glm.Glm5NextTextRMSNorm.forward(_Norm(w, 1e-5), x),
                 [x, weight], ["dx", "dweight"], tol=tol)
 
 
@@ -199,7 +199,7 @@ def test_gated_rms_norm_matches_upstream(small_blocks, dtype, tol):
     x, gate = (torch.randn(2, 11, 3, 16, generator=gen).to(dtype) for _ in range(2))
     weight = (1 + 0.3 * torch.randn(16, generator=gen)).to(dtype)
     assert_same(lambda x, g, w: gated_rms_norm(x, g, w, 1e-6),
-                lambda x, g, w: upstream_gated_rms_norm(_Norm(w, 1e-6), x, g), [x, gate, weight],
+                lambda x, g, w: glm.Glm5NextTextRMSNormGated.forward(_Norm(w, 1e-6), x, g), [x, gate, weight],
                 ["dx", "dgate", "dweight"], tol=tol)
 
 
@@ -242,7 +242,7 @@ def test_recomputed_hyper_connection_matches_upstream(small_blocks, dtype, tol):
         return outs, x.grad, {n: p.grad for n, p in module.named_parameters()}
 
     outs, dx, grads = run(lean, lambda m, x: m(x))
-    outs_ref, dx_ref, grads_ref = run(upstream, upstream_hc_forward)
+    outs_ref, dx_ref, grads_ref = run(upstream, glm.Glm5NextTextHyperConnection.forward)
     for name, o, o_ref in zip(["post", "comb", "collapsed"], outs, outs_ref):
         assert o.dtype == o_ref.dtype
         assert_close(name, o.detach(), o_ref.detach(), tol)

@@ -13,7 +13,6 @@ from genome_lm.model.ops import LongContextModule
 from genome_lm.model.ops.norm import rms_backward, row_blocks, rstd_of
 from genome_lm.model.upstream import glm
 
-upstream_hc_forward = glm.Glm5NextTextHyperConnection.forward
 ROW_BLOCK = 4096  # tokens per block of the float32 [S·D] temporaries
 
 
@@ -75,7 +74,7 @@ class HCCollapseFunction(torch.autograd.Function):
 
 
 def lean_hc_forward(self, hidden_streams: torch.Tensor):
-    """`upstream_hc_forward` with its [T, S·D] steps as `HCLogitsFunction` and `HCCollapseFunction`: same values."""
+    """Upstream's forward with its [T, S·D] steps as `HCLogitsFunction` and `HCCollapseFunction`: same values."""
     hc = self.hc_mult
     B, T = hidden_streams.shape[:2]
     flat = hidden_streams.reshape(B * T, -1)  # upstream's flatten

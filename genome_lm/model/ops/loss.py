@@ -75,8 +75,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     nll = ChunkedCrossEntropy.apply(hidden, weight, targets, int(chunk_tokens), int(ignore_index))  # [N]
-    count = (targets != ignore_index).sum().clamp(min=1)
-    loss = nll.sum() / count
+    loss = nll.sum() / (targets != ignore_index).sum().clamp(min=1)
     return (loss, nll) if return_per_token else loss
 
 
@@ -86,6 +85,5 @@ def naive_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
     not `ignore_index` (0 if none); with `return_per_token`, (loss, nll [N] float32, 0 where ignored)."""
     logits = F.linear(hidden, weight).float()  # [N, V]
     nll = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="none")  # [N]
-    count = (targets != ignore_index).sum().clamp(min=1)
-    loss = nll.sum() / count
+    loss = nll.sum() / (targets != ignore_index).sum().clamp(min=1)
     return (loss, nll) if return_per_token else loss

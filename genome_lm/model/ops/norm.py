@@ -17,9 +17,6 @@ from genome_lm.model.upstream import glm
 
 ROW_BLOCK = 8192  # rows per block of the float32 temporaries
 
-upstream_rms_norm = glm.Glm5NextTextRMSNorm.forward
-upstream_gated_rms_norm = glm.Glm5NextTextRMSNormGated.forward
-
 
 def row_blocks(n: int, block: int):  # (start, stop) of blocks covering n rows
     return ((a, min(a + block, n)) for a in range(0, n, block))
@@ -35,7 +32,7 @@ def rms_backward(dn: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor) -> to
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """`upstream_rms_norm` as one function: x [..., D], weight [D] -> [..., D] in `weight * x.dtype`'s
+    """`Glm5NextTextRMSNorm.forward` as one function: x [..., D], weight [D] -> [..., D] in `weight * x.dtype`'s
     dtype; saves x and weight, backward recomputes rstd per block."""
 
     @staticmethod
@@ -68,7 +65,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class GatedRMSNormFunction(torch.autograd.Function):
-    """`upstream_gated_rms_norm` as one function: x, gate [..., V], weight [V] -> [..., V] in x.dtype;
+    """`Glm5NextTextRMSNormGated.forward` as one function: x, gate [..., V], weight [V] -> [..., V] in x.dtype;
     saves x, gate and weight, backward recomputes."""
 
     @staticmethod

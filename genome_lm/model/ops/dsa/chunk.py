@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .indexer import DSASelection
+from genome_lm.model.ops.dsa.indexer import DSASelection
+from genome_lm.model.ops.norm import row_blocks
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:  # float32, or float64 for float64 inputs (gradcheck)
@@ -75,8 +76,7 @@ class _SparseLatentAttention(torch.autograd.Function):
         B, T, H, R = q.shape
         o = torch.empty_like(q)
         lse = torch.empty(B, T, H, dtype=_acc(q[:0]).dtype, device=q.device)
-        for t0 in range(0, T, block):
-            t1 = min(t0 + block, T)
+        for t0, t1 in row_blocks(T, block):
             blk = _Block(kv, selection, t0, t1)
             rows = blk.gather(kv)  # [B, n, W, R]
             s = _scores(q[:, t0:t1], rows, blk.invalid, scale)  # [B, n, H, W]
@@ -96,8 +96,7 @@ class _SparseLatentAttention(torch.autograd.Function):
         B, T, H, R = q.shape
         dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
         dkv = None
-        for t0 in range(0, T, block):
-            t1 = min(t0 + block, T)
+        for t0, t1 in row_blocks(T, block):
             blk = _Block(kv, selection, t0, t1)
             rows = blk.gather(kv)  # [B, n, W, R]
             qb, dob = _acc(q[:, t0:t1]), _acc(do[:, t0:t1])  # [B, n, H, R]

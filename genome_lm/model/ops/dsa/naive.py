@@ -65,22 +65,17 @@ def naive_mla_attention(q_nope: torch.Tensor, kv_latent: torch.Tensor, kv_b_weig
     return torch.einsum("bhts,bshd->bthd", p, v)
 
 
-def naive_dsa_forward(attn, hidden_states: torch.Tensor, prev_indices: torch.Tensor | None = None):
-    """Reference forward of an upstream `Glm5NextTextAttention` (its parameters, not its forward; no
-    cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
+def naive_dsa_forward(attn, hidden_states: torch.Tensor):
+    """Reference forward of an upstream `Glm5NextTextAttention` with an indexer (its parameters, not its
+    forward; no cache, padding or RoPE) -> (output [B, T, D], token indices [B, T, W] it used)."""
     B, T, _ = hidden_states.shape
     q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))  # [B, T, q_lora]
     q = attn.q_b_proj(q_resid).view(B, T, attn.num_heads, attn.qk_head_dim)  # [B, T, H, DN]
     c = attn.kv_a_layernorm(attn.kv_a_proj_with_mqa(hidden_states)[..., : attn.kv_lora_rank])  # [B, T, R]
-    if attn.indexer is None:
-        if prev_indices is None:
-            raise ValueError("shared DSA layer needs the previous layer's selection")
-        indices = prev_indices
-    else:
-        ix = attn.indexer
-        q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
-        with torch.no_grad():
-            indices = naive_kpool_indexer(q_idx, keys, gate, ix.index_kpool_compress_ape, weights, ix.index_topk,
-                                          ix.index_kpool, ix.index_kpool_always_select_tail, ix.softmax_scale)
+    ix = attn.indexer
+    q_idx, weights, keys, gate = index_inputs(ix, hidden_states, q_resid)
+    with torch.no_grad():
+        indices = naive_kpool_indexer(q_idx, keys, gate, ix.index_kpool_compress_ape, weights, ix.index_topk,
+                                      ix.index_kpool, ix.index_kpool_always_select_tail, ix.softmax_scale)
     o = naive_mla_attention(q, c, attn.kv_b_proj.weight, indices, attn.scaling)
     return attn.o_proj(o.reshape(B, T, -1)), indices

@@ -63,8 +63,7 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
             raise ValueError(f"kda chunk_size must be >= 1, got {chunk_size}")
         if head_block < 0 or (head_block and self.num_heads % head_block):
             raise ValueError(f"kda head_block={head_block} must be 0 (all heads) or divide the {self.num_heads} heads")
-        self.chunk_size = int(chunk_size)
-        self.head_block = int(head_block)
+        self.chunk_size, self.head_block = int(chunk_size), int(head_block)
         self.backend, self.fla = backend, fla
         KDAShortConv.install(self.conv1d, activation=self.activation, backend=backend, fla=fla)
         KDAForgetGate.install(self.forget_gate)
@@ -78,19 +77,19 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         """Upstream's call: hidden_states [B, T, D] -> [B, T, D], `cache` updated as upstream does."""
         if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
             raise NotImplementedError("genome_lm's KDA does not support packed sequences (cu_seqlens / seq_idx)")
+        hidden_states = mask_padding(hidden_states, attention_mask)
         if self.cp is not None:
             if cache is not None:
                 raise NotImplementedError("context-parallel KDA is for training (no cache); score with one process")
-            return self._cp_forward(self.cp, hidden_states, attention_mask)
+            return self._cp_forward(self.cp, hidden_states)
         if cache is None:
-            return kda_layer_step(self, hidden_states, None, attention_mask)[0]
-        return self._cached_forward(hidden_states, cache, attention_mask)
+            return kda_layer_step(self, hidden_states)[0]
+        return self._cached_forward(hidden_states, cache)
 
-    def _cached_forward(self, hidden_states: torch.Tensor, cache, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _cached_forward(self, hidden_states: torch.Tensor, cache) -> torch.Tensor:
         """Upstream's cache path on `kda_layer_step`: the cache gets the T raw projections (it counts
         them, and keeps them for a `crop`); the states it keeps for its last N tokens run one at a time."""
         idx = self.layer_idx
-        hidden_states = mask_padding(hidden_states, attention_mask)
         T = hidden_states.shape[1]
         recurrent = cache.get_recurrent_state(idx)  # read first: updating the conv state marks the layer started
         mixed = kda_projections(self, hidden_states)  # [B, T, 3·H·K]
@@ -111,18 +110,16 @@ class LongKDA(LongContextModule, Glm5NextTextLinearAttention):
         cache.update_recurrent_state(kept if keep else final, idx)
         return torch.cat(outs, dim=1)
 
-    def _cp_forward(self, cp: CPContext, hidden_states: torch.Tensor,
-                    attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _cp_forward(self, cp: CPContext, hidden_states: torch.Tensor) -> torch.Tensor:
         """This rank's slab [B, T, D] -> [B, T, D] (`cp` holds the split; the core: `cp_kda_core`)."""
         cp.check_local(hidden_states.shape[1])
-        hidden_states = mask_padding(hidden_states, attention_mask)
         # the W-1 pre-conv projections [B, C3, W-1] before this slab (zeros at sequence start)
         W1 = self.conv_kernel_size - 1
         lengths = [min(W1, n) for n in cp.lengths]
         mixed = kda_projections(self, hidden_states[:, hidden_states.shape[1] - lengths[cp.rank]:])  # [B, <= W-1, C3]
         tails = gather_seq(mixed, lengths, cp.group)  # [B, sum n, C3]: every slab's last tokens, in order
         prefix = conv_tail(tails[:, : sum(lengths[: cp.rank])], None, W1 + 1)  # [B, C3, W-1]
-        return kda_layer_step(self, hidden_states, (prefix, None), None, kda_core=partial(cp_kda_core, cp))[0]
+        return kda_layer_step(self, hidden_states, (prefix, None), kda_core=partial(cp_kda_core, cp))[0]
 
 
 class KDAForgetGate(LongContextModule, glm.Glm5NextTextForgetGate):
@@ -141,7 +138,7 @@ KDAState = tuple[torch.Tensor, torch.Tensor | None]
 
 
 def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState | None = None,
-                   attention_mask: torch.Tensor | None = None, kda_core: Callable | None = None,
+                   kda_core: Callable | None = None,
                    mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, KDAState]:
     """A `LongKDA` over the next T >= 1 tokens [B, T, D] after `state` (None: sequence start) -> (out
     [B, T, D], new state); pieces fed in order give one pass's outputs, gradients flow through the
@@ -149,7 +146,6 @@ def kda_layer_step(module: LongKDA, hidden_states: torch.Tensor, state: KDAState
     Kept for backward, in the compute dtype: the input, `[q | k | v]` before and after the conv,
     the gate's raw input, beta, the low-rank gate activations, the core's output and the output gate.
     """
-    hidden_states = mask_padding(hidden_states, attention_mask)
     B, T, _ = hidden_states.shape
     head_shape = (B, T, -1, module.head_dim)
 

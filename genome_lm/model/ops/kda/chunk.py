@@ -41,10 +41,8 @@ from torch.utils.checkpoint import checkpoint
 
 from genome_lm.model.ops.kda._fla import FLA, FlaKernels, fla_chunk_kda, use_fla
 from genome_lm.model.ops.norm import row_blocks
-from genome_lm.model.upstream import glm
 from genome_lm.settings import DEFAULTS, KDABackend
 
-upstream_forget_gate = glm.Glm5NextTextForgetGate.forward
 ROW_BLOCK = 4096  # tokens per block of the forget gate's float32 temporaries
 
 
@@ -257,6 +255,6 @@ class KDAGateFunction(torch.autograd.Function):
 
 def kda_gate(raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
              lower_bound: float | None = None) -> torch.Tensor:
-    """raw `[..., H, K]`, A_log `[H]`, dt_bias `[H·K]` -> `upstream_forget_gate`'s `[..., H, K]` float32."""
+    """raw `[..., H, K]`, A_log `[H]`, dt_bias `[H·K]` -> `Glm5NextTextForgetGate.forward`'s `[..., H, K]` float32."""
     shape = raw.shape
     return KDAGateFunction.apply(raw.reshape(-1, *shape[-2:]), A_log, dt_bias, lower_bound).view(shape)

@@ -16,7 +16,6 @@ from genome_lm.model.ops.norm import row_blocks
 from genome_lm.settings import DEFAULTS, KDABackend
 
 BLOCK_TOKENS = 2048
-ACTIVATIONS = ("silu", "swish")
 
 
 def _prev(prev: torch.Tensor | None, x: torch.Tensor, W: int) -> torch.Tensor:
@@ -94,7 +93,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None 
                fla: FlaKernels = FLA) -> torch.Tensor:
     """silu(causal depthwise conv of [prev | x]): x [B, T, C], weight [C, 1, W], prev [B, C, W-1] (None:
     zeros) -> [B, T, C] in x's dtype, computed in the weight's; differentiable w.r.t. all three."""
-    if activation not in ACTIVATIONS:
+    if activation not in ("silu", "swish"):
         raise NotImplementedError(f"KDA short convolution with activation {activation!r}; only silu")
     if use_fla(x.device.type, backend, fla):
         state = None if prev is None else F.pad(prev.to(x.dtype), (1, 0))  # fla reads the last W-1 of [B, C, W]
@@ -120,8 +119,7 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 
     def configure(self, activation: str = "silu", backend: KDABackend = DEFAULTS.kda_backend,
                   fla: FlaKernels = FLA) -> None:
-        self.activation = activation
-        self.backend, self.fla = backend, fla
+        self.activation, self.backend, self.fla = activation, backend, fla
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation}, backend={self.backend}"
@@ -131,8 +129,7 @@ class KDAShortConv(LongContextModule, nn.Conv1d):
 
 
 def naive_short_conv(x: torch.Tensor, weight: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
-    """silu(causal depthwise conv), the plain way: x `[B, T, C]`, weight `[C, 1, W]`, prev `[B, C, W-1]`
-    (None: zeros) -> `[B, T, C]` in x's dtype, computed in the weight's dtype."""
+    """`short_conv`'s values (same arguments and shapes), the plain way: one conv of [prev | x]."""
     full = torch.cat([_prev(prev, x, weight.shape[-1]), x.transpose(1, 2)], dim=-1)  # [B, C, W-1+T]
     out = F.silu(F.conv1d(full.to(weight.dtype), weight, groups=x.shape[-1]))  # [B, C, T]
     return out.to(x.dtype).transpose(1, 2)

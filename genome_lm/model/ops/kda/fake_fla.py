@@ -86,17 +86,14 @@ def causal_conv1d(x, weight, *, initial_state=None, **kwargs):
                              x, weight), None
 
 
-def _norm_gated_forward(x, g, weight):
-    rstd = x.new_empty(x.shape[:-1], dtype=F32)
-    return x.new_empty(x.shape), [x, g, weight, rstd]
-
-
 def rms_norm_gated(x, g, weight, **kwargs):
     """`fla.modules.norm.fused_norm_gate.rms_norm_gated`'s contract."""
     _check("rms_norm_gated", x.shape == g.shape and weight.shape == x.shape[-1:],
            f"x {tuple(x.shape)} g {tuple(g.shape)} weight {tuple(weight.shape)}")
-    return _FakeKernel.apply(_norm_gated_forward, lambda dy, x, g, w, _: (
-        dy.new_empty(x.shape), dy.new_empty(g.shape), dy.new_empty(w.shape, dtype=w.dtype)), x, g, weight)
+    return _FakeKernel.apply(lambda x, g, w: (x.new_empty(x.shape), [x, g, w, x.new_empty(x.shape[:-1], dtype=F32)]),
+                             lambda dy, x, g, w, rstd: (dy.new_empty(x.shape), dy.new_empty(g.shape),
+                                                        dy.new_empty(w.shape, dtype=w.dtype)),
+                             x, g, weight)
 
 
 def build_cp_context(cu_seqlens, group=None, cu_seqlens_cpu=None, **kwargs):
