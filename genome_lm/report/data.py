@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +26,13 @@ class EvalResult:
 @dataclass
 class CompareResult:
     label: str
-    dir: Path | None
     result: dict
 
 
 @dataclass
 class RunMetrics:
     label: str
-    dir: Path
-    columns: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 [S] (NaN where missing)
+    columns: dict[str, np.ndarray]  # name -> float64 [S] (NaN where missing)
 
 
 def windows_text(summary: dict) -> str:
@@ -57,7 +55,7 @@ def load_eval(eval_dir: str | Path, label: str | None = None) -> EvalResult:
 def load_compare_dir(compare_dir: str | Path, label: str | None = None) -> CompareResult:
     d = Path(compare_dir)
     result = load_compare(d)
-    return CompareResult(label or f"{_side(result['b'])} vs {_side(result['a'])}", d, result)
+    return CompareResult(label or f"{_side(result['b'])} vs {_side(result['a'])}", result)
 
 
 def _side(side: dict) -> str:
@@ -107,7 +105,7 @@ def implied_compares(evals: list[EvalResult]) -> list[CompareResult]:
         except GenomeLMError as e:
             logging.getLogger(__name__).warning("no relative change for %s vs %s: %s", ev.label, evals[0].label, e)
             continue
-        out.append(CompareResult(f"{ev.label} vs {evals[0].label}", None, result))
+        out.append(CompareResult(f"{ev.label} vs {evals[0].label}", result))
     return out
 
 
@@ -124,6 +122,6 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunMetrics:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 raise GenomeLMError(f"{path}:{n}: not a JSON object; is the file damaged?") from None
-    cols = {c: np.array([r.get(c, np.nan) if r.get(c) is not None else np.nan for r in rows], dtype=np.float64)
+    cols = {c: np.array([np.nan if r.get(c) is None else r[c] for r in rows], dtype=np.float64)
             for c in METRIC_COLUMNS}
-    return RunMetrics(label or d.name, d, cols)
+    return RunMetrics(label or d.name, cols)

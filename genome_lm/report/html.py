@@ -55,8 +55,7 @@ def headline(compares: list[CompareResult], gain: ContextGain | None = None, see
             continue
         text = (f"{cmp.label}: {o['rel_change_pct']:+.2f}% held-out loss (95% CI {rel_ci_text(o)}) "
                 f"over {o['n_tokens']:,} tokens")
-        best = cmp.result["concentration"]["largest_relative_gain"]
-        if best:
+        if best := cmp.result["concentration"]["largest_relative_gain"]:
             text += (f"; largest relative change at context [{best['lo']:,}, {best['hi']:,}) tokens: "
                      f"{best['rel_change_pct']:+.2f}%")
         lines.append(f"<p>{html.escape(text)}</p>")
@@ -91,7 +90,7 @@ def _context_gain_section(gain: ContextGain, seeds: CompareResult | None = None)
     tokens = (f"Each model's loss rests on its {o['base']['n_tokens']:,} held-out tokens in "
               f"{windows_text(gain.evals['base'].summary)} (95% CI: "
               f"bootstrap over windows); each difference on the tokens both models scored "
-              f"({gain.pair('long', 'short').result['overall']['n_tokens']:,}), with a paired bootstrap over the same "
+              f"({gain.pairs['long', 'short'].result['overall']['n_tokens']:,}), with a paired bootstrap over the same "
               "windows.")
     short, long = gain.training.get("short"), gain.training.get("long")
     if short and long:
@@ -229,7 +228,6 @@ def build_report(dirs: Sequence[str | Path], runs: Sequence[str | Path] = (),
 
 
 GENERATOR = '<meta name="generator" content="genome_lm report">'
-REPORT_SUFFIXES = (".html", ".htm")
 
 
 def claim_report(out: Path, overwrite: bool) -> None:
@@ -246,7 +244,7 @@ def claim_report(out: Path, overwrite: bool) -> None:
         raise GenomeLMError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
     with open(out, "rb") as f:
         head = f.read(4096)
-    if GENERATOR.encode() not in head and out.suffix.lower() not in REPORT_SUFFIXES:
+    if GENERATOR.encode() not in head and out.suffix.lower() not in (".html", ".htm"):
         raise GenomeLMError(f"--out {out} is not a report (a {out.suffix or 'suffix-less'} file); --overwrite "
                             "replaces only a report or an HTML page: choose an .html path for --out")
 

@@ -37,9 +37,6 @@ class ContextGain:
     pairs: dict[tuple[str, str], CompareResult]         # (B role, A role) -> comparison, B - A
     training: dict[str, Training | None] = field(default_factory=dict)
 
-    def pair(self, b: str, a: str) -> CompareResult:
-        return self.pairs[(b, a)]
-
 
 def training_of(ev: EvalResult) -> Training | None:
     """The run whose checkpoint `ev` scored (RUN/checkpoints/X -> RUN), if its files are there."""
@@ -79,7 +76,7 @@ def context_gain(base: EvalResult | str | Path, short: EvalResult | str | Path, 
                       and same_path(cmp.result["b"]["dir"], evals[b].dir)), None)
         if found is None:
             result = compare_evals(evals[a].dir, evals[b].dir, **compare_kwargs)
-            found = CompareResult(f"{evals[b].label} vs {evals[a].label}", None, result)
+            found = CompareResult(f"{evals[b].label} vs {evals[a].label}", result)
         pairs[(b, a)] = found
     return ContextGain(evals, pairs, {role: training_of(ev) for role, ev in evals.items()})
 
@@ -123,7 +120,7 @@ def _verdict(o: dict, evidence: str = "these windows") -> str:
 
 def reading(gain: ContextGain, seeds: CompareResult | None = None) -> str:
     """The fine-tunes against the base and each other; with `seeds`, long vs short pooled over the seeds."""
-    lb, sb, ls = (gain.pair(*p).result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
+    lb, sb, ls = (gain.pairs[p].result["overall"] for p in (("long", "base"), ("short", "base"), ("long", "short")))
     text = (f"Fine-tuning at long context changed held-out loss by {_pct(lb)} (95% CI {rel_ci_text(lb)}) and "
             f"fine-tuning on as many tokens at the base's context by {_pct(sb)} ({rel_ci_text(sb)}), so the gain "
             f"attributable to context, long vs short, is {_pct(ls)} ({rel_ci_text(ls)})") + _verdict(ls)
@@ -156,7 +153,7 @@ def format_context_gain(gain: ContextGain) -> str:
     lines.append(f"  {'paired difference, B - A':<33} {'tokens':>10} {'bits/base':>10} {'95% CI':>20} {'rel %':>7} "
                  f"{'95% CI (%)':>16}")
     for b, a, what in PAIRS:
-        d = gain.pair(b, a).result["overall"]
+        d = gain.pairs[b, a].result["overall"]
         ci = f"[{_bits(d['diff_ci_low'], '+.4f')}, {_bits(d['diff_ci_high'], '+.4f')}]"
         rel = "-" if d["rel_change_pct"] is None else f"{d['rel_change_pct']:+.2f}"
         rci = ("-" if d["rel_ci_low"] is None or d["rel_ci_high"] is None

@@ -47,8 +47,7 @@ def _tokens(v: float) -> str:
 
 
 def _nats_axis(ax) -> None:
-    sec = ax.secondary_yaxis("right", functions=(lambda b: b * LN2, lambda n: n / LN2))
-    sec.set_ylabel("nats per token")
+    ax.secondary_yaxis("right", functions=(lambda b: b * LN2, lambda n: n / LN2)).set_ylabel("nats per token")
 
 
 def _lines(lines: list, ylabel: str, legend: str, title: str, zero: bool = False):
@@ -142,9 +141,8 @@ def plot_context_gain(gain: ContextGain, title: str = "Is the gain from context,
     left.axvline(0, color="0.3", lw=1)
     right.axhline(0, color="0.3", lw=1)
     for i, (b, a, what) in enumerate(PAIRS):
-        r, color = gain.pair(b, a).result, COLORS[(i + 2) % len(COLORS)]
+        r, color = gain.pairs[b, a].result, COLORS[(i + 2) % len(COLORS)]
         o = r["overall"]
-        label = f"{b} vs {a} ({what})"
         if o["rel_change_pct"] is not None:
             lo, hi = o["rel_ci_low"], o["rel_ci_high"]
             err = None if lo is None or hi is None else [[o["rel_change_pct"] - lo], [hi - o["rel_change_pct"]]]
@@ -152,13 +150,12 @@ def plot_context_gain(gain: ContextGain, title: str = "Is the gain from context,
             left.annotate(f"{o['rel_change_pct']:+.2f}%", (o["rel_change_pct"], -i), xytext=(0, 9),
                           textcoords="offset points", ha="center", fontsize=9, color=color)
         x, y, lo, hi = _series(r["buckets"], "rel_change_pct", "rel_ci_low", "rel_ci_high")
-        right.plot(x, y, "-o", color=color, ms=3.5, lw=1.7, label=label)
+        right.plot(x, y, "-o", color=color, ms=3.5, lw=1.7, label=f"{b} vs {a} ({what})")
         right.fill_between(x, lo, hi, color=color, alpha=0.16, lw=0)
     left.set_yticks([-i for i in range(len(PAIRS))], [f"{b} vs {a}\n({what})" for b, a, what in PAIRS])
     left.set_ylim(-len(PAIRS) + 0.5, 0.6)
     left.margins(x=0.2)
-    short = gain.training.get("short")
-    if short and short.seq_len:
+    if (short := gain.training.get("short")) and short.seq_len:
         right.axvline(short.seq_len, color="0.5", ls=":", lw=1.2)
         right.annotate(f"short fine-tune's context ({_tokens(short.seq_len)})", (short.seq_len, 1), xytext=(3, -3),
                        xycoords=("data", "axes fraction"), textcoords="offset points", va="top", fontsize=8,

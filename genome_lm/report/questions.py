@@ -44,8 +44,7 @@ def plot_context_ablation(evals: list[EvalResult]) -> Figure | None:
         x = np.array([r["L"] for r in rows], dtype=float)
         y, yerr = _bits_ci(rows)
         ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, color=color, label=ev.label)
-        steps = ab["paired_differences"]
-        if steps:
+        if steps := ab["paired_differences"]:
             shift = 2 ** (0.06 * (i - (len(evals) - 1) / 2))  # side by side on the log axis
             xs = np.array([d["to"] for d in steps], dtype=float) * shift
             d, derr = _bits_ci(steps, "mean_delta")

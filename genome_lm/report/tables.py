@@ -115,7 +115,7 @@ def context_gain_table(gain: ContextGain) -> str:
                      str(ev.summary.get("shards", {}).get("n_windows", "")), _num(o["bits_per_base"]),
                      _range(_bits(o["ci_low"]), _bits(o["ci_high"])), ""])
     for b, a, what in PAIRS:
-        r = gain.pair(b, a).result
+        r = gain.pairs[b, a].result
         d = r["overall"]
         rows.append([f"<b>{b} &minus; {a}</b> ({html.escape(what)})", "", f"{d['n_tokens']:,}", str(r["n_windows"]),
                      _num(_bits(d["diff"]), "{:+.4f}"),

@@ -65,8 +65,7 @@ class ScoreParams(BlockSizes):
     @field_validator("chunk")
     @classmethod
     def _whole_kda_chunks(cls, v: int) -> int:
-        if v % DEFAULTS.kda_chunk_size:
-            k = DEFAULTS.kda_chunk_size
+        if v % (k := DEFAULTS.kda_chunk_size):
             raise ValueError(f"{v} is not a multiple of {k} (the KDA chunk): chunks must end where the one-pass "
                              f"forward's KDA blocks do, for bfloat16 to equal it; use {max(k, v // k * k)}")
         return v

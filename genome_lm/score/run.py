@@ -24,6 +24,7 @@ import torch
 from genome_lm.errors import GenomeLMError
 from genome_lm.outputs import atomic_directory, claim_output, write_json_atomic
 from genome_lm.score.params import STRANDS, ScoreParams
+from genome_lm.sizes import parse_size
 
 log = logging.getLogger(__name__)
 SCHEMA = pa.schema([("region", pa.string()), ("chrom", pa.string()), ("pos", pa.int64()), ("strand", pa.string()),
@@ -98,8 +99,6 @@ def score_inputs(p: ScoreParams) -> list[Path]:
 def trained_context(checkpoint: str) -> int | None:
     """The training seq_len of a run's checkpoint (RUN/config.yaml of RUN/checkpoints/step_N[/model]), else None."""
     import yaml
-
-    from genome_lm.sizes import parse_size
 
     for run in Path(checkpoint).resolve().parents[1:3]:
         try:
@@ -187,8 +186,7 @@ def _score_regions(p: ScoreParams, par, model, ref, regions: list[Region], todo:
             yield c
 
     def scored(i: int) -> dict:  # one process: each strand's chunks as they are written; a launch: gathered
-        by_strand = {s: chunks(i, s) for s in strands}
-        return {s: [c.cpu() for c in cs] for s, cs in by_strand.items()} if par.distributed else by_strand
+        return {s: [c.cpu() for c in chunks(i, s)] if par.distributed else chunks(i, s) for s in strands}
 
     lengths = np.array([r.end - r.start for r in regions], dtype=np.int64) * len(strands)
     with progress(int(lengths.sum()), int(lengths.sum() - lengths[todo].sum()), f"score {Path(p.out).name}",
@@ -246,8 +244,6 @@ def write_region(work: Path, index: int, region, by_strand: dict, files: dict, r
                     pa.repeat(strand, n), pa.array(chunk.logp.cpu().numpy()), *(pa.array(a) for a in acgt.T)]
             writer.write_table(pa.Table.from_arrays(cols, schema=SCHEMA))  # one row group per chunk
             for layer, emb in chunk.embeddings.items():
-                if (layer, strand) not in files:
-                    continue
                 if stride == 1:
                     lo = int(rel.min())
                     files[layer, strand][row + lo : row + lo + n] = \

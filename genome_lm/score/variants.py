@@ -167,8 +167,7 @@ def format_summary(s: dict, out: str) -> str:
     skipped = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in v["skipped"].items() if n) or "none"
     lines = [f"variants: {v['scored']} of {v['read']} scored (skipped: {skipped}) at contexts "
              f"{', '.join(map(str, s['contexts']))}, {s['variants_per_second']:.2f} variant-contexts/s; {out}"]
-    m = s["metrics"]
-    if m:
+    if m := s["metrics"]:
         def num(x):
             return "nan" if x is None else f"{x:.3f}"
 

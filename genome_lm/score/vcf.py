@@ -84,9 +84,8 @@ def _info(field: str, key: str, allele: int, n_alleles: int) -> str | None:
 
 
 def read_vcf(path: str | Path, labels: str | None = None) -> tuple[list[Variant], int]:
-    """The base-allele variants of `path`, one per ALT allele, labelled from INFO key `labels`; also the
-    number of ALT alleles skipped as symbolic. One-line errors: no #CHROM header, unsorted records,
-    a bad line, a cut-short gzip."""
+    """The base-allele variants of `path`, one per ALT allele, labelled from INFO key `labels`, and the
+    number of ALT alleles skipped as symbolic; a malformed or unsorted VCF is a one-line error."""
     path = Path(path)
     if not path.is_file():
         raise GenomeLMError(f"--vcf {path} does not exist")
@@ -148,9 +147,8 @@ def with_labels(variants: list[Variant], labels: dict[tuple[str, int, str, str],
 
 
 def check_against(variants: list[Variant], ref: Reference) -> tuple[list[Variant], dict[str, int], list[str]]:
-    """(the variants whose contig is loaded and whose REF matches the FASTA, skipped counts by reason,
-    the first 20 mismatches as 'chrom:pos ref>alt (fasta: X)'). Refused as the wrong assembly when
-    most REF alleles differ."""
+    """(the variants whose contig is loaded and whose REF matches the FASTA, skipped counts by reason, the
+    first 20 mismatches as 'chrom:pos ref>alt (fasta: X)'); refused as the wrong assembly when most REFs differ."""
     kept, listed = [], []  # type: list[Variant], list[str]
     skipped = {"ref_mismatch": 0, "not_in_reference": 0}
     for v in variants:

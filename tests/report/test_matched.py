@@ -49,7 +49,7 @@ def test_three_way_table(matched):
         bits = load_summary(getattr(matched, role))["overall"]["bits_per_base"]
         assert f"{bits:.4f}" in row and f"{STEPS * TOKENS_PER_STEP:,} @ " in row
     row = next(line for line in lines if "long - short (context)" in line)
-    d = gain.pair("long", "short").result["overall"]
+    d = gain.pairs["long", "short"].result["overall"]
     assert f"{d['diff'] / LN2:+.4f}" in row and f"[{d['rel_ci_low']:+.2f}, {d['rel_ci_high']:+.2f}]" in row
     assert f"{d['n_tokens']:,}" in row
     assert "gain attributable to context" in text.replace("\n  ", " ")
@@ -120,7 +120,7 @@ def test_reading_pools_long_vs_short_over_seeds(matched, tmp_path):
     text = reading(gain, seeds)
     rep = seeds.result["replicates"]
     pair = [f"{p['rel_change_pct']:+.2f}%" for p in rep["pairs"]]
-    assert pair[0] == f"{gain.pair('long', 'short').result['overall']['rel_change_pct']:+.2f}%"  # seed 1: the pair
+    assert pair[0] == f"{gain.pairs['long', 'short'].result['overall']['rel_change_pct']:+.2f}%"  # seed 1: the pair
     assert text.startswith(reading(gain) + " Over 2 training seeds of both fine-tunes")
     assert f"long vs short is {pair[0]}, {pair[1]} seed by seed and {rep['overall']['rel_change_pct']:+.2f}% pooled" \
         in text
@@ -152,7 +152,7 @@ def test_one_window_evals_print_no_ci_rather_than_fail(matched, eval_inputs, tmp
                             shards=str(eval_inputs.shards), out=str(one[role]), max_windows=1, resamples=50,
                             context=[64, 256]), show_progress=False)
     gain = context_gain(one["base"], one["short"], one["long"], resamples=50)
-    assert gain.pair("long", "short").result["overall"]["rel_ci_low"] is None
+    assert gain.pairs["long", "short"].result["overall"]["rel_ci_low"] is None
     assert reading(gain).endswith("no CI, which needs at least 2 eval windows.")
     assert "(95% CI n/a)" in format_context_gain(gain)
     flat = format_ablation(gain).replace("\n  ", " ")
