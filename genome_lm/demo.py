@@ -167,7 +167,6 @@ def matched_finetunes(r: Recipe, data: list[str], init: Path):
     if per_step % (short.data.seq_len * short.train.grad_accum):
         raise ValueError(f"{per_step} tokens per step is no whole number of {short.data.seq_len}-token sequences")
     short.train.micro_batch = per_step // (short.data.seq_len * short.train.grad_accum)
-    assert _tokens_per_step(short) == per_step and short.train.steps == long.train.steps
     assert short.data.seq_len < long.data.seq_len
     return long, short
 
@@ -185,9 +184,7 @@ def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> tuple[dict, b
 
 def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> dict[str, list[Path]]:
     """Both fine-tunes again per extra seed S (data.seed = train.seed = S; outputs RUN_seedS), evaluated
-    -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}, or {} without extra seeds."""
-    if not r.seed_list():
-        return {}
+    -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}."""
     replicate = {name: [out] for name, out in evals.items()}
     for S in r.seed_list():
         long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
@@ -267,7 +264,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
         summaries[name], ran = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
         timeline.done(6 + 2 * n, ran)
     replicates = _extra_seeds(r, data, runs, evals, shards)
-    seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if replicates else {}
+    seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if r.extra_seeds else {}
     log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seed_dirs.values()]))
     results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
     seeds = {p: write_compare(",".join(map(str, replicates[p[0]])), ",".join(map(str, replicates[p[1]])), d,
