@@ -95,8 +95,7 @@ def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: 
 
 
 def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
-    """Apply one `a.b.c=value` override (a YAML value) to the raw dict; return its key, a.b.c. `example`: shown
-    for a malformed one."""
+    """Apply `assignment` ("a.b.c=value", a YAML value) to `raw`; return a.b.c. `example`: shown for a malformed one."""
     if "=" not in assignment:
         raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} {example}")
     key, value = assignment.split("=", 1)

@@ -57,7 +57,6 @@ def read_marker(folder: Path) -> dict | None:
 
 def write_marker(folder: Path, kind: str, inputs: Iterable[str | os.PathLike] = (), **extra) -> None:
     """Mark `folder` as an output of `kind` holding what is in it now, with `extra` fields."""
-    folder = Path(folder)
     entries = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
     marker = {"kind": kind, "entries": entries, "inputs": [str(Path(i).resolve()) for i in inputs], **extra}
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
