@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
+import genome_lm
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
 from genome_lm.options import add_options, from_args
 from genome_lm.outputs import check_out_path, holding, release_all
@@ -266,8 +267,6 @@ def _call(run: Callable[..., str | None] | str, refs: list, args: argparse.Names
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser, with the flags of the command that `argv` names (of every command without `argv`)."""
-    import genome_lm
-
     parser = argparse.ArgumentParser(prog="genome-lm", description=genome_lm.__doc__)
     parser.add_argument("--version", action="version", version=f"genome-lm {genome_lm.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.options import apply_override, validate
@@ -135,8 +136,6 @@ class Timeline:
 
 
 def _experiment(exp: str, steps: int, extra: list[str]):
-    from genome_lm.config import load_experiment
-
     return load_experiment(experiments_dir() / exp, [f"train.steps={steps}", *extra])
 
 
