@@ -295,8 +295,7 @@ def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str |
         claim_output(final, kind, inputs, overwrite)
         final = final.resolve() if final.is_symlink() else final  # a symlinked --out: its target is written
         parent = final.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
+        try:  # holding() made `parent` for the lock
             for stale in [*parent.glob(f".{final.name}.partial-*"), *parent.glob(f".{final.name}.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)  # a killed writer's: the lock says none is running
             tmp = make_temp_dir(parent, f".{final.name}.partial-")
