@@ -156,10 +156,10 @@ def _tokens_per_step(cfg) -> int:
     return cfg.data.seq_len * cfg.train.micro_batch * cfg.train.grad_accum
 
 
-def matched_finetunes(r: Recipe, data: list[str], init: Path):
-    """The long- and short-context fine-tunes of `r` from `init`: the short one takes window / seq_len
-    sequences per step, so that both train on the same tokens."""
-    common = [*data, f"model.init={init}"]
+def matched_finetunes(r: Recipe, data: list[str], base: Path):
+    """The long- and short-context fine-tunes of `r` from run `base`'s last checkpoint: the short one takes
+    window / seq_len sequences per step, so that both train on the same tokens."""
+    common = [*data, f"model.init={base / 'checkpoints' / 'last'}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
     short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
     per_step = _tokens_per_step(long)
@@ -186,8 +186,7 @@ def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Pa
     -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}."""
     replicate = {name: [out] for name, out in evals.items()}
     for S in r.seed_list():
-        long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
-                                        runs["base"] / "checkpoints" / "last")
+        long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"], runs["base"])
         for name, cfg in (("longctx", long), ("shortctx", short)):
             run_dir, out = (d[name].with_name(f"{d[name].name}_seed{S}") for d in (runs, evals))
             log.info(f"[+] fine-tune seed {S}: {name} -> {run_dir}, evaluated -> {out}")
@@ -253,7 +252,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
     summaries["base"], ran = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     timeline.done(4, ran)
-    long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
+    long, short = matched_finetunes(r, data, runs["base"])
     for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "short"))):
         log.info(f"[{5 + 2 * n}/10] fine-tune the base model at {what} context ({cfg.data.seq_len:,} tokens x "
                  f"{cfg.train.micro_batch} per step, {cfg.train.steps} steps: "
