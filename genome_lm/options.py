@@ -25,9 +25,8 @@ def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += _known_keys(ann, prefix + name + ".")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += _known_keys(field.annotation, prefix + name + ".")
     return keys
 
 
@@ -166,10 +165,9 @@ def _default(v) -> str:
 
 
 def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True, files: bool = True) -> None:
-    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can
-    tell given from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
-    `json_schema_extra` may say `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the
-    value of the flag given without one)."""
+    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can tell given
+    from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's `json_schema_extra` may say
+    `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
         assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"

@@ -1,9 +1,8 @@
-"""Output folders a command owns (docs/refusals.md): it writes only into an output it made, and
-`--overwrite` replaces only such an output, made by the same kind of command. Each holds a marker,
-`.genome_lm.json`: `{"kind": "eval", "entries": [...], "inputs": ["/abs/ckpt", ...]}`. One writer per
-output: an `fcntl.flock` on `PARENT/.NAME.lock`, held until the command ends (a launch's workers work
-under their launcher's, `HOLDER_ENV`). Files and folders are written under a temporary name beside the
-target and renamed when complete (`atomic_file`, `atomic_directory`)."""
+"""Output folders a command owns (docs/refusals.md): it writes only into an output it made, and `--overwrite` replaces
+only such an output, made by the same kind of command. Each holds a marker, `.genome_lm.json`: `{"kind": "eval",
+"entries": [...], "inputs": ["/abs/ckpt", ...]}`. One writer per output: an `fcntl.flock` on `PARENT/.NAME.lock`, held
+until the command ends (a launch's workers work under their launcher's, `HOLDER_ENV`). Files and folders are written
+under a temporary name beside the target and renamed when complete (`atomic_file`, `atomic_directory`)."""
 
 from __future__ import annotations
 
