@@ -19,12 +19,12 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic.config import JsonDict
 
 import genome_lm
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
-from genome_lm.options import add_options, from_args
+from genome_lm.options import Params, add_options, from_args
 from genome_lm.outputs import check_out_path, holding, release_all
 from genome_lm.sizes import DEFAULT_MAX_SHARD_BYTES, Size
 
@@ -42,10 +42,6 @@ def _terminate(signum, frame) -> None:
 
 POSITIONAL: JsonDict = {"positional": True}
 SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
-
-
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Workers(Params):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import PydanticUndefined
 
 from genome_lm.errors import GenomeLMError
@@ -19,6 +19,10 @@ from genome_lm.sizes import format_size
 
 Names = Annotated[list[str], BeforeValidator(lambda v: [c.strip() for c in (v.split(",") if isinstance(v, str) else v)
                                                         if str(c).strip()])]  # 'chr1,chr2' (a flag) or a YAML list
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
