@@ -19,11 +19,12 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic.config import JsonDict
 
+import genome_lm
 from genome_lm.errors import EXIT_PREEMPTED, STORAGE_ERRORS, GenomeLMError, Preempted
-from genome_lm.options import add_options, from_args
+from genome_lm.options import Params, add_options, from_args
 from genome_lm.outputs import check_out_path, holding, release_all
 from genome_lm.sizes import DEFAULT_MAX_SHARD_BYTES, Size
 
@@ -41,10 +42,6 @@ def _terminate(signum, frame) -> None:
 
 POSITIONAL: JsonDict = {"positional": True}
 SET: JsonDict = {"flag": "--set", "repeat": True, "metavar": "KEY=VALUE"}
-
-
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Workers(Params):
@@ -266,8 +263,6 @@ def _call(run: Callable[..., str | None] | str, refs: list, args: argparse.Names
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser, with the flags of the command that `argv` names (of every command without `argv`)."""
-    import genome_lm
-
     parser = argparse.ArgumentParser(prog="genome-lm", description=genome_lm.__doc__)
     parser.add_argument("--version", action="version", version=f"genome-lm {genome_lm.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

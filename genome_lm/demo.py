@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from genome_lm.config import load_experiment
 from genome_lm.errors import GenomeLMError
 from genome_lm.genome.fasta import check_writable
 from genome_lm.options import apply_override, validate
@@ -135,8 +136,6 @@ class Timeline:
 
 
 def _experiment(exp: str, steps: int, extra: list[str]):
-    from genome_lm.config import load_experiment
-
     return load_experiment(experiments_dir() / exp, [f"train.steps={steps}", *extra])
 
 
@@ -157,17 +156,16 @@ def _tokens_per_step(cfg) -> int:
     return cfg.data.seq_len * cfg.train.micro_batch * cfg.train.grad_accum
 
 
-def matched_finetunes(r: Recipe, data: list[str], init: Path):
-    """The long- and short-context fine-tunes of `r` from `init`: the short one takes window / seq_len
-    sequences per step, so that both train on the same tokens."""
-    common = [*data, f"model.init={init}"]
+def matched_finetunes(r: Recipe, data: list[str], base: Path):
+    """The long- and short-context fine-tunes of `r` from run `base`'s last checkpoint: the short one takes
+    window / seq_len sequences per step, so that both train on the same tokens."""
+    common = [*data, f"model.init={base / 'checkpoints' / 'last'}"]
     long = _experiment("demo_longctx.yaml", r.finetune_steps, [*common, f"data.seq_len={r.window}"])
     short = _experiment("demo_shortctx.yaml", r.finetune_steps, common)
     per_step = _tokens_per_step(long)
     if per_step % (short.data.seq_len * short.train.grad_accum):
         raise ValueError(f"{per_step} tokens per step is no whole number of {short.data.seq_len}-token sequences")
     short.train.micro_batch = per_step // (short.data.seq_len * short.train.grad_accum)
-    assert _tokens_per_step(short) == per_step and short.train.steps == long.train.steps
     assert short.data.seq_len < long.data.seq_len
     return long, short
 
@@ -185,13 +183,10 @@ def _eval(checkpoint: Path, shards: Path, out: Path, r: Recipe) -> tuple[dict, b
 
 def _extra_seeds(r: Recipe, data: list[str], runs: dict, evals: dict, shards: Path) -> dict[str, list[Path]]:
     """Both fine-tunes again per extra seed S (data.seed = train.seed = S; outputs RUN_seedS), evaluated
-    -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}, or {} without extra seeds."""
-    if not r.seed_list():
-        return {}
+    -> {"base": [eval], "shortctx"|"longctx": [evals, seed 1 first]}."""
     replicate = {name: [out] for name, out in evals.items()}
     for S in r.seed_list():
-        long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"],
-                                        runs["base"] / "checkpoints" / "last")
+        long, short = matched_finetunes(r, [*data, f"data.seed={S}", f"train.seed={S}"], runs["base"])
         for name, cfg in (("longctx", long), ("shortctx", short)):
             run_dir, out = (d[name].with_name(f"{d[name].name}_seed{S}") for d in (runs, evals))
             log.info(f"[+] fine-tune seed {S}: {name} -> {run_dir}, evaluated -> {out}")
@@ -257,7 +252,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
     log.info(f"[4/10] evaluate the base model on chr22 -> {evals['base']}")
     summaries["base"], ran = _eval(runs["base"] / "checkpoints" / "last", shards, evals["base"], r)
     timeline.done(4, ran)
-    long, short = matched_finetunes(r, data, runs["base"] / "checkpoints" / "last")
+    long, short = matched_finetunes(r, data, runs["base"])
     for n, (name, cfg, what) in enumerate((("longctx", long, "long"), ("shortctx", short, "short"))):
         log.info(f"[{5 + 2 * n}/10] fine-tune the base model at {what} context ({cfg.data.seq_len:,} tokens x "
                  f"{cfg.train.micro_batch} per step, {cfg.train.steps} steps: "
@@ -267,7 +262,7 @@ def _run(root: Path, quick: bool, r: Recipe, tag: str) -> None:
         summaries[name], ran = _eval(runs[name] / "checkpoints" / "last", shards, evals[name], r)
         timeline.done(6 + 2 * n, ran)
     replicates = _extra_seeds(r, data, runs, evals, shards)
-    seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if replicates else {}
+    seed_dirs = {p: d.with_name(f"{d.name}_seeds") for p, d in cmp_dirs.items()} if r.extra_seeds else {}
     log.info("[9/10] compare, pairwise -> %s", ", ".join(str(d) for d in [*cmp_dirs.values(), *seed_dirs.values()]))
     results = {p: write_compare(evals[p[0]], evals[p[1]], d, overwrite=True) for p, d in cmp_dirs.items()}
     seeds = {p: write_compare(",".join(map(str, replicates[p[0]])), ",".join(map(str, replicates[p[1]])), d,

@@ -15,8 +15,7 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on a preemption signal after a check
 
 
 class Preempted(Exception):
-    """Not an error: a run stopped on a preemption signal after saving a checkpoint. `str` says where
-    it stopped; the CLI adds the command that resumes it and exits with EXIT_PREEMPTED."""
+    """Not an error: a run stopped on a preemption signal after a checkpoint (the CLI prints how to resume it)."""
 
 
 def first_line(e: BaseException) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import PydanticUndefined
 
 from genome_lm.errors import GenomeLMError
@@ -21,13 +21,16 @@ Names = Annotated[list[str], BeforeValidator(lambda v: [c.strip() for c in (v.sp
                                                         if str(c).strip()])]  # 'chr1,chr2' (a flag) or a YAML list
 
 
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
 def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += _known_keys(ann, prefix + name + ".")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += _known_keys(field.annotation, prefix + name + ".")
     return keys
 
 
@@ -95,8 +98,7 @@ def validate(model: type[BaseModel], raw: dict, source: str = "config", origin: 
 
 
 def apply_override(raw: dict, assignment: str, flag: str = "--set", example: str = "train.lr=1e-5") -> str:
-    """Apply one `a.b.c=value` override (a YAML value) to the raw dict; return its key, a.b.c. `example`: shown
-    for a malformed one."""
+    """Apply `assignment` ("a.b.c=value", a YAML value) to `raw`; return a.b.c. `example`: shown for a malformed one."""
     if "=" not in assignment:
         raise GenomeLMError(f"{flag} {assignment!r}: expected KEY=VALUE, e.g. {flag} {example}")
     key, value = assignment.split("=", 1)
@@ -167,10 +169,9 @@ def _default(v) -> str:
 
 
 def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True, files: bool = True) -> None:
-    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can
-    tell given from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
-    `json_schema_extra` may say `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the
-    value of the flag given without one)."""
+    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can tell given
+    from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's `json_schema_extra` may say
+    `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
         assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"

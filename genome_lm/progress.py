@@ -1,7 +1,6 @@
-"""Progress of long work: a tqdm bar on a terminal; elsewhere (a log file, SLURM's output) a log line
-every `every_s` seconds and at the end, its estimate the rate so far in this process (an `initial`
-resumed from a cache or checkpoint is not time spent), e.g. `train demo_base: 120/600 step (20%), 1.5
-min so far, about 6.0 min left; loss 1.2748`."""
+"""Progress of long work: a tqdm bar on a terminal; elsewhere (a log file, SLURM's output) a log line a minute and at
+the end, its estimate the rate so far in this process (work resumed from a cache or checkpoint is not time spent),
+e.g. `train demo_base: 120/600 step (20%), 1.5 min so far, about 6.0 min left; loss 1.2748`."""
 
 from __future__ import annotations
 
@@ -63,9 +62,8 @@ class ProgressLog(contextlib.AbstractContextManager):
 Bar: TypeAlias = "tqdm | ProgressLog"
 
 
-def progress(total: int, initial: int = 0, desc: str = "", unit: str = "it", disable: bool = False,
-             every_s: float = 60.0, **tqdm_kwargs) -> Bar:
-    """A tqdm bar when stderr is a terminal, else a `ProgressLog`; nothing when `disable`."""
+def progress(total: int, initial: int = 0, desc: str = "", unit: str = "it", disable: bool = False, **kwargs) -> Bar:
+    """A tqdm bar (with tqdm's `kwargs`) when stderr is a terminal, else a `ProgressLog`; nothing when `disable`."""
     if disable or sys.stderr.isatty():
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, **tqdm_kwargs)
-    return ProgressLog(total, initial, desc, unit, every_s)
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, **kwargs)
+    return ProgressLog(total, initial, desc, unit)

@@ -34,8 +34,6 @@ class LongContextSettings:
     def __post_init__(self):
         if unknown := set(self.ops) - set(ALL_OPS):
             raise ValueError(f"apply_long_context: unknown ops {sorted(unknown)}; choose from {ALL_OPS}")
-        if self.kda_backend not in KDA_BACKENDS:
-            raise ValueError(f"apply_long_context: kda_backend {self.kda_backend!r}; choose from {KDA_BACKENDS}")
 
 
 def parse_kda_backend(raw: str) -> KDABackend:

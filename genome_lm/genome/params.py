@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from genome_lm.options import Names, validate
+from genome_lm.options import Names, Params, validate
 from genome_lm.sizes import Size
 
 DEFAULT_BASE_URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/chromosomes"
@@ -21,10 +21,8 @@ def chrom_match_key(name: str) -> str:
     return (n[3:] if n.lower().startswith("chr") else n).lower()
 
 
-class PrepareParams(BaseModel):
+class PrepareParams(Params):
     """The parameters of `genome-lm prepare` (flags, a --config YAML file or --set; docs/config.md)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fasta: Annotated[list[str], BeforeValidator(lambda v: [str(f) for f in v])] = Field(
         min_length=1, json_schema_extra={"repeat": True}, description="FASTA file (plain, gzip or bgzip); repeatable")
@@ -179,10 +177,8 @@ def make_params(**overrides) -> SynthParams:
     return validate(SynthParams, overrides, "synthetic genome parameters", unknown="unknown")
 
 
-class FetchParams(BaseModel):
+class FetchParams(Params):
     """The parameters of `genome-lm fetch`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     chroms: Names = Field(default=["chr1", "chr2", "chr22"], description="comma-separated chromosome names")
     out: str = Field(default="data/hg38", description="directory for the .fa.gz files")

@@ -9,19 +9,18 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from genome_lm.errors import GenomeLMError
+from genome_lm.options import Params
 from genome_lm.plan.hardware import GB, GiB
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size
 
 
-class PlanParams(BaseModel):
+class PlanParams(Params):
     """The parameters of `genome-lm plan`: a run from an experiment YAML or from --model/--seq-len,
     with layout and cluster flags overriding it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     experiment: str | None = Field(default=None, json_schema_extra={"positional": True}, description="experiment "
                                    "YAML (its model, data.seq_len, memory and parallel sections)")
@@ -60,11 +59,9 @@ class PlanParams(BaseModel):
                         description="print JSON instead of the report")
 
 
-class RehearseParams(BaseModel):
+class RehearseParams(Params):
     """The parameters of `genome-lm rehearse`: an experiment on N fake ranks, with the planner's
     prediction for the same run beside the measured figures."""
-
-    model_config = ConfigDict(extra="forbid")
 
     experiment: str = Field(json_schema_extra={"positional": True}, description="experiment YAML")
     gpus: int = Field(ge=1, description="ranks of the fake process group (the experiment's dp becomes gpus / cp)")

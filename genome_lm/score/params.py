@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from genome_lm.config import BlockSizes
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.config import Sizes
 from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from genome_lm.options import Params
 from genome_lm.settings import DEFAULTS, STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size, parse_size
 
@@ -75,9 +76,7 @@ class ScoreParams(BlockSizes):
         return None if self.pool == "mean" else 1 if self.pool == "none" else int(self.pool)
 
 
-class VariantsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class VariantsParams(Params):
     checkpoint: str = Field(description="a run's checkpoints/last, a checkpoint step_N or a model directory")
     fasta: str = Field(description="reference FASTA (.fa, .fa.gz, bgzip) of the VCF's assembly")
     vcf: str = Field(description="variants (.vcf or .vcf.gz; sorted, with its #CHROM header); multi-allelic "
