@@ -169,9 +169,10 @@ def _default(v) -> str:
 
 
 def add_options(p: argparse.ArgumentParser, model: type[BaseModel], fields: bool = True, files: bool = True) -> None:
-    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can tell given
-    from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's `json_schema_extra` may say
-    `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the value of the flag given without one)."""
+    """One flag per field of `model` (with `fields`; every flag unset by default, so that `from_args` can
+    tell given from default) and (with `files`) `--config FILE.yaml` and `--set KEY=VALUE`. A field's
+    `json_schema_extra` may say `positional`, `repeat`, `flag` (another name), `metavar` or `const` (the
+    value of the flag given without one)."""
     for name, f in model.model_fields.items() if fields else ():
         extra = f.json_schema_extra or {}
         assert isinstance(extra, dict), f"{name}: json_schema_extra is a dict of flag options"

@@ -1,8 +1,9 @@
-"""Output folders a command owns (docs/refusals.md): it writes only into an output it made, and `--overwrite` replaces
-only such an output, made by the same kind of command. Each holds a marker, `.genome_lm.json`: `{"kind": "eval",
-"entries": [...], "inputs": ["/abs/ckpt", ...]}`. One writer per output: an `fcntl.flock` on `PARENT/.NAME.lock`, held
-until the command ends (a launch's workers work under their launcher's, `HOLDER_ENV`). Files and folders are written
-under a temporary name beside the target and renamed when complete (`atomic_file`, `atomic_directory`)."""
+"""Output folders a command owns (docs/refusals.md): it writes only into an output it made, and
+`--overwrite` replaces only such an output, made by the same kind of command. Each holds a marker,
+`.genome_lm.json`: `{"kind": "eval", "entries": [...], "inputs": ["/abs/ckpt", ...]}`. One writer per
+output: an `fcntl.flock` on `PARENT/.NAME.lock`, held until the command ends (a launch's workers work
+under their launcher's, `HOLDER_ENV`). Files and folders are written under a temporary name beside the
+target and renamed when complete (`atomic_file`, `atomic_directory`)."""
 
 from __future__ import annotations
 
@@ -294,7 +295,8 @@ def atomic_directory(final: str | os.PathLike, kind: str, inputs: Iterable[str |
         claim_output(final, kind, inputs, overwrite)
         final = final.resolve() if final.is_symlink() else final  # a symlinked --out: its target is written
         parent = final.parent
-        try:  # holding() made `parent` for the lock
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
             for stale in [*parent.glob(f".{final.name}.partial-*"), *parent.glob(f".{final.name}.old-*")]:
                 shutil.rmtree(stale, ignore_errors=True)  # a killed writer's: the lock says none is running
             tmp = make_temp_dir(parent, f".{final.name}.partial-")
