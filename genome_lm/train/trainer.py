@@ -216,9 +216,8 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     rd = par.on_main(lambda: check_run_dir(run_dir, resume, cfg, par.dp))
     init = resolve_init(cfg)
     model = build_parallel_model(cfg, par, init)
-    lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     model.train()
-    stream = make_stream(cfg, lut)
+    stream = make_stream(cfg, model_token_map(cfg, manifest, model.config.vocab_size, init))
     optimizer = make_optimizer(model, cfg.train)
     scheduler = make_scheduler(optimizer, cfg.train)
     checkpoints = CheckpointManager(run_dir / "checkpoints", par, cfg.train.checkpoint_mode,
