@@ -31,16 +31,13 @@ __all__ = ["CPContext", "apply_context_parallel", "apply_expert_parallel", "slab
 
 
 def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> None:
-    """Split every sequence over the ranks of `group` (default: the world), in place, after
-    `apply_long_context`; a group of one rank leaves the model as it is."""
+    """Split every sequence over the ranks of `group` (default: the world; 2 or more), in place, after
+    `apply_long_context`."""
     upstream = (Glm5NextTextLinearAttention, Glm5NextTextAttention)
     for m in model.modules():
         if isinstance(m, upstream) and not isinstance(m, (LongKDA, LongDSA)):
             raise RuntimeError(f"apply_context_parallel: apply_long_context first ({type(m).__name__} is upstream's)")
-    size = dist.get_world_size(group)
-    if size == 1:
-        return
-    cp = CPContext(group=group, rank=dist.get_rank(group), size=size)
+    cp = CPContext(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
     model.cp = cp
     for m in model.modules():
         if isinstance(m, (LongKDA, LongDSA)):
@@ -48,12 +45,10 @@ def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> None:
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
-    """Split the routed experts of every MoE layer over `ep_mesh["ep"]`, in place (meta or materialised);
-    an EP group of one rank leaves the model as it is."""
+    """Split the routed experts of every MoE layer over `ep_mesh["ep"]` (2 or more ranks), in place (meta or
+    materialised)."""
     mesh = ep_mesh["ep"]
     size = mesh.size()
-    if size == 1:
-        return
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("apply_expert_parallel: expert parallelism before FSDP2 (see train/parallelize.py)")
     ep = EPContext(group=mesh.get_group(), rank=mesh.get_local_rank(), size=size)
