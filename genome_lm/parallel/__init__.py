@@ -31,16 +31,13 @@ __all__ = ["CPContext", "apply_context_parallel", "apply_expert_parallel", "slab
 
 
 def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> None:
-    """Split every sequence over the ranks of `group` (default: the world), in place, after
-    `apply_long_context`; a group of one rank leaves the model as it is."""
+    """Split every sequence over the ranks of `group` (default: the world; 2 or more), in place, after
+    `apply_long_context`."""
     upstream = (Glm5NextTextLinearAttention, Glm5NextTextAttention)
     for m in model.modules():
         if isinstance(m, upstream) and not isinstance(m, (LongKDA, LongDSA)):
             raise RuntimeError(f"apply_context_parallel: apply_long_context first ({type(m).__name__} is upstream's)")
-    size = dist.get_world_size(group)
-    if size == 1:
-        return
-    cp = CPContext(group=group, rank=dist.get_rank(group), size=size)
+    cp = CPContext(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
     model.cp = cp
     for m in model.modules():
         if isinstance(m, (LongKDA, LongDSA)):
@@ -48,12 +45,10 @@ def apply_context_parallel(model: Glm5NextCausalLM, group=None) -> None:
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
-    """Split the routed experts of every MoE layer over `ep_mesh["ep"]`, in place (meta or materialised);
-    an EP group of one rank leaves the model as it is."""
+    """Split the routed experts of every MoE layer over `ep_mesh["ep"]` (2 or more ranks), in place (meta or
+    materialised)."""
     mesh = ep_mesh["ep"]
     size = mesh.size()
-    if size == 1:
-        return
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         raise RuntimeError("apply_expert_parallel: expert parallelism before FSDP2 (see train/parallelize.py)")
     ep = EPContext(group=mesh.get_group(), rank=mesh.get_local_rank(), size=size)
@@ -95,11 +90,6 @@ def to_master_dtype_(model: nn.Module) -> nn.Module:
     return model
 
 
-def _policy(param_dtype: torch.dtype | None, cast_forward_inputs: bool = True, reduce_dtype=torch.float32):
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                cast_forward_inputs=cast_forward_inputs)
-
-
 def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None, reduce_dtype=torch.float32) -> None:
     """`fully_shard` the float32-owning modules of a decoder layer as float32 groups; their other
     sub-modules first, as one group gathered in `param_dtype`."""
@@ -107,12 +97,13 @@ def _shard_fp32_modules(layer: nn.Module, mesh, param_dtype: torch.dtype | None,
         inner = [child for _, child in module.named_children()
                  if any(True for _ in child.parameters()) and not fp32_modules(child)]
         if inner:
-            fully_shard(inner, mesh=mesh, mp_policy=_policy(param_dtype, reduce_dtype=reduce_dtype))
+            fully_shard(inner, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype))
         for param in module.parameters(recurse=False):  # e.g. a hyper-connection's bf16 `fn`
             if param.is_floating_point():
                 param.data = param.data.to(torch.float32)
         # float32 as stored; inputs not cast: upstream's forward casts what it needs itself
-        fully_shard(module, mesh=mesh, mp_policy=_policy(None, cast_forward_inputs=False))
+        fully_shard(module, mesh=mesh,
+                    mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False))
 
 
 def apply_fsdp(model: Glm5NextCausalLM, mesh, compute_dtype: torch.dtype | None = None,
@@ -122,7 +113,7 @@ def apply_fsdp(model: Glm5NextCausalLM, mesh, compute_dtype: torch.dtype | None 
     of the EP experts; `backward_prefetch`: layers each backward all-gathers ahead (0: none)."""
     param_dtype = None if compute_dtype in (None, torch.float32) else compute_dtype
     grouped = param_dtype is not None or len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1
-    policy = _policy(param_dtype, reduce_dtype=reduce_dtype)
+    policy = MixedPrecisionPolicy(param_dtype, reduce_dtype)
     layers = []  # the decoder layers, now FSDP modules
     for layer in model.model.layers:
         if expert_mesh is not None and getattr(layer.mlp, "ep", None) is not None:

@@ -116,9 +116,7 @@ class ParallelContext:
 
     @functools.cached_property
     def fsdp_mesh(self):
-        """The 1-D mesh FSDP shards over: all dp x cp ranks."""
-        if self.mesh is None:
-            return None
+        """The 1-D mesh FSDP shards over: all dp x cp ranks (a sharded context's)."""
         if self.dp > 1 and self.cp > 1:
             return self.mesh["dp", "cp"]._flatten("dp_cp")
         return self.mesh["cp"] if self.cp > 1 else self.mesh["dp"]

@@ -486,10 +486,9 @@ def _dcp_tensors(state_dir: Path, specs: list[TensorSpec], batch_bytes: int) -> 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
-    """`genome-lm export RUN/checkpoints/step_N --out DIR`: the model directory of training checkpoint `checkpoint`
-    (its `model/`, byte for byte) written to `out` atomically; returns `out`. One process, no GPU: the model built on
-    the meta device from `RUN/config.yaml`, tensors read from `train_state/` (DCP) in batches of at most
-    `max_shard_bytes` and streamed through `save_pretrained`'s writer (memory: about two output files)."""
+    """`genome-lm export RUN/checkpoints/step_N --out DIR`: the checkpoint's `model/`, byte for byte, written to `out`
+    atomically. One process, no GPU: the model built on meta from `RUN/config.yaml`, tensors read from `train_state/`
+    (DCP) `max_shard_bytes` at a time into `save_pretrained`'s writer (memory: about two output files)."""
     ckpt = Path(checkpoint)
     state_dir = ckpt / "train_state"
     if not (state_dir / ".metadata").is_file():

@@ -27,12 +27,10 @@ def proc_status_kb(field: str) -> int | None:
 
 def reset_rss_peak() -> bool:
     """Reset the process's peak resident set (VmHWM); False where the kernel does not allow it."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
         return True
-    except OSError:
-        return False
+    return False
 
 
 class PeakMemory:

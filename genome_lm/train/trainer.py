@@ -134,8 +134,6 @@ class ExpertBalancer:
     worst layer). Rate 0, no EP: idle."""
 
     def __init__(self, model: torch.nn.Module, rate: float, ep: int = 1):
-        if rate < 0:
-            raise ValueError(f"bias update rate must be >= 0, got {rate}")
         self.rate, self.ep = float(rate), ep
         self.rank_imbalance: float | None = None
         self.layers = [m for m in model.modules() if isinstance(m, BlockedGlm5NextTextMoE)]
@@ -218,9 +216,8 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     rd = par.on_main(lambda: check_run_dir(run_dir, resume, cfg, par.dp))
     init = resolve_init(cfg)
     model = build_parallel_model(cfg, par, init)
-    lut = model_token_map(cfg, manifest, model.config.vocab_size, init)
     model.train()
-    stream = make_stream(cfg, lut)
+    stream = make_stream(cfg, model_token_map(cfg, manifest, model.config.vocab_size, init))
     optimizer = make_optimizer(model, cfg.train)
     scheduler = make_scheduler(optimizer, cfg.train)
     checkpoints = CheckpointManager(run_dir / "checkpoints", par, cfg.train.checkpoint_mode,
@@ -266,9 +263,8 @@ def train_step(parts: StepParts, batches: list[dict], optimizer_phase: Callable[
         parts.balancer.accumulate()
         loss_sum += _value(out.loss.detach(), 0.0) * n
         del out
-    local_tokens = sum(int(b["input_ids"].numel()) for b in batches)
     seq_tokens = int(par.max_all(max(int(b["input_ids"].shape[1]) for b in batches)))  # longest sequence
-    loss_sum, tokens = par.sum_dp(loss_sum, local_tokens)
+    loss_sum, tokens = par.sum_dp(loss_sum, sum(int(b["input_ids"].numel()) for b in batches))
     loss = loss_sum / total_targets
     optimizer_phase(True)
     grad_norm = _value(clip_grad_norm_(parts.params, parts.clip), 0.0)

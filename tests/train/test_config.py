@@ -37,6 +37,7 @@ def test_sizes_and_overrides(tmp_path):
     (GOOD, ["memory.recompute=selective"], r"recompute_layers"),
     (GOOD, ["memory.offload_layer_inputs=true"], r"offload_layer_inputs needs recompute"),
     (GOOD, ["train.steps=0"], r"^--set train.steps: must be > 0 \(got 0\)"),
+    (GOOD, ["train.moe_bias_update_rate=-1"], r"^--set train.moe_bias_update_rate: must be >= 0.0 \(got -1\)"),
     (GOOD.replace("steps: 10", "steps: 0"), [], r"e.yaml: train.steps: must be > 0 \(got 0\)"),
     (GOOD, ["memory.recompute=sometimes"], r"memory.recompute: .*'none', 'per-layer' or 'selective'"),
     (GOOD, ["trainsteps"], r"expected KEY=VALUE"),
