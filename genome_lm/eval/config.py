@@ -84,6 +84,4 @@ class EvalConfig(BlockSizes):
 
 def resolve_dtype(dtype: str | None, device) -> str:
     """The dtype an eval runs in: `dtype`, else bfloat16 on CUDA and float32 elsewhere."""
-    if dtype is not None:
-        return dtype
-    return "bfloat16" if getattr(device, "type", str(device)).startswith("cuda") else "float32"
+    return dtype or ("bfloat16" if getattr(device, "type", str(device)).startswith("cuda") else "float32")
