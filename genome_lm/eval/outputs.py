@@ -86,8 +86,7 @@ def readable(path: Path, command: str) -> Iterator[None]:
 
 
 def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
-    """The window columns (window, chrom, start, end, strand) of the forward rows (not the reverse
-    complements of --strands both) as numpy arrays [W], plus `length`."""
+    """META_COLUMNS of the forward rows (not --strands both's reverse complements) as arrays [W], plus `length`."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         rc = "reverse_complement" in pq.read_schema(path).names
@@ -113,10 +112,9 @@ def table_rows(path: Path) -> Iterator[tuple[pa.Table, int]]:
 
 
 def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterator[dict]:
-    """Rows in file order: window/chrom/start/end/strand, nll float32 [L], repeat bool [L], leakage
-    bool [L] or None (no leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True:
-    the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
-    only the rows with rc False / True."""
+    """Rows in file order: META_COLUMNS, nll float32 [L], repeat bool [L], leakage bool [L] or None (no
+    leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True: the row scored the reverse
+    complement of its shard row). `orientation` "forward" / "reverse": only the rows with rc False / True."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         meta = pq.read_schema(path).metadata or {}

@@ -267,8 +267,7 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
 def _write_outputs(cfg: EvalConfig, out: Path, ds, rows: np.ndarray, seq_len: int, edges: np.ndarray,
                    cache: WindowCache | None, engines: list[str], extra: dict, annotations: list,
                    targets: np.ndarray) -> dict:
-    """All output files, built under a temporary name; then the cache goes. `targets` [W]: ablation
-    targets per window (0: none)."""
+    """All output files, built under a temporary name, then the cache goes. `targets` [W]: ablation targets, 0: none."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     assert cache is not None, "on_main runs this on rank 0, which holds the cache"

@@ -212,15 +212,12 @@ def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.nd
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(v.shape[0], v.shape[1], -1) for k, v in per_cell.items()}
     R, W = next(iter(arrays.values())).shape[:2]
     with np.errstate(divide="ignore", invalid="ignore"):
-        S = statistic(**{k: v.sum(axis=(0, 1))[None] for k, v in arrays.items()}).shape[1]
-        if W < 2:
-            return np.full(S, np.nan), np.full(S, np.nan)
         reps, rng = [], np.random.default_rng(seed)
         for w in draws(W, resamples, rng):  # [b, W], then the replicates' draws [b, R] of the same generator
             b = len(w)
             u = rng.multinomial(R, np.full(R, 1.0 / R), size=b).astype(np.float64) if R > 1 else np.ones((b, 1))
             reps.append(statistic(**{k: np.einsum("br,rwm,bw->bm", u, v, w) for k, v in arrays.items()}))
-    return percentile_ci(np.concatenate(reps), True, level)
+    return percentile_ci(np.concatenate(reps), W >= 2, level)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
