@@ -53,17 +53,11 @@ class TokensWriter(RowWriter):
 
     def add(self, window: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
         """One row: `where` (chrom, start, end, strand), a window record as `iter_windows` yields them (masks
-        bool [L]) and `rc`, whether the row scored the reverse complement."""
-        names = self.schema.names
-        row = {"window": window, "chrom": where[0], "start": where[1], "end": where[2], "strand": where[3],
-               "nll": np.asarray(rec["nll"], dtype=np.float32), "repeat_mask": np.packbits(rec["repeat"]),
-               "leakage_mask": None if rec["leakage"] is None else np.packbits(rec["leakage"]),
-               "annotation_masks": [np.packbits(m) for m in rec["annotations"].values()] or None,
-               "reverse_complement": rc if "reverse_complement" in names else None}
-        missing = [k for k in names if row[k] is None]
-        if missing or any(row[k] is not None for k in row if k not in names):
-            raise ValueError(f"TokensWriter: columns {names}, row gives {[k for k in row if row[k] is not None]}")
-        self.add_row(**row)
+        bool [L]) and `rc`, whether the row scored the reverse complement; the columns the file lacks are left out."""
+        self.add_row(window=window, chrom=where[0], start=where[1], end=where[2], strand=where[3],
+                     nll=np.asarray(rec["nll"], dtype=np.float32), repeat_mask=np.packbits(rec["repeat"]),
+                     leakage_mask=None if rec["leakage"] is None else np.packbits(rec["leakage"]),
+                     annotation_masks=[np.packbits(m) for m in rec["annotations"].values()], reverse_complement=rc)
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:
