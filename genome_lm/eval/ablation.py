@@ -86,8 +86,7 @@ def _stream_targets(model, ids, labels, L: int, chunk_tokens: int) -> np.ndarray
             hidden = scorer.hidden_step(ids[:, c0:min(c0 + chunk_tokens, L)])
         scorer.last_hidden = hidden[:, -1:].clone()
         nll = torch.cat([scorer.step(ids[:, t:min(t + chunk_tokens, T)])[0] for t in range(L, T, chunk_tokens)])
-    scored = nll.float().cpu().numpy()
-    return np.where(labels[0, L:].numpy() != IGNORE_INDEX, scored, np.nan).astype(np.float32)
+    return np.where(labels[0, L:].numpy() != IGNORE_INDEX, nll.float().cpu().numpy(), np.nan).astype(np.float32)
 
 
 def iter_ablation(eval_dir: str | Path) -> Iterator[dict]:

@@ -339,8 +339,7 @@ def _ablation_section(ablation: list, pairs: list[dict], resamples: int, seed: i
             "a": _span_entry(sa, n, resamples, seed), "b": _span_entry(sb, n, resamples, seed),
             "gain_difference": {"diff": jfloat(g), "diff_bits": jfloat(g / LN2), "ci_low": jfloat(low[0]),
                                 "ci_high": jfloat(high[0])},
-            "spread": {"a": _spread([p["ablation_span"]["a"]["mean_delta"] for p in pairs]),
-                       "b": _spread([p["ablation_span"]["b"]["mean_delta"] for p in pairs])}}
+            "spread": {k: _spread([p["ablation_span"][k]["mean_delta"] for p in pairs]) for k in "ab"}}
 
 
 def replicates_section(per_pair: list[tuple], ablation: list | None, dirs: list[tuple[str, str]], resamples: int,

@@ -13,14 +13,12 @@ from genome_lm.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 from genome_lm.settings import STREAMING_CHUNK_TOKENS
 from genome_lm.sizes import Size
 
-DTYPES = ("float32", "bfloat16")
 Sizes = Annotated[list[Size], BeforeValidator(lambda v: [p.strip() for p in v.split(",") if p.strip()]
                                               if isinstance(v, str) else v)]  # '1k,8k' (a flag) or a YAML list
 
 
 class EvalConfig(BlockSizes):
-    """The long-context block sizes (`moe_block_tokens`, `dsa_block_queries`, `loss_chunk_tokens`) and
-    their defaults are training's (`config.BlockSizes`, the `memory:` section)."""
+    """The long-context block sizes and their defaults are training's (`config.BlockSizes`, the `memory:` section)."""
 
     checkpoint: str = Field(description="run checkpoint (RUN/checkpoints/last, step_N) or model directory "
                             "(with --dry-run also a preset, e.g. glm53-flash)")
@@ -72,7 +70,7 @@ class EvalConfig(BlockSizes):
     @field_validator("dtype", "device", "buckets")
     @classmethod
     def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if info.field_name == "dtype" and v is not None and v not in DTYPES:
+        if info.field_name == "dtype" and v is not None and v not in ("float32", "bfloat16"):
             raise ValueError(f"unknown dtype {v!r}; use float32 or bfloat16 "
                              "(default: float32 on CPU, bfloat16 on CUDA)")
         if info.field_name == "device" and v is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", v):
@@ -84,6 +82,4 @@ class EvalConfig(BlockSizes):
 
 def resolve_dtype(dtype: str | None, device) -> str:
     """The dtype an eval runs in: `dtype`, else bfloat16 on CUDA and float32 elsewhere."""
-    if dtype is not None:
-        return dtype
-    return "bfloat16" if getattr(device, "type", str(device)).startswith("cuda") else "float32"
+    return dtype or ("bfloat16" if getattr(device, "type", str(device)).startswith("cuda") else "float32")

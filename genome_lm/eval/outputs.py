@@ -53,17 +53,11 @@ class TokensWriter(RowWriter):
 
     def add(self, window: int, where: tuple[str, int, int, str], rec: dict, rc: bool) -> None:
         """One row: `where` (chrom, start, end, strand), a window record as `iter_windows` yields them (masks
-        bool [L]) and `rc`, whether the row scored the reverse complement."""
-        names = self.schema.names
-        row = {"window": window, "chrom": where[0], "start": where[1], "end": where[2], "strand": where[3],
-               "nll": np.asarray(rec["nll"], dtype=np.float32), "repeat_mask": np.packbits(rec["repeat"]),
-               "leakage_mask": None if rec["leakage"] is None else np.packbits(rec["leakage"]),
-               "annotation_masks": [np.packbits(m) for m in rec["annotations"].values()] or None,
-               "reverse_complement": rc if "reverse_complement" in names else None}
-        missing = [k for k in names if row[k] is None]
-        if missing or any(row[k] is not None for k in row if k not in names):
-            raise ValueError(f"TokensWriter: columns {names}, row gives {[k for k in row if row[k] is not None]}")
-        self.add_row(**row)
+        bool [L]) and `rc`, whether the row scored the reverse complement; the columns the file lacks are left out."""
+        self.add_row(window=window, chrom=where[0], start=where[1], end=where[2], strand=where[3],
+                     nll=np.asarray(rec["nll"], dtype=np.float32), repeat_mask=np.packbits(rec["repeat"]),
+                     leakage_mask=None if rec["leakage"] is None else np.packbits(rec["leakage"]),
+                     annotation_masks=[np.packbits(m) for m in rec["annotations"].values()], reverse_complement=rc)
 
 
 def _file(directory: str | Path, name: str, command: str) -> Path:
@@ -86,8 +80,7 @@ def readable(path: Path, command: str) -> Iterator[None]:
 
 
 def read_meta(eval_dir: str | Path) -> dict[str, np.ndarray]:
-    """The window columns (window, chrom, start, end, strand) of the forward rows (not the reverse
-    complements of --strands both) as numpy arrays [W], plus `length`."""
+    """META_COLUMNS of the forward rows (not --strands both's reverse complements) as arrays [W], plus `length`."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         rc = "reverse_complement" in pq.read_schema(path).names
@@ -113,10 +106,9 @@ def table_rows(path: Path) -> Iterator[tuple[pa.Table, int]]:
 
 
 def iter_windows(eval_dir: str | Path, orientation: str | None = None) -> Iterator[dict]:
-    """Rows in file order: window/chrom/start/end/strand, nll float32 [L], repeat bool [L], leakage
-    bool [L] or None (no leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True:
-    the row scored the reverse complement of its shard row). `orientation` "forward" / "reverse":
-    only the rows with rc False / True."""
+    """Rows in file order: META_COLUMNS, nll float32 [L], repeat bool [L], leakage bool [L] or None (no
+    leakage_mask column), annotations {NAME: bool [L]} ({} without any), rc (True: the row scored the reverse
+    complement of its shard row). `orientation` "forward" / "reverse": only the rows with rc False / True."""
     path = _file(eval_dir, TOKENS_FILE, "eval")
     with readable(path, "eval"):
         meta = pq.read_schema(path).metadata or {}

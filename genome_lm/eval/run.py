@@ -154,8 +154,7 @@ def launch(cfg: EvalConfig, nproc: int | None, ray: str | None | bool = None, ma
 def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attempt: int) -> dict:
     if par.device.type == "cuda":
         set_tf32(cfg.tf32)
-    checked: dict[str, list] = {}  # rank 0's annotations (BED files parsed once, not sent to the other ranks)
-    par.on_main(lambda: checked.update(annotations=check_inputs(cfg)))
+    annotations = par.on_main(lambda: check_inputs(cfg), share=False)  # rank 0's: BED files parsed once, not sent
     assert cfg.out is not None, "check_inputs refuses an eval without --out, on every rank (on_main)"
     out = Path(cfg.out)
     manifest, split, rows, lengths = scored_windows(cfg)  # rows [W]: the split's rows scored
@@ -194,7 +193,7 @@ def _evaluate(cfg: EvalConfig, par, show_progress: bool | None, t0: float, attem
     }
 
     summary = par.on_main(lambda: _write_outputs(cfg, out, ds, rows, seq_len, edges, cache, engines, extra,
-                                                 checked["annotations"], targets))
+                                                 annotations, targets))
     o = summary["overall"]
     log.info("eval done: mean NLL %.4f nats/token (%.4f bits/base) over %s tokens -> %s", o["mean_nll"] or float("nan"),
              o["bits_per_base"] or float("nan"), f"{o['n_tokens']:,}", out)
@@ -268,8 +267,7 @@ def _score(cfg: EvalConfig, par, attempt: int, model_dir: str, vocab: dict, ds, 
 def _write_outputs(cfg: EvalConfig, out: Path, ds, rows: np.ndarray, seq_len: int, edges: np.ndarray,
                    cache: WindowCache | None, engines: list[str], extra: dict, annotations: list,
                    targets: np.ndarray) -> dict:
-    """All output files, built under a temporary name; then the cache goes. `targets` [W]: ablation
-    targets per window (0: none)."""
+    """All output files, built under a temporary name, then the cache goes. `targets` [W]: ablation targets, 0: none."""
     from genome_lm.genome.shards import LEAKAGE_COLUMN
 
     assert cache is not None, "on_main runs this on rank 0, which holds the cache"
@@ -312,7 +310,7 @@ def _write_outputs(cfg: EvalConfig, out: Path, ds, rows: np.ndarray, seq_len: in
                     abl_writer.add_row(window=row_id, chrom=where[0], start=where[1], end=where[2], strand=where[3],
                                        target_start=t0, nll=list(arrays["ablation"]))  # float32 [n_L][n]
         files.close()  # context_ablation.parquet complete before the directory is renamed
-        summary = summarize(acc.sums, acc.counts, acc.ctx, edges, cfg.resamples, cfg.seed, strata=strata)
+        summary = summarize(acc, cfg.resamples, cfg.seed)
         summary["units"] = {"mean_nll": "nats per token", "bits_per_base": "bits per base = mean_nll / ln 2",
                             "lo/hi": "tokens of preceding context, lo inclusive, hi exclusive"}
         summary["context"] = (f"preceding context = tokens before it in its scored piece: position in the window "

@@ -212,15 +212,12 @@ def two_level_ci(statistic: Callable[..., np.ndarray], per_cell: dict[str, np.nd
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(v.shape[0], v.shape[1], -1) for k, v in per_cell.items()}
     R, W = next(iter(arrays.values())).shape[:2]
     with np.errstate(divide="ignore", invalid="ignore"):
-        S = statistic(**{k: v.sum(axis=(0, 1))[None] for k, v in arrays.items()}).shape[1]
-        if W < 2:
-            return np.full(S, np.nan), np.full(S, np.nan)
         reps, rng = [], np.random.default_rng(seed)
         for w in draws(W, resamples, rng):  # [b, W], then the replicates' draws [b, R] of the same generator
             b = len(w)
             u = rng.multinomial(R, np.full(R, 1.0 / R), size=b).astype(np.float64) if R > 1 else np.ones((b, 1))
             reps.append(statistic(**{k: np.einsum("br,rwm,bw->bm", u, v, w) for k, v in arrays.items()}))
-    return percentile_ci(np.concatenate(reps), True, level)
+    return percentile_ci(np.concatenate(reps), W >= 2, level)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -261,14 +258,10 @@ def by_bucket(edges: np.ndarray, entry: Callable[[int], dict], more: Callable[[i
                                              for k in range(K)]}
 
 
-def summarize(sums: np.ndarray, counts: np.ndarray, ctx_sums: np.ndarray, edges: np.ndarray,
-              resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
-              strata: list[Stratum] | None = None) -> dict:
-    """Per-window statistics [W, C, K+1] (the repeat classes) or, with `strata`, [W, S, C, K+1] ->
-    {"overall", "buckets"} and a `bucket_table` per class of each stratum (`place`)."""
-    if strata is None:
-        sums, counts, ctx_sums, strata = sums[:, None], counts[:, None], ctx_sums[None], [REPEAT]
-    return strata_tables(strata, lambda s, n, c: bucket_table(s, n, c, edges, resamples, seed), ctx_sums, sums, counts)
+def summarize(acc: StrataAccumulator, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
+    """{"overall", "buckets"} of all the tokens of `acc` and a `bucket_table` per class of each stratum (`place`)."""
+    return strata_tables(acc.strata, lambda s, n, c: bucket_table(s, n, c, acc.edges, resamples, seed), acc.ctx,
+                         acc.sums, acc.counts)
 
 
 def strata_tables(strata: list[Stratum], table: Callable[..., dict], ctx: np.ndarray, *per_window: np.ndarray) -> dict:
@@ -335,6 +328,6 @@ class Agreement:
 
 def strand_tables(fwd: StrataAccumulator, rev: StrataAccumulator, agreement: Agreement,
                   resamples: int, seed: int) -> dict:
-    return {**{k: summarize(a.sums, a.counts, a.ctx, a.edges, resamples, seed, strata=a.strata)
+    return {**{k: summarize(a, resamples, seed)
                for k, a in (("forward", fwd), ("reverse", rev), ("average", fwd + rev))},
             "agreement": agreement.result(resamples, seed)}

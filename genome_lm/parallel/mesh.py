@@ -161,18 +161,18 @@ class ParallelContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def on_main(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on rank 0 and hand its result (or its GenomeLMError) to every rank."""
+    def on_main(self, fn: Callable[[], Any], share: bool = True) -> Any:
+        """Run `fn` on rank 0; hand its GenomeLMError to every rank, its result too (`share` False: None elsewhere)."""
         result, error = None, None
         if self.is_main:
             try:
                 result = fn()
             except GenomeLMError as e:
                 error = str(e)
-        result, error = self.broadcast_object((result, error))
+        sent, error = self.broadcast_object((result if share else None, error))
         if error is not None:
             raise GenomeLMError(error)
-        return result
+        return result if self.is_main else sent
 
     def shutdown(self) -> None:
         if self.owns_process_group and dist.is_initialized():

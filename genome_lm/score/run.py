@@ -128,9 +128,8 @@ def _score(p: ScoreParams, par, show_progress: bool | None, t0: float) -> dict:
     from genome_lm.genome.tokenizer import VOCAB
     from genome_lm.model import token_lut
 
-    checked: dict = {}  # rank 0's reference and regions (the other ranks read their own: no FASTA is broadcast)
-    par.on_main(lambda: checked.update(zip(("ref", "regions"), check_inputs(p))))
-    ref, regions = (checked["ref"], checked["regions"]) if par.is_main else load_regions(p)
+    checked = par.on_main(lambda: check_inputs(p), share=False)  # no FASTA is broadcast: the other ranks read theirs
+    ref, regions = checked if par.is_main else load_regions(p)
     ckpt = checkpoint_record(p.checkpoint)
     model = sharded.build_model(p, ckpt["model_dir"], par).eval()
     if bad := [i for i in p.embeddings if not 0 <= i < model.config.num_hidden_layers]:  # layers the model lacks

@@ -10,6 +10,8 @@ import pytest
 from genome_lm.errors import GenomeLMError
 from genome_lm.eval.scoring import IGNORE_INDEX, piece_inputs
 from genome_lm.eval.stats import (
+    REPEAT,
+    StrataAccumulator,
     assign,
     bootstrap_ci,
     bucket_edges,
@@ -67,11 +69,10 @@ def test_window_stats_by_hand():
 
 
 def test_summarize_by_hand():
-    edges = np.array([0, 1, 2, 4])
-    w1 = window_stats(np.array([np.nan, 1, 1, 1], np.float32), np.arange(4), np.zeros(4, bool), edges)
-    w2 = window_stats(np.array([np.nan, 3, 3, 3], np.float32), np.arange(4), np.array([0, 1, 1, 1], bool), edges)
-    sums, counts = np.stack([w1[0], w2[0]]), np.stack([w1[1], w2[1]])
-    s = summarize(sums, counts, w1[2] + w2[2], edges, resamples=500)
+    acc = StrataAccumulator(2, [REPEAT], np.array([0, 1, 2, 4]))
+    acc.add(0, {"nll": np.array([np.nan, 1, 1, 1], np.float32), "repeat": np.zeros(4, bool)}, np.arange(4))
+    acc.add(1, {"nll": np.array([np.nan, 3, 3, 3], np.float32), "repeat": np.array([0, 1, 1, 1], bool)}, np.arange(4))
+    s = summarize(acc, resamples=500)
     assert s["overall"]["n_tokens"] == 6 and s["overall"]["mean_nll"] == pytest.approx(2.0)
     assert s["overall"]["bits_per_base"] == pytest.approx(2.0 / math.log(2))
     b0, b1, b2 = s["buckets"]
