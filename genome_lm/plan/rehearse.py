@@ -232,7 +232,7 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from genome_lm.train.optim import make_optimizer, make_scheduler
-    from genome_lm.train.trainer import ExpertBalancer, StepParts, train_step
+    from genome_lm.train.trainer import StepParts, train_step
 
     device = par.device
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -243,10 +243,7 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
         B, T = cfg.train.micro_batch, cfg.data.seq_len
         ids = torch.randint(0, vocab_size, (B, T), device=device)
         batch = {"input_ids": ids, "labels": ids.clone()}
-        balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep)
-        params = [p for p in model.parameters() if p.requires_grad]
-        clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
-        parts = StepParts(par, model, optimizer, scheduler, balancer, params, clip, None)
+        parts = StepParts(par, model, optimizer, scheduler, cfg, None)
         tracker = _WhereTracker(model, optimizer, device)
         tracker.track_inputs((ids,))
         with tracker:
