@@ -85,8 +85,7 @@ def dsa(m: ModelShape, n: int, seq_tokens: int, layer: LayerShape) -> dict[str, 
 
 
 def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
-    a = m.act_bytes
-    return {"mlp_input": n * a * m.D, "mlp_act": n * 2 * a * m.dense_width}
+    return {"mlp_input": n * m.act_bytes * m.D, "mlp_act": n * 2 * m.act_bytes * m.dense_width}
 
 
 def moe(m: ModelShape, n: int, recompute: bool, rows: int, ep: bool) -> dict[str, int]:

@@ -217,8 +217,7 @@ def run_rehearse(args: RehearseParams) -> None:
                             "inputs only on fake tensors; rehearse it with --set model.dtype=bfloat16 (or "
                             "parallel.ep > 1)")
     layers = plan.model.n_layers if args.layers == "all" else args.layers
-    result = rehearse(cfg, args.gpus, args.routing, layers, args.steps, args.experiment, plan=plan)
-    print(format_rehearsal(result))
+    print(format_rehearsal(rehearse(cfg, args.gpus, args.routing, layers, args.steps, args.experiment, plan=plan)))
 
 
 LABELS = {
