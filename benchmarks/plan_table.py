@@ -1,7 +1,7 @@
 """The docs/plan.md table: GLM-5.3-Flash at 128k-1M tokens on 8-64 B200s and H200s, `--fit` layouts.
 
 Every row asks `genome-lm plan EXPERIMENT --seq-len SEQ --gpus N --gpu GPU --fit` through the command's
-own function (`plan.command.fit_layout`), so a row and the command choose the same layout: twice,
+own functions (`plan.command.build`, `plan.planner.fit`), so a row and the command choose the same layout: twice,
 with expert parallelism fixed at 1 (`--ep 1`: experts sharded by FSDP2 like every other weight) and
 with the search's default (ep chosen among the powers of two up to a node). The experiment is
 experiments/glm53flash_1m_64xb200.yaml (block sizes, bf16 reduce-scatter and AdamW moments, offload,
@@ -25,10 +25,11 @@ VARIANTS = {"ep=1": 1, "ep chosen (1-8)": None}
 
 def row(gpu: str, gpus: int, seq: str, ep: int | None) -> dict:
     """One table row: what `plan EXPERIMENT --seq-len seq --gpus gpus --gpu gpu [--ep ep] --fit` chooses."""
-    from genome_lm.plan.command import PlanParams, fit_layout, gib
+    from genome_lm.plan.command import PlanParams, build, gib
+    from genome_lm.plan.planner import fit
 
     t0 = time.perf_counter()
-    result = fit_layout(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True))
+    result = fit(*build(PlanParams(experiment=str(EXPERIMENT), seq_len=seq, gpus=gpus, gpu=gpu, ep=ep, fit=True)))
     p = result.best or result.closest
     assert p is not None and p.checkpoint is not None
     return {"gpu": gpu, "gpus": gpus, "seq": seq, "fits": result.best is not None, "peak_gib": gib(p.peak_gpu_bytes),

@@ -85,8 +85,7 @@ def dsa(m: ModelShape, n: int, seq_tokens: int, layer: LayerShape) -> dict[str, 
 
 
 def dense_mlp(m: ModelShape, n: int) -> dict[str, int]:
-    a = m.act_bytes
-    return {"mlp_input": n * a * m.D, "mlp_act": n * 2 * a * m.dense_width}
+    return {"mlp_input": n * m.act_bytes * m.D, "mlp_act": n * 2 * m.act_bytes * m.dense_width}
 
 
 def moe(m: ModelShape, n: int, recompute: bool, rows: int, ep: bool) -> dict[str, int]:
@@ -109,8 +108,7 @@ def moe(m: ModelShape, n: int, recompute: bool, rows: int, ep: bool) -> dict[str
 
 def moe_rows(m: ModelShape, n: int, layout: Layout, imbalance: float) -> int:
     """Token-expert pairs the busiest rank computes: n·k, or imbalance·n·k with expert parallelism."""
-    rows = n * m.top_k
-    return int(rows * imbalance) if layout.parallel.ep > 1 else rows
+    return int(n * m.top_k * imbalance) if layout.parallel.ep > 1 else n * m.top_k
 
 
 def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:

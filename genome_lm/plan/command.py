@@ -138,13 +138,6 @@ def build(args):
     return shape, layout, cluster, assume, (args.ep,) if isinstance(args.ep, int) else None
 
 
-def fit_layout(args):
-    """The FitResult of `plan --fit` for these arguments (benchmarks/plan_table.py asks the same)."""
-    from genome_lm.plan.planner import fit
-
-    return fit(*build(args))
-
-
 def run_score(args: PlanParams, tokens: int) -> None:
     """`plan --score`: the peak per GPU of a scoring run and the longest region that fits."""
     from genome_lm.plan.hardware import Assumptions, make_cluster
@@ -182,7 +175,7 @@ def run_score(args: PlanParams, tokens: int) -> None:
 
 
 def run(args: PlanParams) -> None:
-    from genome_lm.plan.planner import make_plan
+    from genome_lm.plan.planner import fit, make_plan
 
     if args.score is not None:
         run_score(args, args.score)
@@ -191,13 +184,14 @@ def run(args: PlanParams) -> None:
         plan = make_plan(*build(args)[:4])
         print(json.dumps(plan_json(plan), indent=2) if args.json_ else format_plan(plan))
         return
-    result = fit_layout(args)
+    result = fit(*build(args))  # as benchmarks/plan_table.py asks it
     chosen = result.best or result.closest
-    fit = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
-           "chosen": chosen.layout.describe(),
-           "given": {"layout": result.given.layout.describe(), "fits": result.given.fits,
-                     "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
-    print(json.dumps(plan_json(chosen) | {"fit": fit}, indent=2) if args.json_
+    assert chosen is not None  # closest is set when nothing fits
+    search = {"found": result.best is not None, "tried": result.tried, "explanation": result.explain(),
+              "chosen": chosen.layout.describe(),
+              "given": {"layout": result.given.layout.describe(), "fits": result.given.fits,
+                        "peak_gpu_bytes": result.given.peak_gpu_bytes, "problems": result.given.problems}}
+    print(json.dumps(plan_json(chosen) | {"fit": search}, indent=2) if args.json_
           else "\n".join(result.explain() + ["", format_plan(chosen)]))
     if result.best is None:
         raise GenomeLMError(f"plan --fit: nothing fits among {result.tried} layouts (the lowest peak is shown above)")
@@ -220,8 +214,7 @@ def run_rehearse(args: RehearseParams) -> None:
                             "inputs only on fake tensors; rehearse it with --set model.dtype=bfloat16 (or "
                             "parallel.ep > 1)")
     layers = plan.model.n_layers if args.layers == "all" else args.layers
-    result = rehearse(cfg, args.gpus, args.routing, layers, args.steps, args.experiment, plan=plan)
-    print(format_rehearsal(result))
+    print(format_rehearsal(rehearse(cfg, args.gpus, args.routing, layers, args.steps, args.experiment, plan=plan)))
 
 
 LABELS = {

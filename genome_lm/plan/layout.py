@@ -58,9 +58,7 @@ class Layout:
         """Whether recompute wraps `part` ('layer', 'kda', 'dsa', 'moe', 'dense')."""
         if self.memory.recompute == "per-layer":
             return part == "layer"
-        if self.memory.recompute == "selective":
-            return part in self.memory.recompute_layers
-        return False
+        return self.memory.recompute == "selective" and part in self.memory.recompute_layers
 
     def replace(self, **keys) -> Layout:
         """A copy with `keys` changed: seq_len, kda_chunk, hc_recompute, or keys of the memory, parallel
@@ -93,7 +91,7 @@ class Layout:
         mem, par = self.memory, self.parallel
         rec = mem.recompute + (f"[{','.join(mem.recompute_layers)}]" if mem.recompute == "selective" else "")
         parts = [f"cp={par.cp}", f"dp={self.dp}"] + ([f"ep={par.ep}"] if par.ep > 1 else [])
-        parts += [f"reduce={'bf16' if self.reduce_bytes == 2 else 'fp32'}"] if self.reduce_bytes != 4 else []
+        parts += ["reduce=bf16"] if self.reduce_bytes == 2 else []
         parts += [f"bwd_prefetch={par.backward_prefetch}"] if par.backward_prefetch != 1 else []
         parts += ["adam_states=bf16"] if self.state_bytes == 2 else []
         parts += [f"recompute={rec}", f"offload={'on' if mem.offload_layer_inputs else 'off'}",

@@ -292,9 +292,7 @@ def plan_forward(m: ModelShape, layout: Layout, assume: Assumptions | None = Non
     fsdp = layout.gpus > 1
     n = layout.tokens
     weights = m.param_bytes // shard_degree(layout, assume) if fsdp else m.param_bytes
-    persistent = {"weights": weights}
-    if fsdp:
-        persistent["root_gathered"] = m.root_param_bytes
+    persistent = {"weights": weights, "root_gathered": m.root_param_bytes if fsdp else 0}
     prefetch = 1 + assume.fsdp_prefetch_layers
     ids = 2 * n * 8  # input ids and labels, int64
     phases: list[tuple[str, dict[str, int]]] = []

@@ -129,9 +129,8 @@ def _fake_pg(gpus: int, rank: int):
 
 def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None, steps: int = 2,
              experiment: str = "", show_progress: bool | None = None, plan: Plan | None = None) -> Rehearsal:
-    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring); `routing` as `rehearse --routing`.
-    `layers`: decoder layers to run (None: the fewest holding every kind of layer when the memory strategy
-    allows it, else all). `plan`: the planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
+    """Rehearse `cfg` on `gpus` fake ranks (see the module docstring); `routing` as `rehearse --routing`, `layers`
+    as `_layers_to_run`. `plan`: the planner's Plan for a GPU (the rehearsal itself runs on the CPU)."""
     import torch.distributed as dist
 
     from genome_lm.model.contract import check_torch
@@ -174,10 +173,9 @@ def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None
 
         passes = steps * layers * (2 if mem.recompute == "per-layer" else 1)
         bar = progress(passes, 0, f"rehearse {cfg.name or experiment}", "layer pass", disable=show_progress is False)
-        hooks = [layer.register_forward_pre_hook(lambda *_: bar.update(1)) for layer in model.model.layers]
+        for layer in model.model.layers:  # the model is dropped after the steps: its hooks with it
+            layer.register_forward_pre_hook(lambda *_: bar.update(1))
         tracker, host = _fake_steps(model, cfg, par, config.vocab_size, steps)
-        for h in hooks:
-            h.remove()
         bar.close()
     finally:
         if dist.is_initialized():
@@ -202,8 +200,7 @@ def rehearse(cfg, gpus: int, routing: str = "busiest", layers: int | None = None
 
 
 def _layers_to_run(cfg, config, layers: int | None) -> int:
-    """The decoder layers to rehearse (`layers`, or by default as many as the memory strategy lets
-    scale up); GenomeLMError for a number the strategy cannot scale up."""
+    """Decoder layers to rehearse: `layers` (GenomeLMError if the strategy cannot scale it up) or the fewest it can."""
     total_layers, mem = config.num_hidden_layers, cfg.memory
     reducible = mem.recompute == "per-layer" and mem.offload_layer_inputs
     if layers is None and reducible:  # the fewest first layers holding every kind of layer (attention x MLP x
@@ -232,7 +229,7 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from genome_lm.train.optim import make_optimizer, make_scheduler
-    from genome_lm.train.trainer import ExpertBalancer, StepParts, train_step
+    from genome_lm.train.trainer import StepParts, train_step
 
     device = par.device
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -240,13 +237,9 @@ def _fake_steps(model, cfg, par, vocab_size: int, steps: int):
         model.train()
         optimizer = make_optimizer(model, cfg.train)
         scheduler = make_scheduler(optimizer, cfg.train)
-        B, T = cfg.train.micro_batch, cfg.data.seq_len
-        ids = torch.randint(0, vocab_size, (B, T), device=device)
+        ids = torch.randint(0, vocab_size, (cfg.train.micro_batch, cfg.data.seq_len), device=device)
         batch = {"input_ids": ids, "labels": ids.clone()}
-        balancer = ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep)
-        params = [p for p in model.parameters() if p.requires_grad]
-        clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else float("inf")
-        parts = StepParts(par, model, optimizer, scheduler, balancer, params, clip, None)
+        parts = StepParts(par, model, optimizer, scheduler, cfg, None)
         tracker = _WhereTracker(model, optimizer, device)
         tracker.track_inputs((ids,))
         with tracker:

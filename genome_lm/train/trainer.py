@@ -181,10 +181,13 @@ class StepParts:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    balancer: ExpertBalancer
-    params: list[torch.nn.Parameter]  # the trained ones (requires_grad)
-    clip: float
+    cfg: ExperimentConfig
     checkpoints: CheckpointManager | None
+
+    def __post_init__(self) -> None:
+        self.balancer = ExpertBalancer(self.model, self.cfg.train.moe_bias_update_rate, self.par.ep)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]  # the trained ones
+        self.clip = self.cfg.train.grad_clip if self.cfg.train.grad_clip is not None else math.inf
 
 
 @dataclass
@@ -192,7 +195,6 @@ class Run(StepParts):
     """What the loop works with, built once by `start_run`."""
 
     checkpoints: CheckpointManager
-    cfg: ExperimentConfig
     rd: RunDir
     stream: SequenceStream
     metrics: MetricsLog | None  # rank 0's
@@ -235,12 +237,10 @@ def start_run(cfg: ExperimentConfig, par: ParallelContext, run_dir: Path, resume
     par.on_main(lambda: rd.write(cfg))
     metrics = MetricsLog(run_dir, cfg.log.wandb, cfg.log.project, cfg.name or run_dir.name,
                          cfg.model_dump(mode="json"), resume_step=start) if par.is_main else None
-    return Run(par, model, optimizer, scheduler, ExpertBalancer(model, cfg.train.moe_bias_update_rate, par.ep),
-               [p for p in model.parameters() if p.requires_grad],
-               cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf, checkpoints,
-               cfg=cfg, rd=rd, stream=stream, metrics=metrics, start=start, memory=PeakMemory(par.device),
-               bar=progress(cfg.train.steps, start, f"train {cfg.name}", "step",
-                            disable=not par.is_main or show_progress is False), worker=worker)
+    return Run(par, model, optimizer, scheduler, cfg, checkpoints, rd=rd, stream=stream, metrics=metrics, start=start,
+               memory=PeakMemory(par.device), bar=progress(cfg.train.steps, start, f"train {cfg.name}", "step",
+                                                           disable=not par.is_main or show_progress is False),
+               worker=worker)
 
 
 def _value(t: torch.Tensor, fake: float) -> float:
