@@ -183,6 +183,8 @@ def test_an_output_inside_an_input_folder_is_refused(evaluated, tmp_path, capsys
             f"--out {shards / 'ev'} lies inside this command's input {shards}; write the output outside it")
     refused(capsys, ["compare", str(ev), str(evaluated.eval1), "--out", str(ev / "cmp")],
             f"--out {ev / 'cmp'} lies inside this command's input {ev}")
+    refused(capsys, ["compare", f"{evaluated.eval0},{ev}", f"{evaluated.eval1},{evaluated.eval0}", "--out",
+                     str(ev / "cmp")], f"--out {ev / 'cmp'} lies inside this command's input {ev}")  # a replicate
     assert snapshot(shards, ev) == before
 
 

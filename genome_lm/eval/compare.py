@@ -286,12 +286,12 @@ def check_sides(A: list[Path], B: list[Path]) -> None:
 def write_compare(a: str | Path, b: str | Path, out: str | Path, overwrite: bool = False, **kwargs) -> dict:
     """compare_evals(a, b) -> OUT/compare.json; returns the result."""
     out = Path(out)
-    inputs = [p for side in (a, b) for p in ([side] if isinstance(side, (str, Path)) else side)]
-    check_sides(eval_dirs(a, "A"), eval_dirs(b, "B"))
+    A, B = eval_dirs(a, "A"), eval_dirs(b, "B")  # a comma-separated side: each replicate is an input
+    check_sides(A, B)
     with holding(out, "compare"):
-        claim_output(out, "compare", inputs, overwrite)
+        claim_output(out, "compare", [*A, *B], overwrite)
         result = compare_evals(a, b, **kwargs)
-        with atomic_directory(out, "compare", inputs, overwrite=overwrite) as tmp:
+        with atomic_directory(out, "compare", [*A, *B], overwrite=overwrite) as tmp:
             write_json_atomic(tmp / COMPARE_FILE, result)
     log.info("compare: %s vs %s -> %s", a, b, out / COMPARE_FILE)
     return result
