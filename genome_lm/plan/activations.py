@@ -108,7 +108,8 @@ def moe(m: ModelShape, n: int, recompute: bool, rows: int, ep: bool) -> dict[str
 
 def moe_rows(m: ModelShape, n: int, layout: Layout, imbalance: float) -> int:
     """Token-expert pairs the busiest rank computes: n·k, or imbalance·n·k with expert parallelism."""
-    return int(n * m.top_k * imbalance) if layout.parallel.ep > 1 else n * m.top_k
+    rows = n * m.top_k
+    return int(rows * imbalance) if layout.parallel.ep > 1 else rows
 
 
 def layer_body(m: ModelShape, layer: LayerShape, layout: Layout, backend: str, imbalance: float) -> dict[str, int]:

@@ -39,7 +39,8 @@ def plan_checkpoint(m: ModelShape, layout: Layout, assume: Assumptions, cluster:
     per_gpu = total // shard_degree(layout, assume)
     write_s = total / (assume.checkpoint_write_gbps * GB)
     if assume.checkpoint_async:
-        stall, staging = per_gpu / (cluster.gpu.host_link_bytes_per_s * assume.host_link_efficiency), per_gpu
+        stall = per_gpu / (cluster.gpu.host_link_bytes_per_s * assume.host_link_efficiency)
+        staging = per_gpu
     else:
         stall, staging = write_s, 0
     return CheckpointPlan(assume.checkpoint_async, total, m.act_bytes * m.param_count, per_gpu, staging, stall,

@@ -83,7 +83,8 @@ def _compute_parts(m: ModelShape, layout: Layout, assume: Assumptions, gpu, back
         flops += f
         saved = sum(act.layer_body(m, layer, layout, backend, assume.expert_imbalance).values())
         hc = 2 * n * 6 * 4 * m.S * m.D * (3 + layer_recompute)
-        parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm  # +1 with recompute
+        # recompute: +1 write
+        parts["memory_bound"] += ((assume.elementwise_passes + layer_recompute) * saved + hc) / hbm
     parts["loss"] = max(8 * n * m.D * m.V / gemm, n * m.V * (3 * a + 24) / hbm)
     flops += 8 * n * m.D * m.V
     F = shard_degree(layout, assume)
